@@ -1,0 +1,35 @@
+"""`python -m specresearch [group=option ...]`: one experiment, or a sweep with `-m`.
+
+The configs are the top-level `conf/` folder of the checkout (the one users edit), found from any
+working directory; each group folder there is the registry of its options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from specresearch.errors import SpecResearchError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _task(cfg: DictConfig) -> None:
+    from specresearch.experiment import fail, run  # imported here so `--help` stays fast
+
+    try:
+        run(cfg)
+    except SpecResearchError as err:
+        fail(str(err))
+
+
+def main() -> None:
+    if not (CONF_DIR / "config.yaml").is_file():
+        raise SystemExit(f"error: config folder {CONF_DIR} not found: install specresearch from a checkout (pip install -e .)")
+    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_task)()
+
+
+if __name__ == "__main__":
+    main()

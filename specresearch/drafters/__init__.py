@@ -1,0 +1,7 @@
+"""Drafters: what proposes the tokens the target verifies."""
+
+from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.independent import IndependentDrafter
+from specresearch.drafters.none import NoDrafter
+
+__all__ = ["Context", "Drafter", "IndependentDrafter", "NoDrafter"]

@@ -1,0 +1,21 @@
+"""The `none` drafter: plain autoregressive decoding through the same engine (k = 0)."""
+
+from __future__ import annotations
+
+import torch
+
+from specresearch.drafters.base import Context, Drafter
+from specresearch.types import Draft
+
+
+class NoDrafter(Drafter):
+    """Proposes nothing, so each step is one target forward and one sampled token: the baseline."""
+
+    k = 0
+    name = "none"
+
+    def __init__(self, target=None, **_):
+        pass
+
+    def propose(self, ctx: Context) -> Draft:
+        return Draft(tokens=torch.empty(0, dtype=torch.long, device=ctx.tokens.device))

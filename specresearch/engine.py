@@ -1,0 +1,160 @@
+"""The one decode loop, for every drafter and verifier: draft → verify → roll back → commit.
+
+The autoregressive baseline is this loop with the `none` drafter (k = 0), on the same target
+wrapper, so a speedup compares like with like.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from specresearch.drafters.base import Context, Drafter
+from specresearch.metrics import SpecStats
+from specresearch.models import LoadedModel
+from specresearch.sampling import logits_to_probs
+from specresearch.target import Target
+from specresearch.types import GenerationOutput, SamplingParams
+from specresearch.verifiers.base import Verifier
+
+
+class Engine:
+    """Speculative decoding of one prompt at a time (batch size 1).
+
+    Invariant between steps: the target's KV cache holds every token but the last one sampled, so
+    a step feeds [last token, draft tokens] (K + 1 tokens) and gets the K + 1 distributions the
+    verifier needs in one forward.
+    """
+
+    def __init__(self, target: LoadedModel, drafter: Drafter, verifier: Verifier, sampling: SamplingParams):
+        """
+        Args:
+            target: the model whose distribution we decode from.
+            drafter: proposes draft tokens (NoDrafter for plain decoding).
+            verifier: decides which draft tokens to keep.
+            sampling: temperature / top-k / top-p for p (and for q, through the drafter's Context).
+        """
+        verifier.check(sampling)
+        self.target = Target(target)
+        self.tokenizer = target.tokenizer
+        self.drafter = drafter
+        self.verifier = verifier
+        self.sampling = sampling
+        self.device = target.device
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        stop_strings: Sequence[str] = (),
+        eos_token_ids: Sequence[int] | None = None,
+        seed: int = 0,
+    ) -> GenerationOutput:
+        """Decode up to `max_new_tokens` after `prompt`.
+
+        Stops after the first EOS token (kept in the output, as transformers does) or once the
+        decoded text contains a stop string (the text is cut before it; the tokens keep the token
+        that completed it). Tokens accepted beyond a stop are discarded, so every method stops
+        exactly where the baseline does.
+
+        Args:
+            prompt: token ids, at least one.
+            max_new_tokens: the most new tokens to return.
+            stop_strings: strings that end generation.
+            eos_token_ids: ids that end generation; default: the tokenizer's eos_token_id.
+            seed: seeds the generator of every random draw (drafter and verifier).
+
+        Returns:
+            The new tokens and text, with counters and a time split in `stats`.
+        """
+        if not prompt:
+            raise ValueError("generate() needs a non-empty prompt")
+        if eos_token_ids is None:
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+            eos_token_ids = [] if eos is None else [eos]
+        eos_set, stops = set(eos_token_ids), list(stop_strings)
+        rng = torch.Generator(device=self.device).manual_seed(seed)
+        tokens = torch.empty(len(prompt) + max_new_tokens + self.drafter.k + 1, dtype=torch.long, device=self.device)
+        tokens[: len(prompt)] = torch.tensor(list(prompt), dtype=torch.long)
+        length, start = len(prompt), len(prompt)
+        stats = SpecStats(prompt_tokens=len(prompt))
+        forwards_before = self.drafter.draft_forwards
+        clock = _Clock(self.device)
+
+        def context() -> Context:
+            return Context(tokens[:length], self.sampling, rng, max_draft=max_new_tokens - (length - start) - 1)
+
+        with clock.total(stats):
+            with clock.phase(stats, "time_prefill"):
+                self.target.reset()
+                self.target.prefill(tokens[: length - 1])
+                self.drafter.prefill(context())
+            new: list[int] = []
+            stop_reason = None
+            while stop_reason is None:
+                with clock.phase(stats, "time_draft"):
+                    draft = self.drafter.propose(context())
+                with clock.phase(stats, "time_verify"):
+                    logits = self.target.forward(torch.cat([tokens[length - 1 : length], draft.tokens]))  # [K+1, V]
+                p = logits_to_probs(logits, self.sampling)  # [K+1, V]
+                verdict = self.verifier(draft, p, rng)
+                self.target.rollback(self.target.length - (len(draft) - verdict.num_accepted))
+                stats.observe(len(draft), verdict.num_accepted)
+                n = verdict.tokens.numel()
+                tokens[length : length + n] = verdict.tokens
+                for tok in verdict.tokens.tolist():
+                    new.append(tok)
+                    stop_reason = self._stop_reason(new, max_new_tokens, eos_set, stops)
+                    if stop_reason:
+                        break
+                length = start + len(new)
+                if stop_reason is None:
+                    with clock.phase(stats, "time_draft"):
+                        self.drafter.commit(context(), verdict)
+        stats.new_tokens = len(new)
+        stats.draft_forwards = self.drafter.draft_forwards - forwards_before
+        text = self._decode(new)
+        if stop_reason == "stop_string":
+            text = text[: min(i for i in (text.find(s) for s in stops) if i >= 0)]
+        return GenerationOutput(tokens=new, text=text, stats=stats, stop_reason=stop_reason)
+
+    def _stop_reason(self, new: list[int], max_new: int, eos: set[int], stops: list[str]) -> str | None:
+        """Whether plain decoding would stop after the last token of `new`."""
+        if new[-1] in eos:
+            return "eos"
+        if stops and any(s in self._decode(new[-_STOP_WINDOW:]) for s in stops):
+            return "stop_string"
+        if len(new) >= max_new:
+            return "length"
+        return None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+
+_STOP_WINDOW = 24  # tokens decoded to look for a stop string ending at the newest token
+
+
+class _Clock:
+    """Wall-clock timing of the loop's phases; synchronises CUDA so GPU time lands in the right phase."""
+
+    def __init__(self, device: torch.device):
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    @contextmanager
+    def phase(self, stats: SpecStats, name: str):
+        self.sync()
+        t0 = time.perf_counter()
+        yield
+        self.sync()
+        setattr(stats, name, getattr(stats, name) + time.perf_counter() - t0)
+
+    @contextmanager
+    def total(self, stats: SpecStats):
+        with self.phase(stats, "time_total"):
+            yield

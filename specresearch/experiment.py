@@ -1,0 +1,236 @@
+"""One experiment: the same prompts decoded by the autoregressive baseline and by the method,
+interleaved prompt by prompt so machine noise hits both alike; results printed and tracked."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from specresearch.data import Prompt, load_prompts
+from specresearch.drafters.none import NoDrafter
+from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
+from specresearch.metrics import SpecStats, leviathan_speedup
+from specresearch.models import load_model
+from specresearch.types import GenerationOutput, SamplingParams
+
+
+@dataclass
+class Results:
+    """Per-prompt records and the sums over prompts, for baseline and method."""
+
+    records: list[dict] = field(default_factory=list)
+    baseline: SpecStats = field(default_factory=SpecStats)
+    method: SpecStats = field(default_factory=SpecStats)
+    identical: int = 0  # prompts whose method output equals the baseline's, token for token
+    divergences: list[int] = field(default_factory=list)  # first differing position, per differing prompt
+
+    def add(self, prompt: Prompt, base: GenerationOutput, meth: GenerationOutput) -> dict:
+        self.baseline = self.baseline.merge(base.stats)
+        self.method = self.method.merge(meth.stats)
+        diverge = first_divergence(base.tokens, meth.tokens)
+        if diverge is None:
+            self.identical += 1
+        else:
+            self.divergences.append(diverge)
+        record = {
+            "id": prompt.id,
+            "prompt_tokens": base.stats.prompt_tokens,
+            "identical": diverge is None,
+            "first_divergence": diverge,
+            "baseline": {**base.stats.summary(), "stop_reason": base.stop_reason, "text": base.text},
+            "method": {**meth.stats.summary(), "stop_reason": meth.stop_reason, "text": meth.text},
+        }
+        self.records.append(record)
+        return record
+
+    def summary(self, k: int) -> dict[str, float]:
+        """Overall metrics: speedup as the ratio of total times, and the Leviathan prediction from the
+        measured α, draft cost ratio c and verification cost v (both relative to one baseline forward)."""
+        base, meth = self.baseline, self.method
+        t_target = base.time_verify / base.steps if base.steps else float("nan")  # one 1-token target forward
+        c = (meth.time_draft / meth.draft_forwards) / t_target if meth.draft_forwards else 0.0
+        v = (meth.time_verify / meth.steps) / t_target if meth.steps else float("nan")
+        n = len(self.records)
+        out = {f"baseline_{key}": value for key, value in base.summary().items() if not key.startswith("acceptance_at")}
+        out.update({f"method_{key}": value for key, value in meth.summary().items()})
+        out.update(
+            prompts=n,
+            k=k,
+            speedup=base.time_total / meth.time_total if meth.time_total else float("nan"),
+            throughput_ratio=meth.tokens_per_s / base.tokens_per_s,
+            draft_cost_ratio_c=c,
+            verify_cost_v=v,
+            leviathan_speedup=leviathan_speedup(meth.alpha, k, c, v) if k else 1.0 / v,
+            identity_rate=self.identical / n if n else float("nan"),
+            mean_first_divergence=sum(self.divergences) / len(self.divergences) if self.divergences else float("nan"),
+        )
+        return out
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Run one experiment from a composed config (see conf/config.yaml).
+
+    Everything that can be checked is checked before a tracked run opens, so a bad input leaves
+    nothing half-written; a failure during decoding marks the run FAILED with what it had measured.
+
+    Returns:
+        The summary metrics.
+    """
+    torch.manual_seed(cfg.seed)
+    sampling = SamplingParams(**cfg.sampling)
+    if cfg.max_new_tokens < 1:
+        raise SpecResearchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    prompts = load_prompts(**cfg.dataset)
+    target = load_model(**cfg.model)
+    drafter = instantiate(cfg.drafter, target=target)
+    verifier = instantiate(cfg.verifier)
+    method = Engine(target, drafter, verifier, sampling)
+    baseline = Engine(target, NoDrafter(), verifier, sampling)
+    prompt_ids = [encode(target.tokenizer, p) for p in prompts]
+    stops = list(cfg.dataset.get("stop", []) or [])
+    tracker = instantiate(cfg.tracker)
+    k = int(getattr(drafter, "k", 0))
+    label = f"{drafter.name}(k={k}) x {verifier.name}"
+
+    def generate(engine: Engine, ids: list[int], seed: int, max_new: int) -> GenerationOutput:
+        return engine.generate(ids, max_new, stop_strings=stops, seed=seed)
+
+    if cfg.warmup:  # first calls pay one-off costs (allocator, kernels): keep them out of both timings
+        generate(baseline, prompt_ids[0], cfg.seed, min(8, cfg.max_new_tokens))
+        generate(method, prompt_ids[0], cfg.seed, min(8, cfg.max_new_tokens))
+
+    results = Results()
+    tracker.start(cfg, run_name=label)
+    try:
+        for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc=label, unit="prompt")):
+            seed = cfg.seed + i
+            if i % 2 == 0:  # alternate who goes first, so drifts in machine speed cancel
+                base = generate(baseline, ids, seed, cfg.max_new_tokens)
+                meth = generate(method, ids, seed, cfg.max_new_tokens)
+            else:
+                meth = generate(method, ids, seed, cfg.max_new_tokens)
+                base = generate(baseline, ids, seed, cfg.max_new_tokens)
+            record = results.add(prompt, base, meth)
+            tracker.log_metrics(_step_metrics(record), step=i)
+        summary = results.summary(k)
+    except BaseException:
+        _save(tracker, results, cfg, k, status="FAILED")
+        raise
+    _save(tracker, results, cfg, k, status="FINISHED")
+    print(format_table(cfg, label, summary, results, sampling, target))
+    hint = tracker.browse_hint()
+    if hint:
+        print(f"\nrecorded in MLflow; browse with:\n  {hint}")
+    return summary
+
+
+def encode(tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt, through the chat template for chat prompts."""
+    if prompt.chat and hasattr(tokenizer, "apply_chat_template"):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=False)
+    else:
+        text = prompt.text
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise SpecResearchError(f"prompt {prompt.id} encodes to no tokens")
+    return list(ids)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (a length difference counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _step_metrics(record: dict) -> dict[str, float]:
+    out = {
+        "prompt_baseline_tokens_per_s": record["baseline"]["tokens_per_s"],
+        "prompt_method_tokens_per_s": record["method"]["tokens_per_s"],
+        "prompt_tau": record["method"]["tau"],
+        "prompt_identical": float(record["identical"]),
+    }
+    return {key: value for key, value in out.items() if not math.isnan(value)}
+
+
+def _save(tracker, results: Results, cfg: DictConfig, k: int, status: str) -> None:
+    """Log what was measured (also of a failed run), write results.json to Hydra's output dir."""
+    summary = results.summary(k) if results.records else {}
+    finite = {key: value for key, value in summary.items() if not math.isnan(value)}
+    records = "".join(json.dumps(r) + "\n" for r in results.records)
+    try:
+        tracker.log_metrics(finite)
+        tracker.log_artifact_text(records, "records.jsonl")
+        tracker.log_artifact_text(json.dumps(summary, indent=2), "summary.json")
+    finally:
+        tracker.end(status)
+    out_dir = _output_dir()
+    if out_dir is not None:
+        (out_dir / "records.jsonl").write_text(records)
+        (out_dir / "summary.json").write_text(json.dumps({"status": status, **summary}, indent=2))
+
+
+def _output_dir() -> Path | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # not running under @hydra.main (tests, notebooks)
+        return None
+
+
+def format_table(cfg: DictConfig, label: str, s: dict, results: Results, sampling: SamplingParams, target) -> str:
+    """The results table printed at the end of a run."""
+    n = int(s["prompts"])
+    rows = [
+        ("tokens/s", f"{s['baseline_tokens_per_s']:.2f}", f"{s['method_tokens_per_s']:.2f}"),
+        ("new tokens", f"{s['baseline_new_tokens']:.0f}", f"{s['method_new_tokens']:.0f}"),
+        ("wall time (s)", f"{s['baseline_time_total']:.1f}", f"{s['method_time_total']:.1f}"),
+        ("target forwards", f"{s['baseline_steps']:.0f}", f"{s['method_steps']:.0f}"),
+        ("tau (tokens/forward)", f"{s['baseline_tau']:.2f}", f"{s['method_tau']:.2f}"),
+    ]
+    m = results.method
+    split = ", ".join(
+        f"{name} {getattr(m, 'time_' + name) / m.time_total:.0%}" for name in ("prefill", "draft", "verify", "other")
+    )
+    by_pos = " ".join(f"{a:.2f}" for a in m.acceptance_by_position) or "-"
+    identity = (
+        f"{results.identical}/{n} prompts identical to the baseline"
+        + (f" (first divergence at token {min(results.divergences)} at the earliest)" if results.divergences else "")
+        if sampling.greedy
+        else "n/a (sampled decoding: see the distribution tests)"
+    )
+    width = max(len(r[0]) for r in rows)
+    lines = [
+        "",
+        f"specresearch  {label}  target={cfg.model.name} ({target.dtype}, {target.device})  "
+        f"dataset={cfg.dataset.name} x{n}  max_new_tokens={cfg.max_new_tokens}  "
+        f"sampling: T={sampling.temperature} top_k={sampling.top_k} top_p={sampling.top_p}",
+        f"{'':{width}}  {'baseline':>10}  {'method':>10}",
+        *(f"{name:{width}}  {b:>10}  {mt:>10}" for name, b, mt in rows),
+        "",
+        f"speedup (ratio of total times)  {s['speedup']:.2f}x   [tokens/s ratio {s['throughput_ratio']:.2f}x]",
+        f"Leviathan prediction            {s['leviathan_speedup']:.2f}x   from alpha={s['method_alpha']:.3f}, "
+        f"k={s['k']:.0f}, c={s['draft_cost_ratio_c']:.3f}, v={s['verify_cost_v']:.3f}",
+        f"tau={s['method_tau']:.2f}  alpha={s['method_alpha']:.3f}  acceptance by draft position: {by_pos}",
+        f"method time split: {split}",
+        f"greedy identity: {identity}",
+    ]
+    return "\n".join(lines)
+
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit non-zero (the CLI's way to report a SpecResearchError)."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+

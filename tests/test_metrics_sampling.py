@@ -1,0 +1,65 @@
+import math
+
+import pytest
+import torch
+
+from specresearch.metrics import SpecStats, leviathan_speedup
+from specresearch.sampling import logits_to_probs, sample
+from specresearch.types import SamplingParams
+
+
+def test_spec_stats_counts_tau_alpha_and_positions():
+    s = SpecStats()
+    s.observe(4, 4)
+    s.observe(4, 1)
+    s.observe(2, 0)
+    assert s.steps == 3 and s.drafted == 10 and s.accepted == 5
+    assert s.tau == pytest.approx((5 + 3) / 3)
+    assert s.alpha == pytest.approx(0.5)
+    assert s.drafted_at == [3, 3, 2, 2] and s.accepted_at == [2, 1, 1, 1]
+    merged = s.merge(SpecStats(steps=1, drafted=0, accepted=0, time_total=2.0, drafted_at=[], accepted_at=[]))
+    assert merged.steps == 4 and merged.drafted_at == [3, 3, 2, 2] and merged.time_total == 2.0
+
+
+def test_baseline_has_tau_one():
+    s = SpecStats()
+    for _ in range(5):
+        s.observe(0, 0)
+    assert s.tau == 1.0 and math.isnan(s.alpha)
+
+
+def test_leviathan_formula():
+    # alpha = 0: one token per step at cost k·c + v
+    assert leviathan_speedup(0.0, 4, 0.5, 1.0) == pytest.approx(1 / 3)
+    # alpha = 1: k + 1 tokens per step
+    assert leviathan_speedup(1.0, 4, 0.5, 1.0) == pytest.approx(5 / 3)
+    # the paper's example shape: (1 − α^(k+1)) / ((1 − α)(k c + 1))
+    assert leviathan_speedup(0.8, 4, 0.05, 1.0) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
+    assert math.isnan(leviathan_speedup(float("nan"), 4, 0.5))
+
+
+def test_greedy_probs_are_one_hot_argmax():
+    logits = torch.tensor([[0.1, 3.0, -1.0], [5.0, 0.0, 4.9]])
+    probs = logits_to_probs(logits, SamplingParams())
+    assert probs.tolist() == [[0, 1, 0], [1, 0, 0]]
+
+
+def test_temperature_top_k_top_p():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    torch.testing.assert_close(logits_to_probs(logits, SamplingParams(temperature=1.0)), torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    hot = logits_to_probs(logits, SamplingParams(temperature=0.5))
+    torch.testing.assert_close(hot, torch.tensor([0.25, 0.09, 0.0225, 0.0025]) / 0.365)
+    top2 = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    torch.testing.assert_close(top2, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    # top-p: the smallest set whose mass reaches 0.8 is {0.5, 0.3}
+    nucleus = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    torch.testing.assert_close(nucleus, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    # a tiny top_p keeps the most likely token only
+    assert logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.01)).tolist() == [1, 0, 0, 0]
+
+
+def test_sample_is_reproducible_and_follows_support():
+    probs = torch.tensor([[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]])
+    a = sample(probs, torch.Generator().manual_seed(7))
+    b = sample(probs, torch.Generator().manual_seed(7))
+    assert a.tolist() == b.tolist() and a[0] != 0 and a[1] == 0

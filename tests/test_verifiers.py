@@ -1,0 +1,138 @@
+"""Verifiers on fixed small-vocabulary p and q: exact output laws, then Monte Carlo through the real
+code path with a G-test powerful enough to see a total-variation error of 0.02 (STATS.md)."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2, ncx2, power_divergence
+
+from specresearch.errors import SpecResearchError
+from specresearch.types import Draft, SamplingParams
+from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+from specresearch.verifiers.rejection import acceptance_probability, one_hot, residual
+
+V = 8
+ALPHA = 1e-3  # significance of each Monte Carlo test (CI: fixed seeds, small alpha)
+N = 40_000  # draws per Monte Carlo test; see test_monte_carlo_power
+
+
+def law(x: list[float]) -> torch.Tensor:
+    t = torch.tensor(x, dtype=torch.float64)
+    return t / t.sum()
+
+
+def random_law(gen: torch.Generator, peak: float = 2.0) -> torch.Tensor:
+    return torch.softmax(peak * torch.randn(V, generator=gen, dtype=torch.float64), -1)
+
+
+GEN = torch.Generator().manual_seed(0)
+CASES = {
+    "random": (random_law(GEN), random_law(GEN)),
+    "q equals p": (law([1, 2, 3, 4, 5, 6, 7, 8]),) * 2,
+    "disjoint supports": (law([1, 1, 1, 1, 0, 0, 0, 0]), law([0, 0, 0, 0, 1, 2, 3, 4])),
+    "one-hot p": (law([0, 0, 1, 0, 0, 0, 0, 0]), random_law(GEN)),
+    "q = 0 where p > 0": (law([3, 1, 1, 1, 1, 1, 1, 1]), law([0, 0, 0, 1, 1, 1, 1, 1])),
+    "ties": (law([2, 2, 2, 2, 0, 0, 0, 0]), law([1, 1, 1, 1, 1, 1, 1, 1])),
+}
+
+
+def exact_output_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Law of the first emitted token when the draft token x ~ q: q·a + (1 − Σ q·a) · r."""
+    a = acceptance_probability(p, q)
+    return q * a + (1 - (q * a).sum()) * residual(p, q)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rejection_exact_law_is_p(case):
+    p, q = CASES[case]
+    torch.testing.assert_close(exact_output_law(p, q), p, atol=1e-12, rtol=0)
+    # Leviathan et al.: the acceptance rate is 1 − TV(p, q) = Σ min(p, q).
+    accept = (q * acceptance_probability(p, q)).sum()
+    torch.testing.assert_close(accept, torch.minimum(p, q).sum(), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rejection_exact_law_deterministic_draft(case):
+    """q = None (one-hot draft): for every fixed draft token x the output law is p."""
+    p, _ = CASES[case]
+    for x in range(V):
+        q = one_hot(torch.tensor([x]), V)[0].double()
+        torch.testing.assert_close(exact_output_law(p, q), p, atol=1e-12, rtol=0)
+
+
+def test_monte_carlo_power():
+    """N draws give power >= 0.99 against any output law at TV >= 0.02 from p (w² >= 4 TV²)."""
+    w2 = 4 * 0.02**2
+    power = ncx2.sf(chi2.isf(ALPHA, V - 1), V - 1, N * w2)
+    assert power >= 0.99
+
+
+def g_test(counts: np.ndarray, p: np.ndarray) -> float:
+    keep = p > 0
+    assert counts[~keep].sum() == 0, "a token with p = 0 was emitted"
+    return power_divergence(counts[keep], counts.sum() * p[keep], lambda_="log-likelihood").pvalue
+
+
+def draw_first_tokens(p, q, deterministic: bool, seed: int) -> np.ndarray:
+    verifier, rng = RejectionVerifier(), torch.Generator().manual_seed(seed)
+    P = torch.stack([p, p]).float()  # [K+1, V] with K = 1
+    counts = np.zeros(V, dtype=np.int64)
+    xs = torch.multinomial(q.float(), N, replacement=True, generator=rng)
+    for x in xs:
+        draft = Draft(tokens=x[None], q=None if deterministic else q.float()[None])
+        counts[int(verifier(draft, P, rng).tokens[0])] += 1
+    return counts
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled q", "q=None"])
+def test_rejection_monte_carlo_follows_p(deterministic):
+    p, q = CASES["random"]
+    counts = draw_first_tokens(p, q, deterministic, seed=1)
+    assert g_test(counts, p.numpy()) > ALPHA
+
+
+def test_monte_carlo_detects_a_biased_rule():
+    """Positive control for the harness: the draft's own law q is rejected by the same test."""
+    p, q = CASES["random"]
+    counts = np.random.default_rng(0).multinomial(N, q.numpy())
+    assert g_test(counts, p.numpy()) < ALPHA
+
+
+def test_rejection_chain_follows_p_at_every_position():
+    """K = 3 with a different p and q at each position: conditional on being emitted, the token at
+    position j follows p_j (an off-by-one between positions would fail)."""
+    K, gen = 3, torch.Generator().manual_seed(2)
+    P = torch.stack([random_law(gen, 1.0) for _ in range(K + 1)])  # [K+1, V]
+    Q = torch.stack([(0.6 * P[i] + 0.4 * random_law(gen, 1.0)) for i in range(K)])  # [K, V]
+    verifier, rng = RejectionVerifier(), torch.Generator().manual_seed(3)
+    counts = np.zeros((K + 1, V), dtype=np.int64)
+    draws = torch.stack([torch.multinomial(Q[i].float(), N, replacement=True, generator=rng) for i in range(K)], 1)
+    for xs in draws:  # [K]
+        verdict = verifier(Draft(tokens=xs, q=Q.float()), P.float(), rng)
+        for j, tok in enumerate(verdict.tokens.tolist()):
+            counts[j, tok] += 1
+    assert counts[K].sum() > 1000  # the bonus position is reached often enough to be tested
+    pvalues = [g_test(counts[j], P[j].numpy()) for j in range(K + 1)]
+    assert min(pvalues) > ALPHA / (K + 1), pvalues  # Bonferroni over positions
+
+
+def test_rejection_bonus_token_when_all_accepted():
+    p = torch.eye(V)[[1, 2, 3]].float()  # [3, V] one-hot target: accept 1, 2 then bonus 3
+    verdict = RejectionVerifier()(Draft(tokens=torch.tensor([1, 2])), p, torch.Generator().manual_seed(0))
+    assert verdict.num_accepted == 2 and verdict.tokens.tolist() == [1, 2, 3]
+
+
+def test_greedy_verifier_longest_matching_prefix():
+    p = torch.eye(V)[[5, 6, 7, 1]].float()  # target argmax 5, 6, 7, then bonus 1
+    verify = GreedyVerifier()
+    cases = {(5, 6, 7): [5, 6, 7, 1], (5, 6, 0): [5, 6, 7], (0, 6, 7): [5], (5, 0, 7): [5, 6]}
+    for draft, expected in cases.items():
+        verdict = verify(Draft(tokens=torch.tensor(draft)), p)
+        assert verdict.tokens.tolist() == expected
+        assert verdict.num_accepted == len(expected) - 1
+    assert verify(Draft(tokens=torch.empty(0, dtype=torch.long)), p[:1]).tokens.tolist() == [5]
+
+
+def test_greedy_verifier_refuses_sampling():
+    with pytest.raises(SpecResearchError, match="verifier=rejection"):
+        GreedyVerifier().check(SamplingParams(temperature=0.7))
