@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from tqdm import tqdm
@@ -91,13 +92,13 @@ def run(cfg: DictConfig) -> dict[str, float]:
         raise SpecResearchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     prompts = load_prompts(**cfg.dataset)
     target = load_model(**cfg.model)
-    drafter = instantiate(cfg.drafter, target=target)
-    verifier = instantiate(cfg.verifier)
+    drafter = build(cfg.drafter, target=target)
+    verifier = build(cfg.verifier)
     method = Engine(target, drafter, verifier, sampling)
     baseline = Engine(target, NoDrafter(), verifier, sampling)
     prompt_ids = [encode(target.tokenizer, p) for p in prompts]
     stops = list(cfg.dataset.get("stop", []) or [])
-    tracker = instantiate(cfg.tracker)
+    tracker = build(cfg.tracker)
     k = int(getattr(drafter, "k", 0))
     label = f"{drafter.name}(k={k}) x {verifier.name}"
 
@@ -131,6 +132,17 @@ def run(cfg: DictConfig) -> dict[str, float]:
     if hint:
         print(f"\nrecorded in MLflow; browse with:\n  {hint}")
     return summary
+
+
+def build(node: DictConfig, **kwargs):
+    """hydra.utils.instantiate, but our own errors come out as themselves, not wrapped."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, SpecResearchError):
+            raise cause from None
+        raise
 
 
 def encode(tokenizer, prompt: Prompt) -> list[int]:

@@ -52,7 +52,7 @@ def test_real_model_end_to_end(tmp_path):
 
 def test_sweep_records_one_parent_run(tmp_path):
     result = cli(
-        "-m", *TINY, "drafter=none,independent", "dataset.num_prompts=1", "max_new_tokens=6",
+        "-m", *TINY, "drafter.k=1,3", "dataset.num_prompts=1", "max_new_tokens=6",
         f"tracker.store={tmp_path}/mlruns", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -60,7 +60,8 @@ def test_sweep_records_one_parent_run(tmp_path):
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert len(parents) == 1 and len(children) == 2
-    assert {c.data.params["drafter._target_"].rsplit(".", 1)[1] for c in children} == {"NoDrafter", "IndependentDrafter"}
+    assert {c.data.params["drafter.k"] for c in children} == {"1", "3"}
+    assert all(c.info.status == "FINISHED" for c in children) and parents[0].info.status == "FINISHED"
 
 
 def test_bad_k_is_one_line_nonzero_and_records_nothing(tmp_path):

