@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import time
 
 import torch
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="pairs of runs per prompt")
     args = parser.parse_args()
 
     lm = load_model(args.model, dtype=args.dtype)
@@ -50,23 +52,28 @@ def main() -> None:
     prompts = [lm.tokenizer.encode(p.text, add_special_tokens=False) for p in load_prompts("humaneval", args.prompts)]
     ours(engine, prompts[0], 4), hf_generate(lm, prompts[0], 4)  # warm-up, untimed
     t_ours = t_hf = 0.0
-    same = 0
+    same, ratios = 0, []
     for i, ids in enumerate(prompts):
-        runs = [("ours", ours, engine), ("hf", hf_generate, lm)]
-        result = {}
-        for name, fn, obj in runs if i % 2 == 0 else runs[::-1]:
-            result[name] = fn(obj, ids, args.tokens)
-        t_ours += result["ours"][1]
-        t_hf += result["hf"][1]
-        same += result["ours"][0] == result["hf"][0]
-        print(f"prompt {i}: ours {args.tokens / result['ours'][1]:.2f} tok/s, generate {args.tokens / result['hf'][1]:.2f} tok/s")
-    n = args.tokens * len(prompts)
+        for r in range(args.repeats):
+            runs = [("ours", ours, engine), ("hf", hf_generate, lm)]
+            result = {}
+            for name, fn, obj in runs if (i + r) % 2 == 0 else runs[::-1]:  # alternate who goes first
+                result[name] = fn(obj, ids, args.tokens)
+            t_ours += result["ours"][1]
+            t_hf += result["hf"][1]
+            ratios.append(result["hf"][1] / result["ours"][1])
+            same += result["ours"][0] == result["hf"][0]
+            print(f"prompt {i} run {r}: ours {args.tokens / result['ours'][1]:.2f} tok/s, generate {args.tokens / result['hf'][1]:.2f} tok/s")
+    n = args.tokens * len(ratios)
+    ratios.sort()
     print(
         f"\n{args.model} ({lm.dtype}, {lm.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{platform.processor() or platform.machine()})\n"
-        f"ours: {n / t_ours:.2f} tok/s   transformers generate: {n / t_hf:.2f} tok/s   "
-        f"ratio ours/generate = {t_hf / t_ours:.3f} (>= 1 means ours is at least as fast)\n"
-        f"identical tokens on {same}/{len(prompts)} prompts"
+        f"{platform.processor() or platform.machine()}), {len(prompts)} HumanEval prompts x {args.repeats} pairs, "
+        f"{args.tokens} new tokens each\n"
+        f"ours: {n / t_ours:.2f} tok/s   transformers generate: {n / t_hf:.2f} tok/s\n"
+        f"time ratio generate/ours = {t_hf / t_ours:.3f} overall, median of pairs {statistics.median(ratios):.3f} "
+        f"(range {ratios[0]:.3f}-{ratios[-1]:.3f}; >= 1 means ours is at least as fast)\n"
+        f"identical tokens in {same}/{len(ratios)} pairs"
     )
 
 

@@ -18,16 +18,16 @@ from specresearch.metrics import SpecStats
 from specresearch.models import LoadedModel
 from specresearch.sampling import logits_to_probs
 from specresearch.target import Target
-from specresearch.types import GenerationOutput, SamplingParams
+from specresearch.types import Draft, GenerationOutput, SamplingParams, Verdict
 from specresearch.verifiers.base import Verifier
 
 
 class Engine:
     """Speculative decoding of one prompt at a time (batch size 1).
 
-    Invariant between steps: the target's KV cache holds every token but the last one sampled, so
-    a step feeds [last token, draft tokens] (K + 1 tokens) and gets the K + 1 distributions the
-    verifier needs in one forward.
+    The prefill of the prompt yields the first new token. Invariant between steps: the target's KV
+    cache holds every token but the last one sampled, so a step feeds [last token, draft tokens]
+    (K + 1 tokens) and gets the K + 1 distributions the verifier needs in one forward.
     """
 
     def __init__(self, target: LoadedModel, drafter: Drafter, verifier: Verifier, sampling: SamplingParams):
@@ -79,40 +79,47 @@ class Engine:
             eos_token_ids = [] if eos is None else [eos]
         eos_set, stops = set(eos_token_ids), list(stop_strings)
         rng = torch.Generator(device=self.device).manual_seed(seed)
-        tokens = torch.empty(len(prompt) + max_new_tokens + self.drafter.k + 1, dtype=torch.long, device=self.device)
-        tokens[: len(prompt)] = torch.tensor(list(prompt), dtype=torch.long)
-        length, start = len(prompt), len(prompt)
-        stats = SpecStats(prompt_tokens=len(prompt))
+        start = len(prompt)
+        tokens = torch.empty(start + max_new_tokens + self.drafter.k + 1, dtype=torch.long, device=self.device)
+        tokens[:start] = torch.tensor(list(prompt), dtype=torch.long)
+        new: list[int] = []  # the same tokens as tokens[start:], on the host, for the stop checks
+        stats = SpecStats(prompt_tokens=start)
         forwards_before = self.drafter.draft_forwards
         clock = _Clock(self.device)
 
         def context() -> Context:
-            return Context(tokens[:length], self.sampling, rng, max_draft=max_new_tokens - (length - start) - 1)
+            return Context(tokens[: start + len(new)], self.sampling, rng, max_draft=max_new_tokens - len(new) - 1)
+
+        def append(verdict: Verdict) -> str | None:
+            """Append the verdict's tokens one by one, up to the first stop; return the stop reason."""
+            at = start + len(new)
+            tokens[at : at + verdict.tokens.numel()] = verdict.tokens
+            for tok in verdict.tokens.tolist():
+                new.append(tok)
+                reason = self._stop_reason(new, max_new_tokens, eos_set, stops)
+                if reason:
+                    return reason
+            return None
 
         with clock.total(stats):
+            # The prefill gives the first new token, exactly as plain decoding (and transformers) do.
             with clock.phase(stats, "time_prefill"):
                 self.target.reset()
-                self.target.prefill(tokens[: length - 1])
-                self.drafter.prefill(context())
-            new: list[int] = []
-            stop_reason = None
+                p = logits_to_probs(self.target.prefill(tokens[:start]), self.sampling)  # [1, V]
+                stop_reason = append(self.verifier(_NO_DRAFT, p, rng))
+                if stop_reason is None:
+                    self.drafter.prefill(context())
             while stop_reason is None:
                 with clock.phase(stats, "time_draft"):
                     draft = self.drafter.propose(context())
                 with clock.phase(stats, "time_verify"):
-                    logits = self.target.forward(torch.cat([tokens[length - 1 : length], draft.tokens]))  # [K+1, V]
+                    last = tokens[start + len(new) - 1 : start + len(new)]  # [1] not yet in the cache
+                    logits = self.target.forward(torch.cat([last, draft.tokens.to(self.device)]))  # [K+1, V]
                 p = logits_to_probs(logits, self.sampling)  # [K+1, V]
                 verdict = self.verifier(draft, p, rng)
                 self.target.rollback(self.target.length - (len(draft) - verdict.num_accepted))
                 stats.observe(len(draft), verdict.num_accepted)
-                n = verdict.tokens.numel()
-                tokens[length : length + n] = verdict.tokens
-                for tok in verdict.tokens.tolist():
-                    new.append(tok)
-                    stop_reason = self._stop_reason(new, max_new_tokens, eos_set, stops)
-                    if stop_reason:
-                        break
-                length = start + len(new)
+                stop_reason = append(verdict)
                 if stop_reason is None:
                     with clock.phase(stats, "time_draft"):
                         self.drafter.commit(context(), verdict)
@@ -137,6 +144,7 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
 
+_NO_DRAFT = Draft(tokens=torch.empty(0, dtype=torch.long))  # the prefill step verifies nothing
 _STOP_WINDOW = 24  # tokens decoded to look for a stop string ending at the newest token
 
 

@@ -208,7 +208,7 @@ def format_table(cfg: DictConfig, label: str, s: dict, results: Results, samplin
         ("tokens/s", f"{s['baseline_tokens_per_s']:.2f}", f"{s['method_tokens_per_s']:.2f}"),
         ("new tokens", f"{s['baseline_new_tokens']:.0f}", f"{s['method_new_tokens']:.0f}"),
         ("wall time (s)", f"{s['baseline_time_total']:.1f}", f"{s['method_time_total']:.1f}"),
-        ("target forwards", f"{s['baseline_steps']:.0f}", f"{s['method_steps']:.0f}"),
+        ("forwards after prefill", f"{s['baseline_steps']:.0f}", f"{s['method_steps']:.0f}"),
         ("tau (tokens/forward)", f"{s['baseline_tau']:.2f}", f"{s['method_tau']:.2f}"),
     ]
     m = results.method

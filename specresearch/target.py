@@ -31,10 +31,14 @@ class Target:
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
 
-    def prefill(self, tokens: Tensor) -> None:
-        """Put `tokens` ([T], may be empty) into the cache without asking for their logits."""
-        if tokens.numel():
-            self._run(tokens, logits_to_keep=1)
+    def prefill(self, tokens: Tensor) -> Tensor | None:
+        """Put `tokens` ([T], may be empty) into the cache.
+
+        Returns:
+            [1, V] the logits after the last token (the lm head runs on that position only), or None
+            when `tokens` is empty.
+        """
+        return self._run(tokens, logits_to_keep=1) if tokens.numel() else None
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Feed `tokens` ([K]) after the cached ones.
