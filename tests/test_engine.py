@@ -162,7 +162,8 @@ def test_stops_eos_and_stop_strings_match_baseline(target, close_draft):
 
 def test_sampled_speculative_follows_target_law(target, far_draft):
     """independent x rejection at T = 1: the joint law of the first two new tokens equals the
-    target's exact law (G-test, expected-count pooling), with drafts spanning both positions."""
+    target's exact law (G-test, expected-count pooling). The second token comes from verifying a
+    two-token draft: accepted, recovered after a rejection, or drawn from the residual."""
     sampling = SamplingParams(temperature=1.0)
     engine = Engine(target, IndependentDrafter(target, k=2, model=far_draft), RejectionVerifier(), sampling)
     prompt = [65, 66, 67]
@@ -175,7 +176,7 @@ def test_sampled_speculative_follows_target_law(target, far_draft):
     counts: dict[tuple[int, int], int] = {}
     stats = SpecStats()
     for seed in range(n):
-        out = engine.generate(prompt, 3, eos_token_ids=[], seed=seed)
+        out = engine.generate(prompt, 4, eos_token_ids=[], seed=seed)  # prefill token, then a 2-token draft
         first_two = tuple(out.tokens[:2])
         counts[first_two] = counts.get(first_two, 0) + 1
         stats = stats.merge(out.stats)
@@ -193,8 +194,8 @@ def test_sampled_speculative_follows_target_law(target, far_draft):
     observed.append(sum(c for (a, _), c in counts.items() if a not in top.tolist()))
     expected = np.array(expected) * n
     assert len(expected) > 20 and sum(observed) == n
-    assert 0.4 < stats.alpha < 0.9, "both acceptances and recoveries must occur"
-    assert stats.accepted_at[1] > 0.2 * n, "the second token must often come from an accepted draft"
+    assert 0.3 < stats.alpha < 0.9, "both acceptances and recoveries must occur"
+    assert stats.accepted_at[0] > 0.2 * n, "the second token must often come from an accepted draft"
     pvalue = power_divergence(np.array(observed), expected, lambda_="log-likelihood").pvalue
     assert pvalue > 1e-3
 
