@@ -6,23 +6,33 @@ working directory; each group folder there is the registry of its options.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from specresearch.errors import SpecResearchError
+from specresearch.tracking import JobFailed
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
-def _task(cfg: DictConfig) -> None:
+def _task(cfg: DictConfig) -> JobFailed | None:
     from specresearch.experiment import fail, run  # imported here so `--help` stays fast
 
     try:
         run(cfg)
     except SpecResearchError as err:
-        fail(str(err))
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            fail(str(err))
+        # In a sweep the other jobs go on; SweepCallback counts this one and exits non-zero at the end.
+        overrides = " ".join(HydraConfig.get().overrides.task)
+        print(f"error: job {HydraConfig.get().job.num} ({overrides}): {err}", file=sys.stderr)
+        return JobFailed(str(err))
+    return None
 
 
 def main() -> None:

@@ -6,8 +6,11 @@ nested run per job.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -113,6 +116,14 @@ class MLflowTracker:
         os.environ[PARENT_RUN_ENV] = run.info.run_id
         return run.info.run_id
 
+    def end_parent(self, status: str) -> None:
+        """Close the sweep's parent run with `status`, whatever run is active now."""
+        mlflow = self._mlflow()
+        run_id = os.environ.pop(PARENT_RUN_ENV)
+        mlflow.MlflowClient().set_terminated(run_id, status=status)
+        if mlflow.active_run() is not None and mlflow.active_run().info.run_id == run_id:
+            mlflow.end_run(status=status)
+
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
     """{"a": {"b": 1}} → {"a.b": "1"}: MLflow params are flat strings."""
@@ -131,11 +142,22 @@ except ImportError:  # pragma: no cover
     Callback = object
 
 
+@dataclass
+class JobFailed:
+    """What a sweep job returns when its experiment was refused (a SpecResearchError)."""
+
+    message: str
+
+
 class SweepCallback(Callback):
-    """Opens one MLflow parent run per multirun sweep and closes it at the end."""
+    """Opens one MLflow parent run per multirun sweep and closes it at the end: FINISHED when every
+    job finished, FAILED (and exit code 2) when any failed. The other jobs of a sweep go on after
+    one fails; a parent left open by a crash is closed as FAILED when the process exits."""
 
     def __init__(self) -> None:
         self.tracker: MLflowTracker | None = None
+        self.jobs = 0
+        self.failed: list[int] = []
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.utils import instantiate
@@ -144,9 +166,24 @@ class SweepCallback(Callback):
         if isinstance(tracker, MLflowTracker):
             self.tracker = tracker
             tracker.start_parent(name=f"sweep {Path(config.hydra.sweep.dir).name}")
+            atexit.register(self._close, "FAILED")
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.utils import JobStatus
+
+        self.jobs += 1
+        if job_return.status == JobStatus.FAILED or isinstance(job_return._return_value, JobFailed):
+            self.failed.append(config.hydra.job.num)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.tracker is not None:
-            self.tracker.end("FINISHED")
-            os.environ.pop(PARENT_RUN_ENV, None)
-            print(f"sweep recorded as one parent run; browse it with: {self.tracker.browse_hint()}")
+        self._close("FAILED" if self.failed else "FINISHED")
+        if self.failed:
+            print(f"{len(self.failed)} of {self.jobs} jobs failed (job numbers {self.failed})", file=sys.stderr)
+            sys.exit(2)
+
+    def _close(self, status: str) -> None:
+        if self.tracker is None:
+            return
+        tracker, self.tracker = self.tracker, None
+        tracker.end_parent(status)
+        print(f"sweep recorded as one parent run ({status}); browse it with: {tracker.browse_hint()}")

@@ -64,6 +64,20 @@ def test_sweep_records_one_parent_run(tmp_path):
     assert all(c.info.status == "FINISHED" for c in children) and parents[0].info.status == "FINISHED"
 
 
+def test_sweep_goes_on_after_a_failed_job_and_marks_the_parent_failed(tmp_path):
+    result = cli(
+        "-m", *TINY, "drafter.k=0,2", "dataset.num_prompts=1", "max_new_tokens=4",
+        f"tracker.store={tmp_path}/mlruns", cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "error: job 0 (" in result.stderr and "needs k >= 1" in result.stderr
+    assert "1 of 2 jobs failed" in result.stderr
+    runs = mlflow_runs(tmp_path / "mlruns")
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FAILED"
+    assert [c.data.params["drafter.k"] for c in runs if c not in parents] == ["2"]  # job 1 still ran
+
+
 def test_bad_k_is_one_line_nonzero_and_records_nothing(tmp_path):
     result = cli(*TINY, "drafter.k=0", f"tracker.store={tmp_path}/mlruns", cwd=tmp_path)
     assert result.returncode == 2
