@@ -21,6 +21,7 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, leviathan_speedup
 from specresearch.models import load_model
+from specresearch.target import Target
 from specresearch.types import GenerationOutput, SamplingParams
 
 
@@ -33,8 +34,11 @@ class Results:
     method: SpecStats = field(default_factory=SpecStats)
     identical: int = 0  # prompts whose method output equals the baseline's, token for token
     divergences: list[int] = field(default_factory=list)  # first differing position, per differing prompt
+    gaps: list[float] = field(default_factory=list)  # target logit gap at that position, per differing prompt
 
-    def add(self, prompt: Prompt, base: GenerationOutput, meth: GenerationOutput) -> dict:
+    def add(self, prompt: Prompt, base: GenerationOutput, meth: GenerationOutput, gap: float | None = None) -> dict:
+        """Record one prompt; `gap` is the target's logit gap between the two tokens at the first
+        divergence (see `divergence_gap`)."""
         self.baseline = self.baseline.merge(base.stats)
         self.method = self.method.merge(meth.stats)
         diverge = first_divergence(base.tokens, meth.tokens)
@@ -42,11 +46,14 @@ class Results:
             self.identical += 1
         else:
             self.divergences.append(diverge)
+        if gap is not None:
+            self.gaps.append(gap)
         record = {
             "id": prompt.id,
             "prompt_tokens": base.stats.prompt_tokens,
             "identical": diverge is None,
             "first_divergence": diverge,
+            "divergence_logit_gap": gap,
             "baseline": {**base.stats.summary(), "stop_reason": base.stop_reason, "text": base.text},
             "method": {**meth.stats.summary(), "stop_reason": meth.stop_reason, "text": meth.text},
         }
@@ -73,6 +80,7 @@ class Results:
             leviathan_speedup=leviathan_speedup(meth.alpha, k, c, v) if k else 1.0 / v,
             identity_rate=self.identical / n if n else float("nan"),
             mean_first_divergence=sum(self.divergences) / len(self.divergences) if self.divergences else float("nan"),
+            max_divergence_logit_gap=max(self.gaps) if self.gaps else float("nan"),
         )
         return out
 
@@ -120,7 +128,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
             else:
                 meth = generate(method, ids, seed, cfg.max_new_tokens)
                 base = generate(baseline, ids, seed, cfg.max_new_tokens)
-            record = results.add(prompt, base, meth)
+            gap = divergence_gap(target, ids, base.tokens, meth.tokens) if sampling.greedy else None
+            record = results.add(prompt, base, meth, gap)
             tracker.log_metrics(_step_metrics(record), step=i)
         summary = results.summary(k)
     except BaseException:
@@ -163,6 +172,21 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@torch.inference_mode()
+def divergence_gap(lm, prompt: list[int], a: list[int], b: list[int]) -> float | None:
+    """Where two greedy outputs first differ, how close was the call? The target's logit of one
+    token minus the other's, from a fresh prefill of the prompt and the common prefix (in the run's
+    dtype). Near zero means a near-tie that rounding can flip; None when the outputs agree or one
+    merely stopped earlier."""
+    d = first_divergence(a, b)
+    if d is None or d >= min(len(a), len(b)):
+        return None
+    fresh = Target(lm)
+    fresh.reset()
+    logits = fresh.prefill(torch.tensor(prompt + a[:d]))[0].float()  # [V]
+    return abs(logits[a[d]] - logits[b[d]]).item()
 
 
 def _step_metrics(record: dict) -> dict[str, float]:
@@ -219,6 +243,7 @@ def format_table(cfg: DictConfig, label: str, s: dict, results: Results, samplin
     identity = (
         f"{results.identical}/{n} prompts identical to the baseline"
         + (f" (first divergence at token {min(results.divergences)} at the earliest)" if results.divergences else "")
+        + (f"; target logit gap at divergence <= {max(results.gaps):.3f}" if results.gaps else "")
         if sampling.greedy
         else "n/a (sampled decoding: see the distribution tests)"
     )

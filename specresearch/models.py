@@ -113,7 +113,10 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch
 
     Args:
         dtype: "auto" or one of bfloat16/bf16, float16/fp16, float32/fp32 (a torch.dtype passes through).
-        device: where the model will run; "auto" picks bfloat16 there, float16 on GPUs without bf16.
+        device: where the model will run. "auto" picks bfloat16 (float16 on GPUs without bf16):
+            half the memory traffic of float32 per decoded token. On CPUs without native bf16
+            kernels (AVX2 only; see `cpu_has_fast_bf16`) bf16 matmuls of many rows are slow, and
+            `load_model` says so once.
 
     Returns:
         The dtype.
@@ -123,12 +126,30 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch
     name = str(dtype).strip().lower()
     if name == "auto":
         dev = torch.device(device) if not isinstance(device, torch.device) else device
-        if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
-            return torch.float16
-        return torch.bfloat16  # the fast dtype on our CPUs (MODELS.md), and the dtype the zoo is cached in
+        if dev.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16
     if name not in _DTYPES:
         raise SpecResearchError(f"unknown dtype '{dtype}': valid are auto, {', '.join(_DTYPES)}")
     return _DTYPES[name]
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU has native bf16 matrix kernels (oneDNN on AVX-512 or AMX), as the machine that
+    MODELS.md's costs come from has. Without them (e.g. an AVX2-only AMD EPYC), a bf16 matmul of m
+    rows costs about m times one row: measured on Qwen2.5-Coder-1.5B, a 160-token prefill takes 5x
+    as long as in float32 and a 5-token forward 3.3x one token, which eats speculative speedups."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else torch.backends.cpu.get_cpu_capability() != "AVX2"
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        print(message, file=sys.stderr)
 
 
 def default_cache_dir() -> Path:
@@ -168,6 +189,12 @@ def load_model(
         lm.device, lm.dtype = dev, want
         return lm
     want = resolve_dtype(dtype, dev)
+    if want == torch.bfloat16 and dev.type == "cpu" and not cpu_has_fast_bf16():
+        _say_once(
+            "specresearch: this CPU has no native bf16 kernels (AVX2 only): multi-token forwards (prefill, "
+            "verification) cost about as many single-token ones, so speculative speedups shrink; "
+            "model.dtype=float32 prefills faster but decodes slower"
+        )
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = Path(name).expanduser()
     if name in ZOO:

@@ -42,8 +42,10 @@ def test_verifier_configs_instantiate(name):
 
 @pytest.mark.parametrize("name", options("dataset"))
 def test_dataset_configs_load(name):
-    prompts = load_prompts(**make_cfg(*TINY, f"dataset={name}").dataset)
-    assert len(prompts) == 8 and all(p.text for p in prompts)
+    cfg = make_cfg(*TINY, f"dataset={name}").dataset
+    prompts = load_prompts(**cfg)
+    assert len(prompts) == cfg.num_prompts and all(p.text for p in prompts)
+    assert len({p.text for p in prompts}) == len(prompts)
 
 
 @pytest.mark.parametrize("name", options("sampling"))

