@@ -19,7 +19,7 @@ from specresearch.data import Prompt, load_prompts
 from specresearch.drafters.none import NoDrafter
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.metrics import SpecStats, leviathan_speedup
+from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup
 from specresearch.models import load_model
 from specresearch.target import Target
 from specresearch.types import GenerationOutput, SamplingParams
@@ -64,9 +64,8 @@ class Results:
         """Overall metrics: speedup as the ratio of total times, and the Leviathan prediction from the
         measured α, draft cost ratio c and verification cost v (both relative to one baseline forward)."""
         base, meth = self.baseline, self.method
-        t_target = base.time_verify / base.steps if base.steps else float("nan")  # one 1-token target forward
-        c = (meth.time_draft / meth.draft_forwards) / t_target if meth.draft_forwards else 0.0
-        v = (meth.time_verify / meth.steps) / t_target if meth.steps else float("nan")
+        c, v = cost_ratios(base, meth)
+        best_k, best_speedup = leviathan_optimal_k(meth.alpha, c, v, k) if k else (0, float("nan"))
         n = len(self.records)
         out = {f"baseline_{key}": value for key, value in base.summary().items() if not key.startswith("acceptance_at")}
         out.update({f"method_{key}": value for key, value in meth.summary().items()})
@@ -78,6 +77,8 @@ class Results:
             draft_cost_ratio_c=c,
             verify_cost_v=v,
             leviathan_speedup=leviathan_speedup(meth.alpha, k, c, v) if k else 1.0 / v,
+            leviathan_optimal_k=best_k,
+            leviathan_optimal_speedup=best_speedup,
             identity_rate=self.identical / n if n else float("nan"),
             mean_first_divergence=sum(self.divergences) / len(self.divergences) if self.divergences else float("nan"),
             max_divergence_logit_gap=max(self.gaps) if self.gaps else float("nan"),
@@ -258,7 +259,8 @@ def format_table(cfg: DictConfig, label: str, s: dict, results: Results, samplin
         "",
         f"speedup (ratio of total times)  {s['speedup']:.2f}x   [tokens/s ratio {s['throughput_ratio']:.2f}x]",
         f"Leviathan prediction            {s['leviathan_speedup']:.2f}x   from alpha={s['method_alpha']:.3f}, "
-        f"k={s['k']:.0f}, c={s['draft_cost_ratio_c']:.3f}, v={s['verify_cost_v']:.3f}",
+        f"k={s['k']:.0f}, c={s['draft_cost_ratio_c']:.3f}, v={s['verify_cost_v']:.3f}"
+        + (f"; its best k: {s['leviathan_optimal_k']:.0f} ({s['leviathan_optimal_speedup']:.2f}x)" if s["leviathan_optimal_k"] else ""),
         f"tau={s['method_tau']:.2f}  alpha={s['method_alpha']:.3f}  acceptance by draft position: {by_pos}",
         f"method time split: {split}",
         f"greedy identity: {identity}",

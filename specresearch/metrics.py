@@ -118,6 +118,36 @@ def leviathan_speedup(alpha: float, k: int, c: float, v: float = 1.0) -> float:
     return expected_tokens / (k * c + v)
 
 
+def leviathan_optimal_k(alpha: float, c: float, v: float, k_measured: int, k_max: int = 16) -> tuple[int, float]:
+    """The draft length that maximises the Leviathan prediction, from what one run measured.
+
+    The verification cost of k + 1 tokens is interpolated linearly between one token (cost 1) and
+    the measured v at k_measured: v(k) = 1 + (v - 1) · k / k_measured (linear in the tokens fed,
+    as memory-bound forwards on GPUs and fast CPUs are until they turn compute-bound).
+
+    Returns:
+        (k*, predicted speedup at k*), k* in 1..k_max; (0, nan) when an input is unknown.
+    """
+    if any(math.isnan(x) for x in (alpha, c, v)) or k_measured < 1:
+        return 0, float("nan")
+    best = max(range(1, k_max + 1), key=lambda k: leviathan_speedup(alpha, k, c, 1 + (v - 1) * k / k_measured))
+    return best, leviathan_speedup(alpha, best, c, 1 + (v - 1) * best / k_measured)
+
+
+def cost_ratios(baseline: SpecStats, method: SpecStats) -> tuple[float, float]:
+    """The draft cost ratio c and the verification cost v of `method`, both relative to one
+    one-token target forward of `baseline` (plain decoding on the same target and prompts).
+
+    Returns:
+        (c, v): c = seconds per draft-model forward / seconds per baseline forward (0 for a
+        model-free drafter); v = seconds per verification forward / seconds per baseline forward.
+    """
+    t_target = baseline.time_verify / baseline.steps if baseline.steps else float("nan")
+    c = (method.time_draft / method.draft_forwards) / t_target if method.draft_forwards else 0.0
+    v = (method.time_verify / method.steps) / t_target if method.steps else float("nan")
+    return c, v
+
+
 def _grow(counts: list[int], n: int) -> None:
     counts.extend([0] * (n - len(counts)))
 

@@ -40,13 +40,22 @@ class Target:
         """
         return self._run(tokens, logits_to_keep=1) if tokens.numel() else None
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, head: Tensor | None = None) -> Tensor:
         """Feed `tokens` ([K]) after the cached ones.
 
+        Args:
+            tokens: [K] token ids.
+            head: [N, H] rows of the output embedding to score instead of the whole vocabulary (a
+                draft restricted to N tokens); the model must have a plain linear lm head.
+
         Returns:
-            [K, V] logits: row i is the distribution of the token after tokens[i].
+            [K, V] logits (or [K, N] with `head`): row i is the distribution of the token after tokens[i].
         """
-        return self._run(tokens, logits_to_keep=0)
+        if head is None:
+            return self._run(tokens, logits_to_keep=0)
+        out = self.model.base_model(input_ids=tokens.to(self.device)[None], past_key_values=self.cache, use_cache=True)
+        self.length += tokens.numel()
+        return out.last_hidden_state[0] @ head.T  # [K, H] @ [H, N]
 
     def rollback(self, length: int) -> None:
         """Drop cached tokens beyond the first `length` (after a rejection)."""

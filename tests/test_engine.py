@@ -9,6 +9,7 @@ from scipy.stats import power_divergence
 
 from specresearch.drafters import Context, IndependentDrafter, NoDrafter
 from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
 from specresearch.models import tiny_model
 from specresearch.types import Draft, SamplingParams
@@ -219,3 +220,96 @@ def test_divergence_gap_is_the_targets_logit_gap_at_the_first_difference(target)
     assert divergence_gap(target, prompt, a, b) == pytest.approx((logits[a[2]] - logits[runner_up]).item(), abs=1e-4)
     assert divergence_gap(target, prompt, a, list(a)) is None
     assert divergence_gap(target, prompt, a, a[:4]) is None  # stopped earlier: no token to compare
+
+
+# --- FR-Spec: a draft restricted to the most frequent tokens ---------------------------------------
+
+
+def test_frequent_tokens_rank_by_count_and_keep_eos(tmp_path):
+    from specresearch.models import ByteTokenizer
+    from specresearch.vocab import frequent_tokens
+
+    tok = ByteTokenizer()
+    top = frequent_tokens(tok, 8, "mtbench", cache_dir=tmp_path)
+    assert len(top) == 8 and top[-1] == tok.eos_token_id  # EOS never occurs in text, but a draft must be able to end
+    assert top[0] == ord(" ") and ord("e") in top.tolist()  # English: space first, then e, t, ...
+    assert list(tmp_path.iterdir()), "the counts are cached"
+    assert torch.equal(frequent_tokens(tok, 8, "mtbench", cache_dir=tmp_path), top)
+    code = frequent_tokens(tok, 40, "python-stdlib").tolist()  # Python source: indentation, names, colons
+    assert code[0] == ord(" ") and {ord("\n"), ord("("), ord(":"), ord("_")} <= set(code)
+    with pytest.raises(SpecResearchError, match="unknown vocabulary corpus 'wiki': valid are python-stdlib, mtbench"):
+        frequent_tokens(tok, 8, "wiki")
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_shortlisted_draft_keeps_greedy_identical(target, close_draft, k):
+    drafter = IndependentDrafter(target, k=k, model=close_draft, vocab=200, vocab_corpus="mtbench")
+    engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
+    for i, prompt in enumerate(prompts(4, seed=10 + k)):
+        out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
+        assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
+    assert 0 < out.stats.accepted < out.stats.drafted
+
+
+def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
+    """Single-step check at T = 1: q is the draft's softmax renormalised over the shortlist (zero
+    elsewhere), the drawn tokens follow q (G-test), and rejection sampling against this q yields
+    exactly the target's p."""
+    from tests.test_verifiers import exact_output_law
+
+    sampling = SamplingParams(temperature=1.0)
+    drafter = IndependentDrafter(target, k=1, model=far_draft, vocab=100, vocab_corpus="mtbench")
+    prompt = torch.tensor([72, 101, 108, 108, 111, 32])
+    rng = torch.Generator().manual_seed(0)
+    ctx = Context(prompt, sampling, rng, max_draft=1)
+    draws = []
+    with torch.inference_mode():
+        drafter.prefill(ctx)
+        for _ in range(3000):
+            draft = drafter.propose(ctx)
+            draws.append(int(draft.tokens[0]))
+            drafter.commit(ctx, None)
+    q = draft.q[0].double()  # [V]
+    short = drafter.shortlist
+    with torch.inference_mode():
+        full = far_draft.model(prompt[None]).logits[0, -1].double()  # [V]
+        p = torch.softmax(target.model(prompt[None]).logits[0, -1].double(), -1)  # [V]
+    expected = torch.zeros_like(q).index_copy_(0, short, torch.softmax(full[short], -1))
+    torch.testing.assert_close(q, expected, atol=1e-5, rtol=0)
+    assert q.sum() == pytest.approx(1.0) and set(draws) <= set(short.tolist())
+    counts = np.bincount(draws, minlength=VOCAB)[short.numpy()]
+    keep = q[short].numpy() * len(draws) >= 5
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected_counts = np.append(q[short].numpy()[keep], q[short].numpy()[~keep].sum())
+    expected_counts = expected_counts / expected_counts.sum() * len(draws)
+    assert power_divergence(observed, expected_counts, lambda_="log-likelihood").pvalue > 1e-3
+    torch.testing.assert_close(exact_output_law(p, q), p, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("options", [{"quantize": "int8"}, {"quantize": "int8", "vocab": 200, "vocab_corpus": "mtbench"}])
+def test_int8_draft_keeps_greedy_identical(target, close_draft, options):
+    drafter = IndependentDrafter(target, k=3, model=close_draft, **options)
+    assert close_draft.model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32, "the shared draft is untouched"
+    engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
+    for i, prompt in enumerate(prompts(3, seed=20)):
+        out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
+        assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
+    assert 0 < out.stats.accepted < out.stats.drafted
+
+
+def test_int8_draft_sampled_step_is_exact(target, far_draft):
+    from tests.test_verifiers import exact_output_law
+
+    drafter = IndependentDrafter(target, k=1, model=far_draft, quantize="int8")
+    prompt = torch.tensor([72, 101, 108, 108, 111])
+    ctx = Context(prompt, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), max_draft=1)
+    with torch.inference_mode():
+        drafter.prefill(ctx)
+        q = drafter.propose(ctx).q[0].double()  # [V]
+        p = torch.softmax(target.model(prompt[None]).logits[0, -1].double(), -1)
+        full = torch.softmax(far_draft.model(prompt[None]).logits[0, -1].double(), -1)
+    assert q.sum() == pytest.approx(1.0, abs=1e-5)
+    assert 0 < (q - full).abs().sum() / 2 < 0.25  # int8 weights move q, but only a little (total variation)
+    torch.testing.assert_close(exact_output_law(p, q), p, atol=1e-12, rtol=0)
+    with pytest.raises(SpecResearchError, match="valid are null \\(none\\), int8"):
+        IndependentDrafter(target, k=1, model=far_draft, quantize="int4")

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from specresearch.metrics import SpecStats, leviathan_speedup
+from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup
 from specresearch.sampling import logits_to_probs, sample
 from specresearch.types import SamplingParams
 
@@ -63,3 +63,22 @@ def test_sample_is_reproducible_and_follows_support():
     a = sample(probs, torch.Generator().manual_seed(7))
     b = sample(probs, torch.Generator().manual_seed(7))
     assert a.tolist() == b.tolist() and a[0] != 0 and a[1] == 0
+
+
+def test_leviathan_optimal_k():
+    # alpha 0.8, c 0.05, free verification: (1 - 0.8^(k+1)) / (0.2 (0.05 k + 1)) peaks at k = 8 (3.092)
+    k, speedup = leviathan_optimal_k(0.8, 0.05, 1.0, k_measured=4)
+    assert k == 8 and speedup == pytest.approx((1 - 0.8**9) / (0.2 * 1.4))
+    assert leviathan_optimal_k(0.0, 0.3, 1.2, 4)[0] == 1  # nothing is accepted: the shortest draft loses least
+    assert leviathan_optimal_k(0.99, 0.0, 1.0, 4, k_max=12)[0] == 12  # free drafts, free verification: longest
+    # verification that grows with k (v = 3 at k = 4, i.e. +0.5 per token) pulls the optimum down
+    assert leviathan_optimal_k(0.8, 0.05, 3.0, 4)[0] < 8
+    assert leviathan_optimal_k(float("nan"), 0.1, 1.0, 4) == (0, pytest.approx(float("nan"), nan_ok=True))
+
+
+def test_cost_ratios_relative_to_one_baseline_forward():
+    base = SpecStats(steps=10, time_verify=2.0)  # 0.2 s per one-token target forward
+    meth = SpecStats(steps=4, time_verify=1.2, draft_forwards=8, time_draft=0.4)
+    c, v = cost_ratios(base, meth)
+    assert c == pytest.approx(0.25) and v == pytest.approx(1.5)
+    assert cost_ratios(base, SpecStats(steps=2, time_verify=0.4))[0] == 0.0  # a model-free drafter costs nothing

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import warnings
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
 from specresearch.drafters.base import Context, Drafter
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, check_same_vocab, load_model
+from specresearch.models import LoadedModel, check_same_vocab, default_cache_dir, load_model
 from specresearch.sampling import logits_to_probs, sample
 from specresearch.target import Target
 from specresearch.types import Draft, Verdict
+from specresearch.vocab import frequent_tokens
 
 
 class IndependentDrafter(Drafter):
@@ -25,22 +30,54 @@ class IndependentDrafter(Drafter):
 
     name = "independent"
 
-    def __init__(self, target: LoadedModel, k: int = 4, model: Mapping | LoadedModel | None = None):
+    def __init__(
+        self,
+        target: LoadedModel,
+        k: int = 4,
+        model: Mapping | LoadedModel | None = None,
+        vocab: int | None = None,
+        vocab_corpus: str = "python-stdlib",
+        quantize: str | None = None,
+    ):
         """
         Args:
             target: the target model; the draft must share its vocabulary.
             k: draft tokens per step (>= 1).
             model: the draft model: load_model() arguments (name, dtype, device, ...) or a LoadedModel.
+            vocab: draft only over the `vocab` most frequent tokens (FR-Spec, Zhao et al., 2025): the
+                draft's lm head scores those rows only. None = the whole vocabulary. Lossless either
+                way: a sampled draft reports the q it drew from (zero outside the shortlist).
+            vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
+            quantize: "int8": the draft's linear layers get int8 weights (torch's dynamic
+                quantization, CPU only; activations in float32), on a copy of the draft model.
+                None = as loaded. Lossless either way: only the draft changes.
         """
         if int(k) < 1:
             raise SpecResearchError(f"drafter=independent needs k >= 1, got k={k} (use drafter=none for plain decoding)")
         if model is None:
             raise SpecResearchError("drafter=independent needs a draft model: set drafter.model.name")
+        if quantize not in (None, "int8"):
+            raise SpecResearchError(f"unknown drafter.quantize '{quantize}': valid are null (none), int8")
         self.k = int(k)
         draft = model if isinstance(model, LoadedModel) else load_model(**dict(model))
         check_same_vocab(target, draft)
-        self.draft = Target(draft)
         self._forwards = 0
+        lm_head = draft.model.get_output_embeddings()
+        self.vocab_size = lm_head.weight.shape[0]  # V: the length of the q rows the verifier compares with p
+        self.shortlist: torch.Tensor | None = None  # [N] token ids the draft may propose; None = all
+        self.head: torch.Tensor | None = None  # [N, H] their rows of the draft's lm head
+        if vocab is not None:
+            if getattr(lm_head, "bias", None) is not None or getattr(draft.model.config, "final_logit_softcapping", None):
+                raise SpecResearchError(f"drafter.vocab needs a plain linear lm head; {draft.name} has a bias or logit softcapping")
+            cache = model.get("cache_dir") if isinstance(model, Mapping) else None
+            self.shortlist = frequent_tokens(
+                draft.tokenizer, int(vocab), vocab_corpus, Path(cache or default_cache_dir()) / "vocab"
+            ).to(draft.device)
+            self.head = lm_head.weight.detach()[self.shortlist].contiguous()
+        if quantize is not None:
+            draft = quantize_int8(draft)
+            self.head = None if self.head is None else self.head.to(draft.dtype)
+        self.draft = Target(draft)
 
     def prefill(self, ctx: Context) -> None:
         self.draft.reset()
@@ -50,14 +87,18 @@ class IndependentDrafter(Drafter):
         pending = ctx.tokens[self.draft.length :]  # [1], or [2] after a fully accepted step
         tokens, qs = [], []
         for _ in range(min(self.k, ctx.max_draft)):
-            logits = self.draft.forward(pending)[-1]  # [V]
+            logits = self.draft.forward(pending, head=self.head)[-1]  # [V], or [N] over the shortlist
             self._forwards += 1
             if ctx.sampling.greedy:
                 x = logits.argmax(-1)
             else:
-                q = logits_to_probs(logits, ctx.sampling)  # [V]
+                q = logits_to_probs(logits, ctx.sampling)  # [V] or [N]
                 x = sample(q, ctx.rng)
+                if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
+                    q = torch.zeros(self.vocab_size, dtype=q.dtype, device=q.device).index_copy_(0, self.shortlist, q)
                 qs.append(q)
+            if self.shortlist is not None:
+                x = self.shortlist[x]
             tokens.append(x)
             pending = x[None]
         if not tokens:
@@ -71,3 +112,17 @@ class IndependentDrafter(Drafter):
     @property
     def draft_forwards(self) -> int:
         return self._forwards
+
+
+def quantize_int8(lm: LoadedModel) -> LoadedModel:
+    """A copy of `lm` in float32 whose nn.Linear layers (the lm head included) hold int8 weights,
+    computed with torch's dynamic quantization kernels (fbgemm/oneDNN on x86, qnnpack on ARM)."""
+    if lm.device.type != "cpu":
+        raise SpecResearchError(f"drafter.quantize=int8 runs on the CPU only (torch's dynamic int8 kernels); the draft is on {lm.device}")
+    from torch.ao.quantization import quantize_dynamic
+
+    model = copy.deepcopy(lm.model).float()
+    with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors in favour of torchao
+        warnings.simplefilter("ignore")
+        model = quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    return dataclasses.replace(lm, model=model, dtype=torch.float32, name=f"{lm.name} (int8)")

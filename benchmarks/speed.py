@@ -1,0 +1,296 @@
+"""Speed side by side with transformers, in one process, on the same prompts.
+
+Methods, each decoding greedily a fixed number of new tokens (EOS ignored) after each prompt:
+  generate           transformers `generate`, plain greedy (the reference for every ratio)
+  hf_assisted        transformers assisted generation with the same draft model, its defaults
+  hf_prompt_lookup   transformers prompt lookup (`prompt_lookup_num_tokens`)
+  baseline           our engine with the `none` drafter
+  <drafter>          our engine with each drafter of conf/drafter/ and the greedy verifier
+
+The methods are interleaved prompt by prompt, in an order that rotates every run, after one
+untimed warm-up each, so machine noise hits all alike. Tokens/s are total new tokens / total time;
+the spread is over repeats (each repeat decodes every prompt once). For our drafters the table also
+has α, τ, the measured c and v and the Leviathan prediction.
+
+    python benchmarks/speed.py                                  # Qwen2.5-Coder 1.5B / 0.5B, bf16
+    python benchmarks/speed.py --prompts 6 --tokens 96 --repeats 3 --k 4
+    python benchmarks/speed.py --methods generate,baseline      # our baseline vs generate only
+    python benchmarks/speed.py --quick --tracker none           # tiny random models, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from specresearch.__main__ import CONF_DIR
+from specresearch.data import load_prompts
+from specresearch.drafters import NoDrafter
+from specresearch.engine import Engine
+from specresearch.experiment import build, encode, first_divergence
+from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup
+from specresearch.models import LoadedModel, load_model, tiny_model
+from specresearch.tracking import MLflowTracker, NullTracker
+from specresearch.types import SamplingParams
+from specresearch.verifiers import GreedyVerifier
+
+GREEDY = SamplingParams()
+HF_METHODS = ("generate", "hf_assisted", "hf_prompt_lookup")
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    seconds: float
+    stats: SpecStats | None = None  # our engine's counters; None for transformers
+
+
+@dataclass
+class Method:
+    """One way to decode, and what it measured over all prompts and repeats."""
+
+    name: str
+    decode: Callable[[list[int], int], Run]
+    seconds: list[float] = field(default_factory=list)  # [R] total time of each repeat
+    tokens: list[int] = field(default_factory=list)  # [R] new tokens of each repeat
+    stats: SpecStats = field(default_factory=SpecStats)
+    outputs: list[list[int]] = field(default_factory=list)  # first repeat's tokens, per prompt
+
+
+def hf(name: str, lm: LoadedModel, **generate_kwargs) -> Method:
+    """A transformers `generate` call with extra arguments (assistant_model, prompt_lookup_num_tokens)."""
+
+    def decode(ids: list[int], n: int) -> Run:
+        x = torch.tensor([ids], device=lm.device)  # [1, T]
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = lm.model.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False, **generate_kwargs
+            )
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize()
+        return Run(out[0, len(ids) :].tolist(), time.perf_counter() - t0)
+
+    return Method(name, decode)
+
+
+def ours(name: str, engine: Engine) -> Method:
+    def decode(ids: list[int], n: int) -> Run:
+        out = engine.generate(ids, n, eos_token_ids=[])
+        return Run(out.tokens, out.stats.time_total, out.stats)
+
+    return Method(name, decode)
+
+
+def drafter_names() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "drafter").glob("*.yaml") if p.stem != "none")
+
+
+def wanted_methods(spec: str) -> list[str]:
+    """The names in --methods (all when empty), checked before any model loads."""
+    valid = [*HF_METHODS, "baseline", *drafter_names()]
+    wanted = [m.strip() for m in spec.split(",")] if spec else valid
+    unknown = [m for m in wanted if m not in valid]
+    if unknown:
+        raise SystemExit(f"error: unknown method(s) {', '.join(unknown)}: valid are {', '.join(valid)}")
+    return wanted
+
+
+def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]:
+    """Every method asked for by --methods, sharing one target and one draft model."""
+    methods = []
+    for name in wanted_methods(args.methods):
+        if name == "generate":
+            methods.append(hf(name, target))
+        elif name == "hf_assisted":
+            methods.append(hf(name, target, assistant_model=draft.model))
+        elif name == "hf_prompt_lookup":
+            methods.append(hf(name, target, prompt_lookup_num_tokens=args.pld_tokens))
+        elif name == "baseline":
+            methods.append(ours(name, Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)))
+        else:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                node = compose("config", overrides=[f"drafter={name}", f"drafter.k={args.k}"]).drafter
+            extra = {"model": draft} if "model" in node else {}  # drafters with a draft model share ours
+            drafter = build(node, _partial_=True)(target=target, **extra)
+            methods.append(ours(f"{name}(k={drafter.k})", Engine(target, drafter, GreedyVerifier(), GREEDY)))
+    return methods
+
+
+def load(args) -> tuple[LoadedModel, LoadedModel, list[list[int]]]:
+    """Target, draft and prompt token ids: the embedded Qwen pair, or tiny random models (--quick)."""
+    if args.quick:
+        target = tiny_model(vocab_size=320, seed=0)
+        draft = tiny_model(vocab_size=320, seed=0, noise=0.03, noise_seed=5)
+    else:
+        target = load_model(args.model, dtype=args.dtype, device=args.device)
+        draft = load_model(args.draft, dtype=args.dtype, device=args.device)
+    prompts = [encode(target.tokenizer, p) for p in load_prompts("humaneval", args.prompts, offset=args.offset)]
+    if args.quick:
+        prompts = [ids[-48:] for ids in prompts]
+    return target, draft, prompts
+
+
+def measure(methods: list[Method], prompts: list[list[int]], n: int, repeats: int) -> None:
+    """Decode every prompt with every method, `repeats` times, rotating who goes first."""
+    for m in methods:  # warm-up: one-off costs (allocator, kernels, lazy init) stay out of the timings
+        m.decode(prompts[0], min(8, n))
+    turn = 0
+    for r in range(repeats):
+        for m in methods:
+            m.seconds.append(0.0)
+            m.tokens.append(0)
+        for i, ids in enumerate(prompts):
+            for m in methods[turn % len(methods) :] + methods[: turn % len(methods)]:
+                run = m.decode(ids, n)
+                m.seconds[r] += run.seconds
+                m.tokens[r] += len(run.tokens)
+                if run.stats is not None:
+                    m.stats = m.stats.merge(run.stats)
+                if r == 0:
+                    m.outputs.append(run.tokens)
+            turn += 1
+            print(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)} done", flush=True)
+
+
+def summarize(methods: list[Method]) -> list[dict]:
+    """One row per method: tokens/s (mean and spread over repeats), ratios, α, τ, c, v, Leviathan."""
+    by_name = {m.name: m for m in methods}
+    reference = by_name.get("generate", methods[0])
+    baseline = by_name.get("baseline")
+    rows = []
+    for m in methods:
+        per_repeat = [t / s for t, s in zip(m.tokens, m.seconds)]
+        ratios = [rs / s for rs, s in zip(reference.seconds, m.seconds)]  # time ratio vs the reference, per repeat
+        row = {
+            "method": m.name,
+            "tokens_per_s": sum(m.tokens) / sum(m.seconds),
+            "tokens_per_s_std": statistics.stdev(per_repeat) if len(per_repeat) > 1 else 0.0,
+            f"speedup_vs_{reference.name}": sum(reference.seconds) / sum(m.seconds),
+            "speedup_min": min(ratios),
+            "speedup_max": max(ratios),
+            "identical_to_reference": sum(first_divergence(a, b) is None for a, b in zip(m.outputs, reference.outputs)),
+        }
+        if baseline is not None:
+            row["speedup_vs_baseline"] = sum(baseline.seconds) / sum(m.seconds)
+        if m.stats.drafted:
+            c, v = cost_ratios(baseline.stats, m.stats) if baseline is not None else (float("nan"),) * 2
+            k = len(m.stats.drafted_at)
+            row.update(
+                alpha=m.stats.alpha, tau=m.stats.tau, k=k, c=c, v=v,
+                leviathan=leviathan_speedup(m.stats.alpha, k, c, v),
+                leviathan_optimal_k=leviathan_optimal_k(m.stats.alpha, c, v, k)[0],
+                leviathan_optimal=leviathan_optimal_k(m.stats.alpha, c, v, k)[1],
+                time_split={
+                    name: getattr(m.stats, f"time_{name}") / m.stats.time_total
+                    for name in ("prefill", "draft", "verify", "other")
+                },
+            )
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict], header: str) -> str:
+    ref = next(key for key in rows[0] if key.startswith("speedup_vs_") and key != "speedup_vs_baseline")
+    lines = [
+        header,
+        f"{'method':<22}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{'(min-max)':>13}{'vs_baseline':>12}"
+        f"{'alpha':>7}{'tau':>6}{'c':>7}{'v':>7}{'Leviathan':>10}{'identical':>10}",
+    ]
+    for r in rows:
+        def f(key, fmt, unit=""):
+            return format(r[key], fmt) + unit if key in r else "-"
+
+        lines.append(
+            f"{r['method']:<22}{r['tokens_per_s']:>8.2f}{r['tokens_per_s_std']:>6.2f}{r[ref]:>13.2f}x"
+            f"{r['speedup_min']:>7.2f}-{r['speedup_max']:<5.2f}{f('speedup_vs_baseline', '.2f', 'x'):>12}"
+            f"{f('alpha', '.3f'):>7}{f('tau', '.2f'):>6}{f('c', '.3f'):>7}{f('v', '.2f'):>7}{f('leviathan', '.2f', 'x'):>10}"
+            f"{r['identical_to_reference']:>10}"
+        )
+    for r in rows:
+        if "time_split" in r:
+            split = ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items())
+            lines.append(
+                f"{r['method']}: time split {split}; Leviathan-optimal k {r['leviathan_optimal_k']} "
+                f"(predicted {r['leviathan_optimal']:.2f}x over our baseline)"
+            )
+    return "\n".join(lines)
+
+
+def log(tracker, rows: list[dict]) -> None:
+    """Every number of every row as an MLflow metric `<method>.<key>` (names made MLflow-safe)."""
+    tracker.log_metrics(
+        {
+            re.sub(r"[^\w./ -]", "_", f"{r['method']}.{key}"): value
+            for r in rows
+            for key, value in r.items()
+            if isinstance(value, (int, float)) and value == value  # drop NaN
+        }
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="target (a zoo name, HF dir or .gguf)")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model for hf_assisted and our drafters")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--prompts", type=int, default=4, help="HumanEval prompts")
+    parser.add_argument("--offset", type=int, default=0, help="first HumanEval prompt")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (EOS ignored)")
+    parser.add_argument("--repeats", type=int, default=2, help="times every prompt is decoded by every method")
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per step of our drafters")
+    parser.add_argument("--pld-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    parser.add_argument("--methods", default="", help=f"comma-separated subset (default: all of {', '.join(HF_METHODS)}, baseline, our drafters)")
+    parser.add_argument("--quick", action="store_true", help="tiny random models, 2 prompts x 16 tokens: checks the script runs")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here (default: benchmarks/results/speed-TIME.json)")
+    parser.add_argument("--tracker", choices=["mlflow", "none"], default="mlflow")
+    parser.add_argument("--store", default="mlruns", help="MLflow store folder")
+    args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.tokens, args.repeats, args.model, args.draft = min(args.prompts, 2), min(args.tokens, 16), min(args.repeats, 2), "tiny", "tiny"
+
+    wanted_methods(args.methods)
+    target, draft, prompts = load(args)
+    methods = build_methods(args, target, draft)
+    tracker = MLflowTracker(args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
+    tracker.start(OmegaConf.create({**vars(args), "json": str(args.json)}), run_name="speed")
+    try:
+        measure(methods, prompts, args.tokens, args.repeats)
+    except BaseException:  # keep what was measured: the repeats done so far, marked FAILED
+        if all(m.seconds and m.seconds[0] for m in methods):
+            log(tracker, summarize(methods))
+        tracker.end("FAILED")
+        raise
+    rows = summarize(methods)
+    header = (
+        f"\n{args.model} <- {args.draft} ({target.dtype}, {target.device}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {platform.machine()} {torch.backends.cpu.get_cpu_capability()}): "
+        f"{len(prompts)} HumanEval prompts x {args.tokens} tokens x {args.repeats} repeats, greedy"
+    )
+    report = {"header": header.strip(), "args": {**vars(args), "json": str(args.json)}, "rows": rows}
+    out = args.json or Path(__file__).parent / "results" / f"speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    log(tracker, rows)
+    tracker.log_artifact_text(json.dumps(report, indent=2), "speed.json")
+    tracker.end("FINISHED")
+    print(table(rows, header))
+    print(f"\nwrote {out}")
+    if tracker.browse_hint():
+        print(f"recorded in MLflow; browse with: {tracker.browse_hint()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The speed benchmark keeps working: its --quick mode on tiny fp32 models, end to end."""
+
+import json
+import subprocess
+import sys
+
+import mlflow
+
+from tests.conftest import ROOT
+
+SPEED = str(ROOT / "benchmarks" / "speed.py")
+
+
+def test_speed_quick_runs_every_method_and_records_them(tmp_path):
+    out = tmp_path / "speed.json"
+    result = subprocess.run(
+        [sys.executable, SPEED, "--quick", "--json", str(out), "--store", str(tmp_path / "mlruns")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["generate", "hf_assisted", "hf_prompt_lookup", "baseline", "independent(k=4)"]
+    for row in rows.values():
+        assert row["tokens_per_s"] > 0
+        assert row["identical_to_reference"] == 2, f"{row['method']}: greedy in fp32 must equal generate's tokens"
+    spec = rows["independent(k=4)"]
+    assert 0 < spec["alpha"] < 1 and 1 < spec["tau"] <= 5 and spec["leviathan"] > 0
+    assert abs(sum(spec["time_split"].values()) - 1) < 1e-6
+    assert "independent(k=4)" in result.stdout and "vs_generate" in result.stdout
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    (run,) = mlflow.search_runs(experiment_names=["benchmarks"], output_format="list")
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["baseline.tokens_per_s"] == rows["baseline"]["tokens_per_s"]
+    assert "independent_k_4_.alpha" in run.data.metrics
+
+
+def test_speed_unknown_method_lists_the_valid_ones(tmp_path):
+    result = subprocess.run(
+        [sys.executable, SPEED, "--quick", "--tracker", "none", "--methods", "generate,medusa"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+    assert result.returncode != 0
+    assert "unknown method(s) medusa: valid are generate, hf_assisted, hf_prompt_lookup, baseline, independent" in result.stderr
