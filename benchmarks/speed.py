@@ -5,7 +5,8 @@ Methods, each decoding greedily a fixed number of new tokens (EOS ignored) after
   hf_assisted        transformers assisted generation with the same draft model, its defaults
   hf_prompt_lookup   transformers prompt lookup (`prompt_lookup_num_tokens`)
   baseline           our engine with the `none` drafter
-  <drafter>          our engine with each drafter of conf/drafter/ and the greedy verifier
+  <drafter>          our engine with each drafter of conf/drafter/ and the greedy verifier;
+                     options after colons: independent:vocab=32768:quantize=int8
 
 The methods are interleaved prompt by prompt, in an order that rotates every run, after one
 untimed warm-up each, so machine noise hits all alike. Tokens/s are total new tokens / total time;
@@ -15,6 +16,7 @@ has α, τ, the measured c and v and the Leviathan prediction.
     python benchmarks/speed.py                                  # Qwen2.5-Coder 1.5B / 0.5B, bf16
     python benchmarks/speed.py --prompts 6 --tokens 96 --repeats 3 --k 4
     python benchmarks/speed.py --methods generate,baseline      # our baseline vs generate only
+    python benchmarks/speed.py --methods generate,hf_assisted,baseline,independent,independent:vocab=32768:quantize=int8
     python benchmarks/speed.py --quick --tracker none           # tiny random models, seconds
 """
 
@@ -101,7 +103,7 @@ def wanted_methods(spec: str) -> list[str]:
     """The names in --methods (all when empty), checked before any model loads."""
     valid = [*HF_METHODS, "baseline", *drafter_names()]
     wanted = [m.strip() for m in spec.split(",")] if spec else valid
-    unknown = [m for m in wanted if m not in valid]
+    unknown = [m for m in wanted if m.split(":")[0] not in valid]
     if unknown:
         raise SystemExit(f"error: unknown method(s) {', '.join(unknown)}: valid are {', '.join(valid)}")
     return wanted
@@ -119,12 +121,15 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]
             methods.append(hf(name, target, prompt_lookup_num_tokens=args.pld_tokens))
         elif name == "baseline":
             methods.append(ours(name, Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)))
-        else:
+        else:  # one of our drafters, with options: "independent:vocab=32768:quantize=int8"
+            group, *options = name.split(":")
+            overrides = [f"drafter={group}", f"drafter.k={args.k}", *(f"drafter.{o}" for o in options)]
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                node = compose("config", overrides=[f"drafter={name}", f"drafter.k={args.k}"]).drafter
+                node = compose("config", overrides=overrides).drafter
             extra = {"model": draft} if "model" in node else {}  # drafters with a draft model share ours
             drafter = build(node, _partial_=True)(target=target, **extra)
-            methods.append(ours(f"{name}(k={drafter.k})", Engine(target, drafter, GreedyVerifier(), GREEDY)))
+            label = f"{group}(k={drafter.k})" + "".join(f" {o}" for o in options if not o.startswith("k="))
+            methods.append(ours(label, Engine(target, drafter, GreedyVerifier(), GREEDY)))
     return methods
 
 
@@ -152,8 +157,10 @@ def measure(methods: list[Method], prompts: list[list[int]], n: int, repeats: in
             m.seconds.append(0.0)
             m.tokens.append(0)
         for i, ids in enumerate(prompts):
+            took = {}
             for m in methods[turn % len(methods) :] + methods[: turn % len(methods)]:
                 run = m.decode(ids, n)
+                took[m.name] = run.seconds
                 m.seconds[r] += run.seconds
                 m.tokens[r] += len(run.tokens)
                 if run.stats is not None:
@@ -161,7 +168,8 @@ def measure(methods: list[Method], prompts: list[list[int]], n: int, repeats: in
                 if r == 0:
                     m.outputs.append(run.tokens)
             turn += 1
-            print(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)} done", flush=True)
+            seconds = ", ".join(f"{name} {t:.1f}s" for name, t in took.items())
+            print(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)}: {seconds}", flush=True)
 
 
 def summarize(methods: list[Method]) -> list[dict]:
@@ -252,7 +260,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="times every prompt is decoded by every method")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per step of our drafters")
     parser.add_argument("--pld-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
-    parser.add_argument("--methods", default="", help=f"comma-separated subset (default: all of {', '.join(HF_METHODS)}, baseline, our drafters)")
+    parser.add_argument(
+        "--methods", default="",
+        help=f"comma-separated (default: all of {', '.join(HF_METHODS)}, baseline, our drafters); drafter options after colons",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny random models, 2 prompts x 16 tokens: checks the script runs")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here (default: benchmarks/results/speed-TIME.json)")
     parser.add_argument("--tracker", choices=["mlflow", "none"], default="mlflow")

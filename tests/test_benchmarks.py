@@ -14,12 +14,17 @@ SPEED = str(ROOT / "benchmarks" / "speed.py")
 def test_speed_quick_runs_every_method_and_records_them(tmp_path):
     out = tmp_path / "speed.json"
     result = subprocess.run(
-        [sys.executable, SPEED, "--quick", "--json", str(out), "--store", str(tmp_path / "mlruns")],
+        [
+            sys.executable, SPEED, "--quick", "--json", str(out), "--store", str(tmp_path / "mlruns"), "--methods",
+            "generate,hf_assisted,hf_prompt_lookup,baseline,independent,independent:vocab=100:vocab_corpus=mtbench:quantize=int8",
+        ],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
-    assert list(rows) == ["generate", "hf_assisted", "hf_prompt_lookup", "baseline", "independent(k=4)"]
+    cheap = "independent(k=4) vocab=100 vocab_corpus=mtbench quantize=int8"
+    assert list(rows) == ["generate", "hf_assisted", "hf_prompt_lookup", "baseline", "independent(k=4)", cheap]
+    assert 0 < rows[cheap]["alpha"] < 1
     for row in rows.values():
         assert row["tokens_per_s"] > 0
         assert row["identical_to_reference"] == 2, f"{row['method']}: greedy in fp32 must equal generate's tokens"
