@@ -17,6 +17,7 @@ has α, τ, the measured c and v and the Leviathan prediction.
     python benchmarks/speed.py --prompts 6 --tokens 96 --repeats 3 --k 4
     python benchmarks/speed.py --methods generate,baseline      # our baseline vs generate only
     python benchmarks/speed.py --methods generate,hf_assisted,baseline,independent,independent:vocab=32768:quantize=int8
+    python benchmarks/speed.py --dtype float32 --profile        # and where the time goes, op by op
     python benchmarks/speed.py --quick --tracker none           # tiny random models, seconds
 """
 
@@ -42,7 +43,8 @@ from specresearch.drafters import NoDrafter
 from specresearch.engine import Engine
 from specresearch.experiment import build, encode, first_divergence
 from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup
-from specresearch.models import LoadedModel, load_model, tiny_model
+from specresearch.models import LoadedModel, load_model
+from specresearch.target import Target
 from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier
@@ -136,11 +138,11 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]
 def load(args) -> tuple[LoadedModel, LoadedModel, list[list[int]]]:
     """Target, draft and prompt token ids: the embedded Qwen pair, or tiny random models (--quick)."""
     if args.quick:
-        target = tiny_model(vocab_size=320, seed=0)
-        draft = tiny_model(vocab_size=320, seed=0, noise=0.03, noise_seed=5)
+        target = load_model("tiny", device=args.device, kernels=args.kernels, tiny={"vocab_size": 320, "seed": 0})
+        draft = load_model("tiny", device=args.device, kernels=args.kernels, tiny={"vocab_size": 320, "seed": 0, "noise": 0.03, "noise_seed": 5})
     else:
-        target = load_model(args.model, dtype=args.dtype, device=args.device)
-        draft = load_model(args.draft, dtype=args.dtype, device=args.device)
+        target = load_model(args.model, dtype=args.dtype, device=args.device, kernels=args.kernels)
+        draft = load_model(args.draft, dtype=args.dtype, device=args.device, kernels=args.kernels)
     prompts = [encode(target.tokenizer, p) for p in load_prompts("humaneval", args.prompts, offset=args.offset)]
     if args.quick:
         prompts = [ids[-48:] for ids in prompts]
@@ -172,8 +174,67 @@ def measure(methods: list[Method], prompts: list[list[int]], n: int, repeats: in
             print(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)}: {seconds}", flush=True)
 
 
-def summarize(methods: list[Method]) -> list[dict]:
-    """One row per method: tokens/s (mean and spread over repeats), ratios, α, τ, c, v, Leviathan."""
+def verify_costs(target: LoadedModel, ids: list[int], k_max: int, repeats: int = 3) -> list[float]:
+    """v(k) for k = 0..k_max: seconds of a target forward of k + 1 tokens after `ids` / one token's
+    (median of `repeats`): what the Leviathan-optimal k is chosen with."""
+    model = Target(target)
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    with torch.inference_mode():
+        model.reset()
+        model.prefill(torch.tensor(ids[:-1]))
+        seconds = []
+        for m in range(1, k_max + 2):
+            runs = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                model.forward(torch.tensor(ids[-1:] * m))
+                sync()
+                runs.append(time.perf_counter() - t0)
+                model.rollback(len(ids) - 1)
+            seconds.append(statistics.median(runs))
+    return [t / seconds[0] for t in seconds]
+
+
+OP_GROUPS = {  # --profile: aten op names (fragments) -> where the time goes
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "quantized::linear"),
+    "attention": ("scaled_dot_product", "flash_attention"),
+    "cat (KV cache, RoPE)": ("aten::cat",),
+    "sampling": ("softmax", "argmax", "multinomial", "topk", "sort", "cumsum"),
+}
+
+
+def profile(methods: list[Method], ids: list[int], n: int) -> dict[str, dict[str, float]]:
+    """Decode one prompt with each method under torch's profiler; split its wall time into the
+    self CPU time of the op groups above, other ops, and the rest: Python (ours or transformers')."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    out = {}
+    for m in methods:
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            m.decode(ids, n)
+            wall = time.perf_counter() - t0
+        groups = dict.fromkeys([*OP_GROUPS, "other ops"], 0.0)
+        for event in prof.key_averages():
+            group = next((g for g, keys in OP_GROUPS.items() if any(k in event.key for k in keys)), "other ops")
+            groups[group] += event.self_cpu_time_total / 1e6
+        groups["python"] = wall - sum(groups.values())
+        out[m.name] = {"seconds": wall, **{g: t / wall for g, t in groups.items()}}
+    return out
+
+
+def profile_table(prof: dict[str, dict[str, float]]) -> str:
+    groups = [g for g in next(iter(prof.values())) if g != "seconds"]
+    lines = [f"{'profile (one prompt)':<30}{'s':>7}" + "".join(f"{g:>{max(len(g), 6) + 2}}" for g in groups)]
+    for name, row in prof.items():
+        lines.append(f"{name:<30}{row['seconds']:>7.1f}" + "".join(f"{row[g]:>{max(len(g), 6) + 2}.0%}" for g in groups))
+    return "\n".join(lines)
+
+
+def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list[dict]:
+    """One row per method: tokens/s (mean and spread over repeats), ratios, α, τ, c, v, Leviathan,
+    and the Leviathan-optimal k (from `v_curve`, the measured v(k), when given)."""
     by_name = {m.name: m for m in methods}
     reference = by_name.get("generate", methods[0])
     baseline = by_name.get("baseline")
@@ -198,11 +259,11 @@ def summarize(methods: list[Method]) -> list[dict]:
             row.update(
                 alpha=m.stats.alpha, tau=m.stats.tau, k=k, c=c, v=v,
                 leviathan=leviathan_speedup(m.stats.alpha, k, c, v),
-                leviathan_optimal_k=leviathan_optimal_k(m.stats.alpha, c, v, k)[0],
-                leviathan_optimal=leviathan_optimal_k(m.stats.alpha, c, v, k)[1],
+                leviathan_optimal_k=leviathan_optimal_k(m.stats.alpha, c, v, k, v_curve=v_curve)[0],
+                leviathan_optimal=leviathan_optimal_k(m.stats.alpha, c, v, k, v_curve=v_curve)[1],
                 time_split={
                     name: getattr(m.stats, f"time_{name}") / m.stats.time_total
-                    for name in ("prefill", "draft", "verify", "other")
+                    for name in SpecStats.TIME_SPLIT
                 },
             )
         rows.append(row)
@@ -254,6 +315,10 @@ def main() -> None:
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model for hf_assisted and our drafters")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--kernels", choices=["auto", "torch"], default="auto",
+        help="auto: few-row float32 CPU linears as W @ xT (SkinnyLinear), for every method alike; torch: nn.Linear",
+    )
     parser.add_argument("--prompts", type=int, default=4, help="HumanEval prompts")
     parser.add_argument("--offset", type=int, default=0, help="first HumanEval prompt")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (EOS ignored)")
@@ -264,6 +329,7 @@ def main() -> None:
         "--methods", default="",
         help=f"comma-separated (default: all of {', '.join(HF_METHODS)}, baseline, our drafters); drafter options after colons",
     )
+    parser.add_argument("--profile", action="store_true", help="then decode the first prompt once more per method under torch's profiler")
     parser.add_argument("--quick", action="store_true", help="tiny random models, 2 prompts x 16 tokens: checks the script runs")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here (default: benchmarks/results/speed-TIME.json)")
     parser.add_argument("--tracker", choices=["mlflow", "none"], default="mlflow")
@@ -284,20 +350,28 @@ def main() -> None:
             log(tracker, summarize(methods))
         tracker.end("FAILED")
         raise
-    rows = summarize(methods)
+    v_curve = verify_costs(target, prompts[0], max(args.k, 8))
+    rows = summarize(methods, v_curve)
+    prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
     header = (
-        f"\n{args.model} <- {args.draft} ({target.dtype}, {target.device}; torch {torch.__version__}, "
+        f"\n{args.model} <- {args.draft} ({target.dtype}, {target.device}, kernels {args.kernels}; torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {platform.machine()} {torch.backends.cpu.get_cpu_capability()}): "
         f"{len(prompts)} HumanEval prompts x {args.tokens} tokens x {args.repeats} repeats, greedy"
     )
-    report = {"header": header.strip(), "args": {**vars(args), "json": str(args.json)}, "rows": rows}
+    report = {
+        "header": header.strip(), "args": {**vars(args), "json": str(args.json)}, "rows": rows,
+        "v_curve": v_curve, "profile": prof,
+    }
     out = args.json or Path(__file__).parent / "results" / f"speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
-    log(tracker, rows)
+    log(tracker, rows + [{"method": f"{name}.profile", **row} for name, row in prof.items()])
     tracker.log_artifact_text(json.dumps(report, indent=2), "speed.json")
     tracker.end("FINISHED")
     print(table(rows, header))
+    print("target forward of k+1 tokens / one token, k = 0, 1, ...: " + " ".join(f"{v:.2f}" for v in v_curve))
+    if prof:
+        print("\n" + profile_table(prof))
     print(f"\nwrote {out}")
     if tracker.browse_hint():
         print(f"recorded in MLflow; browse with: {tracker.browse_hint()}")

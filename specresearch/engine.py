@@ -115,9 +115,10 @@ class Engine:
                 with clock.phase(stats, "time_verify"):
                     last = tokens[start + len(new) - 1 : start + len(new)]  # [1] not yet in the cache
                     logits = self.target.forward(torch.cat([last, draft.tokens.to(self.device)]))  # [K+1, V]
-                p = logits_to_probs(logits, self.sampling)  # [K+1, V]
-                verdict = self.verifier(draft, p, rng)
-                self.target.rollback(self.target.length - (len(draft) - verdict.num_accepted))
+                with clock.phase(stats, "time_accept"):
+                    p = logits_to_probs(logits, self.sampling)  # [K+1, V]
+                    verdict = self.verifier(draft, p, rng)
+                    self.target.rollback(self.target.length - (len(draft) - verdict.num_accepted))
                 stats.observe(len(draft), verdict.num_accepted)
                 stop_reason = append(verdict)
                 if stop_reason is None:

@@ -238,7 +238,7 @@ def format_table(cfg: DictConfig, label: str, s: dict, results: Results, samplin
     ]
     m = results.method
     split = ", ".join(
-        f"{name} {getattr(m, 'time_' + name) / m.time_total:.0%}" for name in ("prefill", "draft", "verify", "other")
+        f"{name} {getattr(m, 'time_' + name) / m.time_total:.0%}" for name in SpecStats.TIME_SPLIT
     )
     by_pos = " ".join(f"{a:.2f}" for a in m.acceptance_by_position) or "-"
     identity = (

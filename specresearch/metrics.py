@@ -8,6 +8,7 @@ tokens plus the recovered/bonus token, so plain decoding has τ = 1); α = accep
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 
@@ -26,6 +27,7 @@ class SpecStats:
     time_prefill: float = 0.0  # seconds: target and drafter prefill
     time_draft: float = 0.0  # seconds in the drafter (propose + commit)
     time_verify: float = 0.0  # seconds in target forwards after the prefill
+    time_accept: float = 0.0  # seconds in logits -> probabilities, the verification rule and the target's rollback
     time_total: float = 0.0  # seconds wall clock for the whole generation
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
@@ -69,8 +71,10 @@ class SpecStats:
 
     @property
     def time_other(self) -> float:
-        """Seconds outside prefill, drafting and target forwards: verification rule, rollback, stops."""
-        return self.time_total - self.time_prefill - self.time_draft - self.time_verify
+        """Seconds in the loop's own Python: appending tokens, stop checks, bookkeeping."""
+        return self.time_total - self.time_prefill - self.time_draft - self.time_verify - self.time_accept
+
+    TIME_SPLIT = ("prefill", "draft", "verify", "accept", "other")  # the phases that add up to time_total
 
     @property
     def tokens_per_s(self) -> float:
@@ -92,6 +96,7 @@ class SpecStats:
             "time_prefill": self.time_prefill,
             "time_draft": self.time_draft,
             "time_verify": self.time_verify,
+            "time_accept": self.time_accept,
             "time_other": self.time_other,
         }
         for i, rate in enumerate(self.acceptance_by_position):
@@ -118,20 +123,30 @@ def leviathan_speedup(alpha: float, k: int, c: float, v: float = 1.0) -> float:
     return expected_tokens / (k * c + v)
 
 
-def leviathan_optimal_k(alpha: float, c: float, v: float, k_measured: int, k_max: int = 16) -> tuple[int, float]:
+def leviathan_optimal_k(
+    alpha: float, c: float, v: float, k_measured: int, k_max: int = 16, v_curve: Sequence[float] | None = None
+) -> tuple[int, float]:
     """The draft length that maximises the Leviathan prediction, from what one run measured.
 
-    The verification cost of k + 1 tokens is interpolated linearly between one token (cost 1) and
-    the measured v at k_measured: v(k) = 1 + (v - 1) · k / k_measured (linear in the tokens fed,
-    as memory-bound forwards on GPUs and fast CPUs are until they turn compute-bound).
+    Without `v_curve`, the verification cost of k + 1 tokens is interpolated linearly between one
+    token (cost 1) and the measured v at k_measured: v(k) = 1 + (v - 1) · k / k_measured (linear in
+    the tokens fed, as memory-bound forwards on GPUs and fast CPUs are until they turn compute-bound).
+
+    Args:
+        v_curve: measured costs of target forwards of 1, 2, ... tokens relative to one token
+            (v_curve[k] = v(k)); then k* lies in 1..min(k_max, len(v_curve) - 1) and `v` is unused.
 
     Returns:
-        (k*, predicted speedup at k*), k* in 1..k_max; (0, nan) when an input is unknown.
+        (k*, predicted speedup at k*); (0, nan) when an input is unknown.
     """
     if any(math.isnan(x) for x in (alpha, c, v)) or k_measured < 1:
         return 0, float("nan")
-    best = max(range(1, k_max + 1), key=lambda k: leviathan_speedup(alpha, k, c, 1 + (v - 1) * k / k_measured))
-    return best, leviathan_speedup(alpha, best, c, 1 + (v - 1) * best / k_measured)
+    if v_curve is not None:
+        costs = {k: v_curve[k] for k in range(1, min(k_max, len(v_curve) - 1) + 1)}
+    else:
+        costs = {k: 1 + (v - 1) * k / k_measured for k in range(1, k_max + 1)}
+    best = max(costs, key=lambda k: leviathan_speedup(alpha, k, c, costs[k]))
+    return best, leviathan_speedup(alpha, best, c, costs[best])
 
 
 def cost_ratios(baseline: SpecStats, method: SpecStats) -> tuple[float, float]:

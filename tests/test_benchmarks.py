@@ -15,13 +15,14 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path):
     out = tmp_path / "speed.json"
     result = subprocess.run(
         [
-            sys.executable, SPEED, "--quick", "--json", str(out), "--store", str(tmp_path / "mlruns"), "--methods",
+            sys.executable, SPEED, "--quick", "--profile", "--json", str(out), "--store", str(tmp_path / "mlruns"), "--methods",
             "generate,hf_assisted,hf_prompt_lookup,baseline,independent,independent:vocab=100:vocab_corpus=mtbench:quantize=int8",
         ],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    report = json.loads(out.read_text())
+    rows = {r["method"]: r for r in report["rows"]}
     cheap = "independent(k=4) vocab=100 vocab_corpus=mtbench quantize=int8"
     assert list(rows) == ["generate", "hf_assisted", "hf_prompt_lookup", "baseline", "independent(k=4)", cheap]
     assert 0 < rows[cheap]["alpha"] < 1
@@ -32,6 +33,13 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path):
     assert 0 < spec["alpha"] < 1 and 1 < spec["tau"] <= 5 and spec["leviathan"] > 0
     assert abs(sum(spec["time_split"].values()) - 1) < 1e-6
     assert "independent(k=4)" in result.stdout and "vs_generate" in result.stdout
+    assert set(report["profile"]) == set(rows)  # --profile: each method's time by op group, adding up to its wall time
+    for name, prof in report["profile"].items():
+        assert prof["seconds"] > 0 and prof["matmul"] > 0 and prof["python"] > 0, name
+        assert abs(sum(v for k, v in prof.items() if k != "seconds") - 1) < 1e-6
+    assert "profile (one prompt)" in result.stdout
+    assert len(report["v_curve"]) == 9 and report["v_curve"][0] == 1 and min(report["v_curve"]) > 0  # v(k), k = 0..8
+    assert 1 <= spec["leviathan_optimal_k"] <= 8
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
     (run,) = mlflow.search_runs(experiment_names=["benchmarks"], output_format="list")

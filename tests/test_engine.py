@@ -11,7 +11,7 @@ from specresearch.drafters import Context, IndependentDrafter, NoDrafter
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
-from specresearch.models import tiny_model
+from specresearch.models import SkinnyLinear, load_model
 from specresearch.types import Draft, SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
@@ -19,26 +19,33 @@ GREEDY = SamplingParams()
 VOCAB = 320
 
 
+def tiny(**kwargs):
+    """A tiny fp32 model as runs load it: its linear layers verify few tokens with SkinnyLinear."""
+    lm = load_model("tiny", device="cpu", tiny={"vocab_size": VOCAB, "seed": 0, **kwargs})
+    assert isinstance(lm.model.lm_head, SkinnyLinear)
+    return lm
+
+
 @pytest.fixture(scope="module")
 def target():
-    return tiny_model(vocab_size=VOCAB, seed=0)
+    return tiny()
 
 
 @pytest.fixture(scope="module")
 def close_draft():
     """A noise-perturbed copy of the target: accepts some drafts and rejects others."""
-    return tiny_model(vocab_size=VOCAB, seed=0, noise=0.01, noise_seed=5)
+    return tiny(noise=0.01, noise_seed=5)
 
 
 @pytest.fixture(scope="module")
 def far_draft():
     """A more perturbed copy: about 30% of sampled drafts are rejected, exercising the residual."""
-    return tiny_model(vocab_size=VOCAB, seed=0, noise=0.03, noise_seed=5)
+    return tiny(noise=0.03, noise_seed=5)
 
 
 @pytest.fixture(scope="module")
 def same_draft():
-    return tiny_model(vocab_size=VOCAB, seed=0)
+    return tiny()
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -290,11 +297,29 @@ def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
 def test_int8_draft_keeps_greedy_identical(target, close_draft, options):
     drafter = IndependentDrafter(target, k=3, model=close_draft, **options)
     assert close_draft.model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32, "the shared draft is untouched"
+    assert not any(isinstance(m, torch.nn.Linear) for m in drafter.draft.model.modules()), "every linear is int8"
     engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
     for i, prompt in enumerate(prompts(3, seed=20)):
         out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
         assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
     assert 0 < out.stats.accepted < out.stats.drafted
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
+def test_confidence_stops_drafts_early_and_keeps_greedy_identical(target, close_draft, sampling):
+    engine = Engine(target, IndependentDrafter(target, k=6, model=close_draft, confidence=0.6), RejectionVerifier(), sampling)
+    stats = SpecStats()
+    for i, prompt in enumerate(prompts(4, seed=30)):
+        out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
+        stats = stats.merge(out.stats)
+        if sampling.greedy:
+            assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
+    assert stats.drafted_at[0] > stats.drafted_at[-1] > 0, "some drafts stop early, some run to k"
+    sure = Engine(target, IndependentDrafter(target, k=6, model=close_draft, confidence=0.9999), RejectionVerifier(), sampling)
+    out = sure.generate(prompts(1)[0], 20, eos_token_ids=[])
+    assert len(out.stats.drafted_at) == 1, "a near-1 threshold stops every draft after one token"
+    with pytest.raises(SpecResearchError, match="confidence must lie in \\(0, 1\\)"):
+        IndependentDrafter(target, k=2, model=close_draft, confidence=1.5)
 
 
 def test_int8_draft_sampled_step_is_exact(target, far_draft):

