@@ -174,9 +174,9 @@ def measure(methods: list[Method], prompts: list[list[int]], n: int, repeats: in
             print(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)}: {seconds}", flush=True)
 
 
-def verify_costs(target: LoadedModel, ids: list[int], k_max: int, repeats: int = 3) -> list[float]:
+def verify_costs(target: LoadedModel, ids: list[int], k_max: int, repeats: int = 5) -> list[float]:
     """v(k) for k = 0..k_max: seconds of a target forward of k + 1 tokens after `ids` / one token's
-    (median of `repeats`): what the Leviathan-optimal k is chosen with."""
+    (the fastest of `repeats`, as noise only adds): what the Leviathan-optimal k is chosen with."""
     model = Target(target)
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
@@ -191,7 +191,7 @@ def verify_costs(target: LoadedModel, ids: list[int], k_max: int, repeats: int =
                 sync()
                 runs.append(time.perf_counter() - t0)
                 model.rollback(len(ids) - 1)
-            seconds.append(statistics.median(runs))
+            seconds.append(min(runs))
     return [t / seconds[0] for t in seconds]
 
 

@@ -116,9 +116,10 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch
     Args:
         dtype: "auto" or one of bfloat16/bf16, float16/fp16, float32/fp32 (a torch.dtype passes through).
         device: where the model will run. "auto" picks bfloat16 (float16 on GPUs without bf16):
-            half the memory traffic of float32 per decoded token. On CPUs without native bf16
-            kernels (AVX2 only; see `cpu_has_fast_bf16`) bf16 matmuls of many rows are slow, and
-            `load_model` says so once.
+            half the memory traffic of float32 per decoded token; but float32 on CPUs without native
+            bf16 kernels (AVX2 only; see `cpu_has_fast_bf16`), where a bf16 matmul of m rows costs
+            m single rows and so eats every speculative speedup (`load_model` warns when bf16 is
+            asked for there).
 
     Returns:
         The dtype.
@@ -130,7 +131,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch
         dev = torch.device(device) if not isinstance(device, torch.device) else device
         if dev.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     if name not in _DTYPES:
         raise SpecResearchError(f"unknown dtype '{dtype}': valid are auto, {', '.join(_DTYPES)}")
     return _DTYPES[name]
@@ -205,7 +206,7 @@ def _load(name: str, dtype: str, dev: torch.device, cache_dir: str | None, tiny:
         _say_once(
             "specresearch: this CPU has no native bf16 kernels (AVX2 only): multi-token forwards (prefill, "
             "verification) cost about as many single-token ones, so speculative speedups shrink; "
-            "model.dtype=float32 prefills faster but decodes slower"
+            "model.dtype=auto picks float32 here"
         )
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = Path(name).expanduser()
