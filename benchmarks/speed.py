@@ -271,7 +271,7 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list
 
 
 def table(rows: list[dict], header: str) -> str:
-    ref = next(key for key in rows[0] if key.startswith("speedup_vs_") and key != "speedup_vs_baseline")
+    ref = next((key for key in rows[0] if key.startswith("speedup_vs_") and key != "speedup_vs_baseline"), "speedup_vs_baseline")
     lines = [
         header,
         f"{'method':<22}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{'(min-max)':>13}{'vs_baseline':>12}"

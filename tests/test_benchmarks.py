@@ -1,5 +1,6 @@
 """The speed benchmark keeps working: its --quick mode on tiny fp32 models, end to end."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -55,3 +56,17 @@ def test_speed_unknown_method_lists_the_valid_ones(tmp_path):
     )
     assert result.returncode != 0
     assert "unknown method(s) medusa: valid are generate, hf_assisted, hf_prompt_lookup, baseline, independent" in result.stderr
+
+
+def test_table_without_generate_refers_to_the_first_method():
+    spec = importlib.util.spec_from_file_location("speed", SPEED)
+    speed = sys.modules["speed"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(speed)
+    rows = [
+        {"method": "baseline", "tokens_per_s": 2.0, "tokens_per_s_std": 0.1, "speedup_vs_baseline": 1.0,
+         "speedup_min": 1.0, "speedup_max": 1.0, "identical_to_reference": 2},
+        {"method": "independent(k=4)", "tokens_per_s": 3.0, "tokens_per_s_std": 0.1, "speedup_vs_baseline": 1.5,
+         "speedup_min": 1.4, "speedup_max": 1.6, "identical_to_reference": 2},
+    ]
+    text = speed.table(rows, "header")
+    assert "vs_baseline" in text and "1.50x" in text
