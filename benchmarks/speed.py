@@ -226,9 +226,10 @@ def profile(methods: list[Method], ids: list[int], n: int) -> dict[str, dict[str
 
 def profile_table(prof: dict[str, dict[str, float]]) -> str:
     groups = [g for g in next(iter(prof.values())) if g != "seconds"]
-    lines = [f"{'profile (one prompt)':<30}{'s':>7}" + "".join(f"{g:>{max(len(g), 6) + 2}}" for g in groups)]
+    w = max(len(name) for name in [*prof, "profile (one prompt)"]) + 2
+    lines = [f"{'profile (one prompt)':<{w}}{'s':>7}" + "".join(f"{g:>{max(len(g), 6) + 2}}" for g in groups)]
     for name, row in prof.items():
-        lines.append(f"{name:<30}{row['seconds']:>7.1f}" + "".join(f"{row[g]:>{max(len(g), 6) + 2}.0%}" for g in groups))
+        lines.append(f"{name:<{w}}{row['seconds']:>7.1f}" + "".join(f"{row[g]:>{max(len(g), 6) + 2}.0%}" for g in groups))
     return "\n".join(lines)
 
 
@@ -272,9 +273,10 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list
 
 def table(rows: list[dict], header: str) -> str:
     ref = next((key for key in rows[0] if key.startswith("speedup_vs_") and key != "speedup_vs_baseline"), "speedup_vs_baseline")
+    w = max(len(r["method"]) for r in rows) + 2
     lines = [
         header,
-        f"{'method':<22}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{'(min-max)':>13}{'vs_baseline':>12}"
+        f"{'method':<{w}}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{'(min-max)':>13}{'vs_baseline':>12}"
         f"{'alpha':>7}{'tau':>6}{'c':>7}{'v':>7}{'Leviathan':>10}{'identical':>10}",
     ]
     for r in rows:
@@ -282,7 +284,7 @@ def table(rows: list[dict], header: str) -> str:
             return format(r[key], fmt) + unit if key in r else "-"
 
         lines.append(
-            f"{r['method']:<22}{r['tokens_per_s']:>8.2f}{r['tokens_per_s_std']:>6.2f}{r[ref]:>13.2f}x"
+            f"{r['method']:<{w}}{r['tokens_per_s']:>8.2f}{r['tokens_per_s_std']:>6.2f}{r[ref]:>13.2f}x"
             f"{r['speedup_min']:>7.2f}-{r['speedup_max']:<5.2f}{f('speedup_vs_baseline', '.2f', 'x'):>12}"
             f"{f('alpha', '.3f'):>7}{f('tau', '.2f'):>6}{f('c', '.3f'):>7}{f('v', '.2f'):>7}{f('leviathan', '.2f', 'x'):>10}"
             f"{r['identical_to_reference']:>10}"
