@@ -208,6 +208,35 @@ def test_sampled_speculative_follows_target_law(target, far_draft):
     assert pvalue > 1e-3
 
 
+def test_confidence_stopped_drafts_follow_target_law(target, far_draft):
+    """independent(confidence) x rejection at T = 1: drafts of one or two tokens, cut by the draft's
+    own confidence; given the most frequent first two tokens, the third follows the target's exact
+    conditional law (G-test): where drafts stop depends on the draft alone, so nothing is biased."""
+    sampling = SamplingParams(temperature=1.0)
+    engine = Engine(target, IndependentDrafter(target, k=2, model=far_draft, confidence=0.5), RejectionVerifier(), sampling)
+    prompt = [65, 66, 67]
+    n, runs, stats = 3000, [], SpecStats()
+    for seed in range(n):
+        out = engine.generate(prompt, 4, eos_token_ids=[], seed=seed)  # prefill token, then a draft of 1 or 2
+        runs.append(tuple(out.tokens))
+        stats = stats.merge(out.stats)
+    assert stats.drafted_at[0] > stats.drafted_at[1] > 0.1 * n, "drafts of one and of two tokens both occur"
+    pairs: dict[tuple[int, int], int] = {}
+    for r in runs:
+        pairs[r[:2]] = pairs.get(r[:2], 0) + 1
+    head = max(pairs, key=pairs.get)
+    third = np.bincount([r[2] for r in runs if r[:2] == head], minlength=VOCAB)
+    with torch.inference_mode():
+        p3 = torch.softmax(target.model(torch.tensor([prompt + list(head)])).logits[0, -1].double(), -1).numpy()  # [V]
+    m = third.sum()
+    assert m > 200
+    big = p3 * m >= 5
+    observed = np.append(third[big], third[~big].sum())
+    expected = np.append(p3[big], p3[~big].sum()) * m
+    assert len(observed) > 5
+    assert power_divergence(observed, expected, lambda_="log-likelihood").pvalue > 1e-3
+
+
 def test_seed_reproducible(target, close_draft):
     engine = Engine(target, IndependentDrafter(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=0.8, top_k=50))
     a = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=11).tokens
