@@ -23,6 +23,7 @@ from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, le
 from specresearch.models import load_model
 from specresearch.target import Target
 from specresearch.types import GenerationOutput, SamplingParams
+from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
 
 @dataclass
@@ -104,7 +105,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     drafter = build(cfg.drafter, target=target)
     verifier = build(cfg.verifier)
     method = Engine(target, drafter, verifier, sampling)
-    baseline = Engine(target, NoDrafter(), verifier, sampling)
+    # the baseline is the target alone: a lossless verifier, whatever rule the method is studied with
+    baseline = Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling)
     prompt_ids = [encode(target.tokenizer, p) for p in prompts]
     stops = list(cfg.dataset.get("stop", []) or [])
     tracker = build(cfg.tracker)

@@ -21,7 +21,7 @@ def options(group: str) -> list[str]:
 
 def test_groups_have_their_options():
     assert {"none", "independent"} <= set(options("drafter"))
-    assert {"greedy", "rejection"} <= set(options("verifier"))
+    assert {"greedy", "rejection", "typical", "margin", "topk"} <= set(options("verifier"))
     assert {"humaneval", "mtbench"} <= set(options("dataset"))
     assert {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "tiny"} <= set(options("model"))
 
@@ -37,7 +37,8 @@ def test_drafter_configs_instantiate(name):
 @pytest.mark.parametrize("name", options("verifier"))
 def test_verifier_configs_instantiate(name):
     verifier = instantiate(make_cfg(*TINY, f"verifier={name}").verifier)
-    assert isinstance(verifier, Verifier) and verifier.name == name and verifier.lossless
+    assert isinstance(verifier, Verifier) and verifier.name == name
+    assert verifier.lossless == (name in {"greedy", "rejection"})  # typical, margin, topk trade faithfulness for speed
 
 
 @pytest.mark.parametrize("name", options("dataset"))

@@ -3,5 +3,6 @@
 from specresearch.verifiers.base import Verifier
 from specresearch.verifiers.greedy import GreedyVerifier
 from specresearch.verifiers.rejection import RejectionVerifier
+from specresearch.verifiers.relaxed import MarginVerifier, RelaxedVerifier, TopKVerifier, TypicalVerifier
 
-__all__ = ["Verifier", "GreedyVerifier", "RejectionVerifier"]
+__all__ = ["Verifier", "GreedyVerifier", "RejectionVerifier", "RelaxedVerifier", "TypicalVerifier", "MarginVerifier", "TopKVerifier"]

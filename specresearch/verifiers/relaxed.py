@@ -1,0 +1,116 @@
+"""Relaxed (lossy) verification: keep the longest draft prefix whose tokens pass a rule on the
+target's p alone, then let the target add one token. Faster than rejection sampling where the rule
+is looser than the target's law, and not faithful to it: `specresearch.stats` measures by how much."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+from torch import Tensor
+
+from specresearch.errors import SpecResearchError
+from specresearch.sampling import sample
+from specresearch.types import Draft, Verdict
+from specresearch.verifiers.base import Verifier
+
+RECOVER = ("sample", "greedy")
+
+
+class RelaxedVerifier(Verifier):
+    """Accept draft token x_i while `accepts(p_i, x_i)`; then add the target's token at the first
+    rejected position (or the bonus position): drawn from p there (`recover=sample`, as Medusa's
+    typical sampling does) or its argmax (`recover=greedy`). The draft's q is not used."""
+
+    lossless = False
+
+    def __init__(self, recover: str = "sample"):
+        if recover not in RECOVER:
+            raise SpecResearchError(f"unknown verifier.recover '{recover}': valid are {', '.join(RECOVER)}")
+        self.recover = recover
+
+    @abstractmethod
+    def accepts(self, p: Tensor, x: Tensor) -> Tensor:
+        """[K] bool: whether each draft token x[i] passes the rule under p[i] ([K, V])."""
+
+    def __call__(self, draft: Draft, p: Tensor, rng: torch.Generator | None = None) -> Verdict:
+        k = len(draft)
+        x = draft.tokens.to(p.device)  # [K]
+        n = int(self.accepts(p[:k], x).int().cumprod(0).sum()) if k else 0
+        extra = p[n].argmax(-1) if self.recover == "greedy" else sample(p[n], rng)  # [] the target's token
+        return Verdict(tokens=torch.cat([x[:n], extra[None]]), num_accepted=n)
+
+
+class TypicalVerifier(RelaxedVerifier):
+    """Typical acceptance (Medusa, Cai et al., 2024): accept x if p(x) > min(ε, δ·exp(−H(p))), H the
+    entropy of the target's p at that position. Exact at temperature 0 (p one-hot: only the argmax
+    passes) for ε, δ ≤ 1."""
+
+    name = "typical"
+
+    def __init__(self, epsilon: float = 0.09, delta: float = 0.3, recover: str = "sample"):
+        """
+        Args:
+            epsilon: the hard threshold ε (Medusa's posterior_threshold).
+            delta: the entropy-scaled threshold δ (Medusa's posterior_alpha).
+            recover: the target's added token: "sample" from p, or "greedy" (its argmax).
+        """
+        super().__init__(recover)
+        if not (0 < epsilon <= 1 and 0 < delta <= 1):
+            raise SpecResearchError(f"verifier=typical needs 0 < epsilon <= 1 and 0 < delta <= 1, got {epsilon}, {delta}")
+        self.epsilon, self.delta = float(epsilon), float(delta)
+
+    def accepts(self, p: Tensor, x: Tensor) -> Tensor:
+        entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # [K]
+        threshold = torch.clamp(self.delta * torch.exp(-entropy), max=self.epsilon)  # [K]
+        return p.gather(-1, x[:, None])[:, 0] > threshold
+
+
+class MarginVerifier(RelaxedVerifier):
+    """Probability-margin acceptance: accept x if p(x) >= max p − margin, or, with `ratio`, if
+    p(x) >= ratio · max p. Exact at temperature 0 for margin < 1 (or ratio > 0)."""
+
+    name = "margin"
+
+    def __init__(self, margin: float | None = 0.1, ratio: float | None = None, recover: str = "sample"):
+        """
+        Args:
+            margin: absolute margin m in [0, 1]; null when `ratio` is used.
+            ratio: relative variant r in (0, 1]: p(x) >= r · max p; null for the absolute rule.
+            recover: the target's added token: "sample" from p, or "greedy" (its argmax).
+        """
+        super().__init__(recover)
+        if (margin is None) == (ratio is None):
+            raise SpecResearchError("verifier=margin takes exactly one of margin (absolute) and ratio (relative); set the other to null")
+        if margin is not None and not 0 <= margin <= 1:
+            raise SpecResearchError(f"verifier.margin must lie in [0, 1], got {margin}")
+        if ratio is not None and not 0 < ratio <= 1:
+            raise SpecResearchError(f"verifier.ratio must lie in (0, 1], got {ratio}")
+        self.margin, self.ratio = margin, ratio
+
+    def accepts(self, p: Tensor, x: Tensor) -> Tensor:
+        top = p.max(-1).values  # [K]
+        px = p.gather(-1, x[:, None])[:, 0]  # [K]
+        return px >= (top * self.ratio if self.ratio is not None else top - self.margin)
+
+
+class TopKVerifier(RelaxedVerifier):
+    """Top-k acceptance: accept x if it is among the target's k most likely tokens (ties at the k-th
+    probability pass too). Exact at temperature 0 for k = 1."""
+
+    name = "topk"
+
+    def __init__(self, k: int = 3, recover: str = "sample"):
+        """
+        Args:
+            k: how many of the target's most likely tokens pass (>= 1).
+            recover: the target's added token: "sample" from p, or "greedy" (its argmax).
+        """
+        super().__init__(recover)
+        if int(k) < 1:
+            raise SpecResearchError(f"verifier=topk needs k >= 1, got {k}")
+        self.k = int(k)
+
+    def accepts(self, p: Tensor, x: Tensor) -> Tensor:
+        kth = torch.topk(p, min(self.k, p.shape[-1]), dim=-1).values[:, -1]  # [K]
+        return p.gather(-1, x[:, None])[:, 0] >= torch.maximum(kth, torch.full_like(kth, 1e-30))

@@ -1,0 +1,111 @@
+"""Relaxed verifiers (typical, margin, top-k): their single-step output law by enumeration — equal to
+p where the rule reduces to exact verification (temperature 0), different from p where theory says
+it must — the real code path against that law (G-test), greedy exactness in the engine, and errors."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import power_divergence
+
+from specresearch.drafters import IndependentDrafter, NoDrafter
+from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
+from specresearch.models import load_model
+from specresearch.types import Draft, SamplingParams
+from specresearch.verifiers import GreedyVerifier, MarginVerifier, TopKVerifier, TypicalVerifier
+
+V = 8
+GEN = torch.Generator().manual_seed(1)
+P = torch.softmax(1.5 * torch.randn(V, generator=GEN, dtype=torch.float64), -1)  # a T > 0 target law
+Q = torch.softmax(1.5 * torch.randn(V, generator=GEN, dtype=torch.float64), -1)  # a draft law
+ONE_HOT = torch.zeros(V, dtype=torch.float64).index_fill_(0, torch.tensor([5]), 1.0)  # p at temperature 0
+
+EXACT_AT_T0 = {  # settings at which each rule keeps only the target's argmax of a one-hot p
+    "typical": TypicalVerifier(),
+    "margin": MarginVerifier(margin=0.1),
+    "margin ratio": MarginVerifier(margin=None, ratio=0.5),
+    "topk 1": TopKVerifier(k=1),
+}
+LOOSE = {"typical": TypicalVerifier(), "margin": MarginVerifier(margin=0.2), "topk 3": TopKVerifier(k=3)}
+
+
+def output_law(verifier, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Exact law of the first emitted token when the draft token x ~ q (recover=sample):
+    Σ_x q(x) [a(x) δ_x + (1 − a(x)) p], a(x) the rule's decision on x."""
+    accepted = verifier.accepts(p.expand(V, V), torch.arange(V)).double()  # [V] a(x) for every x
+    return q * accepted + (q * (1 - accepted)).sum() * p
+
+
+@pytest.mark.parametrize("name", EXACT_AT_T0)
+def test_exact_at_temperature_zero(name):
+    verifier = EXACT_AT_T0[name]
+    for x in range(V):  # any draft token, deterministic or sampled
+        torch.testing.assert_close(output_law(verifier, ONE_HOT, torch.eye(V, dtype=torch.float64)[x]), ONE_HOT)
+    torch.testing.assert_close(output_law(verifier, ONE_HOT, Q), ONE_HOT)
+
+
+def test_rules_accept_what_theory_says():
+    order = torch.argsort(P, descending=True)
+    accepted = {name: v.accepts(P.expand(V, V), torch.arange(V)) for name, v in LOOSE.items()}
+    assert set(torch.nonzero(accepted["topk 3"]).flatten().tolist()) == set(order[:3].tolist())
+    assert torch.equal(accepted["margin"], P >= P.max() - 0.2)
+    entropy = -(P * P.log()).sum()
+    assert torch.equal(accepted["typical"], P > min(0.09, 0.3 * float(torch.exp(-entropy))))
+    assert accepted["typical"].any() and not accepted["typical"].all()
+
+
+@pytest.mark.parametrize("name", LOOSE)
+def test_lossy_at_positive_temperature(name):
+    """A loose rule keeps unlikely-under-p tokens the draft favours: the output law moves toward q."""
+    law = output_law(LOOSE[name], P, Q)
+    assert law.sum() == pytest.approx(1.0)
+    assert (law - P).abs().sum() / 2 > 0.02
+
+
+@pytest.mark.parametrize("name", LOOSE)
+def test_code_path_follows_the_enumerated_law(name):
+    """20 000 one-token drafts x ~ q through __call__; the first emitted token's histogram fits the
+    enumerated law (G-test), so the enumeration describes the code that runs."""
+    verifier, n = LOOSE[name], 20_000
+    rng = torch.Generator().manual_seed(7)
+    p = torch.stack([P, P]).float()  # [K + 1, V]
+    xs = torch.multinomial(Q.float(), n, replacement=True, generator=rng)
+    first = [int(verifier(Draft(tokens=x[None]), p, rng).tokens[0]) for x in xs]
+    observed = np.bincount(first, minlength=V)
+    expected = output_law(verifier, P, Q).numpy() * n
+    assert power_divergence(observed, expected, lambda_="log-likelihood").pvalue > 1e-3
+
+
+def test_verdict_shape_and_recover_greedy():
+    p = torch.stack([P, P, P]).float()  # [K + 1, V]
+    top = int(P.argmax())
+    verdict = TopKVerifier(k=1, recover="greedy")(Draft(tokens=torch.tensor([top, (top + 1) % V])), p, None)
+    assert verdict.num_accepted == 1 and verdict.tokens.tolist() == [top, top]
+    empty = TypicalVerifier(recover="greedy")(Draft(tokens=torch.empty(0, dtype=torch.long)), p[:1], None)
+    assert empty.num_accepted == 0 and empty.tokens.tolist() == [top]
+
+
+@pytest.mark.parametrize("verifier", [*EXACT_AT_T0.values(), TypicalVerifier(recover="greedy")])
+def test_greedy_runs_equal_the_baseline_where_the_rule_is_exact(verifier):
+    target = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
+    draft = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0, "noise": 0.01, "noise_seed": 5})
+    greedy = SamplingParams()
+    engine = Engine(target, IndependentDrafter(target, k=3, model=draft), verifier, greedy)
+    baseline = Engine(target, NoDrafter(), GreedyVerifier(), greedy)
+    for prompt in ([1, 2, 3], [40, 41, 42, 43, 44]):
+        out = engine.generate(prompt, 30, eos_token_ids=[])
+        assert out.tokens == baseline.generate(prompt, 30, eos_token_ids=[]).tokens
+        assert 0 < out.stats.accepted < out.stats.drafted
+
+
+def test_errors_name_the_valid_choices():
+    with pytest.raises(SpecResearchError, match="valid are sample, greedy"):
+        TypicalVerifier(recover="argmax")
+    with pytest.raises(SpecResearchError, match="exactly one of margin"):
+        MarginVerifier(margin=0.1, ratio=0.5)
+    with pytest.raises(SpecResearchError, match="margin must lie in"):
+        MarginVerifier(margin=1.5)
+    with pytest.raises(SpecResearchError, match="k >= 1"):
+        TopKVerifier(k=0)
+    with pytest.raises(SpecResearchError, match="0 < epsilon <= 1"):
+        TypicalVerifier(epsilon=0)
