@@ -18,7 +18,7 @@ RECOVER = ("sample", "greedy")
 
 
 class RelaxedVerifier(Verifier):
-    """Accept draft token x_i while `accepts(p_i, x_i)`; then add the target's token at the first
+    """Accept draft token x_i while the rule `passes` on p_i and p_i(x_i); then add the target's token at the first
     rejected position (or the bonus position): drawn from p there (`recover=sample`, as Medusa's
     typical sampling does) or its argmax (`recover=greedy`). The draft's q is not used."""
 
@@ -29,9 +29,13 @@ class RelaxedVerifier(Verifier):
             raise SpecResearchError(f"unknown verifier.recover '{recover}': valid are {', '.join(RECOVER)}")
         self.recover = recover
 
-    @abstractmethod
     def accepts(self, p: Tensor, x: Tensor) -> Tensor:
         """[K] bool: whether each draft token x[i] passes the rule under p[i] ([K, V])."""
+        return self.passes(p, p.gather(-1, x[:, None])[:, 0])
+
+    @abstractmethod
+    def passes(self, p: Tensor, px: Tensor) -> Tensor:
+        """[K] bool: the rule, given the target's laws p ([K, V]) and each draft token's probability px ([K])."""
 
     def __call__(self, draft: Draft, p: Tensor, rng: torch.Generator | None = None) -> Verdict:
         k = len(draft)
@@ -60,10 +64,9 @@ class TypicalVerifier(RelaxedVerifier):
             raise SpecResearchError(f"verifier=typical needs 0 < epsilon <= 1 and 0 < delta <= 1, got {epsilon}, {delta}")
         self.epsilon, self.delta = float(epsilon), float(delta)
 
-    def accepts(self, p: Tensor, x: Tensor) -> Tensor:
+    def passes(self, p: Tensor, px: Tensor) -> Tensor:
         entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # [K]
-        threshold = torch.clamp(self.delta * torch.exp(-entropy), max=self.epsilon)  # [K]
-        return p.gather(-1, x[:, None])[:, 0] > threshold
+        return px > torch.clamp(self.delta * torch.exp(-entropy), max=self.epsilon)
 
 
 class MarginVerifier(RelaxedVerifier):
@@ -88,9 +91,8 @@ class MarginVerifier(RelaxedVerifier):
             raise SpecResearchError(f"verifier.ratio must lie in (0, 1], got {ratio}")
         self.margin, self.ratio = margin, ratio
 
-    def accepts(self, p: Tensor, x: Tensor) -> Tensor:
+    def passes(self, p: Tensor, px: Tensor) -> Tensor:
         top = p.max(-1).values  # [K]
-        px = p.gather(-1, x[:, None])[:, 0]  # [K]
         return px >= (top * self.ratio if self.ratio is not None else top - self.margin)
 
 
@@ -111,6 +113,6 @@ class TopKVerifier(RelaxedVerifier):
             raise SpecResearchError(f"verifier=topk needs k >= 1, got {k}")
         self.k = int(k)
 
-    def accepts(self, p: Tensor, x: Tensor) -> Tensor:
+    def passes(self, p: Tensor, px: Tensor) -> Tensor:
         kth = torch.topk(p, min(self.k, p.shape[-1]), dim=-1).values[:, -1]  # [K]
-        return p.gather(-1, x[:, None])[:, 0] >= torch.maximum(kth, torch.full_like(kth, 1e-30))
+        return px >= kth.clamp_min(1e-30)
