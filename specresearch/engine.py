@@ -54,6 +54,7 @@ class Engine:
         stop_strings: Sequence[str] = (),
         eos_token_ids: Sequence[int] | None = None,
         seed: int = 0,
+        reuse_prefill: bool = False,
     ) -> GenerationOutput:
         """Decode up to `max_new_tokens` after `prompt`.
 
@@ -68,6 +69,8 @@ class Engine:
             stop_strings: strings that end generation.
             eos_token_ids: ids that end generation; default: the tokenizer's eos_token_id.
             seed: seeds the generator of every random draw (drafter and verifier).
+            reuse_prefill: keep the prompt's prefill (target and drafter) and restore it when the next
+                call has the same prompt: for many samples of one prompt, not for timing prompts.
 
         Returns:
             The new tokens and text, with counters and a time split in `stats`.
@@ -88,7 +91,7 @@ class Engine:
         clock = _Clock(self.device)
 
         def context() -> Context:
-            return Context(tokens[: start + len(new)], self.sampling, rng, max_draft=max_new_tokens - len(new) - 1)
+            return Context(tokens[: start + len(new)], self.sampling, rng, max_new_tokens - len(new) - 1, reuse_prefill)
 
         def append(verdict: Verdict) -> str | None:
             """Append the verdict's tokens one by one, up to the first stop; return the stop reason."""
@@ -105,7 +108,7 @@ class Engine:
             # The prefill gives the first new token, exactly as plain decoding (and transformers) do.
             with clock.phase(stats, "time_prefill"):
                 self.target.reset()
-                p = logits_to_probs(self.target.prefill(tokens[:start]), self.sampling)  # [1, V]
+                p = logits_to_probs(self.target.prefill(tokens[:start], reuse_prefill), self.sampling)  # [1, V]
                 stop_reason = append(self.verifier(_NO_DRAFT, p, rng))
                 if stop_reason is None:
                     self.drafter.prefill(context())

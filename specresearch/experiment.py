@@ -21,6 +21,7 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup
 from specresearch.models import load_model
+from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
 from specresearch.target import Target
 from specresearch.types import GenerationOutput, SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
@@ -31,6 +32,8 @@ class Results:
     """Per-prompt records and the sums over prompts, for baseline and method."""
 
     records: list[dict] = field(default_factory=list)
+    equivalence: Report | None = None  # the distribution battery (stats.samples > 0, temperature > 0)
+    extra: dict[str, float] = field(default_factory=dict)  # sampling rates, A/A calibration
     baseline: SpecStats = field(default_factory=SpecStats)
     method: SpecStats = field(default_factory=SpecStats)
     identical: int = 0  # prompts whose method output equals the baseline's, token for token
@@ -62,7 +65,8 @@ class Results:
         return record
 
     def summary(self, k: int) -> dict[str, float]:
-        """Overall metrics: speedup as the ratio of total times, and the Leviathan prediction from the
+        """Overall metrics: speedup as the ratio of tokens per second (of total times when the outputs
+        are the same length: greedy), and the Leviathan prediction from the
         measured α, draft cost ratio c and verification cost v (both relative to one baseline forward)."""
         base, meth = self.baseline, self.method
         c, v = cost_ratios(base, meth)
@@ -73,8 +77,9 @@ class Results:
         out.update(
             prompts=n,
             k=k,
-            speedup=base.time_total / meth.time_total if meth.time_total else float("nan"),
-            throughput_ratio=meth.tokens_per_s / base.tokens_per_s,
+            # per token: at T > 0 the method and the baseline stop at different lengths
+            speedup=meth.tokens_per_s / base.tokens_per_s if base.tokens_per_s else float("nan"),
+            time_ratio=base.time_total / meth.time_total if meth.time_total else float("nan"),
             draft_cost_ratio_c=c,
             verify_cost_v=v,
             leviathan_speedup=leviathan_speedup(meth.alpha, k, c, v) if k else 1.0 / v,
@@ -84,6 +89,9 @@ class Results:
             mean_first_divergence=sum(self.divergences) / len(self.divergences) if self.divergences else float("nan"),
             max_divergence_logit_gap=max(self.gaps) if self.gaps else float("nan"),
         )
+        if self.equivalence is not None:
+            out.update({f"eq_{key}": value for key, value in self.equivalence.summary().items()})
+        out.update(self.extra)
         return out
 
 
@@ -100,6 +108,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     sampling = SamplingParams(**cfg.sampling)
     if cfg.max_new_tokens < 1:
         raise SpecResearchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    check_stats(cfg.stats)
     prompts = load_prompts(**cfg.dataset)
     target = load_model(**cfg.model)
     drafter = build(cfg.drafter, target=target)
@@ -134,12 +143,20 @@ def run(cfg: DictConfig) -> dict[str, float]:
             gap = divergence_gap(target, ids, base.tokens, meth.tokens) if sampling.greedy else None
             record = results.add(prompt, base, meth, gap)
             tracker.log_metrics(_step_metrics(record), step=i)
+        if cfg.stats.samples and not sampling.greedy:
+            equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
         summary = results.summary(k)
     except BaseException:
         _save(tracker, results, cfg, k, status="FAILED")
         raise
     _save(tracker, results, cfg, k, status="FINISHED")
     print(format_table(cfg, label, summary, results, sampling, target))
+    if results.equivalence is not None:
+        print(results.equivalence.format())
+    if "aa_rate" in summary:
+        print(format_calibration(summary, cfg.stats.alpha))
+    elif cfg.stats.samples and sampling.greedy:
+        print("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
     hint = tracker.browse_hint()
     if hint:
         print(f"\nrecorded in MLflow; browse with:\n  {hint}")
@@ -155,6 +172,59 @@ def build(node: DictConfig, **kwargs):
         if isinstance(cause, SpecResearchError):
             raise cause from None
         raise
+
+
+def check_stats(sc: DictConfig) -> None:
+    """Refuse stats settings that cannot run, before anything is loaded."""
+    if sc.samples < 0 or sc.aa_repeats < 0:
+        raise SpecResearchError(f"stats.samples and stats.aa_repeats must be >= 0, got {sc.samples}, {sc.aa_repeats}")
+    if sc.samples and (sc.samples < 10 or sc.length < 1 or sc.prompts < 1 or sc.batch < 1):
+        raise SpecResearchError(
+            f"stats needs samples >= 10 (or 0: off), length >= 1, prompts >= 1, batch >= 1; got samples={sc.samples}, "
+            f"length={sc.length}, prompts={sc.prompts}, batch={sc.batch}"
+        )
+    if not 0 < sc.alpha < 1 or not 0 < sc.power < 1:
+        raise SpecResearchError(f"stats.alpha and stats.power must lie in (0, 1), got {sc.alpha}, {sc.power}")
+
+
+def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: list[list[int]], sampling: SamplingParams, results: Results) -> None:
+    """The distribution battery: `sc.samples` continuations of `sc.length` tokens of each of the first
+    `sc.prompts` prompts, from the target alone (batched) and from the method; both scored by teacher
+    forcing; tests against each other and against the target's conditionals. With `sc.aa_repeats`,
+    also the A/A calibration (baseline against baseline, fresh seeds each time). Fills `results`."""
+    prompts = prompt_ids[: sc.prompts]
+
+    def baseline_side(offset: int) -> tuple[Samples, Conditionals]:
+        parts = [sample_target(target, ids, sc.samples, sc.length, sampling, seed + offset + i, sc.batch, i) for i, ids in enumerate(prompts)]
+        return Samples.concat(parts), _score(target, prompts, parts, sampling, seed + offset)
+
+    base, base_cond = baseline_side(1_000_000)
+    meth_parts = []
+    for i, ids in enumerate(tqdm(prompts, desc="equivalence samples", unit="prompt")):
+        meth_parts.append(sample_engine(method, ids, sc.samples, sc.length, seed + 2_000_000 + i * sc.samples, i))
+    meth = Samples.concat(meth_parts)
+    results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000),
+                                  alpha=sc.alpha, power=sc.power, seed=seed)
+    results.extra.update(eq_samples_per_s_baseline=base.samples_per_s, eq_samples_per_s_method=meth.samples_per_s)
+    if sc.aa_repeats:
+        reports = []
+        for r in tqdm(range(sc.aa_repeats), desc="A/A calibration", unit="repeat"):
+            a, a_cond = baseline_side(4_000_000 + 2 * r * len(prompts))
+            b, b_cond = baseline_side(4_000_000 + (2 * r + 1) * len(prompts))
+            reports.append(battery(a, a_cond, b, b_cond, alpha=sc.alpha, power=sc.power, bootstrap=0, seed=seed + r))
+        results.extra.update({f"aa_{key}": value for key, value in calibration(reports, sc.alpha).items()})
+
+
+def _score(target, prompts: list[list[int]], parts: list[Samples], sampling: SamplingParams, seed: int) -> Conditionals:
+    return Conditionals.concat([teacher_force(target, ids, s.tokens, sampling, seed + i) for i, (ids, s) in enumerate(zip(prompts, parts))])
+
+
+def format_calibration(s: dict, alpha: float) -> str:
+    return (
+        f"A/A calibration: the baseline against itself {s['aa_repeats']:.0f} times: rejected {s['aa_rejections']:.0f} "
+        f"({s['aa_rate']:.1%}, 95% CI {s['aa_rate_ci_low']:.1%}-{s['aa_rate_ci_high']:.1%}) at nominal alpha={alpha}; "
+        f"p(rate > alpha) = {s['aa_p_rate_above_alpha']:.2g}; uniformity of the surprisal test's p-values: p = {s['aa_p_uniform_surprisal_z']:.2g}"
+    )
 
 
 def encode(tokenizer, prompt: Prompt) -> list[int]:
@@ -205,18 +275,22 @@ def _step_metrics(record: dict) -> dict[str, float]:
 def _save(tracker, results: Results, cfg: DictConfig, k: int, status: str) -> None:
     """Log what was measured (also of a failed run), write results.json to Hydra's output dir."""
     summary = results.summary(k) if results.records else {}
-    finite = {key: value for key, value in summary.items() if not math.isnan(value)}
+    finite = {key: value for key, value in summary.items() if math.isfinite(value)}
     records = "".join(json.dumps(r) + "\n" for r in results.records)
     try:
         tracker.log_metrics(finite)
         tracker.log_artifact_text(records, "records.jsonl")
         tracker.log_artifact_text(json.dumps(summary, indent=2), "summary.json")
+        if results.equivalence is not None:
+            tracker.log_artifact_text(json.dumps(results.equivalence.as_dict(), indent=2), "equivalence.json")
     finally:
         tracker.end(status)
     out_dir = _output_dir()
     if out_dir is not None:
         (out_dir / "records.jsonl").write_text(records)
         (out_dir / "summary.json").write_text(json.dumps({"status": status, **summary}, indent=2))
+        if results.equivalence is not None:
+            (out_dir / "equivalence.json").write_text(json.dumps(results.equivalence.as_dict(), indent=2))
 
 
 def _output_dir() -> Path | None:
@@ -259,7 +333,7 @@ def format_table(cfg: DictConfig, label: str, s: dict, results: Results, samplin
         f"{'':{width}}  {'baseline':>10}  {'method':>10}",
         *(f"{name:{width}}  {b:>10}  {mt:>10}" for name, b, mt in rows),
         "",
-        f"speedup (ratio of total times)  {s['speedup']:.2f}x   [tokens/s ratio {s['throughput_ratio']:.2f}x]",
+        f"speedup (tokens/s ratio)        {s['speedup']:.2f}x   [ratio of total times {s['time_ratio']:.2f}x]",
         f"Leviathan prediction            {s['leviathan_speedup']:.2f}x   from alpha={s['method_alpha']:.3f}, "
         f"k={s['k']:.0f}, c={s['draft_cost_ratio_c']:.3f}, v={s['verify_cost_v']:.3f}"
         + (f"; its best k: {s['leviathan_optimal_k']:.0f} ({s['leviathan_optimal_speedup']:.2f}x)" if s["leviathan_optimal_k"] else ""),

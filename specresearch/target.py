@@ -4,6 +4,8 @@ wrapper for their own cache."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 from transformers import DynamicCache
@@ -25,20 +27,34 @@ class Target:
         self.device = lm.device
         self.cache: DynamicCache | None = None
         self.length = 0
+        self._kept: tuple[Tensor, DynamicCache, Tensor] | None = None  # (tokens, cache, logits) of a kept prefill
 
     def reset(self) -> None:
         """Forget everything: the next forward starts a new sequence."""
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
 
-    def prefill(self, tokens: Tensor) -> Tensor | None:
+    def prefill(self, tokens: Tensor, reuse: bool = False) -> Tensor | None:
         """Put `tokens` ([T], may be empty) into the cache.
+
+        Args:
+            tokens: [T] token ids.
+            reuse: keep a copy of this prefill, and restore it instead of recomputing when the next
+                reusing prefill has the same tokens (many samples of one prompt).
 
         Returns:
             [1, V] the logits after the last token (the lm head runs on that position only), or None
             when `tokens` is empty.
         """
-        return self._run(tokens, logits_to_keep=1) if tokens.numel() else None
+        if not tokens.numel():
+            return None
+        if reuse and self._kept is not None and torch.equal(self._kept[0], tokens):
+            self.cache, self.length = copy.deepcopy(self._kept[1]), tokens.numel()
+            return self._kept[2]
+        logits = self._run(tokens, logits_to_keep=1)
+        if reuse:
+            self._kept = (tokens.clone(), copy.deepcopy(self.cache), logits)
+        return logits
 
     def forward(self, tokens: Tensor, head: Tensor | None = None) -> Tensor:
         """Feed `tokens` ([K]) after the cached ones.

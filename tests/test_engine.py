@@ -12,6 +12,7 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
 from specresearch.models import SkinnyLinear, load_model
+from specresearch.stats import first_token_law
 from specresearch.types import Draft, SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
@@ -291,8 +292,6 @@ def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
     """Single-step check at T = 1: q is the draft's softmax renormalised over the shortlist (zero
     elsewhere), the drawn tokens follow q (G-test), and rejection sampling against this q yields
     exactly the target's p."""
-    from tests.test_verifiers import exact_output_law
-
     sampling = SamplingParams(temperature=1.0)
     drafter = IndependentDrafter(target, k=1, model=far_draft, vocab=100, vocab_corpus="mtbench")
     prompt = torch.tensor([72, 101, 108, 108, 111, 32])
@@ -319,7 +318,7 @@ def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
     expected_counts = np.append(q[short].numpy()[keep], q[short].numpy()[~keep].sum())
     expected_counts = expected_counts / expected_counts.sum() * len(draws)
     assert power_divergence(observed, expected_counts, lambda_="log-likelihood").pvalue > 1e-3
-    torch.testing.assert_close(exact_output_law(p, q), p, atol=1e-12, rtol=0)
+    torch.testing.assert_close(first_token_law(RejectionVerifier(), p, q), p, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("options", [{"quantize": "int8"}, {"quantize": "int8", "vocab": 200, "vocab_corpus": "mtbench"}])
@@ -352,8 +351,6 @@ def test_confidence_stops_drafts_early_and_keeps_greedy_identical(target, close_
 
 
 def test_int8_draft_sampled_step_is_exact(target, far_draft):
-    from tests.test_verifiers import exact_output_law
-
     drafter = IndependentDrafter(target, k=1, model=far_draft, quantize="int8")
     prompt = torch.tensor([72, 101, 108, 108, 111])
     ctx = Context(prompt, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), max_draft=1)
@@ -364,6 +361,6 @@ def test_int8_draft_sampled_step_is_exact(target, far_draft):
         full = torch.softmax(far_draft.model(prompt[None]).logits[0, -1].double(), -1)
     assert q.sum() == pytest.approx(1.0, abs=1e-5)
     assert 0 < (q - full).abs().sum() / 2 < 0.25  # int8 weights move q, but only a little (total variation)
-    torch.testing.assert_close(exact_output_law(p, q), p, atol=1e-12, rtol=0)
+    torch.testing.assert_close(first_token_law(RejectionVerifier(), p, q), p, atol=1e-12, rtol=0)
     with pytest.raises(SpecResearchError, match="valid are null \\(none\\), int8"):
         IndependentDrafter(target, k=1, model=far_draft, quantize="int4")

@@ -9,7 +9,7 @@ from scipy.stats import chi2, ncx2, power_divergence
 from specresearch.errors import SpecResearchError
 from specresearch.types import Draft, SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
-from specresearch.verifiers.rejection import acceptance_probability, one_hot, residual
+from specresearch.stats import acceptance_rate, first_token_law, single_step_tv
 
 V = 8
 ALPHA = 1e-3  # significance of each Monte Carlo test (CI: fixed seeds, small alpha)
@@ -36,19 +36,13 @@ CASES = {
 }
 
 
-def exact_output_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Law of the first emitted token when the draft token x ~ q: q·a + (1 − Σ q·a) · r."""
-    a = acceptance_probability(p, q)
-    return q * a + (1 - (q * a).sum()) * residual(p, q)
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_rejection_exact_law_is_p(case):
     p, q = CASES[case]
-    torch.testing.assert_close(exact_output_law(p, q), p, atol=1e-12, rtol=0)
+    torch.testing.assert_close(first_token_law(RejectionVerifier(), p, q), p, atol=1e-12, rtol=0)
+    assert single_step_tv(RejectionVerifier(), p, q) < 1e-6
     # Leviathan et al.: the acceptance rate is 1 − TV(p, q) = Σ min(p, q).
-    accept = (q * acceptance_probability(p, q)).sum()
-    torch.testing.assert_close(accept, torch.minimum(p, q).sum(), atol=1e-12, rtol=0)
+    assert acceptance_rate(RejectionVerifier(), p, q) == pytest.approx(float(torch.minimum(p, q).sum()), abs=1e-12)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -56,8 +50,22 @@ def test_rejection_exact_law_deterministic_draft(case):
     """q = None (one-hot draft): for every fixed draft token x the output law is p."""
     p, _ = CASES[case]
     for x in range(V):
-        q = one_hot(torch.tensor([x]), V)[0].double()
-        torch.testing.assert_close(exact_output_law(p, q), p, atol=1e-12, rtol=0)
+        torch.testing.assert_close(first_token_law(RejectionVerifier(), p, x=x), p, atol=1e-12, rtol=0)
+    assert single_step_tv(RejectionVerifier(), p) < 1e-6
+
+
+def test_exact_law_tells_a_biased_rule():
+    """The enumeration is not blind: the draft's own law (accept everything) is q, not p."""
+    p, q = CASES["random"]
+
+    class AlwaysAccept(RejectionVerifier):
+        lossless = False
+
+        def acceptance(self, p, q, x):
+            return torch.ones(x.shape, dtype=p.dtype)
+
+    torch.testing.assert_close(first_token_law(AlwaysAccept(), p, q), q)
+    assert single_step_tv(AlwaysAccept(), p, q) == pytest.approx(float((p - q).abs().sum() / 2))
 
 
 def test_monte_carlo_power():

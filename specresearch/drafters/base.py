@@ -19,6 +19,7 @@ class Context:
     sampling: SamplingParams  # the same processing the verifier applies to p
     rng: torch.Generator | None  # for sampled drafts
     max_draft: int  # propose at most this many tokens (tokens left before max_new_tokens, minus one)
+    reuse_prefill: bool = False  # the prompt may repeat: a drafter may keep and restore its prefill
 
 
 class Drafter(ABC):

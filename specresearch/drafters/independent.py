@@ -88,7 +88,7 @@ class IndependentDrafter(Drafter):
 
     def prefill(self, ctx: Context) -> None:
         self.draft.reset()
-        self.draft.prefill(ctx.tokens[:-1])
+        self.draft.prefill(ctx.tokens[:-1], reuse=ctx.reuse_prefill)
 
     def propose(self, ctx: Context) -> Draft:
         pending = ctx.tokens[self.draft.length :]  # [1], or [2] after a fully accepted step

@@ -1,4 +1,6 @@
-"""The verifier interface."""
+"""The verifier interface: a chain verifier is two functions, the probability of accepting each draft
+token and the law of the token the target adds; one loop turns them into a verdict, and the exact
+one-step law (`specresearch.stats.exact`) is computed from the same two."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from specresearch.sampling import sample
 from specresearch.types import Draft, SamplingParams, Verdict
 
 
@@ -16,6 +19,10 @@ class Verifier(ABC):
     Terms (Leviathan et al., 2023): *accepted* draft tokens are kept; after the first rejection the
     target adds a *recovered* token; when every draft token is accepted it adds a *bonus* token from
     p at the position after the draft. Either way a step yields num_accepted + 1 tokens.
+
+    Draft token i is accepted with probability `acceptance(p, q, x)[i]` (one uniform draw each),
+    up to the first rejection; the added token is drawn from `fallback(p[n], q[n])` at the first
+    rejected position n, or from `fallback(p[K], None)` at the bonus position.
     """
 
     lossless: bool  # the claim that outputs follow the target's law exactly; tests must prove it
@@ -25,7 +32,31 @@ class Verifier(ABC):
         """Raise SpecResearchError if this rule cannot run with these sampling settings."""
 
     @abstractmethod
-    def __call__(self, draft: Draft, p: Tensor, rng: torch.Generator | None) -> Verdict:
+    def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
+        """The probability of keeping each draft token.
+
+        Args:
+            p: [K, V] target laws at the draft positions.
+            q: [K, V] the laws the draft tokens were drawn from (one-hot for a deterministic drafter).
+            x: [K] the draft tokens.
+
+        Returns:
+            [K] probabilities in [0, 1] (0 or 1 for a deterministic rule).
+        """
+
+    @abstractmethod
+    def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:
+        """The law of the token the target adds.
+
+        Args:
+            p: [V] the target's law at that position.
+            q: [V] the draft's law there after a rejection; None at the bonus position.
+
+        Returns:
+            [V] probabilities (need not be normalised).
+        """
+
+    def __call__(self, draft: Draft, p: Tensor, rng: torch.Generator | None = None) -> Verdict:
         """Verify one draft.
 
         Args:
@@ -37,3 +68,29 @@ class Verifier(ABC):
         Returns:
             The accepted prefix plus one recovered or bonus token.
         """
+        k = len(draft)
+        x = draft.tokens.to(p.device)  # [K]
+        q = draft_law(draft, p)  # [K, V]
+        n = 0
+        if k:
+            u = torch.rand(k, generator=rng, device=p.device)  # [K]; u in [0, 1): probability 0 never accepts
+            n = int((u < self.acceptance(p[:k], q, x)).int().cumprod(0).sum())
+        y = sample(self.fallback(p[n], q[n] if n < k else None), rng)
+        return Verdict(tokens=torch.cat([x[:n], y[None]]), num_accepted=n)
+
+
+def draft_law(draft: Draft, p: Tensor) -> Tensor:
+    """[K, V] the law each draft token was drawn from, in p's dtype: draft.q, or one-hot rows."""
+    if draft.q is not None:
+        return draft.q.to(device=p.device, dtype=p.dtype)
+    return one_hot(draft.tokens.to(p.device), p.shape[-1]).to(p.dtype)
+
+
+def one_hot(tokens: Tensor, vocab_size: int) -> Tensor:
+    """[K] token ids → [K, V] one-hot laws, the q of a deterministic drafter."""
+    return torch.nn.functional.one_hot(tokens, vocab_size).float()
+
+
+def argmax_law(p: Tensor) -> Tensor:
+    """[..., V] → the one-hot law of each row's argmax."""
+    return torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
-from specresearch.types import Draft, SamplingParams, Verdict
-from specresearch.verifiers.base import Verifier
+from specresearch.types import SamplingParams
+from specresearch.verifiers.base import Verifier, argmax_law
 
 
 class GreedyVerifier(Verifier):
@@ -27,9 +26,8 @@ class GreedyVerifier(Verifier):
                 "use sampling=greedy, or verifier=rejection to sample at temperature > 0"
             )
 
-    def __call__(self, draft: Draft, p: Tensor, rng: torch.Generator | None = None) -> Verdict:
-        choice = p.argmax(-1)  # [K + 1] the target's greedy token at each position
-        k = len(draft)
-        matches = (draft.tokens.to(choice.device) == choice[:k]).int()  # [K]
-        n = int(matches.cumprod(0).sum())
-        return Verdict(tokens=choice[: n + 1].clone(), num_accepted=n)
+    def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
+        return (x == p.argmax(-1)).to(p.dtype)  # [K]
+
+    def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:
+        return argmax_law(p)

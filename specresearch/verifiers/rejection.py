@@ -5,9 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specresearch.sampling import sample
-from specresearch.types import Draft, Verdict
-from specresearch.verifiers.base import Verifier
+from specresearch.verifiers.base import Verifier, one_hot  # noqa: F401  (one_hot: re-exported for tests)
 
 
 class RejectionVerifier(Verifier):
@@ -20,18 +18,12 @@ class RejectionVerifier(Verifier):
     lossless = True
     name = "rejection"
 
-    def __call__(self, draft: Draft, p: Tensor, rng: torch.Generator | None = None) -> Verdict:
-        k = len(draft)
-        x = draft.tokens.to(p.device)  # [K]
-        q = draft.q.to(p.dtype) if draft.q is not None else one_hot(x, p.shape[-1]).to(p.dtype)  # [K, V]
-        rows = torch.arange(k, device=p.device)
-        p_x, q_x = p[rows, x], q[rows, x]  # [K], [K]
-        u = torch.rand(k, generator=rng, device=p.device)  # [K]
-        accepted = (u < acceptance_probability(p_x, q_x)).int()  # [K]; u in [0, 1) never accepts p(x) = 0
-        n = int(accepted.cumprod(0).sum())
-        last = residual(p[n], q[n]) if n < k else p[k]  # [V]
-        y = sample(last, rng)
-        return Verdict(tokens=torch.cat([x[:n], y[None]]), num_accepted=n)
+    def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
+        px, qx = p.gather(-1, x[:, None])[:, 0], q.gather(-1, x[:, None])[:, 0]  # [K], [K]
+        return acceptance_probability(px, qx)
+
+    def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:
+        return p if q is None else residual(p, q)
 
 
 def acceptance_probability(p: Tensor, q: Tensor) -> Tensor:
@@ -45,8 +37,3 @@ def residual(p: Tensor, q: Tensor) -> Tensor:
     r = (p - q).clamp_min(0.0)  # [..., V]
     mass = r.sum(-1, keepdim=True)
     return torch.where(mass > 0, r / mass.clamp_min(torch.finfo(r.dtype).tiny), p)
-
-
-def one_hot(tokens: Tensor, vocab_size: int) -> Tensor:
-    """[K] token ids → [K, V] one-hot laws, the q of a deterministic drafter."""
-    return torch.nn.functional.one_hot(tokens, vocab_size).float()

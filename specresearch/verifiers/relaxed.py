@@ -10,9 +10,7 @@ import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
-from specresearch.sampling import sample
-from specresearch.types import Draft, Verdict
-from specresearch.verifiers.base import Verifier
+from specresearch.verifiers.base import Verifier, argmax_law
 
 RECOVER = ("sample", "greedy")
 
@@ -29,20 +27,15 @@ class RelaxedVerifier(Verifier):
             raise SpecResearchError(f"unknown verifier.recover '{recover}': valid are {', '.join(RECOVER)}")
         self.recover = recover
 
-    def accepts(self, p: Tensor, x: Tensor) -> Tensor:
-        """[K] bool: whether each draft token x[i] passes the rule under p[i] ([K, V])."""
-        return self.passes(p, p.gather(-1, x[:, None])[:, 0])
+    def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
+        return self.passes(p, p.gather(-1, x[:, None])[:, 0]).to(p.dtype)  # [K] 0 or 1; q is not used
+
+    def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:
+        return argmax_law(p) if self.recover == "greedy" else p
 
     @abstractmethod
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
         """[K] bool: the rule, given the target's laws p ([K, V]) and each draft token's probability px ([K])."""
-
-    def __call__(self, draft: Draft, p: Tensor, rng: torch.Generator | None = None) -> Verdict:
-        k = len(draft)
-        x = draft.tokens.to(p.device)  # [K]
-        n = int(self.accepts(p[:k], x).int().cumprod(0).sum()) if k else 0
-        extra = p[n].argmax(-1) if self.recover == "greedy" else sample(p[n], rng)  # [] the target's token
-        return Verdict(tokens=torch.cat([x[:n], extra[None]]), num_accepted=n)
 
 
 class TypicalVerifier(RelaxedVerifier):

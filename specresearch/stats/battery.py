@@ -1,0 +1,349 @@
+"""The sequence-level equivalence battery: does a method sample from the target's law?
+
+Two families of evidence, gated together by Holm's method (valid under any dependence):
+
+- one-sample, against the target's exact conditionals (teacher forcing): the surprisal z-test
+  (Σ(−log p_t(x_t) − H_t) / √Σ(M2_t − H_t²) ~ N(0, 1) under H0, a martingale CLT) and the
+  randomized PIT (u_t i.i.d. U(0, 1) under H0, Kolmogorov–Smirnov);
+- two-sample, against the baseline's samples: G-tests on the token histogram at each position and
+  on the joint of the first 2 and 3 tokens (rare categories pooled so every expected count is
+  ≥ 5), and Mann–Whitney U and KS on the per-sequence target log-likelihood.
+
+Positions with different conditional laws are never pooled into one χ² against one p. Effect sizes
+(surprisal deficit, top-1 share, TV of the position marginals with bootstrap CIs and the
+permutation noise floor) and a power report (the smallest TV and surprisal shift the chosen N
+detects with the chosen power) say what a "pass" means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats as st
+from scipy.optimize import brentq
+
+from specresearch.stats.samples import Conditionals, Samples
+
+MIN_EXPECTED = 5  # pool categories until every expected count is at least this
+
+
+@dataclass
+class TestResult:
+    """One test of the battery."""
+
+    name: str
+    statistic: float
+    pvalue: float
+    df: int = 0  # degrees of freedom of a χ²-type test; 0 otherwise
+    kind: str = "two-sample"  # "one-sample" (against the target's conditionals) or "two-sample" (against the baseline)
+
+
+@dataclass
+class Report:
+    """The battery's outcome for one method against the target."""
+
+    tests: list[TestResult]  # the family the verdict is drawn from
+    holm: list[float]  # Holm-adjusted p-values, in the order of `tests`
+    bh: list[float]  # Benjamini–Hochberg adjusted (an exploratory screen, not the verdict)
+    alpha: float  # family-wise error rate of the verdict
+    controls: list[TestResult]  # the baseline's own one-sample tests: a harness check that must pass
+    effects: dict[str, float] = field(default_factory=dict)
+    power: dict[str, float] = field(default_factory=dict)
+    n_method: int = 0
+    n_baseline: int = 0
+    length: int = 0
+
+    @property
+    def reject(self) -> bool:
+        """True when the method's law is shown to differ from the target's (Holm at `alpha`)."""
+        return any(p < self.alpha for p in self.holm)
+
+    @property
+    def rejected(self) -> list[str]:
+        return [t.name for t, p in zip(self.tests, self.holm) if p < self.alpha]
+
+    @property
+    def controls_pass(self) -> bool:
+        return all(c.pvalue >= self.alpha for c in self.controls)
+
+    def summary(self) -> dict[str, float]:
+        """Flat metrics for MLflow (`eq_` prefix is added by the caller)."""
+        out = {
+            "reject": float(self.reject),
+            "min_holm_p": min(self.holm) if self.holm else 1.0,
+            "alpha": self.alpha,
+            "samples_method": self.n_method,
+            "samples_baseline": self.n_baseline,
+            "length": self.length,
+            "controls_pass": float(self.controls_pass),
+        }
+        out.update({f"p_{t.name}": t.pvalue for t in self.tests})
+        out.update({f"control_p_{c.name}": c.pvalue for c in self.controls})
+        out.update(self.effects)
+        out.update({f"power_{key}": value for key, value in self.power.items()})
+        return out
+
+    def as_dict(self) -> dict:
+        return {
+            "verdict": "different" if self.reject else "not distinguishable",
+            "rejected_by": self.rejected,
+            "alpha": self.alpha,
+            "tests": [{**vars(t), "holm": h, "bh": b} for t, h, b in zip(self.tests, self.holm, self.bh)],
+            "controls": [vars(c) for c in self.controls],
+            "effects": self.effects,
+            "power": self.power,
+            "samples": {"method": self.n_method, "baseline": self.n_baseline, "length": self.length},
+        }
+
+    def format(self) -> str:
+        """A few lines for the console."""
+        e, pw = self.effects, self.power
+        if self.reject:
+            verdict = f"DIFFERENT from the target (Holm, family-wise alpha={self.alpha}): rejected by {', '.join(self.rejected)}"
+        else:
+            verdict = (
+                f"not distinguishable from the target (Holm over {len(self.tests)} tests, alpha={self.alpha}); "
+                f"with N={self.n_method}, a position TV >= {pw['min_tv_position']:.3f} or a surprisal shift >= "
+                f"{pw['min_surprisal_shift']:.3f} nats/token would be detected with power {pw['power']:.0%}"
+            )
+        shown = sorted(zip(self.holm, self.tests), key=lambda t: t[0])[:6]
+        lines = [
+            f"equivalence ({self.n_method} method vs {self.n_baseline} baseline sequences of {self.length} tokens): {verdict}",
+            "  smallest p-values (raw / Holm): " + ", ".join(f"{t.name} {t.pvalue:.2g}/{h:.2g}" for h, t in shown),
+            f"  surprisal deficit {e['surprisal_deficit']:+.3f} nats/token [{e['surprisal_deficit_ci_low']:+.3f}, "
+            f"{e['surprisal_deficit_ci_high']:+.3f}]; top-1 share {e['top1_share_method']:.3f} vs baseline "
+            f"{e['top1_share_baseline']:.3f}; mean position TV (pooled) {e['tv_position']:.3f} [{e['tv_position_ci_low']:.3f}, "
+            f"{e['tv_position_ci_high']:.3f}] (noise floor {e['tv_position_null']:.3f})",
+        ]
+        if not self.reject and e["surprisal_deficit"] != 0:
+            lines.append(f"  samples per side to detect the observed surprisal deficit with power {pw['power']:.0%}: "
+                         f"{pw['n_for_observed_deficit']:.0f}")
+        if not self.controls_pass:
+            lines.append("  WARNING: the baseline fails its own one-sample tests: the harness, not the method, is suspect")
+        return "\n".join(lines)
+
+
+def battery(
+    base: Samples, base_cond: Conditionals, meth: Samples, meth_cond: Conditionals,
+    alpha: float = 0.01, power: float = 0.8, bootstrap: int = 200, seed: int = 0,
+) -> Report:
+    """Run every test of the battery on one method's samples against the baseline's.
+
+    Args:
+        base, base_cond: the target's own samples and their teacher-forced conditionals.
+        meth, meth_cond: the method's samples (same prompts) and their conditionals.
+        alpha: family-wise error rate of the verdict (Holm).
+        power: the power the report's detectable effects are stated for.
+        bootstrap: resamples for the TV confidence intervals.
+        seed: seeds the bootstrap and permutation draws.
+    """
+    length = meth.tokens.shape[1]
+    tests = [
+        _surprisal_z(meth_cond, "surprisal_z"),
+        _pit_ks(meth_cond, "pit_ks"),
+        *_loglik_tests(base_cond, meth_cond),
+        *(
+            _contingency(_labels(base, 0, j), _labels(meth, 0, j), f"joint_{j}")
+            for j in (2, 3) if j <= length
+        ),
+        *(_contingency(_labels(base, t, t + 1), _labels(meth, t, t + 1), f"position_{t + 1}") for t in range(length)),
+    ]
+    pvalues = np.array([t.pvalue for t in tests])
+    report = Report(
+        tests=tests,
+        holm=holm(pvalues).tolist(),
+        bh=st.false_discovery_control(np.clip(pvalues, 1e-300, 1)).tolist(),
+        alpha=alpha,
+        controls=[_surprisal_z(base_cond, "surprisal_z"), _pit_ks(base_cond, "pit_ks")],
+        n_method=len(meth.tokens),
+        n_baseline=len(base.tokens),
+        length=length,
+    )
+    rng = np.random.default_rng(seed)
+    report.effects = _effects(base, base_cond, meth, meth_cond, bootstrap, rng)
+    report.power = _power(tests, meth_cond, report, alpha, power)
+    return report
+
+
+def holm(pvalues: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error control under any dependence)."""
+    m = len(pvalues)
+    order = np.argsort(pvalues)
+    adjusted = np.maximum.accumulate((m - np.arange(m)) * pvalues[order]).clip(max=1.0)
+    out = np.empty(m)
+    out[order] = adjusted
+    return out
+
+
+def calibration(reports: list[Report], alpha: float) -> dict[str, float]:
+    """A/A calibration: over repetitions of baseline vs baseline, the verdict's rejection rate with a
+    95% Clopper–Pearson interval, a one-sided test that it does not exceed `alpha`, and a KS test of
+    the uniformity of the surprisal z-test's p-values (each valid test's p-value is U(0, 1) under H0)."""
+    rejections = sum(r.reject for r in reports)
+    result = st.binomtest(rejections, len(reports), alpha, alternative="greater")
+    ci = st.binomtest(rejections, len(reports), alpha).proportion_ci()
+    z_pvalues = [next(t.pvalue for t in r.tests if t.name == "surprisal_z") for r in reports]
+    return {
+        "repeats": len(reports),
+        "rejections": rejections,
+        "rate": rejections / len(reports),
+        "rate_ci_low": ci.low,
+        "rate_ci_high": ci.high,
+        "p_rate_above_alpha": result.pvalue,
+        "p_uniform_surprisal_z": st.kstest(z_pvalues, "uniform").pvalue,
+    }
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+
+def _surprisal_z(cond: Conditionals, name: str) -> TestResult:
+    surprisal = -cond.logp
+    if np.isinf(surprisal).any():  # a token the target gives probability 0: not the target's law
+        return TestResult(name, float("inf"), 0.0, kind="one-sample")
+    variance = (cond.m2 - cond.entropy**2).clip(min=0).sum()
+    if variance <= 0:  # every position deterministic
+        return TestResult(name, 0.0, 1.0, kind="one-sample")
+    z = (surprisal - cond.entropy).sum() / np.sqrt(variance)
+    return TestResult(name, float(z), float(2 * st.norm.sf(abs(z))), kind="one-sample")
+
+
+def _pit_ks(cond: Conditionals, name: str) -> TestResult:
+    result = st.kstest(cond.pit.ravel(), "uniform")
+    return TestResult(name, float(result.statistic), float(result.pvalue), kind="one-sample")
+
+
+def _loglik_tests(base_cond: Conditionals, meth_cond: Conditionals) -> list[TestResult]:
+    # rounded, so that the same sequence scored in two batches is a tie, not a float-noise rank
+    a, b = (np.round(c.logp.sum(1), 4) for c in (meth_cond, base_cond))
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return [TestResult("loglik_mannwhitney", float("inf"), 0.0), TestResult("loglik_ks", float("inf"), 0.0)]
+    mw = st.mannwhitneyu(a, b, alternative="two-sided")
+    ks = st.ks_2samp(a, b)
+    return [TestResult("loglik_mannwhitney", float(mw.statistic), float(mw.pvalue)), TestResult("loglik_ks", float(ks.statistic), float(ks.pvalue))]
+
+
+def _labels(s: Samples, start: int, stop: int) -> np.ndarray:
+    """[N, ...] the category of each sequence: its prompt and tokens start..stop-1, as rows."""
+    return np.concatenate([s.prompt[:, None], s.tokens[:, start:stop]], 1)
+
+
+def _contingency(a: np.ndarray, b: np.ndarray, name: str) -> TestResult:
+    """G-test of homogeneity of two samples of categories (rows of `a` and `b`), rare categories
+    pooled into 'other' until every expected count is >= MIN_EXPECTED."""
+    table = pooled_table(a, b)
+    if table.shape[1] < 2:  # one category: nothing can differ
+        return TestResult(name, 0.0, 1.0, df=0)
+    result = st.chi2_contingency(table, correction=False, lambda_="log-likelihood")
+    return TestResult(name, float(result.statistic), float(result.pvalue), df=int(result.dof))
+
+
+def pooled_table(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[2, C] counts of each category in a and b; categories whose smaller expected count is below
+    MIN_EXPECTED go to one 'other' column, itself merged into the rarest kept one if still too small."""
+    counts = pooled_counts(a, b)  # [2, C]
+    share = min(len(a), len(b)) / (len(a) + len(b))
+    keep = counts.sum(0) * share >= MIN_EXPECTED
+    kept, other = counts[:, keep], counts[:, ~keep].sum(1, keepdims=True)
+    if other.sum() * share >= MIN_EXPECTED or kept.shape[1] == 0:
+        return np.concatenate([kept, other], 1) if other.sum() else kept
+    rarest = kept.sum(0).argmin()
+    kept[:, rarest] += other[:, 0]
+    return kept
+
+
+# --- effect sizes and power --------------------------------------------------------------------
+
+
+def _effects(base, base_cond, meth, meth_cond, bootstrap: int, rng) -> dict[str, float]:
+    surprisal, entropy = -meth_cond.logp, meth_cond.entropy
+    finite = np.isfinite(surprisal)
+    n_tokens = finite.sum()
+    deficit = float((entropy[finite] - surprisal[finite]).mean()) if n_tokens else float("nan")
+    half = 1.96 * np.sqrt((meth_cond.m2 - entropy**2).clip(min=0)[finite].sum()) / max(n_tokens, 1)
+    tv, low, high, null = _tv_position(base.tokens, meth.tokens, base.prompt, meth.prompt, bootstrap, rng)
+    return {
+        "surprisal_deficit": deficit,  # > 0: the method emits likelier tokens than the target would
+        "surprisal_deficit_ci_low": deficit - half,
+        "surprisal_deficit_ci_high": deficit + half,
+        "top1_share_method": float((meth_cond.rank == 1).mean()),
+        "top1_share_baseline": float((base_cond.rank == 1).mean()),
+        "impossible_tokens": float((~finite).sum()),
+        "tv_position": tv,
+        "tv_position_ci_low": low,
+        "tv_position_ci_high": high,
+        "tv_position_null": null,
+    }
+
+
+def _mean_tv(a: np.ndarray, b: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> float:
+    """Mean over positions of the TV between the two samples' (prompt, token) histograms, pooled as the
+    tests pool them: a coarsening, so it bounds the true TV from below, with far less small-sample bias
+    than the raw histograms over a whole vocabulary."""
+    tvs = []
+    for t in range(a.shape[1]):
+        table = pooled_table(np.stack([pa, a[:, t]], 1), np.stack([pb, b[:, t]], 1))  # [2, C]
+        tvs.append(0.5 * np.abs(table[0] / table[0].sum() - table[1] / table[1].sum()).sum())
+    return float(np.mean(tvs))
+
+
+def pooled_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[2, C] counts of every category (rows) in a and b, no pooling."""
+    _, inverse = np.unique(np.concatenate([a, b]), axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    c = inverse.max() + 1
+    return np.stack([np.bincount(inverse[: len(a)], minlength=c), np.bincount(inverse[len(a):], minlength=c)])
+
+
+def _tv_position(base, meth, pbase, pmeth, bootstrap: int, rng) -> tuple[float, float, float, float]:
+    """Mean position TV, its bootstrap 95% percentile interval, and its mean under random relabelling
+    of the two samples (what two samples of one law give at these sizes: the noise floor)."""
+    tv = _mean_tv(base, meth, pbase, pmeth)
+    boots, nulls = [], []
+    both, pboth = np.concatenate([base, meth]), np.concatenate([pbase, pmeth])
+    for _ in range(bootstrap):
+        i, j = rng.integers(len(base), size=len(base)), rng.integers(len(meth), size=len(meth))
+        boots.append(_mean_tv(base[i], meth[j], pbase[i], pmeth[j]))
+        perm = rng.permutation(len(both))
+        x, y = perm[: len(base)], perm[len(base):]
+        nulls.append(_mean_tv(both[x], both[y], pboth[x], pboth[y]))
+    if not boots:
+        return tv, float("nan"), float("nan"), float("nan")
+    low, high = np.percentile(boots, [2.5, 97.5])
+    return tv, float(low), float(high), float(np.mean(nulls))
+
+
+def noncentrality(df: int, level: float, power: float) -> float:
+    """The χ² noncentrality at which a level-`level` test with `df` degrees of freedom has `power`."""
+    critical = st.chi2.isf(level, df)
+    return brentq(lambda lam: st.ncx2.sf(critical, df, lam) - power, 1e-9, 1e6)
+
+
+def _power(tests: list[TestResult], meth_cond: Conditionals, report: Report, alpha: float, power: float) -> dict[str, float]:
+    """What the battery can detect at this N, at Holm's strictest level alpha / m (conservative).
+
+    Two-sample χ² with n_a, n_b draws: noncentrality λ = n_eff Σ (a − b)² / m_i ≥ 4 n_eff TV², with
+    n_eff = n_a n_b / (n_a + n_b) (Cauchy–Schwarz), so TV_min = √(λ* / (4 n_eff)). Surprisal z:
+    a mean shift δ per token is detected when δ ≥ (z_(level/2) + z_power) σ / √(tokens)."""
+    level = alpha / len(tests)
+    n_a, n_b = report.n_method, report.n_baseline
+    n_eff = n_a * n_b / (n_a + n_b)
+    dfs = [t.df for t in tests if t.name.startswith("position_") and t.df > 0]
+    df = int(np.median(dfs)) if dfs else 1
+    lam = noncentrality(df, level, power)
+    sigma = float(np.sqrt((meth_cond.m2 - meth_cond.entropy**2).clip(min=0).mean()))
+    z = st.norm.isf(level / 2) + st.norm.isf(1 - power)
+    n_tokens = meth_cond.logp.size
+    deficit = report.effects.get("surprisal_deficit", 0.0) if report.effects else 0.0
+    per_seq = meth_cond.logp.shape[1]
+    return {
+        "power": power,
+        "level": level,
+        "position_df": df,
+        "min_tv_position": float(np.sqrt(lam / (4 * n_eff))),
+        "min_surprisal_shift": float(z * sigma / np.sqrt(n_tokens)),
+        "n_for_tv_0.05": float(np.ceil(lam / (2 * 0.05**2))),  # per side, equal sizes
+        "n_for_observed_deficit": float(np.ceil((z * sigma / abs(deficit)) ** 2 / per_seq)) if deficit else float("inf"),
+    }
+

@@ -1,0 +1,67 @@
+"""Exact single-step laws: what a verifier emits first, by enumeration over the draft token.
+
+For one draft token x ~ q followed by the verifier's decision, the first emitted token has the law
+
+    Σ_x q(x) [a(x) δ_x + (1 − a(x)) f(p, q_x)]
+
+with a = `Verifier.acceptance` and f = `Verifier.fallback` (q_x = q for a sampled draft, one-hot x
+for a deterministic one). Lossless ⇔ this equals p for every p and q; for a lossy rule its total
+variation to p is the rule's effect size at that step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specresearch.verifiers.base import Verifier, one_hot
+
+
+def first_token_law(verifier: Verifier, p: Tensor, q: Tensor | None = None, x: int | None = None) -> Tensor:
+    """The exact law of the first token a verifier emits after a one-token draft.
+
+    Args:
+        verifier: any chain verifier.
+        p: [V] the target's law at the draft position.
+        q: [V] the law the draft token is drawn from; None for a deterministic draft, then give `x`.
+        x: the deterministic draft token (with q = None).
+
+    Returns:
+        [V] float64 probabilities.
+    """
+    p = p.double()
+    if q is None:
+        if x is None:
+            raise ValueError("first_token_law needs q (a sampled draft) or x (a deterministic one)")
+        qx = one_hot(torch.tensor([x]), p.numel()).double()  # [1, V]
+        a = verifier.acceptance(p[None], qx, torch.tensor([x]))[0]
+        return a * qx[0] + (1 - a) * _normalised(verifier.fallback(p, qx[0]))
+    q = _normalised(q)  # the law the draft token is drawn from (multinomial normalises)
+    v = p.numel()
+    a = verifier.acceptance(p.expand(v, v), q.expand(v, v), torch.arange(v))  # [V] a(x) for every x
+    return q * a + (q * (1 - a)).sum() * _normalised(verifier.fallback(p, q))
+
+
+def acceptance_rate(verifier: Verifier, p: Tensor, q: Tensor) -> float:
+    """Σ_x q(x) a(x): the probability that a one-token draft x ~ q is kept (1 − TV(p, q) for rejection sampling)."""
+    p, q = p.double(), _normalised(q)
+    v = p.numel()
+    return float((q * verifier.acceptance(p.expand(v, v), q.expand(v, v), torch.arange(v))).sum())
+
+
+def total_variation(a: Tensor, b: Tensor) -> float:
+    """½ Σ |a − b| over the last dimension (laws given as tensors of the same shape)."""
+    return float((a.double() - b.double()).abs().sum(-1).max()) / 2
+
+
+def single_step_tv(verifier: Verifier, p: Tensor, q: Tensor | None = None) -> float:
+    """TV(first emitted token's law, p): 0 for a lossless verifier (up to float error). With q = None
+    (a deterministic draft) the worst case over every draft token x."""
+    if q is not None:
+        return total_variation(first_token_law(verifier, p, q), p)
+    return max(total_variation(first_token_law(verifier, p, x=x), p) for x in range(p.numel()))
+
+
+def _normalised(law: Tensor) -> Tensor:
+    law = law.double()
+    return law / law.sum()

@@ -1,0 +1,161 @@
+"""Samples of the first L new tokens of a prompt, and the target's exact conditionals along them.
+
+The baseline draws N sequences in batches from the target alone, sharing one prefill of the prompt;
+a speculative method draws them one by one through the engine (its prefill kept and restored).
+`teacher_force` then scores every sequence with the target in one batched pass per chunk, so the
+tests see p_t at each position independently of the code that produced the tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specresearch.engine import Engine
+from specresearch.models import LoadedModel
+from specresearch.sampling import logits_to_probs, sample
+from specresearch.target import Target
+from specresearch.types import SamplingParams
+
+
+@dataclass
+class Samples:
+    """N sequences of the first L new tokens, and what it cost to draw them."""
+
+    tokens: np.ndarray  # [N, L] int64
+    prompt: np.ndarray  # [N] index of the prompt each sequence continues
+    seconds: float  # wall time of the drawing
+
+    @property
+    def samples_per_s(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else float("nan")
+
+    @staticmethod
+    def concat(parts: list[Samples]) -> Samples:
+        return Samples(
+            np.concatenate([s.tokens for s in parts]), np.concatenate([s.prompt for s in parts]), sum(s.seconds for s in parts)
+        )
+
+
+@dataclass
+class Conditionals:
+    """The target's law p_t at each sampled token x_t (by teacher forcing), reduced to what the tests need."""
+
+    logp: np.ndarray  # [N, L] log p_t(x_t); -inf where the target gives x_t probability 0
+    entropy: np.ndarray  # [N, L] H_t = −Σ p log p
+    m2: np.ndarray  # [N, L] Σ p log² p (the surprisal's second moment)
+    pit: np.ndarray  # [N, L] randomized PIT: F_t(x_t−) + U·p_t(x_t), i.i.d. U(0, 1) when x_t ~ p_t
+    rank: np.ndarray  # [N, L] 1 + the number of tokens the target prefers to x_t
+
+    @staticmethod
+    def concat(parts: list[Conditionals]) -> Conditionals:
+        return Conditionals(*(np.concatenate([getattr(c, f) for c in parts]) for f in ("logp", "entropy", "m2", "pit", "rank")))
+
+
+@torch.inference_mode()
+def sample_target(
+    lm: LoadedModel, prompt: list[int], n: int, length: int, sampling: SamplingParams, seed: int, batch: int = 64, prompt_index: int = 0
+) -> Samples:
+    """Draw `n` continuations of `length` tokens from the target alone, `batch` at a time, after one
+    prefill of the prompt (EOS does not stop a sequence: every method is sampled the same way).
+
+    Returns:
+        The tokens ([n, length]) and the wall time, prefill included.
+    """
+    rng = torch.Generator(device=lm.device).manual_seed(seed)
+    t0 = time.perf_counter()
+    cache, first = _prompt_cache(lm, prompt)
+    p1 = logits_to_probs(first, sampling)  # [1, V]
+    out = []
+    for b in _chunks(n, batch):
+        step_cache = _expand(cache, b)
+        x = sample(p1.expand(b, -1), rng)  # [b]
+        rows = [x]
+        for _ in range(length - 1):
+            logits = lm.model(input_ids=x[:, None], past_key_values=step_cache, use_cache=True).logits[:, -1]  # [b, V]
+            x = sample(logits_to_probs(logits, sampling), rng)
+            rows.append(x)
+        out.append(torch.stack(rows, 1).cpu())  # [b, L]
+    tokens = torch.cat(out).numpy()
+    return Samples(tokens, np.full(n, prompt_index), time.perf_counter() - t0)
+
+
+def sample_engine(engine: Engine, prompt: list[int], n: int, length: int, seed: int, prompt_index: int = 0) -> Samples:
+    """Draw `n` continuations of `length` tokens through a speculative engine (seeds seed .. seed + n − 1;
+    no EOS or stop string ends them)."""
+    t0 = time.perf_counter()
+    rows = []
+    for i in range(n):
+        out = engine.generate(prompt, length, eos_token_ids=[], seed=seed + i, reuse_prefill=True)
+        rows.append(out.tokens)
+    return Samples(np.asarray(rows, dtype=np.int64), np.full(n, prompt_index), time.perf_counter() - t0)
+
+
+@torch.inference_mode()
+def teacher_force(
+    lm: LoadedModel, prompt: list[int], tokens: np.ndarray, sampling: SamplingParams, seed: int, batch: int = 32
+) -> Conditionals:
+    """Score sequences with the target: at each position the law p_t (after the run's temperature,
+    top-k and top-p), and from it the quantities the one-sample tests use.
+
+    Args:
+        lm: the target.
+        prompt: the prompt the sequences continue.
+        tokens: [N, L] sampled continuations.
+        sampling: the sampling settings the sequences were drawn with.
+        seed: seeds the PIT's uniform draws.
+        batch: sequences per forward.
+    """
+    rng = torch.Generator().manual_seed(seed)
+    cache, first = _prompt_cache(lm, prompt)
+    parts = []
+    for start, b in zip(range(0, len(tokens), batch), _chunks(len(tokens), batch)):
+        x = torch.as_tensor(tokens[start : start + b], device=lm.device)  # [b, L]
+        logits = first.expand(b, 1, -1)  # [b, 1, V]
+        if x.shape[1] > 1:
+            more = lm.model(input_ids=x[:, :-1], past_key_values=_expand(cache, b), use_cache=True).logits  # [b, L-1, V]
+            logits = torch.cat([logits, more], 1)  # [b, L, V]
+        parts.append(_reduce(logits_to_probs(logits, sampling), x, rng))
+    return Conditionals.concat(parts)
+
+
+def _reduce(p: Tensor, x: Tensor, rng: torch.Generator) -> Conditionals:
+    """[b, L, V] laws and [b, L] tokens → the per-token quantities (float64 on the host)."""
+    p = p.double()
+    px = p.gather(-1, x[..., None])[..., 0]  # [b, L]
+    logp_all = torch.where(p > 0, p.clamp_min(1e-300).log(), torch.zeros_like(p))  # 0 · log 0 = 0
+    entropy = -(p * logp_all).sum(-1)
+    m2 = (p * logp_all**2).sum(-1)
+    above = p > px[..., None]  # [b, L, V] tokens the target prefers to x
+    before = (p * above).sum(-1)  # F(x−) in the order "more likely first, ties by id"
+    ties = (p == px[..., None]) & (torch.arange(p.shape[-1], device=p.device) < x[..., None])
+    before = before + (p * ties).sum(-1)
+    u = torch.rand(px.shape, generator=rng, dtype=torch.float64).to(p.device)
+    pit = before + u * px
+    with np.errstate(divide="ignore"):
+        logp = np.log(px.cpu().numpy())
+    to_np = lambda t: t.cpu().numpy()  # noqa: E731
+    return Conditionals(logp, to_np(entropy), to_np(m2), to_np(pit), to_np(above.sum(-1) + 1))
+
+
+def _prompt_cache(lm: LoadedModel, prompt: list[int]):
+    target = Target(lm)
+    target.reset()
+    logits = target.prefill(torch.tensor(prompt, device=lm.device))  # [1, V]
+    return target.cache, logits
+
+
+def _expand(cache, b: int):
+    cache = copy.deepcopy(cache)
+    if b > 1:
+        cache.batch_repeat_interleave(b)
+    return cache
+
+
+def _chunks(n: int, size: int) -> list[int]:
+    return [min(size, n - i) for i in range(0, n, size)]

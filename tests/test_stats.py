@@ -1,0 +1,147 @@
+"""The equivalence battery (specresearch.stats) on tiny fp32 models: the samplers and the teacher-
+forced conditionals are right, lossless pairs pass, aggressive lossy rules are detected, the A/A
+type-I error stays at the nominal level, and the power report matches its formula."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as st
+
+from specresearch.drafters import IndependentDrafter, NoDrafter
+from specresearch.engine import Engine
+from specresearch.models import load_model
+from specresearch.stats import battery, calibration, holm, sample_engine, sample_target, teacher_force
+from specresearch.stats.battery import MIN_EXPECTED, noncentrality, pooled_table
+from specresearch.types import SamplingParams
+from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier
+
+T1 = SamplingParams(temperature=1.0)
+PROMPT = [1, 2, 3, 4]
+N, L = 300, 5
+ALPHA = 1e-3  # CI: fixed seeds, small alpha
+
+
+def tiny(**kwargs):
+    return load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny()
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny(noise=0.03, noise_seed=5)
+
+
+@pytest.fixture(scope="module")
+def baseline(target):
+    base = sample_target(target, PROMPT, N, L, T1, seed=1)
+    return base, teacher_force(target, PROMPT, base.tokens, T1, seed=2)
+
+
+def method_samples(target, engine, seed=100):
+    meth = sample_engine(engine, PROMPT, N, L, seed=seed)
+    return meth, teacher_force(target, PROMPT, meth.tokens, T1, seed=seed + 1)
+
+
+def test_holm_adjusts_as_the_step_down_procedure():
+    # sorted 0.005, 0.01, 0.03, 0.04 → 4·0.005, 3·0.01, max(.., 2·0.03), max(.., 1·0.04)
+    np.testing.assert_allclose(holm(np.array([0.01, 0.04, 0.03, 0.005])), [0.03, 0.06, 0.06, 0.02])
+
+
+def test_pooled_table_keeps_counts_and_expected_counts():
+    rng = np.random.default_rng(0)
+    a, b = rng.zipf(1.5, (200, 1)), rng.zipf(1.5, (150, 1))
+    table = pooled_table(a, b)
+    assert table[0].sum() == 200 and table[1].sum() == 150
+    expected = table.sum(0) * table.sum(1)[:, None] / table.sum()
+    assert expected.min() >= MIN_EXPECTED
+
+
+@torch.inference_mode()
+def test_teacher_forcing_matches_a_fresh_full_forward(target, baseline):
+    """The conditionals come from a cached, batched pass; a plain forward of prompt + sequence agrees."""
+    base, cond = baseline
+    for i in (0, 7):
+        ids = torch.tensor(PROMPT + base.tokens[i].tolist())[None]
+        logits = target.model(input_ids=ids).logits[0, len(PROMPT) - 1 : -1]  # [L, V]
+        logp = torch.log_softmax(logits.double(), -1)
+        expected = logp.gather(-1, torch.as_tensor(base.tokens[i])[:, None])[:, 0].numpy()
+        np.testing.assert_allclose(cond.logp[i], expected, atol=1e-4)
+        np.testing.assert_allclose(cond.entropy[i], -(logp.exp() * logp).sum(-1).numpy(), atol=1e-4)
+    assert cond.pit.min() >= 0 and cond.pit.max() <= 1 and (cond.rank >= 1).all()
+
+
+@torch.inference_mode()
+def test_batched_sampler_first_token_follows_p(target):
+    """The baseline sampler's first token against the exact p_1 (G-test, 3000 draws)."""
+    s = sample_target(target, PROMPT, 3000, 1, T1, seed=3, batch=1000)
+    p1 = torch.softmax(target.model(input_ids=torch.tensor([PROMPT])).logits[0, -1].double(), -1).numpy()
+    table = pooled_table(s.tokens, np.random.default_rng(0).choice(len(p1), (100_000, 1), p=p1))
+    assert st.chi2_contingency(table, lambda_="log-likelihood").pvalue > ALPHA
+
+
+def test_engine_reused_prefill_gives_the_same_outputs(target, draft):
+    engine = Engine(target, IndependentDrafter(target, k=3, model=draft), RejectionVerifier(), T1)
+    fresh = [engine.generate(PROMPT, 12, seed=s).tokens for s in range(3)]
+    reused = [engine.generate(PROMPT, 12, seed=s, reuse_prefill=True).tokens for s in range(3)]
+    assert fresh == reused
+
+
+@pytest.mark.parametrize("drafter", ["independent", "none"])
+def test_lossless_pairs_pass(target, draft, baseline, drafter):
+    """Rejection sampling with a draft model (and plain decoding through the same harness, the
+    negative control) is not distinguishable from the target by any test of the battery."""
+    d = IndependentDrafter(target, k=3, model=draft) if drafter == "independent" else NoDrafter()
+    meth, cond = method_samples(target, Engine(target, d, RejectionVerifier(), T1))
+    report = battery(*baseline, meth, cond, alpha=ALPHA, bootstrap=50)
+    assert not report.reject, report.format()
+    assert report.controls_pass
+    assert report.effects["tv_position_ci_low"] <= report.effects["tv_position"] + 0.05
+
+
+@pytest.mark.parametrize("verifier", [TypicalVerifier(), TopKVerifier(k=320)], ids=["typical", "always accept"])
+def test_aggressive_lossy_rules_are_detected(target, draft, baseline, verifier):
+    """Medusa's typical acceptance and the positive control (accept everything: the draft's law)."""
+    meth, cond = method_samples(target, Engine(target, IndependentDrafter(target, k=3, model=draft), verifier, T1))
+    report = battery(*baseline, meth, cond, alpha=ALPHA, bootstrap=50)
+    assert report.reject, report.format()
+    assert any(name.startswith("position_") for name in report.rejected)
+    assert report.effects["tv_position"] > report.effects["tv_position_null"]
+
+
+def test_a_tempered_sampler_is_detected_by_the_one_sample_tests(target, baseline):
+    """Samples at T = 0.8 scored against the T = 1 conditionals: the surprisal test sees the deficit."""
+    colder = sample_target(target, PROMPT, N, L, SamplingParams(temperature=0.8), seed=4)
+    cond = teacher_force(target, PROMPT, colder.tokens, T1, seed=5)
+    report = battery(*baseline, colder, cond, alpha=ALPHA, bootstrap=0)
+    assert {"surprisal_z", "pit_ks"} <= set(report.rejected)
+    assert report.effects["surprisal_deficit_ci_low"] > 0
+
+
+def test_a_a_calibration_stays_at_the_nominal_level(target):
+    """Baseline against baseline with fresh seeds, 60 times at alpha = 0.05: the verdict's rejection
+    rate is not above 0.05 (one-sided binomial test at 0.01), and the surprisal test's p-values are
+    uniform (KS at 0.01)."""
+    alpha, reports = 0.05, []
+    for r in range(60):
+        a = sample_target(target, PROMPT, 150, 4, T1, seed=10 + 2 * r, batch=150)
+        b = sample_target(target, PROMPT, 150, 4, T1, seed=11 + 2 * r, batch=150)
+        ca = teacher_force(target, PROMPT, a.tokens, T1, seed=r, batch=150)
+        cb = teacher_force(target, PROMPT, b.tokens, T1, seed=r + 1000, batch=150)
+        reports.append(battery(a, ca, b, cb, alpha=alpha, bootstrap=0))
+    result = calibration(reports, alpha)
+    assert result["p_rate_above_alpha"] > 0.01, result
+    assert result["p_uniform_surprisal_z"] > 0.01, result
+
+
+def test_power_report_matches_its_formula(target, baseline):
+    report = battery(*baseline, *baseline, alpha=0.01, power=0.8, bootstrap=0)
+    pw = report.power
+    lam = noncentrality(pw["position_df"], pw["level"], 0.8)
+    assert st.ncx2.sf(st.chi2.isf(pw["level"], pw["position_df"]), pw["position_df"], lam) == pytest.approx(0.8)
+    assert pw["min_tv_position"] == pytest.approx(np.sqrt(lam / (4 * N / 2)))
+    # a method against itself: nothing rejects, the surprisal deficit is 0, no N is "needed"
+    assert not report.reject and report.effects["surprisal_deficit"] == pytest.approx(0.0, abs=0.2)
