@@ -64,6 +64,28 @@ def test_sweep_records_one_parent_run(tmp_path):
     assert all(c.info.status == "FINISHED" for c in children) and parents[0].info.status == "FINISHED"
 
 
+def test_lossless_vs_lossy_study_records_verdicts(tmp_path):
+    """experiment=lossless_vs_lossy on tiny models: the preset's grid (verifier x temperature) runs as
+    one sweep; at T > 0 each job records the battery's verdict, p-values and power; at T = 0 none."""
+    result = cli(
+        "experiment=lossless_vs_lossy", *TINY, "max_new_tokens=8", "stats.samples=40", "stats.length=4",
+        f"tracker.store={tmp_path}/mlruns", cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "equivalence (40 method vs 40 baseline sequences of 4 tokens)" in result.stdout
+    runs = [r for r in mlflow_runs(tmp_path / "mlruns") if "mlflow.parentRunId" in r.data.tags]
+    grid = {(r.data.params["verifier._target_"].rsplit(".", 1)[1], r.data.params["sampling.temperature"]): r.data.metrics for r in runs}
+    assert set(grid) == {(v, t) for v in ("RejectionVerifier", "TypicalVerifier") for t in ("0.0", "1.0")}
+    for (verifier, temperature), metrics in grid.items():
+        assert metrics["speedup"] > 0 and metrics["method_tau"] >= 1
+        if temperature == "0.0":
+            assert "eq_reject" not in metrics and metrics["identity_rate"] == 1.0
+        else:
+            assert metrics["eq_reject"] in (0.0, 1.0) and 0 <= metrics["eq_p_surprisal_z"] <= 1
+            assert metrics["eq_power_min_tv_position"] > 0 and metrics["eq_samples_per_s_method"] > 0
+    assert (tmp_path / "multi" / "1" / "equivalence.json").is_file()
+
+
 def test_sweep_goes_on_after_a_failed_job_and_marks_the_parent_failed(tmp_path):
     result = cli(
         "-m", *TINY, "drafter.k=0,2", "dataset.num_prompts=1", "max_new_tokens=4",

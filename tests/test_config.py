@@ -24,6 +24,13 @@ def test_groups_have_their_options():
     assert {"greedy", "rejection", "typical", "margin", "topk"} <= set(options("verifier"))
     assert {"humaneval", "mtbench"} <= set(options("dataset"))
     assert {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "tiny"} <= set(options("model"))
+    assert {"lossless_vs_lossy"} <= set(options("experiment"))  # conf/experiment links to experiments/
+
+
+@pytest.mark.parametrize("name", options("experiment"))
+def test_experiment_presets_compose(name):
+    cfg = make_cfg(f"experiment={name}")
+    assert cfg.stats.samples >= 0 and cfg.model.name
 
 
 @pytest.mark.parametrize("name", options("drafter"))
