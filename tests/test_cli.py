@@ -122,6 +122,8 @@ def test_unknown_group_option_lists_valid_ones(tmp_path, group, valid):
         (["dataset.name=nonsense"], "choose one of humaneval, mtbench"),
         (["sampling=random"], "verifier=rejection"),
         (["max_new_tokens=0"], "max_new_tokens must be >= 1"),
+        (["stats.samples=5"], "stats needs samples >= 10"),
+        (["stats.alpha=0"], "stats.alpha and stats.power must lie in"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(overrides, message, tmp_path):
