@@ -123,6 +123,7 @@ class Engine:
                     verdict = self.verifier(draft, p, rng)
                     self.target.rollback(self.target.length - (len(draft) - verdict.num_accepted))
                 stats.observe(len(draft), verdict.num_accepted)
+                self.drafter.adapt(len(draft), verdict.num_accepted)
                 stop_reason = append(verdict)
                 if stop_reason is None:
                     with clock.phase(stats, "time_draft"):

@@ -3,5 +3,6 @@
 from specresearch.drafters.base import Context, Drafter
 from specresearch.drafters.independent import IndependentDrafter
 from specresearch.drafters.none import NoDrafter
+from specresearch.drafters.pld import PromptLookupDrafter
 
-__all__ = ["Context", "Drafter", "IndependentDrafter", "NoDrafter"]
+__all__ = ["Context", "Drafter", "IndependentDrafter", "NoDrafter", "PromptLookupDrafter"]

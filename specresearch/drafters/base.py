@@ -8,7 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specresearch.errors import SpecResearchError
 from specresearch.types import Draft, SamplingParams, Verdict
+
+K_POLICIES = ("fixed", "heuristic")
 
 
 @dataclass
@@ -30,11 +33,31 @@ class Drafter(ABC):
     from (transformers issues #32867, #47932).
     """
 
-    k: int  # draft tokens per step (0 for the autoregressive baseline)
+    k: int  # draft tokens per step (0 for the autoregressive baseline); the current value under k_policy=heuristic
     name: str
+    k_policy: str = "fixed"
+    k_start: int = 0  # k at the start of every sequence
+    k_max: int = 0  # the largest k the heuristic may reach
+
+    def set_k_policy(self, k: int, policy: str = "fixed", k_max: int | None = None) -> None:
+        """How k evolves within a sequence: "fixed", or "heuristic" (transformers' assisted generation:
+        k += 2 after a fully accepted draft, k −= 1 otherwise, within [1, k_max]; k_max None = 4 k)."""
+        if policy not in K_POLICIES:
+            raise SpecResearchError(f"unknown drafter.k_policy '{policy}': valid are {', '.join(K_POLICIES)}")
+        if k_max is not None and int(k_max) < int(k):
+            raise SpecResearchError(f"drafter.k_max must be >= drafter.k, got {k_max} < {k}")
+        self.k = self.k_start = int(k)
+        self.k_policy = policy
+        self.k_max = int(k_max) if k_max is not None else 4 * int(k)
+
+    def adapt(self, drafted: int, accepted: int) -> None:
+        """After a verification step: update k under the heuristic policy (a no-op for "fixed")."""
+        if self.k_policy == "heuristic" and drafted:
+            self.k = min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
     def prefill(self, ctx: Context) -> None:
-        """Start a new sequence whose tokens are ctx.tokens."""
+        """Start a new sequence whose tokens are ctx.tokens (subclasses call this first: it resets k)."""
+        self.k = self.k_start or self.k
 
     @abstractmethod
     def propose(self, ctx: Context) -> Draft:

@@ -39,6 +39,8 @@ class IndependentDrafter(Drafter):
         vocab_corpus: str = "python-stdlib",
         quantize: str | None = None,
         confidence: float | None = None,
+        k_policy: str = "fixed",
+        k_max: int | None = None,
     ):
         """
         Args:
@@ -55,6 +57,9 @@ class IndependentDrafter(Drafter):
             confidence: stop drafting early, after a token whose draft probability is below this
                 (transformers' assistant_confidence_threshold; Leviathan's k becomes a maximum).
                 None = always k tokens. Lossless: the stop depends on the draft alone.
+            k_policy: "fixed", or "heuristic" (transformers' schedule, see Drafter.set_k_policy);
+                combines with `confidence` as in transformers. Lossless: k depends on past verdicts only.
+            k_max: the largest k the heuristic may reach (None = 4 k).
         """
         if int(k) < 1:
             raise SpecResearchError(f"drafter=independent needs k >= 1, got k={k} (use drafter=none for plain decoding)")
@@ -64,7 +69,7 @@ class IndependentDrafter(Drafter):
             raise SpecResearchError(f"unknown drafter.quantize '{quantize}': valid are null (none), int8")
         if confidence is not None and not 0 < float(confidence) < 1:
             raise SpecResearchError(f"drafter.confidence must lie in (0, 1) or be null, got {confidence}")
-        self.k = int(k)
+        self.set_k_policy(k, k_policy, k_max)
         self.confidence = None if confidence is None else float(confidence)
         draft = model if isinstance(model, LoadedModel) else load_model(**dict(model))
         check_same_vocab(target, draft)
@@ -87,6 +92,7 @@ class IndependentDrafter(Drafter):
         self.draft = Target(draft)
 
     def prefill(self, ctx: Context) -> None:
+        super().prefill(ctx)
         self.draft.reset()
         self.draft.prefill(ctx.tokens[:-1], reuse=ctx.reuse_prefill)
 

@@ -1,0 +1,81 @@
+"""Prompt lookup decoding (Saxena, 2023; transformers' `prompt_lookup_num_tokens`): the draft is
+the continuation of an earlier occurrence of the context's last n-gram. No model, no training."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specresearch.drafters.base import Context, Drafter
+from specresearch.errors import SpecResearchError
+from specresearch.types import Draft
+
+MATCH = ("first", "last")
+
+
+class PromptLookupDrafter(Drafter):
+    """Match the last n tokens of the context (n from `max_ngram` down to `min_ngram`) against the
+    prompt and the generated text, and propose the up to k tokens that followed the match. A
+    deterministic drafter (q = None): greedy and rejection verification keep it lossless.
+
+    Matching is one vectorised comparison of every n-token window with the suffix per n (no Python
+    loop over the context).
+    """
+
+    name = "pld"
+
+    def __init__(
+        self, target=None, k: int = 10, max_ngram: int = 3, min_ngram: int = 1, match: str = "first",
+        k_policy: str = "fixed", k_max: int | None = None,
+    ):
+        """
+        Args:
+            target: unused (the config passes it to every drafter).
+            k: the most tokens proposed per step (Saxena's num_pred_tokens, 10).
+            max_ngram: the longest suffix looked up (Saxena's max_ngram_size, 3); longer first.
+            min_ngram: the shortest suffix looked up (1).
+            match: which earlier occurrence to continue: "first" (as the paper and transformers) or
+                "last" (the most recent).
+            k_policy: "fixed", or "heuristic" (see Drafter.set_k_policy).
+            k_max: the largest k the heuristic may reach (None = 4 k).
+        """
+        if int(k) < 1:
+            raise SpecResearchError(f"drafter=pld needs k >= 1, got k={k}")
+        if not 1 <= int(min_ngram) <= int(max_ngram):
+            raise SpecResearchError(f"drafter=pld needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if match not in MATCH:
+            raise SpecResearchError(f"unknown drafter.match '{match}': valid are {', '.join(MATCH)}")
+        self.max_ngram, self.min_ngram, self.match = int(max_ngram), int(min_ngram), match
+        self.set_k_policy(k, k_policy, k_max)
+
+    def propose(self, ctx: Context) -> Draft:
+        tokens = ctx.tokens  # [T]
+        want = min(self.k, ctx.max_draft)
+        if want > 0:
+            for n in range(self.max_ngram, self.min_ngram - 1, -1):
+                start = continuation_start(tokens, n, self.match)
+                if start is not None:
+                    return Draft(tokens=tokens[start : start + want].clone())
+        return Draft(tokens=torch.empty(0, dtype=torch.long, device=tokens.device))
+
+
+def continuation_start(tokens: Tensor, n: int, match: str = "first") -> int | None:
+    """Where the continuation of an earlier occurrence of the last n tokens begins.
+
+    Args:
+        tokens: [T] the context.
+        n: the n-gram size.
+        match: "first" or "last" occurrence.
+
+    Returns:
+        The index i + n of the chosen occurrence tokens[i : i + n] (i + n < T, so at least one token
+        follows it and the occurrence is not the suffix itself), or None.
+    """
+    length = tokens.numel()
+    if length <= n:
+        return None
+    windows = tokens[: length - 1].unfold(0, n, 1)  # [T - n, n]: windows that a token follows
+    hits = (windows == tokens[length - n :]).all(-1).nonzero()  # [M, 1]
+    if not hits.numel():
+        return None
+    return int(hits[0 if match == "first" else -1]) + n

@@ -1,0 +1,161 @@
+"""Prompt lookup decoding: the matcher on hand-made sequences, proposals, greedy identity with the
+baseline on tiny fp32 models, and the target's law under rejection sampling (battery)."""
+
+import pytest
+import torch
+
+from specresearch.drafters import Context, NoDrafter, PromptLookupDrafter
+from specresearch.drafters.pld import continuation_start
+from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
+from specresearch.models import load_model
+from specresearch.stats import battery, sample_engine, sample_target, teacher_force
+from specresearch.types import SamplingParams
+from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+
+
+def t(*ids: int) -> torch.Tensor:
+    return torch.tensor(ids)
+
+
+def test_matcher_finds_the_continuation():
+    #            0  1  2  3  4  5  6  7
+    tokens = t(5, 6, 7, 8, 9, 5, 6, 7)
+    assert continuation_start(tokens, 3) == 3  # 5 6 7 at 0 → 8 follows
+    assert continuation_start(tokens, 2) == 3  # 6 7 at 1
+    assert continuation_start(tokens, 4) is None  # 9 5 6 7 occurs only as the suffix
+    assert continuation_start(t(1, 2, 3), 1) is None  # 3 never occurred before
+    assert continuation_start(t(4), 1) is None and continuation_start(t(4, 4), 2) is None  # too short
+
+
+def test_matcher_first_or_last_occurrence_and_overlap():
+    tokens = t(1, 2, 9, 1, 2, 8, 1, 2)
+    assert continuation_start(tokens, 2, "first") == 2
+    assert continuation_start(tokens, 2, "last") == 5
+    # overlap: in a run of one token the occurrence right before the suffix overlaps it
+    assert continuation_start(t(3, 3, 3, 3), 2, "last") == 3  # 3 3 at 1 → the last 3 follows
+    assert continuation_start(t(3, 3, 3, 3), 2, "first") == 2
+
+
+def ctx(tokens: torch.Tensor, max_draft: int = 100) -> Context:
+    return Context(tokens, SamplingParams(), None, max_draft)
+
+
+def test_proposals_prefer_long_ngrams_and_respect_k():
+    tokens = t(1, 2, 3, 4, 5, 6, 0, 3, 9, 9, 0, 2, 3)
+    # the 2-gram 2 3 (at 1) wins over the 1-gram 3 (first at 2 too, but also at 7)
+    assert PromptLookupDrafter(k=3, max_ngram=2).propose(ctx(tokens)).tokens.tolist() == [4, 5, 6]
+    assert PromptLookupDrafter(k=10, max_ngram=2).propose(ctx(tokens)).tokens.tolist() == [4, 5, 6, 0, 3, 9, 9, 0, 2, 3]
+    assert PromptLookupDrafter(k=10, max_ngram=2).propose(ctx(tokens, max_draft=2)).tokens.tolist() == [4, 5]
+    assert PromptLookupDrafter(k=3, max_ngram=1, match="last").propose(ctx(tokens)).tokens.tolist() == [9, 9, 0]
+    draft = PromptLookupDrafter(k=3, min_ngram=2).propose(ctx(t(1, 2, 3, 7)))
+    assert len(draft) == 0 and draft.q is None
+
+
+def test_bad_settings_name_the_valid_ones():
+    with pytest.raises(SpecResearchError, match="k >= 1"):
+        PromptLookupDrafter(k=0)
+    with pytest.raises(SpecResearchError, match="min_ngram <= max_ngram"):
+        PromptLookupDrafter(min_ngram=3, max_ngram=2)
+    with pytest.raises(SpecResearchError, match="valid are first, last"):
+        PromptLookupDrafter(match="random")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
+
+
+REPEATING = [10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11]
+PLAIN = [200, 7, 91, 33]
+
+
+def cyclic_tiny(seed: int, cycle: int = 5):
+    """A tiny model whose greedy text repeats: its (scaled) embeddings dominate the residual stream
+    and its lm head maps each token to the next one of a random cycle of `cycle` tokens, so after a
+    few tokens prompt lookup finds what comes next (a random tiny model never repeats itself). The
+    transformer layers still add their part: the argmax is the model's, not a table's."""
+    lm = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": seed})
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(320, generator=gen)
+    prev = torch.empty(320, dtype=torch.long)
+    for i in range(0, 320, cycle):
+        block = order[i : i + cycle]
+        prev[block] = block.roll(1)  # the token before each one in its cycle
+    with torch.no_grad():
+        embed = lm.model.model.embed_tokens.weight
+        embed.mul_(1000.0)
+        lm.model.lm_head.weight.copy_(embed[prev])  # logit of j ∝ <e_prev(j), h>: largest for j = next(t)
+    return lm
+
+
+@pytest.mark.parametrize("k", [1, 4, 10])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("model", ["random", "cyclic"])
+def test_greedy_output_equals_the_baseline(k, seed, model):
+    """A random tiny model (drafts found in the prompt, mostly rejected) and a repeating one (drafts
+    accepted): both give the baseline's tokens, prompts with and without repetition."""
+    if model == "cyclic":
+        target = cyclic_tiny(seed)
+    else:
+        target = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": seed})
+    engine = Engine(target, PromptLookupDrafter(k=k), GreedyVerifier(), SamplingParams())
+    baseline = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams())
+    drafted = accepted = 0
+    for prompt in (REPEATING, PLAIN):
+        out = engine.generate(prompt, 40, eos_token_ids=[])
+        assert out.tokens == baseline.generate(prompt, 40, eos_token_ids=[]).tokens
+        drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
+    assert drafted > 0  # the lookup found something to propose
+    if model == "cyclic":
+        assert accepted > drafted / 2 and out.stats.tau > 1.5
+
+
+def test_rejection_sampling_with_lookup_drafts_follows_the_target(target):
+    """Deterministic drafts at T = 1 through the engine: the battery sees no difference from the
+    target's own samples (the drafts are often rejected, exercising the one-hot residual)."""
+    sampling = SamplingParams(temperature=1.0)
+    engine = Engine(target, PromptLookupDrafter(k=4), RejectionVerifier(), sampling)
+    meth = sample_engine(engine, REPEATING, 300, 5, seed=50)
+    base = sample_target(target, REPEATING, 300, 5, sampling, seed=51)
+    report = battery(base, teacher_force(target, REPEATING, base.tokens, sampling, seed=1),
+                     meth, teacher_force(target, REPEATING, meth.tokens, sampling, seed=2), alpha=1e-3, bootstrap=0)
+    assert not report.reject, report.format()
+    stats = engine.generate(REPEATING, 30, eos_token_ids=[], seed=3).stats
+    assert stats.drafted > 0 and stats.accepted < stats.drafted
+
+
+def test_heuristic_k_policy_follows_transformers_schedule():
+    drafter = PromptLookupDrafter(k=4, k_policy="heuristic", k_max=7)
+    ks = []
+    for drafted, accepted in [(4, 4), (6, 6), (7, 7), (7, 2), (6, 0), (0, 0)]:
+        drafter.adapt(drafted, accepted)
+        ks.append(drafter.k)
+    assert ks == [6, 7, 7, 6, 5, 5]  # +2 capped at k_max, −1 after a rejection, unchanged without a draft
+    drafter.prefill(ctx(t(1, 2)))
+    assert drafter.k == 4  # every sequence starts from the configured k
+    fixed = PromptLookupDrafter(k=4)
+    fixed.adapt(4, 4)
+    assert fixed.k == 4
+    with pytest.raises(SpecResearchError, match="valid are fixed, heuristic"):
+        PromptLookupDrafter(k_policy="grow")
+
+
+@pytest.mark.parametrize("name", ["pld", "independent"])
+def test_heuristic_k_keeps_greedy_identity(target, name):
+    from specresearch.drafters import IndependentDrafter
+
+    if name == "pld":
+        target = cyclic_tiny(0)
+        drafter = PromptLookupDrafter(k=1, k_policy="heuristic")
+    else:
+        draft = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0, "noise": 0.01, "noise_seed": 5})
+        drafter = IndependentDrafter(target, k=2, model=draft, k_policy="heuristic", k_max=12)
+    engine = Engine(target, drafter, GreedyVerifier(), SamplingParams())
+    baseline = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams())
+    longest = 0
+    for prompt in (REPEATING, PLAIN):
+        out = engine.generate(prompt, 40, eos_token_ids=[])
+        assert out.tokens == baseline.generate(prompt, 40, eos_token_ids=[]).tokens
+        longest = max(longest, len(out.stats.drafted_at))
+    assert longest > drafter.k_start  # k grew past its start value
