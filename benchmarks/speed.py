@@ -129,7 +129,7 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                 node = compose("config", overrides=overrides).drafter
             extra = {"model": draft} if "model" in node else {}  # drafters with a draft model share ours
-            drafter = build(node, _partial_=True)(target=target, **extra)
+            drafter = build(node, target=target, **extra)
             label = f"{group}(k={drafter.k})" + "".join(f" {o}" for o in options if not o.startswith("k="))
             methods.append(ours(label, Engine(target, drafter, GreedyVerifier(), GREEDY)))
     return methods

@@ -163,10 +163,12 @@ def run(cfg: DictConfig) -> dict[str, float]:
     return summary
 
 
-def build(node: DictConfig, **kwargs):
-    """hydra.utils.instantiate, but our own errors come out as themselves, not wrapped."""
+def build(node: DictConfig, **objects):
+    """hydra.utils.instantiate, but our own errors come out as themselves, not wrapped, and runtime
+    `objects` (a loaded model) reach the constructor as they are: merged into the config, Hydra
+    would turn a dataclass such as LoadedModel into a config node."""
     try:
-        return instantiate(node, **kwargs)
+        return instantiate(node, _partial_=True)(**objects) if objects else instantiate(node)
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, SpecResearchError):

@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 
 from specresearch.data import load_prompts
 from specresearch.drafters import Drafter
+from specresearch.experiment import build
 from specresearch.models import ZOO, load_model
 from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
@@ -38,7 +39,7 @@ def test_drafter_configs_instantiate(name):
     with_model = "model" in OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")  # a draft model to point at tiny
     cfg = make_cfg(*TINY, f"drafter={name}") if with_model else make_cfg("model=tiny", f"drafter={name}")
     target = load_model(**cfg.model)
-    drafter = instantiate(cfg.drafter, target=target)
+    drafter = build(cfg.drafter, target=target)
     assert isinstance(drafter, Drafter) and drafter.name == name
 
 

@@ -4,5 +4,6 @@ from specresearch.drafters.base import Context, Drafter
 from specresearch.drafters.independent import IndependentDrafter
 from specresearch.drafters.none import NoDrafter
 from specresearch.drafters.pld import PromptLookupDrafter
+from specresearch.drafters.self_draft import SelfDraftDrafter
 
-__all__ = ["Context", "Drafter", "IndependentDrafter", "NoDrafter", "PromptLookupDrafter"]
+__all__ = ["Context", "Drafter", "IndependentDrafter", "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter"]

@@ -1,0 +1,93 @@
+"""Self-speculative decoding by layer skipping (Draft & Verify, Zhang et al., 2023; LayerSkip's early
+exit, Elhoushi et al., 2024): the target drafts for itself with some of its layers skipped."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+
+from torch import nn
+
+from specresearch.drafters.independent import IndependentDrafter
+from specresearch.errors import SpecResearchError
+from specresearch.models import LoadedModel
+
+
+class SelfDraftDrafter(IndependentDrafter):
+    """The target without some of its decoder layers is the draft model: same weights (nothing is
+    copied), its own KV cache for the layers it runs. Everything else is IndependentDrafter's (q,
+    confidence, k_policy), so greedy and rejection verification stay lossless.
+
+    Which layers to skip: `skip` (explicit indices), or `exit_layer` (LayerSkip's early exit: run
+    layers 0 .. exit_layer − 1 only), or `skip_ratio` (that fraction of the layers, evenly spaced
+    between the first and the last, which are kept; a 2-layer model skips its second). The first layer is always kept: the
+    cache's length is read from it.
+    """
+
+    name = "self_draft"
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        k: int = 4,
+        skip: Sequence[int] | None = None,
+        exit_layer: int | None = None,
+        skip_ratio: float | None = 0.5,
+        **options,
+    ):
+        """
+        Args:
+            target: the target model, which drafts for itself.
+            k: draft tokens per step.
+            skip: indices of the decoder layers to skip.
+            exit_layer: keep layers [0, exit_layer) only (early exit); instead of `skip`.
+            skip_ratio: skip this fraction of the layers, evenly spaced, when neither of the above is set.
+            **options: IndependentDrafter's (confidence, k_policy, k_max, vocab, quantize).
+        """
+        n = len(decoder_layers(target.model))
+        self.skipped = skipped_layers(n, skip, exit_layer, skip_ratio)
+        super().__init__(target, k=k, model=without_layers(target, self.skipped), **options)
+
+
+def skipped_layers(n: int, skip: Sequence[int] | None, exit_layer: int | None, skip_ratio: float | None) -> list[int]:
+    """The sorted layer indices to skip, from exactly one of the three settings."""
+    given = [name for name, value in (("skip", skip), ("exit_layer", exit_layer)) if value is not None]
+    if len(given) > 1:
+        raise SpecResearchError("drafter=self_draft takes one of drafter.skip and drafter.exit_layer; set the other to null")
+    if skip is not None:
+        layers = sorted({int(i) for i in skip})
+        if not layers or layers[0] < 1 or layers[-1] >= n:
+            raise SpecResearchError(f"drafter.skip must list layer indices in [1, {n - 1}] (layer 0 is always kept), got {list(skip)}")
+        return layers
+    if exit_layer is not None:
+        if not 1 <= int(exit_layer) < n:
+            raise SpecResearchError(f"drafter.exit_layer must lie in [1, {n - 1}] for a model with {n} layers, got {exit_layer}")
+        return list(range(int(exit_layer), n))
+    if skip_ratio is None or not 0 < float(skip_ratio) < 1:
+        raise SpecResearchError(f"drafter=self_draft needs drafter.skip, drafter.exit_layer or a skip_ratio in (0, 1), got {skip_ratio}")
+    if n < 2:
+        raise SpecResearchError(f"drafter=self_draft needs a model with at least 2 layers, this one has {n}")
+    inner = list(range(1, n - 1)) if n > 2 else [1]  # the first layer is kept, and the last when there is a choice
+    count = min(len(inner), max(1, round(float(skip_ratio) * n)))
+    return sorted({inner[round(i * (len(inner) - 1) / max(count - 1, 1))] for i in range(count)})
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise SpecResearchError(f"drafter=self_draft needs a decoder with model.model.layers; {type(model).__name__} has none")
+    return layers
+
+
+def without_layers(lm: LoadedModel, skip: Sequence[int]) -> LoadedModel:
+    """A view of `lm` whose decoder skips the layers in `skip`: shallow copies of the two outer
+    modules with their own child registries, so the target itself is untouched and no weight is
+    copied. Kept layers keep their layer_idx, so they use their own slots of a full-size KV cache."""
+    outer = copy.copy(lm.model)
+    outer._modules = dict(outer._modules)
+    inner = copy.copy(outer.model)
+    inner._modules = dict(inner._modules)
+    inner.layers = nn.ModuleList([layer for i, layer in enumerate(decoder_layers(lm.model)) if i not in set(skip)])
+    outer.model = inner
+    return dataclasses.replace(lm, model=outer, name=f"{lm.name} without layers {list(skip)}")
