@@ -21,3 +21,15 @@ def make_cfg(*overrides: str):
 def _offline():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def equivalence_report(engine, prompt: list[int], n: int = 300, length: int = 5, seed: int = 50, alpha: float = 1e-3):
+    """The battery on `n` samples of `length` tokens from a sampling engine against as many from its
+    target alone (tiny models; fixed seeds)."""
+    from specresearch.stats import battery, sample_engine, sample_target, teacher_force
+
+    target, sampling = engine.target.lm, engine.sampling
+    meth = sample_engine(engine, prompt, n, length, seed=seed)
+    base = sample_target(target, prompt, n, length, sampling, seed=seed + 1)
+    return battery(base, teacher_force(target, prompt, base.tokens, sampling, seed=1),
+                   meth, teacher_force(target, prompt, meth.tokens, sampling, seed=2), alpha=alpha, bootstrap=0)

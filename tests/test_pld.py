@@ -9,9 +9,10 @@ from specresearch.drafters.pld import continuation_start
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
-from specresearch.stats import battery, sample_engine, sample_target, teacher_force
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+
+from .conftest import equivalence_report
 
 
 def t(*ids: int) -> torch.Tensor:
@@ -116,10 +117,7 @@ def test_rejection_sampling_with_lookup_drafts_follows_the_target(target):
     target's own samples (the drafts are often rejected, exercising the one-hot residual)."""
     sampling = SamplingParams(temperature=1.0)
     engine = Engine(target, PromptLookupDrafter(k=4), RejectionVerifier(), sampling)
-    meth = sample_engine(engine, REPEATING, 300, 5, seed=50)
-    base = sample_target(target, REPEATING, 300, 5, sampling, seed=51)
-    report = battery(base, teacher_force(target, REPEATING, base.tokens, sampling, seed=1),
-                     meth, teacher_force(target, REPEATING, meth.tokens, sampling, seed=2), alpha=1e-3, bootstrap=0)
+    report = equivalence_report(engine, REPEATING, seed=50)
     assert not report.reject, report.format()
     stats = engine.generate(REPEATING, 30, eos_token_ids=[], seed=3).stats
     assert stats.drafted > 0 and stats.accepted < stats.drafted

@@ -9,9 +9,10 @@ from specresearch.drafters.self_draft import skipped_layers
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
-from specresearch.stats import battery, sample_engine, sample_target, teacher_force
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+
+from .conftest import equivalence_report
 
 
 def tiny(seed: int = 0):
@@ -63,10 +64,7 @@ def test_greedy_output_equals_the_baseline(setting, k, seed):
 def test_rejection_sampling_follows_the_target():
     target, sampling, prompt = tiny(), SamplingParams(temperature=1.0), [1, 2, 3, 4]
     engine = Engine(target, SelfDraftDrafter(target, k=3, skip=[2, 3]), RejectionVerifier(), sampling)
-    meth = sample_engine(engine, prompt, 300, 5, seed=70)
-    base = sample_target(target, prompt, 300, 5, sampling, seed=71)
-    report = battery(base, teacher_force(target, prompt, base.tokens, sampling, seed=1),
-                     meth, teacher_force(target, prompt, meth.tokens, sampling, seed=2), alpha=1e-3, bootstrap=0)
+    report = equivalence_report(engine, prompt, seed=70)
     assert not report.reject, report.format()
     stats = engine.generate(prompt, 30, eos_token_ids=[], seed=3).stats
     assert 0 < stats.accepted < stats.drafted
