@@ -68,3 +68,17 @@ def test_rejection_sampling_follows_the_target():
     assert not report.reject, report.format()
     stats = engine.generate(prompt, 30, eos_token_ids=[], seed=3).stats
     assert 0 < stats.accepted < stats.drafted
+
+
+def test_greedy_layer_search_picks_the_best_single_layer_first():
+    from specresearch.drafters.self_draft import agreement, search_skip
+
+    target = tiny()
+    tokens = torch.randint(0, 256, (64,), generator=torch.Generator().manual_seed(0))
+    chosen, scores = search_skip(target, tokens, 3)
+    assert len(set(chosen)) == 3 and all(1 <= layer < 6 for layer in chosen)
+    reference = target.model(input_ids=tokens[None]).logits[0, :-1].argmax(-1)
+    singles = {layer: agreement(target, [layer], tokens, reference) for layer in range(1, 6)}
+    assert scores[0] == max(singles.values()) == singles[chosen[0]]
+    with pytest.raises(SpecResearchError, match="skip 1 to 5 of 6"):
+        search_skip(target, tokens, 6)

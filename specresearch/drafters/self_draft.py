@@ -7,7 +7,8 @@ import copy
 import dataclasses
 from collections.abc import Sequence
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from specresearch.drafters.independent import IndependentDrafter
 from specresearch.errors import SpecResearchError
@@ -91,3 +92,59 @@ def without_layers(lm: LoadedModel, skip: Sequence[int]) -> LoadedModel:
     inner.layers = nn.ModuleList([layer for i, layer in enumerate(decoder_layers(lm.model)) if i not in set(skip)])
     outer.model = inner
     return dataclasses.replace(lm, model=outer, name=f"{lm.name} without layers {list(skip)}")
+
+
+@torch.inference_mode()
+def agreement(lm: LoadedModel, skip: Sequence[int], tokens: Tensor, reference: Tensor) -> float:
+    """The share of positions where the model without `skip` predicts the same next token as `reference`
+    ([T − 1], the full model's argmax), teacher forced on `tokens` ([T])."""
+    logits = without_layers(lm, skip).model(input_ids=tokens[None].to(lm.device)).logits[0, :-1]  # [T-1, V]
+    return float((logits.argmax(-1).cpu() == reference).float().mean())
+
+
+@torch.inference_mode()
+def search_skip(lm: LoadedModel, tokens: Tensor, n_skip: int, progress: bool = False) -> tuple[list[int], list[float]]:
+    """A greedy search for layers to skip (simpler than Draft & Verify's Bayesian optimisation): skip one
+    layer at a time, each time the one whose removal keeps the draft's top-1 agreement with the full
+    model highest on `tokens` (calibration text, teacher forced). Layer 0 is never skipped.
+
+    Returns:
+        The skipped layers in the order they were chosen, and the agreement after each choice.
+    """
+    n = len(decoder_layers(lm.model))
+    if not 1 <= n_skip < n:
+        raise SpecResearchError(f"the layer search can skip 1 to {n - 1} of {n} layers, got {n_skip}")
+    reference = lm.model(input_ids=tokens[None].to(lm.device)).logits[0, :-1].argmax(-1).cpu()  # [T-1]
+    chosen, scores = [], []
+    for _ in range(n_skip):
+        scored = {layer: agreement(lm, chosen + [layer], tokens, reference) for layer in range(1, n) if layer not in chosen}
+        best = max(scored, key=scored.get)
+        chosen.append(best)
+        scores.append(scored[best])
+        if progress:
+            print(f"skip {sorted(chosen)}: top-1 agreement {scored[best]:.3f}", flush=True)
+    return chosen, scores
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m specresearch.drafters.self_draft --model NAME --skip N`: search layers to skip on
+    offline calibration text and print the `drafter.skip=[...]` override."""
+    import argparse
+
+    from specresearch.models import load_model
+    from specresearch.vocab import CORPORA, corpus_texts
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="the target (a model-group name or path)")
+    parser.add_argument("--skip", type=int, required=True, help="how many layers to skip")
+    parser.add_argument("--tokens", type=int, default=256, help="calibration tokens")
+    parser.add_argument("--corpus", default="python-stdlib", choices=CORPORA, help="offline calibration text")
+    args = parser.parse_args(argv)
+    lm = load_model(args.model)
+    ids = lm.tokenizer.encode("\n".join(corpus_texts(args.corpus)[:50]), add_special_tokens=False)[: args.tokens]
+    chosen, scores = search_skip(lm, torch.tensor(ids), args.skip, progress=True)
+    print(f"\ndrafter=self_draft drafter.skip=[{','.join(map(str, sorted(chosen)))}]   # agreement {scores[-1]:.3f} on {len(ids)} tokens")
+
+
+if __name__ == "__main__":
+    main()
