@@ -89,7 +89,8 @@ def without_layers(lm: LoadedModel, skip: Sequence[int]) -> LoadedModel:
     outer._modules = dict(outer._modules)
     inner = copy.copy(outer.model)
     inner._modules = dict(inner._modules)
-    inner.layers = nn.ModuleList([layer for i, layer in enumerate(decoder_layers(lm.model)) if i not in set(skip)])
+    skipped = set(skip)
+    inner.layers = nn.ModuleList([layer for i, layer in enumerate(decoder_layers(lm.model)) if i not in skipped])
     outer.model = inner
     return dataclasses.replace(lm, model=outer, name=f"{lm.name} without layers {list(skip)}")
 

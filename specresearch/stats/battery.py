@@ -242,7 +242,7 @@ def _contingency(a: np.ndarray, b: np.ndarray, name: str) -> TestResult:
 def pooled_table(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[2, C] counts of each category in a and b; categories whose smaller expected count is below
     MIN_EXPECTED go to one 'other' column, itself merged into the rarest kept one if still too small."""
-    counts = pooled_counts(a, b)  # [2, C]
+    counts = category_counts(a, b)  # [2, C]
     share = min(len(a), len(b)) / (len(a) + len(b))
     keep = counts.sum(0) * share >= MIN_EXPECTED
     kept, other = counts[:, keep], counts[:, ~keep].sum(1, keepdims=True)
@@ -288,7 +288,7 @@ def _mean_tv(a: np.ndarray, b: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> fl
     return float(np.mean(tvs))
 
 
-def pooled_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def category_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[2, C] counts of every category (rows) in a and b, no pooling."""
     _, inverse = np.unique(np.concatenate([a, b]), axis=0, return_inverse=True)
     inverse = inverse.ravel()
@@ -335,7 +335,7 @@ def _power(tests: list[TestResult], meth_cond: Conditionals, report: Report, alp
     sigma = float(np.sqrt((meth_cond.m2 - meth_cond.entropy**2).clip(min=0).mean()))
     z = st.norm.isf(level / 2) + st.norm.isf(1 - power)
     n_tokens = meth_cond.logp.size
-    deficit = report.effects.get("surprisal_deficit", 0.0) if report.effects else 0.0
+    deficit = report.effects["surprisal_deficit"]
     per_seq = meth_cond.logp.shape[1]
     return {
         "power": power,

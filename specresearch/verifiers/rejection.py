@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specresearch.verifiers.base import Verifier, one_hot  # noqa: F401  (one_hot: re-exported for tests)
+from specresearch.verifiers.base import Verifier
 
 
 class RejectionVerifier(Verifier):
