@@ -125,9 +125,11 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]
             methods.append(ours(name, Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)))
         else:  # one of our drafters, with options: "independent:vocab=32768:quantize=int8"
             group, *options = name.split(":")
-            overrides = [f"drafter={group}", f"drafter.k={args.k}", *(f"drafter.{o}" for o in options)]
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                node = compose("config", overrides=overrides).drafter
+                node = compose("config", overrides=[f"drafter={group}"]).drafter
+                if "k" in node:  # --k sets drafters that have a draft length (lookahead's is its n-gram size)
+                    options = [f"k={args.k}", *options]
+                node = compose("config", overrides=[f"drafter={group}", *(f"drafter.{o}" for o in options)]).drafter
             extra = {"model": draft} if "model" in node else {}  # drafters with a draft model share ours
             drafter = build(node, target=target, **extra)
             label = f"{group}(k={drafter.k})" + "".join(f" {o}" for o in options if not o.startswith("k="))

@@ -83,7 +83,7 @@ class Engine:
         eos_set, stops = set(eos_token_ids), list(stop_strings)
         rng = torch.Generator(device=self.device).manual_seed(seed)
         start = len(prompt)
-        tokens = torch.empty(start + max_new_tokens + self.drafter.k + 1, dtype=torch.long, device=self.device)
+        tokens = torch.empty(start + max_new_tokens, dtype=torch.long, device=self.device)
         tokens[:start] = torch.tensor(list(prompt), dtype=torch.long)
         new: list[int] = []  # the same tokens as tokens[start:], on the host, for the stop checks
         stats = SpecStats(prompt_tokens=start)
@@ -116,17 +116,24 @@ class Engine:
                 with clock.phase(stats, "time_draft"):
                     draft = self.drafter.propose(context())
                 with clock.phase(stats, "time_verify"):
+                    cached = self.target.length
                     last = tokens[start + len(new) - 1 : start + len(new)]  # [1] not yet in the cache
-                    logits = self.target.forward(torch.cat([last, draft.tokens.to(self.device)]))  # [K+1, V]
+                    fed = torch.cat([last, draft.tokens.to(self.device)])  # [1 + K]: the root, then the draft
+                    parents = None if draft.parents is None else torch.cat([_ROOT, draft.parents.cpu() + 1])
+                    logits = self.target.forward(fed, parents=parents)  # [1 + K, V]
                 with clock.phase(stats, "time_accept"):
-                    p = logits_to_probs(logits, self.sampling)  # [K+1, V]
+                    k = len(draft)  # proposals; scratch rows come after them
+                    p = logits_to_probs(logits[: k + 1], self.sampling)  # [K+1, V]
                     verdict = self.verifier(draft, p, rng)
-                    self.target.rollback(self.target.length - (len(draft) - verdict.num_accepted))
-                stats.observe(len(draft), verdict.num_accepted)
+                    path = range(verdict.num_accepted) if verdict.path is None else verdict.path
+                    self.target.keep(cached, [0] + [1 + i for i in path])
+                stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel())
                 self.drafter.adapt(len(draft), verdict.num_accepted)
                 stop_reason = append(verdict)
                 if stop_reason is None:
                     with clock.phase(stats, "time_draft"):
+                        if draft.scratch:
+                            self.drafter.observe(logits[k + 1 :])
                         self.drafter.commit(context(), verdict)
         stats.new_tokens = len(new)
         stats.draft_forwards = self.drafter.draft_forwards - forwards_before
@@ -150,6 +157,7 @@ class Engine:
 
 
 _NO_DRAFT = Draft(tokens=torch.empty(0, dtype=torch.long))  # the prefill step verifies nothing
+_ROOT = torch.tensor([-1])  # the last committed token heads every tree
 _STOP_WINDOW = 24  # tokens decoded to look for a stop string ending at the newest token
 
 

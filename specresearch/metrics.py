@@ -19,9 +19,10 @@ class SpecStats:
     prompt_tokens: int = 0
     new_tokens: int = 0  # after EOS / stop / max_new_tokens truncation
     steps: int = 0  # target forwards after the prefill (verification passes)
-    drafted: int = 0  # draft tokens proposed
+    drafted: int = 0  # draft tokens proposed (for a tree: its depth, the longest path)
     accepted: int = 0  # draft tokens accepted
     draft_forwards: int = 0  # forwards of a draft model (0 for model-free drafters)
+    nodes: int = 0  # tokens fed to verification forwards after the last committed one (chain: = drafted)
     drafted_at: list[int] = field(default_factory=list)  # [K] steps that proposed a token at position i
     accepted_at: list[int] = field(default_factory=list)  # [K] steps that accepted the token at position i
     time_prefill: float = 0.0  # seconds: target and drafter prefill
@@ -30,9 +31,11 @@ class SpecStats:
     time_accept: float = 0.0  # seconds in logits -> probabilities, the verification rule and the target's rollback
     time_total: float = 0.0  # seconds wall clock for the whole generation
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        """Count one verification step that kept `num_accepted` of `num_drafted` draft tokens."""
+    def observe(self, num_drafted: int, num_accepted: int, nodes: int | None = None) -> None:
+        """Count one verification step that kept `num_accepted` of `num_drafted` draft tokens (a tree:
+        of its depth) and fed `nodes` tokens after the last committed one (default: num_drafted)."""
         self.steps += 1
+        self.nodes += num_drafted if nodes is None else nodes
         self.drafted += num_drafted
         self.accepted += num_accepted
         _grow(self.drafted_at, num_drafted)
@@ -89,6 +92,7 @@ class SpecStats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "draft_forwards": self.draft_forwards,
+            "nodes_per_step": self.nodes / self.steps if self.steps else float("nan"),
             "tau": self.tau,
             "alpha": self.alpha,
             "tokens_per_s": self.tokens_per_s,

@@ -56,20 +56,27 @@ class Target:
             self._kept = (tokens.clone(), copy.deepcopy(self.cache), logits)
         return logits
 
-    def forward(self, tokens: Tensor, head: Tensor | None = None) -> Tensor:
-        """Feed `tokens` ([K]) after the cached ones.
+    def forward(self, tokens: Tensor, head: Tensor | None = None, parents: Tensor | None = None) -> Tensor:
+        """Feed `tokens` ([K]) after the cached ones: a chain, or a tree under a tree attention mask.
 
         Args:
             tokens: [K] token ids.
             head: [N, H] rows of the output embedding to score instead of the whole vocabulary (a
                 draft restricted to N tokens); the model must have a plain linear lm head.
+            parents: [K] for a tree: the index in `tokens` of each token's parent, -1 for a token
+                that follows the cache directly; parents come before children. Each token then
+                attends to the cache and its own ancestors only, at position (cache length + depth
+                − 1), so its logits equal those of its path decoded as a chain. None = a chain.
 
         Returns:
             [K, V] logits (or [K, N] with `head`): row i is the distribution of the token after tokens[i].
         """
+        extra = {} if parents is None else self._tree_inputs(parents)
         if head is None:
-            return self._run(tokens, logits_to_keep=0)
-        out = self.model.base_model(input_ids=tokens.to(self.device)[None], past_key_values=self.cache, use_cache=True)
+            return self._run(tokens, logits_to_keep=0, **extra)
+        out = self.model.base_model(
+            input_ids=tokens.to(self.device)[None], past_key_values=self.cache, use_cache=True, **extra
+        )
         self.length += tokens.numel()
         return out.last_hidden_state[0] @ head.T  # [K, H] @ [H, N]
 
@@ -79,12 +86,39 @@ class Target:
             self.cache.crop(length - self.length)  # transformers 5: a negative count drops the newest tokens
             self.length = length
 
-    def _run(self, tokens: Tensor, logits_to_keep: int) -> Tensor:
+    def keep(self, start: int, rows: list[int]) -> None:
+        """Keep, of the tokens cached since length `start`, only those at `rows` (in order): the
+        accepted path of a tree. The cache then equals a prefill of that path (a select, no
+        recomputation); a path that is a prefix of the fed tokens is a plain rollback."""
+        if rows == list(range(len(rows))):
+            self.rollback(start + len(rows))
+            return
+        index = torch.tensor(rows, device=self.device) + start  # [R]
+        for layer in self.cache.layers:
+            layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, index)], dim=-2)
+            layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, index)], dim=-2)
+        self.length = start + len(rows)
+
+    def _tree_inputs(self, parents: Tensor) -> dict[str, Tensor]:
+        """The 4D additive attention mask ([1, 1, K, L + K]) and position ids ([1, K]) of a tree."""
+        k = parents.numel()
+        ancestors = torch.eye(k, dtype=torch.bool)  # [K, K]: row i marks i and its ancestors
+        for i, parent in enumerate(parents.tolist()):
+            if parent >= 0:
+                ancestors[i] |= ancestors[parent]
+        dtype = self.model.dtype
+        mask = torch.zeros(1, 1, k, self.length + k, dtype=dtype)  # [1, 1, K, L + K]
+        mask[0, 0, :, self.length :].masked_fill_(~ancestors, torch.finfo(dtype).min)
+        positions = self.length + ancestors.sum(-1) - 1  # [K]
+        return {"attention_mask": mask.to(self.device), "position_ids": positions[None].to(self.device)}
+
+    def _run(self, tokens: Tensor, logits_to_keep: int, **extra: Tensor) -> Tensor:
         out = self.model(
             input_ids=tokens.to(self.device)[None],  # [1, K]
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
+            **extra,
         )
         self.length += tokens.numel()
         return out.logits[0]  # [K, V]

@@ -26,31 +26,61 @@ class SamplingParams:
 
 @dataclass
 class Draft:
-    """A proposal from a drafter.
+    """A proposal from a drafter: a chain, or a tree of candidates verified in one target forward.
 
-    tokens: [K] proposed token ids (a chain); K may be 0 (the autoregressive baseline).
-    q: [K, V] the law each token was sampled from, after the same temperature/top-k/top-p as p;
-       None for a deterministic drafter (greedy draft, n-gram lookup): verifiers treat it as one-hot.
+    tokens: [K] proposed token ids (a chain), or [N] tree nodes with parents before children;
+       K may be 0 (the autoregressive baseline).
+    q: [K, V] the law each token was sampled from (row i: the law at node i's parent), after the
+       same temperature/top-k/top-p as p; None for a deterministic drafter (greedy draft, n-gram
+       lookup): verifiers treat it as one-hot.
+    parents: [N] index of each node's parent in `tokens`, -1 for a child of the last committed token
+       (the root); None for a chain. Siblings are tried in order (multi-step speculative sampling).
+    scratch: the last `scratch` nodes are not proposals but the drafter's own work, fed in the same
+       forward under the same tree mask (lookahead decoding's Jacobi window): never verified, never
+       kept in the cache; their logits go back to the drafter (`Drafter.observe`). Needs parents.
     """
 
-    tokens: Tensor  # [K]
+    tokens: Tensor  # [K] or [N + scratch]
     q: Tensor | None = None  # [K, V]
+    parents: Tensor | None = None  # [N + scratch]
+    scratch: int = 0
+
+    def __post_init__(self):
+        if self.scratch and self.parents is None:
+            raise ValueError("a draft with scratch nodes must give their parents")
 
     def __len__(self) -> int:
-        return int(self.tokens.numel())
+        """The number of proposed tokens (tree nodes included, scratch nodes not)."""
+        return int(self.tokens.numel()) - self.scratch
+
+    @property
+    def depth(self) -> int:
+        """The longest proposed path: K for a chain."""
+        if self.parents is None:
+            return len(self)
+        return max(node_depths(self.parents[: len(self)]), default=0)
+
+
+def node_depths(parents: Tensor) -> list[int]:
+    """[N] parent indices (-1 = root, parents before children) → each node's depth (root's children: 1)."""
+    depths: list[int] = []
+    for parent in parents.tolist():
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
 
 
 @dataclass
 class Verdict:
     """A verifier's decision on one draft.
 
-    tokens: [num_accepted + 1] the accepted draft prefix, then one token from the target: the
-            *recovered* token (sampled from the residual after a rejection) or the *bonus* token
-            (sampled from p when every draft token was accepted).
+    tokens: [num_accepted + 1] the accepted draft prefix (the accepted path of a tree), then one
+            token from the target: the *recovered* token (sampled from the residual after a
+            rejection) or the *bonus* token (sampled from p when every draft token was accepted).
     """
 
     tokens: Tensor  # [n + 1]
     num_accepted: int
+    path: list[int] | None = None  # tree drafts: the accepted nodes (indices into Draft.tokens), root first
 
 
 @dataclass

@@ -2,7 +2,10 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
+
+from specresearch.models import load_model
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 ROOT = CONF_DIR.parent
@@ -21,6 +24,30 @@ def make_cfg(*overrides: str):
 def _offline():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+REPEATING = [10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11]  # prompts for the n-gram drafters
+PLAIN = [200, 7, 91, 33]
+
+
+def cyclic_tiny(seed: int, cycle: int = 5, head: float = 1.0):
+    """A tiny model whose greedy text repeats: its (scaled) embeddings dominate the residual stream
+    and its lm head maps each token to the next one of a random cycle of `cycle` tokens, so after a
+    few tokens prompt lookup finds what comes next (a random tiny model never repeats itself). The
+    transformer layers still add their part: the argmax is the model's, not a table's. `head` scales
+    the logits: at 3e-4 the argmax still cycles and the laws at T = 1 are random (top ≈ 0.85)."""
+    lm = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": seed})
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(320, generator=gen)
+    prev = torch.empty(320, dtype=torch.long)
+    for i in range(0, 320, cycle):
+        block = order[i : i + cycle]
+        prev[block] = block.roll(1)  # the token before each one in its cycle
+    with torch.no_grad():
+        embed = lm.model.model.embed_tokens.weight
+        embed.mul_(1000.0)
+        lm.model.lm_head.weight.copy_(embed[prev] * head)  # logit of j ∝ <e_prev(j), h>: largest for j = next(t)
+    return lm
 
 
 def equivalence_report(engine, prompt: list[int], n: int = 300, length: int = 5, seed: int = 50, alpha: float = 1e-3):

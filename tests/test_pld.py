@@ -12,7 +12,7 @@ from specresearch.models import load_model
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
-from .conftest import equivalence_report
+from .conftest import PLAIN, REPEATING, cyclic_tiny, equivalence_report
 
 
 def t(*ids: int) -> torch.Tensor:
@@ -65,29 +65,6 @@ def test_bad_settings_name_the_valid_ones():
 @pytest.fixture(scope="module")
 def target():
     return load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
-
-
-REPEATING = [10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11]
-PLAIN = [200, 7, 91, 33]
-
-
-def cyclic_tiny(seed: int, cycle: int = 5):
-    """A tiny model whose greedy text repeats: its (scaled) embeddings dominate the residual stream
-    and its lm head maps each token to the next one of a random cycle of `cycle` tokens, so after a
-    few tokens prompt lookup finds what comes next (a random tiny model never repeats itself). The
-    transformer layers still add their part: the argmax is the model's, not a table's."""
-    lm = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": seed})
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(320, generator=gen)
-    prev = torch.empty(320, dtype=torch.long)
-    for i in range(0, 320, cycle):
-        block = order[i : i + cycle]
-        prev[block] = block.roll(1)  # the token before each one in its cycle
-    with torch.no_grad():
-        embed = lm.model.model.embed_tokens.weight
-        embed.mul_(1000.0)
-        lm.model.lm_head.weight.copy_(embed[prev])  # logit of j ∝ <e_prev(j), h>: largest for j = next(t)
-    return lm
 
 
 @pytest.mark.parametrize("k", [1, 4, 10])

@@ -2,8 +2,9 @@
 
 from specresearch.drafters.base import Context, Drafter
 from specresearch.drafters.independent import IndependentDrafter
+from specresearch.drafters.lookahead import LookaheadDrafter
 from specresearch.drafters.none import NoDrafter
 from specresearch.drafters.pld import PromptLookupDrafter
 from specresearch.drafters.self_draft import SelfDraftDrafter
 
-__all__ = ["Context", "Drafter", "IndependentDrafter", "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter"]
+__all__ = ["Context", "Drafter", "IndependentDrafter", "LookaheadDrafter", "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter"]

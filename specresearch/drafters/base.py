@@ -63,6 +63,10 @@ class Drafter(ABC):
     def propose(self, ctx: Context) -> Draft:
         """Propose up to min(k, ctx.max_draft) tokens to follow ctx.tokens."""
 
+    def observe(self, logits: Tensor) -> None:
+        """The target's logits ([S, V]) on the draft's scratch nodes, from the verification forward
+        (called before `commit`, only for drafts with scratch nodes)."""
+
     def commit(self, ctx: Context, verdict: Verdict) -> None:
         """The verifier kept `verdict.tokens`; ctx.tokens now ends with them. Roll own state back."""
 

@@ -49,6 +49,33 @@ def acceptance_rate(verifier: Verifier, p: Tensor, q: Tensor) -> float:
     return float((q * verifier.acceptance(p.expand(v, v), q.expand(v, v), torch.arange(v))).sum())
 
 
+def sibling_law(
+    verifier: Verifier, p: Tensor, xs: list[int] | None = None, q: Tensor | None = None, m: int = 0
+) -> Tensor:
+    """The exact law of the token a tree verifier emits at a node whose children are tried in turn
+    (multi-step speculative sampling): after a rejection the next child faces fallback(p, q).
+
+    Args:
+        verifier: any verifier.
+        p: [V] the target's law at the node.
+        xs: deterministic children, in the order they are tried (q = None).
+        q: [V] the law m children were drawn from, independently (SpecInfer's sampled siblings).
+        m: the number of sampled children.
+
+    Returns:
+        [V] float64 probabilities; p for a lossless rule.
+    """
+    law, reach, cur = torch.zeros_like(p, dtype=torch.float64), 1.0, p.double()
+    v = p.numel()
+    tries = [one_hot(torch.tensor([x]), v).double()[0] for x in xs] if q is None else [_normalised(q)] * m
+    for qi in tries:
+        a = verifier.acceptance(cur.expand(v, v), qi.expand(v, v), torch.arange(v)).double()  # [V] a(x) for every x
+        law += reach * qi * a
+        reach *= float((qi * (1 - a)).sum())
+        cur = _normalised(verifier.fallback(cur, qi))
+    return law + reach * (cur if tries else _normalised(verifier.fallback(cur, None)))
+
+
 def total_variation(a: Tensor, b: Tensor) -> float:
     """½ Σ |a − b| over the last dimension (laws given as tensors of the same shape)."""
     return float((a.double() - b.double()).abs().sum(-1).max()) / 2

@@ -60,14 +60,18 @@ class Verifier(ABC):
         """Verify one draft.
 
         Args:
-            draft: K proposed tokens and their law q ([K, V], or None for a deterministic drafter).
-            p: [K + 1, V] target probabilities after temperature/top-k/top-p: row i is the law of
-               the token at draft position i; row K is the bonus position.
+            draft: K proposed tokens (a chain or a tree) and their law q ([K, V], or None for a
+                deterministic drafter).
+            p: [K + 1, V] target probabilities after temperature/top-k/top-p: row 0 is the law of
+               the token after the last committed one, row i + 1 the law after draft token i (for a
+               chain: row i is the law at draft position i, row K the bonus position).
             rng: the generator for every random draw (reproducible tests).
 
         Returns:
-            The accepted prefix plus one recovered or bonus token.
+            The accepted prefix (or tree path) plus one recovered or bonus token.
         """
+        if draft.parents is not None:
+            return self._verify_tree(draft, p, rng)
         k = len(draft)
         x = draft.tokens.to(p.device)  # [K]
         q = draft_law(draft, p)  # [K, V]
@@ -78,6 +82,38 @@ class Verifier(ABC):
         y = sample(self.fallback(p[n], q[n] if n < k else None), rng)
         return Verdict(tokens=torch.cat([x[:n], y[None]]), num_accepted=n)
 
+    def _verify_tree(self, draft: Draft, p: Tensor, rng: torch.Generator | None) -> Verdict:
+        """Multi-step speculative sampling (SpecInfer, Miao et al. 2024) in terms of the same two
+        functions: at each node try the children in order, accepting child x with probability
+        `acceptance(p, q, x)`; after a rejection p ← `fallback(p, q)` (the residual, for rejection
+        sampling) and the next child is tried against it. The first accepted child becomes the node;
+        when every child is rejected the added token comes from the current p, at a leaf from
+        `fallback(p, None)`. Lossless for rejection sampling with deterministic children (q one-hot:
+        p(x) is zeroed and renormalised after a rejection) and with children drawn independently
+        from the node's q; greedy keeps the longest path of argmax tokens.
+        """
+        k = len(draft)
+        x = draft.tokens[:k].to(p.device)  # [N]
+        q = draft_law(Draft(x, draft.q), p)  # [N, V]
+        children: dict[int, list[int]] = {}
+        for i, parent in enumerate(draft.parents[:k].tolist()):
+            children.setdefault(parent, []).append(i)
+        path: list[int] = []
+        node, law = -1, p[0]  # [V]
+        while True:
+            kids = children.get(node, [])
+            if not kids:
+                law = self.fallback(law, None)
+            for child in kids:
+                u = torch.rand((), generator=rng, device=p.device)
+                if u < self.acceptance(law[None], q[child : child + 1], x[child : child + 1])[0]:
+                    break
+                law = self.fallback(law, q[child])
+            else:
+                y = sample(law, rng)
+                return Verdict(tokens=torch.cat([x[path], y[None]]), num_accepted=len(path), path=path)
+            path.append(child)
+            node, law = child, p[child + 1]
 
 def draft_law(draft: Draft, p: Tensor) -> Tensor:
     """[K, V] the law each draft token was drawn from, in p's dtype: draft.q, or one-hot rows."""
