@@ -39,6 +39,7 @@ class Engine:
             sampling: temperature / top-k / top-p for p (and for q, through the drafter's Context).
         """
         verifier.check(sampling)
+        drafter.check(sampling)
         self.target = Target(target)
         self.tokenizer = target.tokenizer
         self.drafter = drafter

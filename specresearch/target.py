@@ -28,6 +28,7 @@ class Target:
         self.cache: DynamicCache | None = None
         self.length = 0
         self._kept: tuple[Tensor, DynamicCache, Tensor] | None = None  # (tokens, cache, logits) of a kept prefill
+        self._tree: tuple[int, Tensor] | None = None  # (start, [n, n] ancestors) of the tree fed last
 
     def reset(self) -> None:
         """Forget everything: the next forward starts a new sequence."""
@@ -56,22 +57,27 @@ class Target:
             self._kept = (tokens.clone(), copy.deepcopy(self.cache), logits)
         return logits
 
-    def forward(self, tokens: Tensor, head: Tensor | None = None, parents: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, head: Tensor | None = None, parents: Tensor | None = None, tree: int | None = None
+    ) -> Tensor:
         """Feed `tokens` ([K]) after the cached ones: a chain, or a tree under a tree attention mask.
 
         Args:
             tokens: [K] token ids.
             head: [N, H] rows of the output embedding to score instead of the whole vocabulary (a
                 draft restricted to N tokens); the model must have a plain linear lm head.
-            parents: [K] for a tree: the index in `tokens` of each token's parent, -1 for a token
-                that follows the cache directly; parents come before children. Each token then
-                attends to the cache and its own ancestors only, at position (cache length + depth
+            parents: [K] for a tree: each token's parent, an index among the tree's nodes (the
+                tokens fed since cache length `tree`, this call's included), -1 for a token that
+                follows the cache before the tree; parents come before children. Each token then
+                attends to that cache and its own ancestors only, at position (tree start + depth
                 − 1), so its logits equal those of its path decoded as a chain. None = a chain.
+            tree: where the tree starts in the cache: None = here (a new tree); the start of the
+                tree fed by the previous calls, to grow it level by level (a drafter expanding a tree).
 
         Returns:
             [K, V] logits (or [K, N] with `head`): row i is the distribution of the token after tokens[i].
         """
-        extra = {} if parents is None else self._tree_inputs(parents)
+        extra = {} if parents is None else self._tree_inputs(parents, tree)
         if head is None:
             return self._run(tokens, logits_to_keep=0, **extra)
         out = self.model.base_model(
@@ -99,17 +105,28 @@ class Target:
             layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, index)], dim=-2)
         self.length = start + len(rows)
 
-    def _tree_inputs(self, parents: Tensor) -> dict[str, Tensor]:
-        """The 4D additive attention mask ([1, 1, K, L + K]) and position ids ([1, K]) of a tree."""
-        k = parents.numel()
-        ancestors = torch.eye(k, dtype=torch.bool)  # [K, K]: row i marks i and its ancestors
-        for i, parent in enumerate(parents.tolist()):
+    def _tree_inputs(self, parents: Tensor, start: int | None) -> dict[str, Tensor]:
+        """The 4D additive attention mask ([1, 1, K, L + K]) and position ids ([1, K]) of K tree
+        nodes: a new tree (start None), or more nodes of the tree cached since `start`."""
+        start = self.length if start is None else start
+        known = torch.ones(0, 0, dtype=torch.bool)
+        if self.length > start and self._tree is not None and self._tree[0] == start:
+            known = self._tree[1]
+        if known.shape[0] != self.length - start:
+            raise ValueError(f"the {self.length - start} tokens cached since {start} are not a tree fed by forward()")
+        n, k = known.shape[0], parents.numel()
+        ancestors = torch.zeros(n + k, n + k, dtype=torch.bool)  # row i marks node i and its ancestors
+        ancestors[:n, :n] = known
+        for i, parent in enumerate(parents.tolist(), start=n):
+            ancestors[i, i] = True
             if parent >= 0:
                 ancestors[i] |= ancestors[parent]
+        self._tree = (start, ancestors)
+        rows = ancestors[n:]  # [K, n + K]
         dtype = self.model.dtype
         mask = torch.zeros(1, 1, k, self.length + k, dtype=dtype)  # [1, 1, K, L + K]
-        mask[0, 0, :, self.length :].masked_fill_(~ancestors, torch.finfo(dtype).min)
-        positions = self.length + ancestors.sum(-1) - 1  # [K]
+        mask[0, 0, :, start:].masked_fill_(~rows, torch.finfo(dtype).min)
+        positions = start + rows.sum(-1) - 1  # [K]
         return {"attention_mask": mask.to(self.device), "position_ids": positions[None].to(self.device)}
 
     def _run(self, tokens: Tensor, logits_to_keep: int, **extra: Tensor) -> Tensor:

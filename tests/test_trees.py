@@ -32,7 +32,11 @@ def prefilled(lm, tokens: torch.Tensor) -> Target:
 
 
 @torch.inference_mode()
-def test_tree_logits_equal_each_path_decoded_as_a_chain(lm):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_tree_logits_equal_each_path_decoded_as_a_chain(attention):
+    lm = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
+    lm.model.set_attn_implementation(attention)
+    assert lm.model.config._attn_implementation == attention
     tree = prefilled(lm, PROMPT).forward(FED, parents=PARENTS)  # [6, V]
     for path in PATHS:
         chain = prefilled(lm, PROMPT).forward(FED[path])

@@ -6,5 +6,6 @@ from specresearch.drafters.lookahead import LookaheadDrafter
 from specresearch.drafters.none import NoDrafter
 from specresearch.drafters.pld import PromptLookupDrafter
 from specresearch.drafters.self_draft import SelfDraftDrafter
+from specresearch.drafters.tree import TreeDrafter
 
-__all__ = ["Context", "Drafter", "IndependentDrafter", "LookaheadDrafter", "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter"]
+__all__ = ["Context", "Drafter", "IndependentDrafter", "LookaheadDrafter", "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter", "TreeDrafter"]

@@ -55,6 +55,9 @@ class Drafter(ABC):
         if self.k_policy == "heuristic" and drafted:
             self.k = min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
+    def check(self, sampling: SamplingParams) -> None:
+        """Raise SpecResearchError if this drafter cannot run with these sampling settings."""
+
     def prefill(self, ctx: Context) -> None:
         """Start a new sequence whose tokens are ctx.tokens (subclasses call this first: it resets k)."""
         self.k = self.k_start or self.k

@@ -1,5 +1,5 @@
-"""Relaxed (lossy) verification: keep the longest draft prefix whose tokens pass a rule on the
-target's p alone, then let the target add one token. Faster than rejection sampling where the rule
+"""Relaxed (lossy) verification: keep the longest draft prefix (or tree path) whose tokens pass a
+rule on the target's p alone, then let the target add one token. Faster than rejection sampling where the rule
 is looser than the target's law, and not faithful to it: `specresearch.stats` measures by how much."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
+from specresearch.sampling import sample
+from specresearch.types import Draft, Verdict
 from specresearch.verifiers.base import Verifier, argmax_law
 
 RECOVER = ("sample", "greedy")
@@ -32,6 +34,29 @@ class RelaxedVerifier(Verifier):
 
     def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:
         return argmax_law(p) if self.recover == "greedy" else p
+
+    def _verify_tree(self, draft: Draft, p: Tensor, rng: torch.Generator | None) -> Verdict:
+        """Medusa's rule on a tree: keep the longest path whose every token passes (ties: the path
+        likelier under p), then the target's token after it (from `fallback`)."""
+        k = len(draft)
+        x = draft.tokens[:k].to(p.device)  # [N]
+        parents = draft.parents[:k].tolist()
+        rows = torch.tensor(parents, device=p.device) + 1  # [N] the row of p at each node's position
+        px = p[rows, x]  # [N]
+        ok = self.passes(p[rows], px).tolist()
+        score: dict[int, tuple[int, float]] = {-1: (0, 0.0)}  # node -> (depth, log p of its path), if it passes
+        for i, parent in enumerate(parents):
+            if ok[i] and parent in score:
+                depth, logp = score[parent]
+                score[i] = (depth + 1, logp + float(torch.log(px[i])))
+        best = max(score, key=lambda i: score[i])
+        path = []
+        while best >= 0:
+            path.append(best)
+            best = parents[best]
+        path.reverse()
+        y = sample(self.fallback(p[path[-1] + 1 if path else 0], None), rng)
+        return Verdict(tokens=torch.cat([x[path], y[None]]), num_accepted=len(path), path=path)
 
     @abstractmethod
     def passes(self, p: Tensor, px: Tensor) -> Tensor:

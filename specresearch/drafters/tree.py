@@ -1,0 +1,171 @@
+"""Token trees from draft models (SpecInfer, Miao et al. 2024; EAGLE-2's dynamic trees, Li et al.
+2024): the draft model expands several candidates per position, level by level under a tree mask,
+and the target verifies the whole tree in one forward."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from specresearch.drafters.base import Context, Drafter
+from specresearch.errors import SpecResearchError
+from specresearch.models import LoadedModel, check_same_vocab, load_model
+from specresearch.sampling import logits_to_probs
+from specresearch.target import Target
+from specresearch.types import Draft, SamplingParams, Verdict
+
+CHILDREN = ("top", "sample")
+
+
+class TreeDrafter(Drafter):
+    """Each step, every draft model grows a tree after the last committed token, one draft forward
+    per level (the level's nodes fed together under the tree mask, against the draft's own cache):
+
+    - static (`branching=[b1, b2, ...]`): every node at depth d gets b_d children;
+    - dynamic (`branching=null`; EAGLE-2): every expanded node gets `topk` children scored by their
+      cumulative draft log-probability; the `topk` best of a level are expanded further, up to
+      `depth` levels, and the `nodes` best nodes of all make the tree (parents score at least as
+      high as their children, so the set is a tree).
+
+    Children are the draft's top tokens (`children=top`: deterministic, q = None; lossless with
+    greedy and with rejection sampling, which treats them as one-hot) or, at T > 0, drawn
+    independently from the draft's q (`children=sample`, SpecInfer's sampled siblings; q is
+    returned). Several draft models (`ensemble`) make one tree: merged as a trie for top children,
+    side by side for sampled ones (merging sampled siblings would change their law).
+    """
+
+    name = "tree"
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        model: Mapping | LoadedModel | None = None,
+        branching: Sequence[int] | None = (2, 2, 1, 1),
+        topk: int = 4,
+        depth: int = 5,
+        nodes: int = 24,
+        children: str = "top",
+        ensemble: Sequence[Mapping | LoadedModel] = (),
+    ):
+        """
+        Args:
+            target: the target model; every draft must share its vocabulary.
+            model: the draft model: load_model() arguments or a LoadedModel.
+            branching: children per node at each depth (a static tree); None = dynamic (EAGLE-2).
+            topk: dynamic trees: children per expanded node, and nodes expanded per level.
+            depth: dynamic trees: levels.
+            nodes: dynamic trees: the most nodes kept (the tree's size budget).
+            children: "top" (the draft's most likely tokens) or "sample" (drawn from q; T > 0 only).
+            ensemble: more draft models whose trees are merged with the first's (SpecInfer).
+        """
+        if model is None:
+            raise SpecResearchError("drafter=tree needs a draft model: set drafter.model.name")
+        if children not in CHILDREN:
+            raise SpecResearchError(f"unknown drafter.children '{children}': valid are {', '.join(CHILDREN)}")
+        if branching is not None and (not len(branching) or min(int(b) for b in branching) < 1):
+            raise SpecResearchError(f"drafter.branching needs one or more counts >= 1 (or null: dynamic), got {list(branching)}")
+        if branching is None and min(int(topk), int(depth), int(nodes)) < 1:
+            raise SpecResearchError(f"a dynamic tree needs topk, depth and nodes >= 1, got {topk}, {depth}, {nodes}")
+        self.branching = None if branching is None else [int(b) for b in branching]
+        self.topk, self.nodes, self.children = int(topk), int(nodes), children
+        self.depth = len(self.branching) if self.branching is not None else int(depth)
+        self.k = self.depth  # the longest path
+        self.drafts = []
+        for spec in [model, *ensemble]:
+            lm = spec if isinstance(spec, LoadedModel) else load_model(**dict(spec))
+            check_same_vocab(target, lm)
+            self.drafts.append(Target(lm))
+        self._forwards = 0
+
+    def check(self, sampling: SamplingParams) -> None:
+        if self.children == "sample" and sampling.greedy:
+            raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; use children=top for greedy decoding")
+
+    def prefill(self, ctx: Context) -> None:
+        super().prefill(ctx)
+        for draft in self.drafts:
+            draft.reset()
+            draft.prefill(ctx.tokens[:-1], reuse=ctx.reuse_prefill)
+
+    def propose(self, ctx: Context) -> Draft:
+        depth = min(self.depth, ctx.max_draft)
+        device = ctx.tokens.device
+        if depth <= 0:
+            return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
+        tokens: list[int] = []
+        parents: list[int] = []
+        qs: list[Tensor] = []
+        index: dict[tuple[int, int], int] = {}  # (parent, token) -> node, to merge top-children trees
+        for draft in self.drafts:
+            grown = self._grow(draft, ctx, depth)
+            local: list[int] = []  # this tree's node -> merged node
+            for token, parent, q in grown:
+                at = -1 if parent < 0 else local[parent]
+                if self.children == "top" and (at, token) in index:
+                    local.append(index[at, token])
+                    continue
+                index[at, token] = len(tokens)
+                local.append(len(tokens))
+                tokens.append(token)
+                parents.append(at)
+                if q is not None:
+                    qs.append(q)
+        return Draft(
+            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+            q=torch.stack(qs) if qs else None,  # [N, V]: row i is the law node i was drawn from
+            parents=torch.tensor(parents, dtype=torch.long),
+        )
+
+    def _grow(self, draft: Target, ctx: Context, depth: int) -> list[tuple[int, int, Tensor | None]]:
+        """One draft model's tree: (token, parent, q or None) per node, parents first."""
+        pending = ctx.tokens[draft.length :]  # [P] committed tokens the draft has not seen, the last one included
+        logits = draft.forward(pending)[-1:]  # [1, V] the law after the last token
+        self._forwards += 1
+        start = draft.length
+        nodes: list[tuple[int, int, Tensor | None, float]] = []  # (token, parent, q, cumulative log q)
+        fed: dict[int, int] = {}  # node -> its index among the nodes fed to the draft
+        frontier = [-1]  # the nodes whose children this level adds (-1 = the root)
+        for level in range(depth):
+            laws = logits_to_probs(logits.float(), ctx.sampling) if not ctx.sampling.greedy else torch.softmax(logits.float(), -1)
+            width = self.branching[level] if self.branching is not None else self.topk
+            new = []
+            for law, parent in zip(laws, frontier):  # law: [V]
+                if self.children == "sample":
+                    xs = torch.multinomial(law, width, replacement=True, generator=ctx.rng)
+                else:
+                    xs = torch.topk(law, min(width, law.numel())).indices
+                base = nodes[parent][3] if parent >= 0 else 0.0
+                for x in xs.tolist():
+                    if law[x] <= 0:  # top-k / top-p removed it: the target would never accept it
+                        continue
+                    new.append(len(nodes))
+                    nodes.append((x, parent, law if self.children == "sample" else None, base + float(torch.log(law[x]))))
+            if level == depth - 1 or not new:
+                break
+            if self.branching is None:  # EAGLE-2: expand only the level's best
+                new = sorted(new, key=lambda i: -nodes[i][3])[: self.topk]
+            for i in new:
+                fed[i] = len(fed)
+            frontier = new
+            logits = draft.forward(
+                torch.tensor([nodes[i][0] for i in new], device=ctx.tokens.device),
+                parents=torch.tensor([fed.get(nodes[i][1], -1) for i in new]),
+                tree=start,
+            )  # [W, V]
+            self._forwards += 1
+        draft.rollback(start)
+        if self.branching is None and len(nodes) > self.nodes:  # the best `nodes`, parents before children
+            keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i][3], i))[: self.nodes])
+            new_index = {old: new for new, old in enumerate(keep)}
+            nodes = [(t, new_index.get(p, -1), q, s) for t, p, q, s in (nodes[i] for i in keep)]
+        return [(t, p, q) for t, p, q, _ in nodes]
+
+    def commit(self, ctx: Context, verdict: Verdict) -> None:
+        for draft in self.drafts:  # each draft cache holds the accepted sequence but its last token
+            draft.rollback(min(draft.length, ctx.tokens.numel() - 1))
+
+    @property
+    def draft_forwards(self) -> int:
+        return self._forwards

@@ -1,0 +1,128 @@
+"""The tree drafter: a draft model's tree grown level by level under the tree mask, greedy identity
+with the baseline (static, dynamic, ensemble), the target's law under multi-step speculative
+sampling at T = 1 (top and sampled children), typical acceptance on trees, and errors."""
+
+import pytest
+import torch
+
+from specresearch.drafters import Context, NoDrafter, TreeDrafter
+from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
+from specresearch.models import load_model
+from specresearch.target import Target
+from specresearch.types import Draft, SamplingParams, node_depths
+from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
+
+from .conftest import PLAIN, REPEATING, equivalence_report
+
+
+def tiny(**options):
+    return load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0, **options})
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny()
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny(noise=0.01, noise_seed=5)
+
+
+@torch.inference_mode()
+def test_a_tree_grown_over_several_forwards_sees_only_its_ancestors(target):
+    """Level 2 fed in a second call (tree=start) gets the logits of its path decoded as a chain."""
+    prompt = torch.tensor([5, 9, 33, 2])
+    grown = Target(target)
+    grown.reset()
+    grown.prefill(prompt)
+    start = grown.length
+    first = grown.forward(torch.tensor([40, 41, 42]), parents=torch.tensor([-1, -1, -1]), tree=start)
+    second = grown.forward(torch.tensor([50, 51]), parents=torch.tensor([2, 0]), tree=start)
+    for nodes, logits in (([42, 50], second[0]), ([40, 51], second[1]), ([41], first[1])):
+        chain = Target(target)
+        chain.reset()
+        chain.prefill(prompt)
+        torch.testing.assert_close(logits, chain.forward(torch.tensor(nodes))[-1], atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="not a tree"):
+        grown.forward(torch.tensor([1]), parents=torch.tensor([-1]), tree=start + 1)
+
+
+@torch.inference_mode()
+def test_static_and_dynamic_shapes(target, draft):
+    ctx = Context(torch.tensor(REPEATING), SamplingParams(), torch.Generator().manual_seed(0), 100)
+    static = TreeDrafter(target, model=draft, branching=[3, 2, 1])
+    static.prefill(ctx)
+    tree = static.propose(ctx)
+    assert len(tree) == 3 + 6 + 6 and tree.depth == 3 and tree.q is None
+    assert sorted(node_depths(tree.parents)) == [1] * 3 + [2] * 6 + [3] * 6
+    assert static.draft_forwards == 3  # one forward per level, the last level is not fed
+    dynamic = TreeDrafter(target, model=draft, branching=None, topk=3, depth=4, nodes=7)
+    dynamic.prefill(ctx)
+    tree = dynamic.propose(ctx)
+    assert len(tree) == 7 and tree.depth <= 4
+    depths = node_depths(tree.parents)
+    assert all(p < i for i, p in enumerate(tree.parents.tolist()))  # parents first: a tree
+    assert depths.count(1) >= 1
+    dynamic.prefill(ctx)
+    short = dynamic.propose(Context(ctx.tokens, ctx.sampling, ctx.rng, 2))
+    assert short.depth <= 2  # never deeper than the tokens left
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("shape", ["static", "dynamic", "ensemble"])
+def test_greedy_output_equals_the_baseline(target, draft, seed, shape):
+    options = {"static": {"branching": [2, 2, 1]}, "dynamic": {"branching": None, "topk": 3, "depth": 4, "nodes": 9},
+               "ensemble": {"branching": [2, 1], "ensemble": [tiny(noise=0.02, noise_seed=9)]}}[shape]
+    engine = Engine(target, TreeDrafter(target, model=draft, **options), GreedyVerifier(), SamplingParams())
+    baseline = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams())
+    accepted = 0
+    for prompt in (REPEATING, PLAIN):
+        out = engine.generate(prompt, 40, eos_token_ids=[], seed=seed)
+        assert out.tokens == baseline.generate(prompt, 40, eos_token_ids=[]).tokens
+        accepted += out.stats.accepted
+    assert accepted > 0
+    assert out.stats.nodes > out.stats.drafted  # wider than a chain
+
+
+@pytest.mark.parametrize("children", ["top", "sample"])
+def test_rejection_sampling_on_trees_follows_the_target(target, draft, children):
+    engine = Engine(target, TreeDrafter(target, model=draft, branching=[2, 2], children=children),
+                    RejectionVerifier(), SamplingParams(temperature=1.0))
+    stats = engine.generate(REPEATING, 30, eos_token_ids=[], seed=3).stats
+    assert 0 < stats.accepted < stats.drafted
+    report = equivalence_report(engine, REPEATING, seed=60)
+    assert not report.reject, report.format()
+
+
+def test_typical_on_a_tree_keeps_the_longest_passing_path():
+    V = 5
+    p = torch.full((6, V), 0.01)
+    p[:, 0] = 0.96  # every position: token 0 likely, others unlikely
+    p[0, 1], p[0, 0] = 0.5, 0.47  # after the root: 0 and 1 both pass
+    p = p / p.sum(-1, keepdim=True)
+    # root → 1 (node 0) → 0 (node 2); root → 0 (node 1) → 3 (node 3, fails)
+    tokens, parents = torch.tensor([1, 0, 0, 3]), torch.tensor([-1, -1, 0, 1])
+    verdict = TypicalVerifier(recover="greedy")(Draft(tokens=tokens, parents=parents), p, None)
+    assert verdict.path == [0, 2] and verdict.tokens.tolist() == [1, 0, 0]
+    # a tie in length goes to the path likelier under p
+    tokens, parents = torch.tensor([1, 0]), torch.tensor([-1, -1])
+    assert TypicalVerifier(recover="greedy")(Draft(tokens=tokens, parents=parents), p, None).path == [0]
+
+
+def test_typical_tree_at_temperature_zero_equals_the_baseline(target, draft):
+    engine = Engine(target, TreeDrafter(target, model=draft, branching=[2, 1]), TypicalVerifier(recover="greedy"), SamplingParams())
+    baseline = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams())
+    assert engine.generate(PLAIN, 30, eos_token_ids=[]).tokens == baseline.generate(PLAIN, 30, eos_token_ids=[]).tokens
+
+
+def test_bad_settings_name_the_valid_ones(target, draft):
+    with pytest.raises(SpecResearchError, match="valid are top, sample"):
+        TreeDrafter(target, model=draft, children="beam")
+    with pytest.raises(SpecResearchError, match="counts >= 1"):
+        TreeDrafter(target, model=draft, branching=[2, 0])
+    with pytest.raises(SpecResearchError, match="needs a draft model"):
+        TreeDrafter(target)
+    with pytest.raises(SpecResearchError, match="temperature > 0"):
+        Engine(target, TreeDrafter(target, model=draft, children="sample"), GreedyVerifier(), SamplingParams())
