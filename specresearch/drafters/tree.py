@@ -42,7 +42,7 @@ class TreeDrafter(Drafter):
         self,
         target: LoadedModel,
         model: Mapping | LoadedModel | None = None,
-        branching: Sequence[int] | None = (2, 2, 1, 1),
+        branching: Sequence[int] | None = (2, 1, 1, 1),
         topk: int = 4,
         depth: int = 5,
         nodes: int = 24,

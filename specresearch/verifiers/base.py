@@ -115,6 +115,7 @@ class Verifier(ABC):
             path.append(child)
             node, law = child, p[child + 1]
 
+
 def draft_law(draft: Draft, p: Tensor) -> Tensor:
     """[K, V] the law each draft token was drawn from, in p's dtype: draft.q, or one-hot rows."""
     if draft.q is not None:
