@@ -91,8 +91,10 @@ class Engine:
         forwards_before = self.drafter.draft_forwards
         clock = _Clock(self.device)
 
+        hidden: Tensor | None = None  # [H] the target's hidden state that predicted the newest token (needs_hidden)
+
         def context() -> Context:
-            return Context(tokens[: start + len(new)], self.sampling, rng, max_new_tokens - len(new) - 1, reuse_prefill)
+            return Context(tokens[: start + len(new)], self.sampling, rng, max_new_tokens - len(new) - 1, reuse_prefill, hidden)
 
         def append(verdict: Verdict) -> str | None:
             """Append the verdict's tokens one by one, up to the first stop; return the stop reason."""
@@ -109,7 +111,10 @@ class Engine:
             # The prefill gives the first new token, exactly as plain decoding (and transformers) do.
             with clock.phase(stats, "time_prefill"):
                 self.target.reset()
+                self.target.keep_hidden = self.drafter.needs_hidden
                 p = logits_to_probs(self.target.prefill(tokens[:start], reuse_prefill), self.sampling)  # [1, V]
+                if self.drafter.needs_hidden:
+                    hidden = self.target.hidden[-1]
                 stop_reason = append(self.verifier(_NO_DRAFT, p, rng))
                 if stop_reason is None:
                     self.drafter.prefill(context())
@@ -127,7 +132,10 @@ class Engine:
                     p = logits_to_probs(logits[: k + 1], self.sampling)  # [K+1, V]
                     verdict = self.verifier(draft, p, rng)
                     path = range(verdict.num_accepted) if verdict.path is None else verdict.path
-                    self.target.keep(cached, [0] + [1 + i for i in path])
+                    rows = [0] + [1 + i for i in path]  # the root and the accepted nodes
+                    if self.drafter.needs_hidden:
+                        hidden = self.target.hidden[rows[-1]]  # its logits gave the added token
+                    self.target.keep(cached, rows)
                 stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel())
                 self.drafter.adapt(len(draft), verdict.num_accepted)
                 stop_reason = append(verdict)

@@ -27,8 +27,10 @@ class Target:
         self.device = lm.device
         self.cache: DynamicCache | None = None
         self.length = 0
-        self._kept: tuple[Tensor, DynamicCache, Tensor] | None = None  # (tokens, cache, logits) of a kept prefill
+        self._kept: tuple[Tensor, DynamicCache, Tensor, Tensor | None] | None = None  # (tokens, cache, logits, hidden) of a kept prefill
         self._tree: tuple[int, Tensor] | None = None  # (start, [n, n] ancestors) of the tree fed last
+        self.keep_hidden = False  # keep the last hidden states of every forward in `hidden` (Medusa heads read them)
+        self.hidden: Tensor | None = None  # [K, H] the final-norm hidden states of the last forward's tokens
 
     def reset(self) -> None:
         """Forget everything: the next forward starts a new sequence."""
@@ -50,11 +52,11 @@ class Target:
         if not tokens.numel():
             return None
         if reuse and self._kept is not None and torch.equal(self._kept[0], tokens):
-            self.cache, self.length = copy.deepcopy(self._kept[1]), tokens.numel()
+            self.cache, self.length, self.hidden = copy.deepcopy(self._kept[1]), tokens.numel(), self._kept[3]
             return self._kept[2]
         logits = self._run(tokens, logits_to_keep=1)
         if reuse:
-            self._kept = (tokens.clone(), copy.deepcopy(self.cache), logits)
+            self._kept = (tokens.clone(), copy.deepcopy(self.cache), logits, self.hidden)
         return logits
 
     def forward(
@@ -130,6 +132,11 @@ class Target:
         return {"attention_mask": mask.to(self.device), "position_ids": positions[None].to(self.device)}
 
     def _run(self, tokens: Tensor, logits_to_keep: int, **extra: Tensor) -> Tensor:
+        if self.keep_hidden:  # the base model, then the lm head on the rows asked for
+            out = self.model.base_model(input_ids=tokens.to(self.device)[None], past_key_values=self.cache, use_cache=True, **extra)
+            self.length += tokens.numel()
+            self.hidden = out.last_hidden_state[0]  # [K, H]
+            return self.model.get_output_embeddings()(self.hidden[-logits_to_keep:])  # [K or 1, V]
         out = self.model(
             input_ids=tokens.to(self.device)[None],  # [1, K]
             past_key_values=self.cache,

@@ -1,0 +1,162 @@
+"""Medusa (Cai et al., 2024): K extra heads on the target's last hidden state guess the tokens after
+the next one; their top choices make a token tree the target verifies in one forward. The heads are
+trained on the target's own predictions (`python -m specresearch.train`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from specresearch.drafters.base import Context, Drafter
+from specresearch.errors import SpecResearchError
+from specresearch.models import LoadedModel, default_cache_dir
+from specresearch.sampling import logits_to_probs
+from specresearch.types import Draft, SamplingParams
+
+CHILDREN = ("top", "sample")
+# Medusa's "tree of choices": each path lists, per depth, which of that head's top tokens to take.
+# 8 nodes, depth 3 (the default 3 heads): sized for a 2-core CPU, where verifying 9 tokens costs
+# ~2.2 one-token forwards (Medusa's GPU default has 64 nodes over 4 heads).
+DEFAULT_CHOICES = [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 1, 0], [0, 0, 1]]
+
+
+class ResBlock(nn.Module):
+    """h + SiLU(W h + b), W initialised to zero: an untrained head starts as the target's lm head."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return h + nn.functional.silu(self.linear(h))
+
+
+class MedusaHeads(nn.Module):
+    """K Medusa-1 heads: head i (0-based) maps the hidden state at position t to logits for the token
+    at t + 2 + i, through `layers` residual blocks and the target's lm head (shared and frozen: it is
+    not a parameter of this module and is not saved)."""
+
+    def __init__(self, hidden: int, heads: int = 3, layers: int = 1):
+        super().__init__()
+        self.config = {"hidden": int(hidden), "heads": int(heads), "layers": int(layers)}
+        self.blocks = nn.ModuleList(nn.Sequential(*(ResBlock(hidden) for _ in range(layers))) for _ in range(heads))
+
+    def forward(self, h: Tensor, lm_head: nn.Module) -> Tensor:
+        """[..., H] hidden states → [K, ..., V] logits, one row block per head."""
+        return torch.stack([lm_head(block(h)) for block in self.blocks])
+
+    def save(self, path: Path, meta: dict | None = None) -> None:
+        """safetensors weights, with the shape and `meta` (target, training) in a JSON file beside them."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, str(path))
+        path.with_suffix(".json").write_text(json.dumps({**self.config, **(meta or {})}, indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> tuple[MedusaHeads, dict]:
+        meta = json.loads(path.with_suffix(".json").read_text())
+        heads = cls(meta["hidden"], meta["heads"], meta["layers"])
+        heads.load_state_dict(load_file(str(path)))
+        return heads, meta
+
+
+def checkpoint_path(target_name: str, cache_dir: str | Path | None = None) -> Path:
+    """Where the heads trained for `target_name` live: <model cache>/medusa/<target>/heads.safetensors."""
+    return Path(cache_dir or default_cache_dir()) / "medusa" / target_name.replace("/", "--") / "heads.safetensors"
+
+
+class MedusaDrafter(Drafter):
+    """Proposes Medusa's tree of choices from the heads applied to the target's hidden state at the
+    position that predicted the newest token: head d's top tokens are the candidates at depth d.
+
+    Children are the heads' top tokens (`children=top`: deterministic, q = None; lossless with greedy
+    and rejection sampling, verified by multi-step speculative sampling) or, at T > 0, drawn
+    independently from the heads' laws (`children=sample`: q = that head's law after the sampling
+    settings; lossless with rejection sampling). `typical` (Medusa's default) and `margin` verify the
+    tree lossily (longest passing path).
+    """
+
+    name = "medusa"
+    needs_hidden = True
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        checkpoint: str | None = None,
+        choices: Sequence[Sequence[int]] | None = None,
+        children: str = "top",
+        heads: MedusaHeads | None = None,
+        cache_dir: str | None = None,
+    ):
+        """
+        Args:
+            target: the target model the heads were trained on.
+            checkpoint: the heads' safetensors file; None = this target's in the model cache.
+            choices: the tree of choices (paths of per-depth ranks, e.g. [[0], [0, 0], [1]]); None = DEFAULT_CHOICES.
+            children: "top" or "sample" (T > 0 only).
+            heads: heads to use instead of a checkpoint (tests, freshly trained heads).
+            cache_dir: the model cache the default checkpoint lives in (None = the default cache).
+        """
+        if children not in CHILDREN:
+            raise SpecResearchError(f"unknown drafter.children '{children}': valid are {', '.join(CHILDREN)}")
+        choices = [tuple(int(r) for r in c) for c in (choices if choices is not None else DEFAULT_CHOICES)]
+        if not choices or any(not c or min(c) < 0 for c in choices):
+            raise SpecResearchError(f"drafter.choices must be non-empty paths of ranks >= 0, got {choices}")
+        known = set(choices)
+        missing = sorted({c[:-1] for c in choices if len(c) > 1} - known)
+        if missing:
+            raise SpecResearchError(f"drafter.choices must hold every path's parent; missing {[list(m) for m in missing]}")
+        if heads is None:
+            path = Path(checkpoint) if checkpoint else checkpoint_path(target.name, cache_dir)
+            if not path.is_file():
+                raise SpecResearchError(
+                    f"no Medusa heads for {target.name} at {path}: train them with\n"
+                    f"  python -m specresearch.train drafter=medusa model.name={target.name}\n"
+                    f"or point drafter.checkpoint at a heads.safetensors file"
+                )
+            heads, meta = MedusaHeads.load(path)
+            if meta.get("target") not in (None, target.name):
+                raise SpecResearchError(f"the heads at {path} were trained for {meta['target']}, not {target.name}")
+        hidden = target.model.get_output_embeddings().weight.shape[1]
+        if heads.config["hidden"] != hidden:
+            raise SpecResearchError(f"the heads expect hidden size {heads.config['hidden']}, {target.name} has {hidden}")
+        depth = max(len(c) for c in choices)
+        if depth > heads.config["heads"]:
+            raise SpecResearchError(f"drafter.choices go {depth} deep but there are {heads.config['heads']} heads")
+        self.choices = sorted(choices, key=lambda c: (len(c), c))  # parents before children
+        self.children = children
+        self.heads = heads.to(device=target.device, dtype=target.dtype).eval()
+        self.lm_head = target.model.get_output_embeddings()
+        self.k = depth  # the longest path
+        self._width = [1 + max(c[d] for c in choices if len(c) > d) for d in range(depth)]  # top-k per head
+
+    def check(self, sampling: SamplingParams) -> None:
+        if self.children == "sample" and sampling.greedy:
+            raise SpecResearchError("drafter.children=sample draws children from the heads' laws at temperature > 0; use children=top for greedy decoding")
+
+    def propose(self, ctx: Context) -> Draft:
+        device = ctx.tokens.device
+        if ctx.hidden is None:
+            raise SpecResearchError("drafter=medusa needs the target's hidden state (Context.hidden); run it through the Engine")
+        choices = [c for c in self.choices if len(c) <= ctx.max_draft]
+        if not choices:
+            return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
+        logits = self.heads(ctx.hidden, self.lm_head).float()  # [K, V]
+        if self.children == "top":
+            laws, q = None, None
+            ranked = [torch.topk(logits[d], w).indices.tolist() for d, w in enumerate(self._width)]
+        else:
+            laws = logits_to_probs(logits, ctx.sampling)  # [K, V]
+            ranked = [torch.multinomial(laws[d], w, replacement=True, generator=ctx.rng).tolist() for d, w in enumerate(self._width)]
+        index = {c: i for i, c in enumerate(choices)}
+        tokens = [ranked[len(c) - 1][c[-1]] for c in choices]
+        parents = [index[c[:-1]] if len(c) > 1 else -1 for c in choices]
+        if laws is not None:
+            q = laws[[len(c) - 1 for c in choices]]  # [N, V]: node at depth d was drawn from head d's law
+        return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents))

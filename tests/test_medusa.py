@@ -1,0 +1,135 @@
+"""Medusa: heads train on a tiny model's own predictions (the loss falls), checkpoints round-trip,
+decoding with untrained heads keeps greedy identity and the target's law at T = 1, and the
+training command works end to end (tiny model)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from specresearch.drafters import Context, MedusaDrafter, NoDrafter
+from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, checkpoint_path
+from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
+from specresearch.models import load_model
+from specresearch.train import build_cache, train
+from specresearch.types import SamplingParams, node_depths
+from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
+
+from .conftest import PLAIN, REPEATING, ROOT, cyclic_tiny, equivalence_report
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
+
+
+def noisy_heads(seed: int = 0, heads: int = 4) -> MedusaHeads:
+    """Untrained heads with random blocks: they propose something other than the lm head's top tokens."""
+    module = MedusaHeads(64, heads)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return module
+
+
+def train_cfg(**overrides):
+    base = dict(heads=2, layers=1, corpora=["python-stdlib"], tokens=1200, seq_len=64, held_out=0.2,
+                epochs=3, batch=32, lr=3e-3, seed=0, log_every=10, out=None)
+    return OmegaConf.create({"train": {**base, **overrides}})
+
+
+def test_cache_labels_are_the_targets_own_next_tokens(target):
+    cache = build_cache(target, ["def f(x):\n    return x + 1\n" * 4], tokens=60, seq_len=30, heads=2, held_out=0.5)
+    assert cache.hidden.shape == (60, 64) and cache.labels.shape == (60, 2)
+    ids = torch.tensor(target.tokenizer.encode("def f(x):\n    return x + 1\n" * 4, add_special_tokens=False)[:30])
+    with torch.no_grad():
+        top1 = target.model(ids[None]).logits[0].argmax(-1)  # [30]
+    assert cache.labels[:28, 0].tolist() == top1[1:29].tolist()  # head 1 at t: the target's guess for t + 2
+    assert cache.labels[:27, 1].tolist() == top1[2:29].tolist()
+    assert (cache.labels[29:30, 0] == -100).all() and (cache.labels[28:30, 1] == -100).all()  # past the chunk's end
+    assert cache.held_out.tolist() == [False] * 30 + [True] * 30
+
+
+def test_heads_learn_the_targets_predictions(target):
+    heads, summary = train(train_cfg(), target)
+    assert summary["last_loss"] < summary["first_loss"] - 0.5
+    assert summary["held_out_positions"] > 0 and 0 <= summary["held_out_acc_head1"] <= 1
+    assert summary["steps"] == 3 * summary["train_positions"] // 32
+
+
+def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target):
+    heads = noisy_heads()
+    path = checkpoint_path("tiny", tmp_path)
+    heads.save(path, {"target": "tiny"})
+    loaded, meta = MedusaHeads.load(path)
+    h = torch.randn(3, 64)
+    lm_head = target.model.get_output_embeddings()
+    torch.testing.assert_close(loaded(h, lm_head), heads(h, lm_head))
+    assert meta["target"] == "tiny" and meta["heads"] == 4
+    assert MedusaDrafter(target, cache_dir=str(tmp_path)).heads.config == heads.config
+    with pytest.raises(SpecResearchError, match="python -m specresearch.train drafter=medusa model.name=tiny"):
+        MedusaDrafter(target, cache_dir=str(tmp_path / "empty"))
+
+
+def test_the_tree_of_choices(target):
+    drafter = MedusaDrafter(target, heads=noisy_heads(), choices=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+    assert drafter.k == 3
+    with pytest.raises(SpecResearchError, match="missing"):
+        MedusaDrafter(target, heads=noisy_heads(), choices=[[0], [1, 0]])
+    with pytest.raises(SpecResearchError, match="heads"):
+        MedusaDrafter(target, heads=noisy_heads(heads=2), choices=[[0], [0, 0], [0, 0, 0]])
+    default = MedusaDrafter(target, heads=noisy_heads())
+    ctx = Context(torch.tensor(PLAIN), SamplingParams(), None, 100, hidden=torch.randn(64))
+    draft = default.propose(ctx)
+    assert len(draft) == len(DEFAULT_CHOICES) == 8 and draft.depth == 3 and draft.q is None
+    logits = default.heads(ctx.hidden, target.model.get_output_embeddings())  # [K, V]
+    for c, token, parent in zip(default.choices, draft.tokens.tolist(), draft.parents.tolist()):
+        assert token == int(logits[len(c) - 1].topk(c[-1] + 1).indices[c[-1]])  # head d's token of rank c[-1]
+        assert parent == (default.choices.index(c[:-1]) if len(c) > 1 else -1)
+    short = default.propose(Context(ctx.tokens, ctx.sampling, None, 1, hidden=ctx.hidden))
+    assert short.depth == 1 and node_depths(short.parents) == [1, 1]
+
+
+@pytest.mark.parametrize("verifier", [GreedyVerifier(), TypicalVerifier(recover="greedy")])
+@pytest.mark.parametrize("model", ["random", "cyclic"])
+def test_greedy_output_equals_the_baseline_with_untrained_heads(target, verifier, model):
+    """Losslessness does not depend on the heads: noisy heads (random model) and zero-initialised
+    ones, which copy the lm head's choices (cyclic model: some accepted)."""
+    lm = target if model == "random" else cyclic_tiny(0)
+    heads = noisy_heads() if model == "random" else MedusaHeads(64, 4)
+    engine = Engine(lm, MedusaDrafter(lm, heads=heads), verifier, SamplingParams())
+    baseline = Engine(lm, NoDrafter(), GreedyVerifier(), SamplingParams())
+    nodes = 0
+    for prompt in (REPEATING, PLAIN):
+        out = engine.generate(prompt, 30, eos_token_ids=[])
+        assert out.tokens == baseline.generate(prompt, 30, eos_token_ids=[]).tokens
+        nodes += out.stats.nodes
+    assert nodes > 0
+
+
+@pytest.mark.parametrize("children", ["top", "sample"])
+def test_rejection_sampling_with_medusa_follows_the_target(target, children):
+    engine = Engine(target, MedusaDrafter(target, heads=MedusaHeads(64, 4), children=children),
+                    RejectionVerifier(), SamplingParams(temperature=1.0))
+    report = equivalence_report(engine, REPEATING, seed=70)
+    assert not report.reject, report.format()
+
+
+def test_train_command_end_to_end(tmp_path):
+    out = tmp_path / "heads.safetensors"
+    cmd = [sys.executable, "-m", "specresearch.train", "model=tiny", "drafter=medusa", "tracker=none",
+           "train.tokens=300", "train.seq_len=50", "train.epochs=1", f"train.out={out}"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert out.is_file() and "held-out top-1 agreement per head" in done.stdout
+    run = [sys.executable, "-m", "specresearch", "model=tiny", "drafter=medusa", f"drafter.checkpoint={out}",
+           "tracker=none", "dataset.num_prompts=1", "max_new_tokens=8", "warmup=false"]
+    done = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "greedy identity: 1/1" in done.stdout
+    bad = subprocess.run([*cmd[:3], "model=tiny", "drafter=pld", "tracker=none"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "use drafter=medusa" in bad.stderr
