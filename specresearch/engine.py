@@ -90,7 +90,6 @@ class Engine:
         stats = SpecStats(prompt_tokens=start)
         forwards_before = self.drafter.draft_forwards
         clock = _Clock(self.device)
-
         hidden: Tensor | None = None  # [H] the target's hidden state that predicted the newest token (needs_hidden)
 
         def context() -> Context:

@@ -37,8 +37,8 @@ def noisy_heads(seed: int = 0, heads: int = 4) -> MedusaHeads:
 
 
 def train_cfg(**overrides):
-    base = dict(heads=2, layers=1, corpora=["python-stdlib"], tokens=1200, seq_len=64, held_out=0.2,
-                epochs=3, batch=32, lr=3e-3, seed=0, log_every=10, out=None)
+    base = dict(heads=2, layers=1, own_lm_head=False, corpora=["python-stdlib"], tokens=1200, seq_len=64, held_out=0.2,
+                epochs=3, batch=32, lr=3e-3, weight_decay=0.0, seed=0, log_every=10, out=None)
     return OmegaConf.create({"train": {**base, **overrides}})
 
 
@@ -58,7 +58,19 @@ def test_heads_learn_the_targets_predictions(target):
     heads, summary = train(train_cfg(), target)
     assert summary["last_loss"] < summary["first_loss"] - 0.5
     assert summary["held_out_positions"] > 0 and 0 <= summary["held_out_acc_head1"] <= 1
+    assert 0 <= summary["train_acc_head2"] <= 1  # the same measure on as many training positions
     assert summary["steps"] == 3 * summary["train_positions"] // 32
+
+
+def test_heads_with_their_own_lm_heads_train_and_round_trip(tmp_path, target):
+    heads, summary = train(train_cfg(own_lm_head=True, epochs=2), target)
+    assert summary["last_loss"] < summary["first_loss"]
+    lm_head = target.model.get_output_embeddings()
+    assert not torch.equal(heads.lm_heads[0].weight, lm_head.weight)  # trained away from the copy
+    heads.save(tmp_path / "own.safetensors", {"target": "tiny"})
+    loaded, _ = MedusaHeads.load(tmp_path / "own.safetensors")
+    h = torch.randn(2, 64)
+    torch.testing.assert_close(loaded(h, lm_head), heads(h, lm_head))
 
 
 def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target):

@@ -40,17 +40,31 @@ class ResBlock(nn.Module):
 
 class MedusaHeads(nn.Module):
     """K Medusa-1 heads: head i (0-based) maps the hidden state at position t to logits for the token
-    at t + 2 + i, through `layers` residual blocks and the target's lm head (shared and frozen: it is
-    not a parameter of this module and is not saved)."""
+    at t + 2 + i, through `layers` residual blocks and an lm head: the target's, shared and frozen
+    (not a parameter here, not saved), or with `own_lm_head` a trainable copy per head, initialised
+    from the target's (`init_lm_heads`) and saved with the blocks."""
 
-    def __init__(self, hidden: int, heads: int = 3, layers: int = 1):
+    def __init__(self, hidden: int, heads: int = 3, layers: int = 1, own_lm_head: bool = False, vocab: int = 0):
         super().__init__()
-        self.config = {"hidden": int(hidden), "heads": int(heads), "layers": int(layers)}
+        self.config = {"hidden": int(hidden), "heads": int(heads), "layers": int(layers), "own_lm_head": bool(own_lm_head), "vocab": int(vocab)}
         self.blocks = nn.ModuleList(nn.Sequential(*(ResBlock(hidden) for _ in range(layers))) for _ in range(heads))
+        if own_lm_head and vocab < 1:
+            raise SpecResearchError("Medusa heads with their own lm heads need the vocabulary size")
+        self.lm_heads = nn.ModuleList(nn.Linear(hidden, vocab, bias=False) for _ in range(heads)) if own_lm_head else None
+
+    def init_lm_heads(self, lm_head: nn.Module) -> None:
+        """Copy the target's lm head into every head's own (with own_lm_head)."""
+        with torch.no_grad():
+            for own in self.lm_heads or ():
+                own.weight.copy_(lm_head.weight)
 
     def forward(self, h: Tensor, lm_head: nn.Module) -> Tensor:
-        """[..., H] hidden states → [K, ..., V] logits, one row block per head."""
-        return torch.stack([lm_head(block(h)) for block in self.blocks])
+        """[..., H] hidden states → [K, ..., V] logits, one row block per head (with the shared lm
+        head, one call for all heads: at decode time K rows stream the vocabulary matrix once)."""
+        x = torch.stack([block(h) for block in self.blocks])  # [K, ..., H]
+        if self.lm_heads is None:
+            return lm_head(x)
+        return torch.stack([own(xi) for own, xi in zip(self.lm_heads, x)])
 
     def save(self, path: Path, meta: dict | None = None) -> None:
         """safetensors weights, with the shape and `meta` (target, training) in a JSON file beside them."""
@@ -61,7 +75,7 @@ class MedusaHeads(nn.Module):
     @classmethod
     def load(cls, path: Path) -> tuple[MedusaHeads, dict]:
         meta = json.loads(path.with_suffix(".json").read_text())
-        heads = cls(meta["hidden"], meta["heads"], meta["layers"])
+        heads = cls(meta["hidden"], meta["heads"], meta["layers"], meta.get("own_lm_head", False), meta.get("vocab", 0))
         heads.load_state_dict(load_file(str(path)))
         return heads, meta
 
