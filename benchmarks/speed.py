@@ -41,6 +41,7 @@ from specresearch.__main__ import CONF_DIR
 from specresearch.data import load_prompts
 from specresearch.drafters import NoDrafter
 from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
 from specresearch.experiment import build, encode, first_divergence
 from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup
 from specresearch.models import LoadedModel, load_model
@@ -131,7 +132,13 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]
                     options = [f"k={args.k}", *options]
                 node = compose("config", overrides=[f"drafter={group}", *(f"drafter.{o}" for o in options)]).drafter
             extra = {"model": draft} if "model" in node else {}  # drafters with a draft model share ours
-            drafter = build(node, target=target, **extra)
+            try:
+                drafter = build(node, target=target, **extra)
+            except SpecResearchError as err:
+                if args.methods:  # asked for by name: a real error
+                    raise
+                print(f"skipped {group}: {err}")  # every method by default: e.g. medusa before its heads are trained
+                continue
             label = f"{group}(k={drafter.k})" + "".join(f" {o}" for o in options if not o.startswith("k="))
             methods.append(ours(label, Engine(target, drafter, GreedyVerifier(), GREEDY)))
     return methods
@@ -345,7 +352,10 @@ def main() -> None:
 
     wanted_methods(args.methods)
     target, draft, prompts = load(args)
-    methods = build_methods(args, target, draft)
+    try:
+        methods = build_methods(args, target, draft)
+    except SpecResearchError as err:
+        raise SystemExit(f"error: {err}") from None
     tracker = MLflowTracker(args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
     tracker.start(OmegaConf.create({**vars(args), "json": str(args.json)}), run_name="speed")
     try:
