@@ -35,9 +35,15 @@ def test_experiment_presets_compose(name):
 
 
 @pytest.mark.parametrize("name", options("drafter"))
-def test_drafter_configs_instantiate(name):
+def test_drafter_configs_instantiate(name, tmp_path):
     with_model = "model" in OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")  # a draft model to point at tiny
-    cfg = make_cfg(*TINY, f"drafter={name}") if with_model else make_cfg("model=tiny", f"drafter={name}")
+    extra = []
+    if name == "medusa":  # trained heads are needed: untrained ones for the tiny model
+        from specresearch.drafters.medusa import MedusaHeads
+
+        MedusaHeads(64, 3).save(tmp_path / "heads.safetensors", {"target": "tiny"})
+        extra = [f"drafter.checkpoint={tmp_path / 'heads.safetensors'}"]
+    cfg = make_cfg(*TINY, f"drafter={name}") if with_model else make_cfg("model=tiny", f"drafter={name}", *extra)
     target = load_model(**cfg.model)
     drafter = build(cfg.drafter, target=target)
     assert isinstance(drafter, Drafter) and drafter.name == name
