@@ -164,7 +164,7 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
 
-_NO_DRAFT = Draft(tokens=torch.empty(0, dtype=torch.long))  # the prefill step verifies nothing
+_NO_DRAFT = Draft.empty()  # the prefill step verifies nothing
 _ROOT = torch.tensor([-1])  # the last committed token heads every tree
 _STOP_WINDOW = 24  # tokens decoded to look for a stop string ending at the newest token
 

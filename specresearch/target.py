@@ -82,11 +82,7 @@ class Target:
         extra = {} if parents is None else self._tree_inputs(parents, tree)
         if head is None:
             return self._run(tokens, logits_to_keep=0, **extra)
-        out = self.model.base_model(
-            input_ids=tokens.to(self.device)[None], past_key_values=self.cache, use_cache=True, **extra
-        )
-        self.length += tokens.numel()
-        return out.last_hidden_state[0] @ head.T  # [K, H] @ [H, N]
+        return self._hidden_states(tokens, **extra) @ head.T  # [K, H] @ [H, N]
 
     def rollback(self, length: int) -> None:
         """Drop cached tokens beyond the first `length` (after a rejection)."""
@@ -131,11 +127,15 @@ class Target:
         positions = start + rows.sum(-1) - 1  # [K]
         return {"attention_mask": mask.to(self.device), "position_ids": positions[None].to(self.device)}
 
+    def _hidden_states(self, tokens: Tensor, **extra: Tensor) -> Tensor:
+        """[K, H] the base model's final (normed) hidden states of `tokens`, fed after the cache."""
+        out = self.model.base_model(input_ids=tokens.to(self.device)[None], past_key_values=self.cache, use_cache=True, **extra)
+        self.length += tokens.numel()
+        return out.last_hidden_state[0]
+
     def _run(self, tokens: Tensor, logits_to_keep: int, **extra: Tensor) -> Tensor:
         if self.keep_hidden:  # the base model, then the lm head on the rows asked for
-            out = self.model.base_model(input_ids=tokens.to(self.device)[None], past_key_values=self.cache, use_cache=True, **extra)
-            self.length += tokens.numel()
-            self.hidden = out.last_hidden_state[0]  # [K, H]
+            self.hidden = self._hidden_states(tokens, **extra)  # [K, H]
             return self.model.get_output_embeddings()(self.hidden[-logits_to_keep:])  # [K or 1, V]
         out = self.model(
             input_ids=tokens.to(self.device)[None],  # [1, K]

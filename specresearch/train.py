@@ -22,13 +22,13 @@ from omegaconf import DictConfig
 from torch import Tensor
 from tqdm import tqdm
 
+from specresearch.__main__ import CONF_DIR
 from specresearch.drafters.medusa import MedusaHeads, checkpoint_path
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, load_model
 from specresearch.target import Target
 from specresearch.vocab import CORPORA, corpus_texts
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DRAFTERS = ("medusa",)
 
 
@@ -81,11 +81,15 @@ def accuracy(heads: MedusaHeads, lm_head: torch.nn.Module, cache: Cache, mask: T
         for s in range(0, rows.numel(), batch):
             r = rows[s : s + batch]
             pred = heads(cache.hidden[r].to(lm_head.weight.dtype), lm_head).argmax(-1).cpu()  # [K, B]
-            lab = cache.labels[r].T  # [K, B]
-            valid = lab >= 0
-            hits += ((pred == lab) & valid).sum(-1)
-            counts += valid.sum(-1)
+            h, c = _hits(pred, cache.labels[r].T)
+            hits, counts = hits + h, counts + c
     return (hits / counts.clamp_min(1)).tolist()
+
+
+def _hits(pred: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """[K, B] predictions and labels (−100 = none) → per head: ([K] correct, [K] labelled)."""
+    valid = labels >= 0
+    return ((pred == labels) & valid).sum(-1), valid.sum(-1)
 
 
 def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[MedusaHeads, dict]:
@@ -122,7 +126,8 @@ def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[MedusaHeads, 
         last_loss = loss.item()
         first_loss = last_loss if step == 0 else first_loss
         if step % tc.log_every == 0 or step == steps - 1:
-            acc = ((logits.argmax(-1) == lab) & (lab >= 0)).sum(-1) / (lab >= 0).sum(-1).clamp_min(1)  # [K]
+            hits, counts = _hits(logits.argmax(-1), lab)
+            acc = hits / counts.clamp_min(1)  # [K]
             bar.set_postfix(loss=f"{last_loss:.3f}", acc=" ".join(f"{a:.2f}" for a in acc.tolist()))
             if tracker is not None:
                 tracker.log_metrics({"loss": last_loss, **{f"train_acc_head{i + 1}": float(a) for i, a in enumerate(acc)}}, step=step)

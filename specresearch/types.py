@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from specresearch.metrics import SpecStats
@@ -49,6 +50,11 @@ class Draft:
         if self.scratch and self.parents is None:
             raise ValueError("a draft with scratch nodes must give their parents")
 
+    @classmethod
+    def empty(cls, device: torch.device | str | None = None) -> Draft:
+        """No proposal: plain decoding's step, or a drafter with nothing to offer."""
+        return cls(tokens=torch.empty(0, dtype=torch.long, device=device))
+
     def __len__(self) -> int:
         """The number of proposed tokens (tree nodes included, scratch nodes not)."""
         return int(self.tokens.numel()) - self.scratch
@@ -59,6 +65,25 @@ class Draft:
         if self.parents is None:
             return len(self)
         return max(node_depths(self.parents[: len(self)]), default=0)
+
+
+class Trie:
+    """Token-tree nodes in insertion order (parents before children): a child equal to an existing
+    sibling is the same node unless `merge=False` (sampled siblings keep their own nodes)."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.parents: list[int] = []  # -1 = the root
+        self._index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+
+    def add(self, parent: int, token: int, merge: bool = True) -> int:
+        """The node of `token` under `parent` (-1 = the root), added if new (always, without merge)."""
+        if merge and (parent, token) in self._index:
+            return self._index[parent, token]
+        self._index[parent, token] = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        return len(self.tokens) - 1
 
 
 def node_depths(parents: Tensor) -> list[int]:

@@ -119,7 +119,7 @@ class IndependentDrafter(Drafter):
             if not sure:  # an unlikely draft token: the next ones would likely be wasted
                 break
         if not tokens:
-            return Draft(tokens=torch.empty(0, dtype=torch.long, device=ctx.tokens.device))
+            return Draft.empty(ctx.tokens.device)
         return Draft(tokens=torch.stack(tokens), q=torch.stack(qs) if qs else None)  # [K], [K, V]
 
     def commit(self, ctx: Context, verdict: Verdict) -> None:

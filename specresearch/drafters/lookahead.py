@@ -10,7 +10,7 @@ from torch import Tensor
 
 from specresearch.drafters.base import Context, Drafter
 from specresearch.errors import SpecResearchError
-from specresearch.types import Draft, Verdict
+from specresearch.types import Draft, Trie, Verdict
 
 
 class LookaheadDrafter(Drafter):
@@ -73,7 +73,7 @@ class LookaheadDrafter(Drafter):
         device = ctx.tokens.device
         depth = min(self.N - 1, ctx.max_draft)
         if depth <= 0:
-            return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
+            return Draft.empty(device)
         tokens, parents = self._trie(int(ctx.tokens[-1]), depth)
         n = len(tokens)
         scratch = self.levels.flatten()[1:]  # [M]: level 0 from column 1, then levels 1.. (row-major)
@@ -120,18 +120,12 @@ class LookaheadDrafter(Drafter):
     def _trie(self, root: int, depth: int) -> tuple[list[int], list[int]]:
         """The pool's continuations of `root`, cut to `depth` tokens, merged into a trie:
         (tokens, parents) with parents before children, -1 = the root."""
-        tokens: list[int] = []
-        parents: list[int] = []
-        index: dict[tuple[int, int], int] = {}
+        trie = Trie()
         for cont in self.pool.get(root, []):
             node = -1
             for tok in cont[:depth]:
-                if (node, tok) not in index:
-                    index[node, tok] = len(tokens)
-                    tokens.append(tok)
-                    parents.append(node)
-                node = index[node, tok]
-        return tokens, parents
+                node = trie.add(node, tok)
+        return trie.tokens, trie.parents
 
     def _window_parents(self) -> Tensor:
         """[M] the lookahead branch's parents among the scratch nodes (-1 = root): level 0 is a chain

@@ -160,7 +160,7 @@ class MedusaDrafter(Drafter):
             raise SpecResearchError("drafter=medusa needs the target's hidden state (Context.hidden); run it through the Engine")
         choices = [c for c in self.choices if len(c) <= ctx.max_draft]
         if not choices:
-            return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
+            return Draft.empty(device)
         logits = self.heads(ctx.hidden, self.lm_head).float()  # [K, V]
         if self.children == "top":
             laws, q = None, None

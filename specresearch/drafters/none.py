@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from specresearch.drafters.base import Context, Drafter
 from specresearch.types import Draft
 
@@ -18,4 +16,4 @@ class NoDrafter(Drafter):
         pass
 
     def propose(self, ctx: Context) -> Draft:
-        return Draft(tokens=torch.empty(0, dtype=torch.long, device=ctx.tokens.device))
+        return Draft.empty(ctx.tokens.device)

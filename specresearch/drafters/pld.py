@@ -3,7 +3,6 @@ the continuation of an earlier occurrence of the context's last n-gram. No model
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from specresearch.drafters.base import Context, Drafter
@@ -56,7 +55,7 @@ class PromptLookupDrafter(Drafter):
                 start = continuation_start(tokens, n, self.match)
                 if start is not None:
                     return Draft(tokens=tokens[start : start + want].clone())
-        return Draft(tokens=torch.empty(0, dtype=torch.long, device=tokens.device))
+        return Draft.empty(tokens.device)
 
 
 def continuation_start(tokens: Tensor, n: int, match: str = "first") -> int | None:

@@ -14,7 +14,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, check_same_vocab, load_model
 from specresearch.sampling import logits_to_probs
 from specresearch.target import Target
-from specresearch.types import Draft, SamplingParams, Verdict
+from specresearch.types import Draft, SamplingParams, Trie, Verdict
 
 CHILDREN = ("top", "sample")
 
@@ -93,29 +93,19 @@ class TreeDrafter(Drafter):
         depth = min(self.depth, ctx.max_draft)
         device = ctx.tokens.device
         if depth <= 0:
-            return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
-        tokens: list[int] = []
-        parents: list[int] = []
+            return Draft.empty(device)
+        trie = Trie()  # the drafts' trees merged: top children as a trie, sampled ones side by side
         qs: list[Tensor] = []
-        index: dict[tuple[int, int], int] = {}  # (parent, token) -> node, to merge top-children trees
         for draft in self.drafts:
-            grown = self._grow(draft, ctx, depth)
             local: list[int] = []  # this tree's node -> merged node
-            for token, parent, q in grown:
-                at = -1 if parent < 0 else local[parent]
-                if self.children == "top" and (at, token) in index:
-                    local.append(index[at, token])
-                    continue
-                index[at, token] = len(tokens)
-                local.append(len(tokens))
-                tokens.append(token)
-                parents.append(at)
-                if q is not None:
+            for token, parent, q in self._grow(draft, ctx, depth):
+                local.append(trie.add(-1 if parent < 0 else local[parent], token, merge=self.children == "top"))
+                if q is not None:  # sampled children: every one is a new node
                     qs.append(q)
         return Draft(
-            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+            tokens=torch.tensor(trie.tokens, dtype=torch.long, device=device),
             q=torch.stack(qs) if qs else None,  # [N, V]: row i is the law node i was drawn from
-            parents=torch.tensor(parents, dtype=torch.long),
+            parents=torch.tensor(trie.parents, dtype=torch.long),
         )
 
     def _grow(self, draft: Target, ctx: Context, depth: int) -> list[tuple[int, int, Tensor | None]]:
