@@ -1,30 +1,47 @@
 """`python -m specresearch.train drafter=medusa [model=...] [train.*=...]`: train Medusa heads on the
 target's own predictions, offline, on the CPU.
 
-Self-distillation (Medusa-1 with the target frozen): the target reads offline text once (the
-standard library's Python sources and the MT-bench questions: never the HumanEval evaluation
-prompts); its final hidden states and its top-1 predictions are cached; head i learns to predict,
-from the hidden state at position t, the target's own top-1 token at position t + 2 + i. The last
-`held_out` share of the chunks is held out for the reported accuracy. The heads land in the model
-cache, keyed by the target, where `drafter=medusa` finds them; the run is tracked in MLflow.
+Self-distillation with the target frozen. Two kinds of training data (`train.data`):
+
+- `self` (default; Medusa-2's self-distillation): the target continues offline prompts (functions of
+  the standard library cut after their docstring, as HumanEval prompts are; the MT-bench questions
+  through the chat template; never the HumanEval evaluation prompts), greedily and batched. Head i
+  learns, from the hidden state that produced token t + 1, the target's own token t + 2 + i: the
+  text the heads see at decode time is the target's own, so the labels are too.
+- `text` (Medusa-1 on fixed text): the target reads offline text once (the same sources, whole);
+  head i learns the target's top-1 at t + 1 + i, given the text's tokens up to there.
+
+The hidden states and labels are computed once and cached on disk (keyed by every setting they depend
+on), so a second training with other optimiser settings starts at once. The last `held_out` share of
+the prompts (or text chunks) is held out for the reported accuracy. The heads land in the model cache,
+keyed by the target, where `drafter=medusa` finds them; the run is tracked in MLflow.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import json
 import random
+import sys
 import time
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
+from transformers import DynamicCache
 
 from specresearch.__main__ import CONF_DIR
 from specresearch.drafters.medusa import MedusaHeads, checkpoint_path
 from specresearch.errors import SpecResearchError
+from specresearch.data import Prompt, load_prompts
+from specresearch.experiment import build, encode, fail
 from specresearch.models import LoadedModel, load_model
 from specresearch.target import Target
 from specresearch.vocab import CORPORA, corpus_texts
@@ -32,19 +49,124 @@ from specresearch.vocab import CORPORA, corpus_texts
 DRAFTERS = ("medusa",)
 
 
+DATA = ("self", "text")
+MAX_HEADS = 8  # labels kept per position in the data cache: any train.heads up to this reuses it
+RANKS = 10  # ranks whose held-out hit rates the checkpoint keeps (drafter=medusa builds its tree from them)
+MAX_PROMPT = 320  # data=self skips longer prompts: one long prompt pads a whole batch to its length
+
+
 @dataclass
 class Cache:
-    """What the target computed on the corpus, once: the inputs and labels of the heads."""
+    """What the target computed once: the inputs and labels of the heads."""
 
-    hidden: Tensor  # [N, H] final-norm hidden states, float32
-    labels: Tensor  # [N, K] the target's top-1 token at t + 1 + i (the token t + 2 + i), −100 past a chunk's end
-    held_out: Tensor  # [N] bool: positions of held-out chunks
+    hidden: Tensor  # [N, H] final-norm hidden states (the target's dtype)
+    labels: Tensor  # [N, K] head i's label at each position (the token t + 2 + i), −100 where there is none
+    held_out: Tensor  # [N] bool: positions of held-out prompts or chunks
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        save_file({"hidden": self.hidden.contiguous(), "labels": self.labels.contiguous(), "held_out": self.held_out}, str(tmp))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Cache:
+        return cls(**load_file(str(path)))
+
+
+def function_prompts() -> list[Prompt]:
+    """HumanEval-style prompts from the standard library: every top-level, undecorated function with a
+    docstring, cut after the docstring (the target writes the body)."""
+    prompts = []
+    for text in corpus_texts("python-stdlib"):
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        lines = text.splitlines()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list and ast.get_docstring(node):
+                head = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]) + "\n"
+                prompts.append(Prompt(id=f"stdlib/{node.name}/{len(prompts)}", text=head))
+    return prompts
+
+
+def training_prompts(corpora: list[str], seed: int) -> list[Prompt]:
+    """The prompts of `corpora` (python-stdlib: function_prompts; mtbench: the questions, as chat),
+    each shuffled, then interleaved so that every prefix of the list mixes the corpora."""
+    pools = []
+    for i, corpus in enumerate(corpora):
+        pool = function_prompts() if corpus == "python-stdlib" else load_prompts(corpus)
+        random.Random(seed + i).shuffle(pool)
+        pools.append(pool)
+    return [p for group in zip_longest(*pools) for p in group if p is not None]
 
 
 @torch.inference_mode()
-def build_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, heads: int, held_out: float) -> Cache:
+def generate_batch(lm: LoadedModel, prompts: list[list[int]], new: int, temperature: float = 0.0,
+                   gen: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Continue `prompts` together (left-padded, one forward per token): greedily, or sampled at
+    `temperature`.
+
+    Returns:
+        [B, new] the new tokens, and [B, new, H] the final-norm hidden state that produced each.
+    """
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)  # [B, T]
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)  # [B, T]: 0 = left padding
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p) :] = torch.tensor(p)
+        mask[b, width - len(p) :] = 1
+    ids, mask = ids.to(lm.device), mask.to(lm.device)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, T]: every prompt starts at position 0
+    cache = DynamicCache(config=lm.model.config)
+    lm_head = lm.model.get_output_embeddings()
+    tokens, hidden = [], []
+    for _ in range(new):
+        out = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        h = out.last_hidden_state[:, -1]  # [B, H]
+        logits = lm_head(h).float()  # [B, V]
+        if temperature > 0:
+            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)[:, 0]
+        else:
+            nxt = logits.argmax(-1)  # [B]
+        tokens.append(nxt)
+        hidden.append(h)
+        ids, positions = nxt[:, None], positions[:, -1:] + 1
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return torch.stack(tokens, 1).cpu(), torch.stack(hidden, 1).cpu()
+
+
+def self_cache(lm: LoadedModel, prompts: list[list[int]], tokens: int, new: int, heads: int, held_out: float,
+               batch: int = 32, temperature: float = 0.0, seed: int = 0) -> Cache:
+    """The target continues `prompts` (`new` tokens each, as many prompts as give `tokens` tokens;
+    shorter prompts first within the batches, for less padding); keep per generated position the
+    hidden state and the labels of every head: the target's own token t + 2 + i, up to its first EOS.
+    Positions come in prompt order; the last `held_out` share of the prompts taken is held out."""
+    prompts = prompts[: max(1, -(-tokens // new))]
+    first_held = len(prompts) - max(1, round(held_out * len(prompts))) if held_out > 0 else len(prompts)
+    eos = getattr(lm.tokenizer, "eos_token_id", None)
+    gen = torch.Generator(device=lm.device).manual_seed(seed)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    parts: dict[int, tuple[Tensor, Tensor]] = {}  # prompt index → ([n, H] hidden states, [n, K] labels)
+    for s in tqdm(range(0, len(order), batch), desc="target continues the prompts", unit="batch"):
+        rows = order[s : s + batch]
+        out, h = generate_batch(lm, [prompts[i] for i in rows], new, temperature, gen)  # [B, new], [B, new, H]
+        for b, i in enumerate(rows):
+            ends = (out[b] == eos).nonzero()
+            last = int(ends[0]) if eos is not None and ends.numel() else new - 1  # the last token of the text
+            lab = torch.full((last + 1, heads), -100, dtype=torch.long)
+            for k in range(heads):
+                lab[: max(0, last - k), k] = out[b, 1 + k : last + 1]
+            parts[i] = (h[b, : last + 1], lab)
+    held = [torch.full((parts[i][1].shape[0],), i >= first_held) for i in range(len(prompts))]
+    return Cache(torch.cat([parts[i][0] for i in range(len(prompts))]), torch.cat([parts[i][1] for i in range(len(prompts))]), torch.cat(held))
+
+
+@torch.inference_mode()
+def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, heads: int, held_out: float) -> Cache:
     """Run the target over `tokens` tokens of `texts`, in chunks of `seq_len`, and keep per position
-    its hidden state and the top-1 labels of every head."""
+    its hidden state and the top-1 labels of every head (the target's top-1 at t + 1 + i)."""
     ids: list[int] = []
     for text in texts:
         ids.extend(lm.tokenizer.encode(text, add_special_tokens=False))
@@ -66,40 +188,66 @@ def build_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, he
         lab = torch.full((n, heads), -100, dtype=torch.long)
         for i in range(heads):
             lab[: max(0, n - 1 - i), i] = top1[1 + i :]
-        hidden.append(target.hidden.float().cpu())
+        hidden.append(target.hidden.cpu())
         labels.append(lab)
         held.append(torch.full((n,), c >= first_held))
     return Cache(torch.cat(hidden), torch.cat(labels), torch.cat(held))
 
 
-def accuracy(heads: MedusaHeads, lm_head: torch.nn.Module, cache: Cache, mask: Tensor, batch: int = 256) -> list[float]:
-    """Per-head top-1 agreement with the target's own tokens on the positions in `mask`."""
-    hits = torch.zeros(heads.config["heads"])
+def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -> tuple[Cache, Path | None]:
+    """The heads' training data as `tc` (cfg.train) asks, from the disk cache when the same data was
+    made before (`tc.cache`), else computed by the target and saved there. Returns it and its path."""
+    keys = ("data", "corpora", "tokens", "held_out", "seed") + (("new", "temperature", "gen_batch") if tc.data == "self" else ("seq_len",))
+    spec = {k: OmegaConf.to_object(tc[k]) if OmegaConf.is_config(tc[k]) else tc[k] for k in keys}
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    path = checkpoint_path(lm.name, cache_dir).parent / f"data-{tc.data}-{digest}.safetensors" if tc.cache else None
+    if tc.heads > MAX_HEADS:
+        raise SpecResearchError(f"train.heads={tc.heads}: at most {MAX_HEADS}")
+    if path is not None and path.is_file():
+        print(f"specresearch: training data from {path}", file=sys.stderr)
+        cache = Cache.load(path)
+    else:
+        if tc.data == "self":
+            prompts = [ids for ids in (encode(lm.tokenizer, p) for p in training_prompts(list(tc.corpora), tc.seed)) if len(ids) <= MAX_PROMPT]
+            cache = self_cache(lm, prompts, tc.tokens, tc.new, MAX_HEADS, tc.held_out, tc.gen_batch, tc.temperature, tc.seed)
+        else:
+            texts = [t for corpus in tc.corpora for t in corpus_texts(corpus)]
+            random.Random(tc.seed).shuffle(texts)
+            cache = text_cache(lm, texts, tc.tokens, tc.seq_len, MAX_HEADS, tc.held_out)
+        if path is not None:
+            cache.save(path)
+            path.with_suffix(".json").write_text(json.dumps(spec, indent=1))
+    cache.labels = cache.labels[:, : tc.heads]
+    return cache, path
+
+
+def accuracy(heads: MedusaHeads, lm_head: torch.nn.Module, cache: Cache, mask: Tensor, ranks: int = RANKS, batch: int = 256) -> Tensor:
+    """[K, ranks] per head, the share of the positions in `mask` whose label (the target's own token)
+    is the head's rank-r token: column 0 is the top-1 agreement; a row's sum, the top-`ranks` one."""
+    hits = torch.zeros(heads.config["heads"], ranks)
     counts = torch.zeros(heads.config["heads"])
     rows = mask.nonzero()[:, 0]
     with torch.inference_mode():
         for s in range(0, rows.numel(), batch):
             r = rows[s : s + batch]
-            pred = heads(cache.hidden[r].to(lm_head.weight.dtype), lm_head).argmax(-1).cpu()  # [K, B]
-            h, c = _hits(pred, cache.labels[r].T)
+            logits = heads(cache.hidden[r].to(device=lm_head.weight.device, dtype=torch.float32), lm_head)  # [K, B, V]
+            h, c = _hits(logits.topk(ranks, dim=-1).indices.cpu(), cache.labels[r].T)
             hits, counts = hits + h, counts + c
-    return (hits / counts.clamp_min(1)).tolist()
+    return hits / counts.clamp_min(1)[:, None]
 
 
 def _hits(pred: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    """[K, B] predictions and labels (−100 = none) → per head: ([K] correct, [K] labelled)."""
-    valid = labels >= 0
-    return ((pred == labels) & valid).sum(-1), valid.sum(-1)
+    """[K, B, R] ranked predictions and [K, B] labels (−100 = none) → per head ([K, R] hits at each rank, [K] labelled)."""
+    valid = labels >= 0  # [K, B]
+    return ((pred == labels[..., None]) & valid[..., None]).sum(1), valid.sum(-1)
 
 
 def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[MedusaHeads, dict]:
     """Train Medusa heads for `lm` as `cfg.train` says; return them and a summary (losses, accuracies)."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
-    texts = [t for corpus in tc.corpora for t in corpus_texts(corpus)]
-    random.Random(tc.seed).shuffle(texts)
     t0 = time.perf_counter()
-    cache = build_cache(lm, texts, tc.tokens, tc.seq_len, tc.heads, tc.held_out)
+    cache, cache_path = build_cache(lm, tc, cfg.get("model", {}).get("cache_dir"))
     cache_s = time.perf_counter() - t0
     lm_head = lm.model.get_output_embeddings()
     for p in lm_head.parameters():
@@ -116,7 +264,7 @@ def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[MedusaHeads, 
     bar = tqdm(range(steps), desc="medusa heads", unit="step")
     for step in bar:
         r = train_rows[torch.randint(train_rows.numel(), (tc.batch,), generator=gen)]  # [B]
-        logits = heads(cache.hidden[r].to(device=lm.device, dtype=lm_head.weight.dtype), lm_head).float()  # [K, B, V]
+        logits = heads(cache.hidden[r].to(device=lm.device, dtype=torch.float32), lm_head).float()  # [K, B, V]
         lab = cache.labels[r].T.to(lm.device)  # [K, B]
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100)
         opt.zero_grad()
@@ -126,15 +274,15 @@ def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[MedusaHeads, 
         last_loss = loss.item()
         first_loss = last_loss if step == 0 else first_loss
         if step % tc.log_every == 0 or step == steps - 1:
-            hits, counts = _hits(logits.argmax(-1), lab)
-            acc = hits / counts.clamp_min(1)  # [K]
+            hits, counts = _hits(logits.argmax(-1, keepdim=True), lab)
+            acc = hits[:, 0] / counts.clamp_min(1)  # [K]
             bar.set_postfix(loss=f"{last_loss:.3f}", acc=" ".join(f"{a:.2f}" for a in acc.tolist()))
             if tracker is not None:
                 tracker.log_metrics({"loss": last_loss, **{f"train_acc_head{i + 1}": float(a) for i, a in enumerate(acc)}}, step=step)
-    held = accuracy(heads, lm_head, cache, cache.held_out) if bool(cache.held_out.any()) else []
+    held = accuracy(heads, lm_head, cache, cache.held_out) if bool(cache.held_out.any()) else None  # [K, RANKS]
     seen = torch.zeros_like(cache.held_out)  # as many training positions, to show the generalisation gap
     seen[train_rows[torch.randperm(train_rows.numel(), generator=gen)[: max(1, int(cache.held_out.sum()))]]] = True
-    fit = accuracy(heads, lm_head, cache, seen)
+    fit = accuracy(heads, lm_head, cache, seen)[:, 0].tolist()
     summary = {
         "positions": int(cache.labels.shape[0]),
         "train_positions": int(train_rows.numel()),
@@ -143,9 +291,12 @@ def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[MedusaHeads, 
         "first_loss": first_loss,
         "last_loss": last_loss,
         "cache_seconds": cache_s,
+        "data": str(cache_path) if cache_path else "not cached",
         "train_seconds": time.perf_counter() - t0 - cache_s,
-        **{f"held_out_acc_head{i + 1}": a for i, a in enumerate(held)},
+        **{f"held_out_acc_head{i + 1}": a for i, a in enumerate([] if held is None else held[:, 0].tolist())},
+        **{f"held_out_top5_head{i + 1}": a for i, a in enumerate([] if held is None else held[:, :5].sum(-1).tolist())},
         **{f"train_acc_head{i + 1}": a for i, a in enumerate(fit)},
+        "rank_acc": None if held is None else held.tolist(),  # [K][RANKS] held-out hit rate of each head's rank-r token
     }
     return heads, summary
 
@@ -158,14 +309,16 @@ def check(cfg: DictConfig) -> None:
     bad = sorted(set(tc.corpora) - set(CORPORA))
     if bad or not tc.corpora:
         raise SpecResearchError(f"unknown train.corpora {bad}: valid are {', '.join(CORPORA)}")
-    if min(tc.heads, tc.layers, tc.tokens, tc.seq_len, tc.batch, tc.epochs) < 1 or not 0 <= tc.held_out < 1:
-        raise SpecResearchError("train.heads, layers, tokens, seq_len, batch and epochs must be >= 1 and 0 <= train.held_out < 1")
+    if tc.data not in DATA:
+        raise SpecResearchError(f"unknown train.data '{tc.data}': valid are {', '.join(DATA)}")
+    if min(tc.heads, tc.layers, tc.tokens, tc.new, tc.gen_batch, tc.seq_len, tc.batch, tc.epochs) < 1 or not 0 <= tc.held_out < 1 or tc.temperature < 0:
+        raise SpecResearchError(
+            "train.heads, layers, tokens, new, gen_batch, seq_len, batch and epochs must be >= 1, 0 <= train.held_out < 1, train.temperature >= 0"
+        )
 
 
 def run(cfg: DictConfig) -> dict:
     """Train, save the heads where drafter=medusa looks (or train.out), track the run; return the summary."""
-    from specresearch.experiment import build
-
     check(cfg)
     lm = load_model(**cfg.model)
     out = Path(cfg.train.out) if cfg.train.out else checkpoint_path(lm.name, cfg.model.cache_dir)
@@ -173,9 +326,9 @@ def run(cfg: DictConfig) -> dict:
     tracker.start(cfg, run_name=f"train medusa x{cfg.train.heads} on {lm.name}")
     try:
         heads, summary = train(cfg, lm, tracker)
-        heads.save(out, {"target": lm.name, **{k: v for k, v in summary.items() if "acc" in k or k == "steps"}})
-        tracker.log_metrics({k: float(v) for k, v in summary.items()})
-        tracker.log_artifact_text(str(out), "checkpoint.txt")
+        heads.save(out, {"target": lm.name, **{k: v for k, v in summary.items() if "acc" in k or "top5" in k or k == "steps"}})
+        tracker.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+        tracker.log_artifact_text(f"{out}\ntraining data: {summary['data']}\n", "checkpoint.txt")
     except BaseException:
         tracker.end("FAILED")
         raise
@@ -185,15 +338,13 @@ def run(cfg: DictConfig) -> dict:
     print(
         f"medusa heads for {lm.name}: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}, "
         f"held-out top-1 agreement per head: {acc or 'n/a'} (on training positions: {fit})\n"
-        f"target pass over the corpus {summary['cache_seconds']:.0f} s, training {summary['train_seconds']:.0f} s\n"
+        f"training data {summary['cache_seconds']:.0f} s ({summary['positions']} positions; {summary['data']}), training {summary['train_seconds']:.0f} s\n"
         f"saved {out}; decode with: python -m specresearch drafter=medusa verifier=typical"
     )
     return summary
 
 
 def _task(cfg: DictConfig) -> None:
-    from specresearch.experiment import fail
-
     try:
         run(cfg)
     except SpecResearchError as err:

@@ -2,6 +2,9 @@
 decoding with untrained heads keeps greedy identity and the target's law at T = 1, and the
 training command works end to end (tiny model)."""
 
+import ast
+import itertools
+import math
 import subprocess
 import sys
 
@@ -10,11 +13,11 @@ import torch
 from omegaconf import OmegaConf
 
 from specresearch.drafters import Context, MedusaDrafter, NoDrafter
-from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, checkpoint_path
+from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
-from specresearch.train import build_cache, train
+from specresearch.train import MAX_HEADS, build_cache, check, function_prompts, generate_batch, self_cache, text_cache, train
 from specresearch.types import SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
 
@@ -37,13 +40,14 @@ def noisy_heads(seed: int = 0, heads: int = 4) -> MedusaHeads:
 
 
 def train_cfg(**overrides):
-    base = dict(heads=2, layers=1, own_lm_head=False, corpora=["python-stdlib"], tokens=1200, seq_len=64, held_out=0.2,
-                epochs=3, batch=32, lr=3e-3, weight_decay=0.0, seed=0, log_every=10, out=None)
+    base = dict(heads=2, layers=1, own_lm_head=False, data="text", corpora=["python-stdlib"], tokens=1200, new=16, gen_batch=8,
+                temperature=0.0, seq_len=64, held_out=0.2, cache=False, epochs=3, batch=32, lr=3e-3, weight_decay=0.0, seed=0,
+                log_every=10, out=None)
     return OmegaConf.create({"train": {**base, **overrides}})
 
 
-def test_cache_labels_are_the_targets_own_next_tokens(target):
-    cache = build_cache(target, ["def f(x):\n    return x + 1\n" * 4], tokens=60, seq_len=30, heads=2, held_out=0.5)
+def test_text_cache_labels_are_the_targets_top1_on_the_text(target):
+    cache = text_cache(target, ["def f(x):\n    return x + 1\n" * 4], tokens=60, seq_len=30, heads=2, held_out=0.5)
     assert cache.hidden.shape == (60, 64) and cache.labels.shape == (60, 2)
     ids = torch.tensor(target.tokenizer.encode("def f(x):\n    return x + 1\n" * 4, add_special_tokens=False)[:30])
     with torch.no_grad():
@@ -52,6 +56,88 @@ def test_cache_labels_are_the_targets_own_next_tokens(target):
     assert cache.labels[:27, 1].tolist() == top1[2:29].tolist()
     assert (cache.labels[29:30, 0] == -100).all() and (cache.labels[28:30, 1] == -100).all()  # past the chunk's end
     assert cache.held_out.tolist() == [False] * 30 + [True] * 30
+
+
+def test_batched_continuations_are_the_targets_own_greedy_text(target):
+    """Left padding and per-row positions: each row continues exactly as the target alone would."""
+    prompts = [[5, 6, 7], list(PLAIN) + [9, 9, 9, 40], [1]]
+    tokens, hidden = generate_batch(target, prompts, 12)  # [3, 12], [3, 12, 64]
+    baseline = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams())
+    lm_head = target.model.get_output_embeddings()
+    for prompt, row, h in zip(prompts, tokens, hidden):
+        assert row.tolist() == baseline.generate(prompt, 12, eos_token_ids=[]).tokens
+        with torch.no_grad():
+            assert lm_head(h).argmax(-1).tolist() == row.tolist()  # each hidden state produced its token
+    sampled, _ = generate_batch(target, prompts, 12, temperature=1.0, gen=torch.Generator().manual_seed(0))
+    assert not torch.equal(sampled, tokens)
+
+
+def test_self_cache_labels_are_the_generated_tokens_after_the_next(target):
+    prompts = [[5, 6, 7], list(PLAIN), [1], [9, 8]]
+    cache = self_cache(target, prompts, tokens=4 * 10, new=10, heads=3, held_out=0.25, batch=3)
+    assert cache.hidden.shape == (40, 64) and cache.labels.shape == (40, 3)
+    tokens, hidden = generate_batch(target, prompts, 10)
+    torch.testing.assert_close(cache.hidden, hidden.flatten(0, 1))  # in prompt order, though batched by length
+    for i in range(4):
+        lab = cache.labels[i * 10 : (i + 1) * 10]
+        for k in range(3):
+            assert lab[: 9 - k, k].tolist() == tokens[i, 1 + k :].tolist()  # head k at t: token t + 2 + k
+            assert (lab[9 - k :, k] == -100).all()
+        assert cache.held_out[i * 10 : (i + 1) * 10].tolist() == [i == 3] * 10  # the last prompt is held out
+
+
+def test_self_cache_stops_at_eos():
+    lm = cyclic_tiny(0)  # its own model and tokenizer: the EOS can be changed
+    tokens, _ = generate_batch(lm, [[10, 11]], 8)
+    lm.tokenizer.eos_token_id = int(tokens[0, 3])  # the fourth new token ends the text (a cycle of 5: no repeat before)
+    cache = self_cache(lm, [[10, 11]], tokens=8, new=8, heads=2, held_out=0.0)
+    assert cache.labels.shape == (4, 2)  # the positions that produced tokens 1..4 (the EOS)
+    assert cache.labels[:, 0].tolist() == tokens[0, 1:4].tolist() + [-100]
+    assert cache.labels[:, 1].tolist() == tokens[0, 2:4].tolist() + [-100, -100]
+
+
+def test_function_prompts_stop_after_the_docstring():
+    prompts = function_prompts()
+    assert len(prompts) > 500
+    for p in prompts[:200]:
+        tree = ast.parse(p.text + "    pass\n")  # the def and its docstring, nothing after
+        fn = tree.body[0]
+        assert isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(fn)
+        assert len(fn.body) == 2
+
+
+def test_data_is_cached_once_and_reused_for_other_heads(tmp_path, target, monkeypatch):
+    cfg = train_cfg(data="self", tokens=64, new=16, cache=True, heads=2)
+    first, path = build_cache(target, cfg.train, str(tmp_path))
+    assert path is not None and path.is_file() and first.labels.shape[1] == 2
+
+    def boom(*a, **k):
+        raise AssertionError("the data should come from the cache")
+
+    monkeypatch.setattr("specresearch.train.self_cache", boom)
+    again, same = build_cache(target, train_cfg(data="self", tokens=64, new=16, cache=True, heads=3, lr=1.0).train, str(tmp_path))
+    assert same == path and again.labels.shape[1] == 3
+    torch.testing.assert_close(again.hidden, first.hidden)
+    assert torch.equal(again.labels[:, :2], first.labels)
+    with pytest.raises(AssertionError, match="from the cache"):
+        build_cache(target, train_cfg(data="self", tokens=64, new=8, cache=True).train, str(tmp_path))  # other data
+    with pytest.raises(SpecResearchError, match=f"at most {MAX_HEADS}"):
+        build_cache(target, train_cfg(heads=MAX_HEADS + 1).train, str(tmp_path))
+
+
+@pytest.mark.parametrize("bad, match", [({"data": "web"}, "valid are self, text"), ({"corpora": ["wiki"]}, "valid are python-stdlib, mtbench"),
+                                        ({"new": 0}, "must be >= 1"), ({"temperature": -1.0}, "temperature >= 0")])
+def test_bad_training_settings_are_refused(bad, match):
+    cfg = train_cfg(**bad)
+    cfg.drafter = {"_target_": "specresearch.drafters.medusa.MedusaDrafter"}
+    with pytest.raises(SpecResearchError, match=match):
+        check(cfg)
+
+
+def test_heads_learn_the_targets_own_text(target):
+    heads, summary = train(train_cfg(data="self", corpora=["python-stdlib", "mtbench"], tokens=640, new=32, epochs=4), target)
+    assert summary["last_loss"] < summary["first_loss"] - 0.5
+    assert 0 < summary["held_out_positions"] < summary["positions"] <= 640  # texts end at an EOS
 
 
 def test_heads_learn_the_targets_predictions(target):
@@ -106,6 +192,33 @@ def test_the_tree_of_choices(target):
     assert short.depth == 1 and node_depths(short.parents) == [1, 1]
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_best_choices_are_the_likeliest_paths(seed):
+    """Against brute force: every path of ranks, scored by the product of its heads' hit rates."""
+    gen = torch.Generator().manual_seed(seed)
+    rank_acc = (torch.rand(3, 4, generator=gen) / 2).tolist()
+    every = [p for d in (1, 2, 3) for p in itertools.product(range(4), repeat=d)]
+    prob = {p: math.prod(rank_acc[d][r] for d, r in enumerate(p)) for p in every}
+    for nodes in (1, 5, 16, 40):
+        tree = best_choices(rank_acc, nodes)
+        assert len(tree) == nodes == len(set(tree))
+        assert all(p[:-1] in tree for p in tree if len(p) > 1)  # parents included
+        kth = sorted(prob.values(), reverse=True)[nodes - 1]
+        assert min(prob[p] for p in tree) == pytest.approx(kth)  # no left-out path is likelier
+    assert best_choices([[0.6, 0.2], [0.5, 0.1], [0.4, 0.1]], 4) == [(0,), (0, 0), (1,), (0, 0, 0)]
+
+
+def test_the_default_tree_comes_from_the_checkpoints_accuracies(tmp_path, target):
+    path = tmp_path / "heads.safetensors"
+    rank_acc = [[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.0], [0.1, 0.0, 0.0]]
+    noisy_heads().save(path, {"target": "tiny", "rank_acc": rank_acc})
+    drafter = MedusaDrafter(target, checkpoint=str(path), nodes=6)
+    assert sorted(drafter.choices) == sorted(best_choices(rank_acc, 6))
+    assert MedusaDrafter(target, checkpoint=str(path), choices=[[0], [0, 0]]).choices == [(0,), (0, 0)]  # explicit wins
+    with pytest.raises(SpecResearchError, match="nodes must be >= 1"):
+        MedusaDrafter(target, checkpoint=str(path), nodes=0)
+
+
 @pytest.mark.parametrize("verifier", [GreedyVerifier(), TypicalVerifier(recover="greedy")])
 @pytest.mark.parametrize("model", ["random", "cyclic"])
 def test_greedy_output_equals_the_baseline_with_untrained_heads(target, verifier, model):
@@ -134,7 +247,7 @@ def test_rejection_sampling_with_medusa_follows_the_target(target, children):
 def test_train_command_end_to_end(tmp_path):
     out = tmp_path / "heads.safetensors"
     cmd = [sys.executable, "-m", "specresearch.train", "model=tiny", "drafter=medusa", "tracker=none",
-           "train.tokens=300", "train.seq_len=50", "train.epochs=1", f"train.out={out}"]
+           "train.tokens=300", "train.new=50", "train.epochs=1", "train.cache=false", f"train.out={out}"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.is_file() and "held-out top-1 agreement per head" in done.stdout

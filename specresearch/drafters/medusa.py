@@ -4,6 +4,7 @@ trained on the target's own predictions (`python -m specresearch.train`)."""
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,32 @@ CHILDREN = ("top", "sample")
 # 8 nodes, depth 3 (the default 3 heads): sized for a 2-core CPU, where verifying 9 tokens costs
 # ~2.2 one-token forwards (Medusa's GPU default has 64 nodes over 4 heads).
 DEFAULT_CHOICES = [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 1, 0], [0, 0, 1]]
+
+
+def best_choices(rank_acc: Sequence[Sequence[float]], nodes: int) -> list[tuple[int, ...]]:
+    """Medusa's sparse tree of choices from measured head accuracies: the `nodes` paths most likely to
+    be accepted whole, taking head d's rank-r token to be the target's own with probability
+    rank_acc[d][r], independently across depths (as Medusa's tree search does). Their probabilities sum
+    to the expected accepted length, so the `nodes` likeliest paths maximise it; the set holds every
+    path's parent, since a path is at most as likely as its parent.
+
+    Args:
+        rank_acc: [K][R] per head, the held-out hit rate of each rank (the checkpoint's "rank_acc").
+        nodes: the tree's size.
+
+    Returns:
+        Paths of per-depth ranks, likeliest first.
+    """
+    frontier = [(-float(a), (r,)) for r, a in enumerate(rank_acc[0])]
+    heapq.heapify(frontier)
+    chosen: list[tuple[int, ...]] = []
+    while frontier and len(chosen) < nodes:
+        neg, path = heapq.heappop(frontier)
+        chosen.append(path)
+        if len(path) < len(rank_acc):
+            for r, a in enumerate(rank_acc[len(path)]):
+                heapq.heappush(frontier, (neg * float(a), (*path, r)))
+    return chosen
 
 
 class ResBlock(nn.Module):
@@ -63,7 +90,7 @@ class MedusaHeads(nn.Module):
         head, one call for all heads: at decode time K rows stream the vocabulary matrix once)."""
         x = torch.stack([block(h) for block in self.blocks])  # [K, ..., H]
         if self.lm_heads is None:
-            return lm_head(x)
+            return lm_head(x.to(lm_head.weight.dtype))  # trained in float32 on a bf16 target's frozen lm head
         return torch.stack([own(xi) for own, xi in zip(self.lm_heads, x)])
 
     def save(self, path: Path, meta: dict | None = None) -> None:
@@ -104,6 +131,7 @@ class MedusaDrafter(Drafter):
         target: LoadedModel,
         checkpoint: str | None = None,
         choices: Sequence[Sequence[int]] | None = None,
+        nodes: int = 16,
         children: str = "top",
         heads: MedusaHeads | None = None,
         cache_dir: str | None = None,
@@ -112,20 +140,19 @@ class MedusaDrafter(Drafter):
         Args:
             target: the target model the heads were trained on.
             checkpoint: the heads' safetensors file; None = this target's in the model cache.
-            choices: the tree of choices (paths of per-depth ranks, e.g. [[0], [0, 0], [1]]); None = DEFAULT_CHOICES.
+            choices: the tree of choices (paths of per-depth ranks, e.g. [[0], [0, 0], [1]]); None = the
+                `nodes` likeliest paths by the checkpoint's held-out accuracies (`best_choices`), or
+                DEFAULT_CHOICES for heads without them.
+            nodes: the tree's size when `choices` is None.
             children: "top" or "sample" (T > 0 only).
             heads: heads to use instead of a checkpoint (tests, freshly trained heads).
             cache_dir: the model cache the default checkpoint lives in (None = the default cache).
         """
         if children not in CHILDREN:
             raise SpecResearchError(f"unknown drafter.children '{children}': valid are {', '.join(CHILDREN)}")
-        choices = [tuple(int(r) for r in c) for c in (choices if choices is not None else DEFAULT_CHOICES)]
-        if not choices or any(not c or min(c) < 0 for c in choices):
-            raise SpecResearchError(f"drafter.choices must be non-empty paths of ranks >= 0, got {choices}")
-        known = set(choices)
-        missing = sorted({c[:-1] for c in choices if len(c) > 1} - known)
-        if missing:
-            raise SpecResearchError(f"drafter.choices must hold every path's parent; missing {[list(m) for m in missing]}")
+        if nodes < 1:
+            raise SpecResearchError(f"drafter.nodes must be >= 1, got {nodes}")
+        meta: dict = {}
         if heads is None:
             path = Path(checkpoint) if checkpoint else checkpoint_path(target.name, cache_dir)
             if not path.is_file():
@@ -137,6 +164,14 @@ class MedusaDrafter(Drafter):
             heads, meta = MedusaHeads.load(path)
             if meta.get("target") not in (None, target.name):
                 raise SpecResearchError(f"the heads at {path} were trained for {meta['target']}, not {target.name}")
+        if choices is None:
+            choices = best_choices(meta["rank_acc"], nodes) if meta.get("rank_acc") else DEFAULT_CHOICES
+        choices = [tuple(int(r) for r in c) for c in choices]
+        if not choices or any(not c or min(c) < 0 for c in choices):
+            raise SpecResearchError(f"drafter.choices must be non-empty paths of ranks >= 0, got {choices}")
+        missing = sorted({c[:-1] for c in choices if len(c) > 1} - set(choices))
+        if missing:
+            raise SpecResearchError(f"drafter.choices must hold every path's parent; missing {[list(m) for m in missing]}")
         hidden = target.model.get_output_embeddings().weight.shape[1]
         if heads.config["hidden"] != hidden:
             raise SpecResearchError(f"the heads expect hidden size {heads.config['hidden']}, {target.name} has {hidden}")
