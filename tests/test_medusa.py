@@ -19,7 +19,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
 from specresearch.train import MAX_HEADS, build_cache, check, function_prompts, generate_batch, self_cache, text_cache, train
 from specresearch.types import SamplingParams, node_depths
-from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
+from specresearch.verifiers import GreedyVerifier, MarginVerifier, RejectionVerifier, TypicalVerifier
 
 from .conftest import PLAIN, REPEATING, ROOT, cyclic_tiny, equivalence_report
 
@@ -219,7 +219,7 @@ def test_the_default_tree_comes_from_the_checkpoints_accuracies(tmp_path, target
         MedusaDrafter(target, checkpoint=str(path), nodes=0)
 
 
-@pytest.mark.parametrize("verifier", [GreedyVerifier(), TypicalVerifier(recover="greedy")])
+@pytest.mark.parametrize("verifier", [GreedyVerifier(), TypicalVerifier(recover="greedy"), MarginVerifier(recover="greedy")])
 @pytest.mark.parametrize("model", ["random", "cyclic"])
 def test_greedy_output_equals_the_baseline_with_untrained_heads(target, verifier, model):
     """Losslessness does not depend on the heads: noisy heads (random model) and zero-initialised
@@ -234,6 +234,26 @@ def test_greedy_output_equals_the_baseline_with_untrained_heads(target, verifier
         assert out.tokens == baseline.generate(prompt, 30, eos_token_ids=[]).tokens
         nodes += out.stats.nodes
     assert nodes > 0
+
+
+def test_a_shortlist_vocabulary_drafts_only_its_tokens_and_stays_lossless(tmp_path, target):
+    heads = noisy_heads()
+    drafter = MedusaDrafter(target, heads=heads, vocab=40, cache_dir=str(tmp_path))
+    assert drafter.shortlist.numel() == 40 and (tmp_path / "vocab").is_dir()
+    allowed = set(drafter.shortlist.tolist())
+    ctx = Context(torch.tensor(PLAIN), SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), 100, hidden=torch.randn(64))
+    full = MedusaDrafter(target, heads=heads).propose(ctx)
+    assert not set(full.tokens.tolist()) <= allowed  # the whole vocabulary proposes others
+    assert set(drafter.propose(ctx).tokens.tolist()) <= allowed
+    sampled = MedusaDrafter(target, heads=heads, vocab=40, children="sample", cache_dir=str(tmp_path)).propose(ctx)
+    assert sampled.q.shape == (len(sampled), 320) and set(sampled.tokens.tolist()) <= allowed
+    torch.testing.assert_close(sampled.q.sum(-1), torch.ones(len(sampled)))
+    assert (sampled.q[:, [t for t in range(320) if t not in allowed]] == 0).all()  # q: the law it drew from
+    engine = Engine(target, drafter, GreedyVerifier(), SamplingParams())
+    baseline = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams())
+    assert engine.generate(PLAIN, 20, eos_token_ids=[]).tokens == baseline.generate(PLAIN, 20, eos_token_ids=[]).tokens
+    with pytest.raises(SpecResearchError, match="not train.own_lm_head"):
+        MedusaDrafter(target, heads=MedusaHeads(64, 3, own_lm_head=True, vocab=320), vocab=40, cache_dir=str(tmp_path))
 
 
 @pytest.mark.parametrize("children", ["top", "sample"])

@@ -18,6 +18,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs
 from specresearch.types import Draft, SamplingParams
+from specresearch.vocab import frequent_tokens
 
 CHILDREN = ("top", "sample")
 # Medusa's "tree of choices": each path lists, per depth, which of that head's top tokens to take.
@@ -133,6 +134,8 @@ class MedusaDrafter(Drafter):
         choices: Sequence[Sequence[int]] | None = None,
         nodes: int = 16,
         children: str = "top",
+        vocab: int | None = None,
+        vocab_corpus: str = "python-stdlib",
         heads: MedusaHeads | None = None,
         cache_dir: str | None = None,
     ):
@@ -145,6 +148,9 @@ class MedusaDrafter(Drafter):
                 DEFAULT_CHOICES for heads without them.
             nodes: the tree's size when `choices` is None.
             children: "top" or "sample" (T > 0 only).
+            vocab: the heads score only the `vocab` most frequent tokens (FR-Spec, as drafter=independent's
+                `vocab`): their lm head reads those rows only. None = the whole vocabulary. Lossless either way.
+            vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
             heads: heads to use instead of a checkpoint (tests, freshly trained heads).
             cache_dir: the model cache the default checkpoint lives in (None = the default cache).
         """
@@ -182,6 +188,16 @@ class MedusaDrafter(Drafter):
         self.children = children
         self.heads = heads.to(device=target.device, dtype=target.dtype).eval()
         self.lm_head = target.model.get_output_embeddings()
+        self.vocab_size = self.lm_head.weight.shape[0]  # V: the length of the q rows the verifier compares with p
+        self.shortlist: Tensor | None = None  # [N] the token ids the heads may propose; None = all
+        if vocab is not None:
+            if heads.lm_heads is not None or getattr(self.lm_head, "bias", None) is not None:
+                raise SpecResearchError("drafter.vocab needs heads on the target's own bias-free lm head (not train.own_lm_head)")
+            cache = Path(cache_dir or default_cache_dir()) / "vocab"
+            self.shortlist = frequent_tokens(target.tokenizer, int(vocab), vocab_corpus, cache).to(target.device)
+            rows = self.lm_head.weight.detach()[self.shortlist]  # [N, H]
+            self.lm_head = nn.Linear(hidden, rows.shape[0], bias=False, device=target.device, dtype=target.dtype)
+            self.lm_head.weight = nn.Parameter(rows, requires_grad=False)
         self.k = depth  # the longest path
         self._width = [1 + max(c[d] for c in choices if len(c) > d) for d in range(depth)]  # top-k per head
 
@@ -196,16 +212,21 @@ class MedusaDrafter(Drafter):
         choices = [c for c in self.choices if len(c) <= ctx.max_draft]
         if not choices:
             return Draft.empty(device)
-        logits = self.heads(ctx.hidden, self.lm_head).float()  # [K, V]
+        logits = self.heads(ctx.hidden, self.lm_head).float()  # [K, V], or [K, N] over the shortlist
         if self.children == "top":
             laws, q = None, None
-            ranked = [torch.topk(logits[d], w).indices.tolist() for d, w in enumerate(self._width)]
+            ranked = [torch.topk(logits[d], w).indices for d, w in enumerate(self._width)]
         else:
-            laws = logits_to_probs(logits, ctx.sampling)  # [K, V]
-            ranked = [torch.multinomial(laws[d], w, replacement=True, generator=ctx.rng).tolist() for d, w in enumerate(self._width)]
+            laws = logits_to_probs(logits, ctx.sampling)  # [K, V] or [K, N]
+            ranked = [torch.multinomial(laws[d], w, replacement=True, generator=ctx.rng) for d, w in enumerate(self._width)]
+        if self.shortlist is not None:
+            ranked = [self.shortlist[r] for r in ranked]
+        ranked = [r.tolist() for r in ranked]
         index = {c: i for i, c in enumerate(choices)}
         tokens = [ranked[len(c) - 1][c[-1]] for c in choices]
         parents = [index[c[:-1]] if len(c) > 1 else -1 for c in choices]
         if laws is not None:
-            q = laws[[len(c) - 1 for c in choices]]  # [N, V]: node at depth d was drawn from head d's law
+            q = laws[[len(c) - 1 for c in choices]]  # [M, V]: node at depth d was drawn from head d's law
+            if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
+                q = torch.zeros(q.shape[0], self.vocab_size, dtype=q.dtype, device=q.device).index_copy_(1, self.shortlist, q)
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents))
