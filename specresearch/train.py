@@ -50,6 +50,7 @@ DRAFTERS = ("medusa",)
 
 
 DATA = ("self", "text")
+CACHE_FORMAT = 2  # the data cache's fields (a change makes older caches unused)
 MAX_HEADS = 8  # labels kept per position in the data cache: any train.heads up to this reuses it
 RANKS = 10  # ranks whose held-out hit rates the checkpoint keeps (drafter=medusa builds its tree from them)
 MAX_PROMPT = 320  # data=self skips longer prompts: one long prompt pads a whole batch to its length
@@ -62,11 +63,13 @@ class Cache:
     hidden: Tensor  # [N, H] final-norm hidden states (the target's dtype)
     labels: Tensor  # [N, K] head i's label at each position (the token t + 2 + i), −100 where there is none
     held_out: Tensor  # [N] bool: positions of held-out prompts or chunks
+    tokens: Tensor  # [N] the token after each position (t + 1: the target's own with data=self), −100 at a chunk's end
+    seq: Tensor  # [N] the prompt or chunk each position belongs to (positions of one are contiguous, in order)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        save_file({"hidden": self.hidden.contiguous(), "labels": self.labels.contiguous(), "held_out": self.held_out}, str(tmp))
+        save_file({k: v.contiguous() for k, v in vars(self).items()}, str(tmp))
         tmp.replace(path)
 
     @classmethod
@@ -148,7 +151,7 @@ def self_cache(lm: LoadedModel, prompts: list[list[int]], tokens: int, new: int,
     eos = getattr(lm.tokenizer, "eos_token_id", None)
     gen = torch.Generator(device=lm.device).manual_seed(seed)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    parts: dict[int, tuple[Tensor, Tensor]] = {}  # prompt index → ([n, H] hidden states, [n, K] labels)
+    parts: dict[int, tuple[Tensor, Tensor, Tensor]] = {}  # prompt → ([n, H] hidden states, [n, K] labels, [n] tokens)
     for s in tqdm(range(0, len(order), batch), desc="target continues the prompts", unit="batch"):
         rows = order[s : s + batch]
         out, h = generate_batch(lm, [prompts[i] for i in rows], new, temperature, gen)  # [B, new], [B, new, H]
@@ -158,9 +161,15 @@ def self_cache(lm: LoadedModel, prompts: list[list[int]], tokens: int, new: int,
             lab = torch.full((last + 1, heads), -100, dtype=torch.long)
             for k in range(heads):
                 lab[: max(0, last - k), k] = out[b, 1 + k : last + 1]
-            parts[i] = (h[b, : last + 1], lab)
-    held = [torch.full((parts[i][1].shape[0],), i >= first_held) for i in range(len(prompts))]
-    return Cache(torch.cat([parts[i][0] for i in range(len(prompts))]), torch.cat([parts[i][1] for i in range(len(prompts))]), torch.cat(held))
+            parts[i] = (h[b, : last + 1], lab, out[b, : last + 1])
+    n = [parts[i][1].shape[0] for i in range(len(prompts))]
+    return Cache(
+        hidden=torch.cat([parts[i][0] for i in range(len(prompts))]),
+        labels=torch.cat([parts[i][1] for i in range(len(prompts))]),
+        held_out=torch.cat([torch.full((m,), i >= first_held) for i, m in enumerate(n)]),
+        tokens=torch.cat([parts[i][2] for i in range(len(prompts))]),
+        seq=torch.cat([torch.full((m,), i) for i, m in enumerate(n)]),
+    )
 
 
 @torch.inference_mode()
@@ -178,7 +187,7 @@ def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, hea
         raise SpecResearchError(f"train.tokens={tokens} gives no chunk of more than {heads + 1} tokens")
     target = Target(lm)
     target.keep_hidden = True
-    hidden, labels, held = [], [], []
+    parts: list[tuple[Tensor, ...]] = []  # per chunk: hidden, labels, held_out, tokens, seq
     first_held = len(chunks) - max(1, round(held_out * len(chunks))) if held_out > 0 else len(chunks)
     for c, chunk in enumerate(tqdm(chunks, desc="target over the corpus", unit="chunk")):
         target.reset()
@@ -188,17 +197,16 @@ def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, hea
         lab = torch.full((n, heads), -100, dtype=torch.long)
         for i in range(heads):
             lab[: max(0, n - 1 - i), i] = top1[1 + i :]
-        hidden.append(target.hidden.cpu())
-        labels.append(lab)
-        held.append(torch.full((n,), c >= first_held))
-    return Cache(torch.cat(hidden), torch.cat(labels), torch.cat(held))
+        after = torch.tensor(chunk[1:] + [-100])  # [T] the text's next token
+        parts.append((target.hidden.cpu(), lab, torch.full((n,), c >= first_held), after, torch.full((n,), c)))
+    return Cache(*(torch.cat(column) for column in zip(*parts)))
 
 
 def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -> tuple[Cache, Path | None]:
     """The heads' training data as `tc` (cfg.train) asks, from the disk cache when the same data was
     made before (`tc.cache`), else computed by the target and saved there. Returns it and its path."""
     keys = ("data", "corpora", "tokens", "held_out", "seed") + (("new", "temperature", "gen_batch") if tc.data == "self" else ("seq_len",))
-    spec = {k: OmegaConf.to_object(tc[k]) if OmegaConf.is_config(tc[k]) else tc[k] for k in keys}
+    spec = {"format": CACHE_FORMAT, **{k: OmegaConf.to_object(tc[k]) if OmegaConf.is_config(tc[k]) else tc[k] for k in keys}}
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     path = checkpoint_path(lm.name, cache_dir).parent / f"data-{tc.data}-{digest}.safetensors" if tc.cache else None
     if tc.heads > MAX_HEADS:

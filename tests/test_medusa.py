@@ -56,6 +56,7 @@ def test_text_cache_labels_are_the_targets_top1_on_the_text(target):
     assert cache.labels[:27, 1].tolist() == top1[2:29].tolist()
     assert (cache.labels[29:30, 0] == -100).all() and (cache.labels[28:30, 1] == -100).all()  # past the chunk's end
     assert cache.held_out.tolist() == [False] * 30 + [True] * 30
+    assert cache.tokens[:29].tolist() == ids[1:].tolist() and cache.tokens[29] == -100 and cache.seq.tolist() == [0] * 30 + [1] * 30
 
 
 def test_batched_continuations_are_the_targets_own_greedy_text(target):
@@ -78,6 +79,7 @@ def test_self_cache_labels_are_the_generated_tokens_after_the_next(target):
     assert cache.hidden.shape == (40, 64) and cache.labels.shape == (40, 3)
     tokens, hidden = generate_batch(target, prompts, 10)
     torch.testing.assert_close(cache.hidden, hidden.flatten(0, 1))  # in prompt order, though batched by length
+    assert torch.equal(cache.tokens, tokens.flatten()) and cache.seq.tolist() == [i for i in range(4) for _ in range(10)]
     for i in range(4):
         lab = cache.labels[i * 10 : (i + 1) * 10]
         for k in range(3):
