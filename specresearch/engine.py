@@ -90,7 +90,7 @@ class Engine:
         stats = SpecStats(prompt_tokens=start)
         forwards_before = self.drafter.draft_forwards
         clock = _Clock(self.device)
-        hidden: Tensor | None = None  # [H] the target's hidden state that predicted the newest token (needs_hidden)
+        hidden: Tensor | None = None  # [R, H] the target's hidden states of the tokens it took in last (needs_hidden)
 
         def context() -> Context:
             return Context(tokens[: start + len(new)], self.sampling, rng, max_new_tokens - len(new) - 1, reuse_prefill, hidden)
@@ -113,7 +113,7 @@ class Engine:
                 self.target.keep_hidden = self.drafter.needs_hidden
                 p = logits_to_probs(self.target.prefill(tokens[:start], reuse_prefill), self.sampling)  # [1, V]
                 if self.drafter.needs_hidden:
-                    hidden = self.target.hidden[-1]
+                    hidden = self.target.hidden  # [T, H] the prompt's
                 stop_reason = append(self.verifier(_NO_DRAFT, p, rng))
                 if stop_reason is None:
                     self.drafter.prefill(context())
@@ -133,7 +133,7 @@ class Engine:
                     path = range(verdict.num_accepted) if verdict.path is None else verdict.path
                     rows = [0] + [1 + i for i in path]  # the root and the accepted nodes
                     if self.drafter.needs_hidden:
-                        hidden = self.target.hidden[rows[-1]]  # its logits gave the added token
+                        hidden = self.target.hidden[rows]  # [R, H] the kept path's: the last gave the added token
                     self.target.keep(cached, rows)
                 stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel())
                 self.drafter.adapt(len(draft), verdict.num_accepted)

@@ -33,20 +33,23 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 from transformers import DynamicCache
 
 from specresearch.__main__ import CONF_DIR
+from specresearch.drafters.eagle import EagleHead, eagle_path
 from specresearch.drafters.medusa import MedusaHeads, checkpoint_path
 from specresearch.errors import SpecResearchError
 from specresearch.data import Prompt, load_prompts
 from specresearch.experiment import build, encode, fail
-from specresearch.models import LoadedModel, load_model
+from specresearch.models import LoadedModel, default_cache_dir, load_model
 from specresearch.target import Target
 from specresearch.vocab import CORPORA, corpus_texts
 
-DRAFTERS = ("medusa",)
+DRAFTERS = {"MedusaDrafter": "medusa", "EagleDrafter": "eagle"}  # drafter class → what trains it
+EAGLE_CLS = 0.1  # EAGLE's weight of the token loss beside the feature regression (Li et al., 2024)
+EAGLE_CLIP = 0.5  # EAGLE's gradient-norm clip
 
 
 DATA = ("self", "text")
@@ -203,12 +206,14 @@ def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, hea
 
 
 def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -> tuple[Cache, Path | None]:
-    """The heads' training data as `tc` (cfg.train) asks, from the disk cache when the same data was
-    made before (`tc.cache`), else computed by the target and saved there. Returns it and its path."""
+    """The training data as `tc` (cfg.train) asks, from the disk cache (<model cache>/distill/<target>/,
+    shared by Medusa and EAGLE) when the same data was made before (`tc.cache`), else computed by the
+    target and saved there. Returns it and its path."""
     keys = ("data", "corpora", "tokens", "held_out", "seed") + (("new", "temperature", "gen_batch") if tc.data == "self" else ("seq_len",))
     spec = {"format": CACHE_FORMAT, **{k: OmegaConf.to_object(tc[k]) if OmegaConf.is_config(tc[k]) else tc[k] for k in keys}}
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    path = checkpoint_path(lm.name, cache_dir).parent / f"data-{tc.data}-{digest}.safetensors" if tc.cache else None
+    folder = Path(cache_dir or default_cache_dir()) / "distill" / lm.name.replace("/", "--")
+    path = folder / f"data-{tc.data}-{digest}.safetensors" if tc.cache else None
     if tc.heads > MAX_HEADS:
         raise SpecResearchError(f"train.heads={tc.heads}: at most {MAX_HEADS}")
     if path is not None and path.is_file():
@@ -250,69 +255,149 @@ def _hits(pred: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     return ((pred == labels[..., None]) & valid[..., None]).sum(1), valid.sum(-1)
 
 
-def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[MedusaHeads, dict]:
-    """Train Medusa heads for `lm` as `cfg.train` says; return them and a summary (losses, accuracies)."""
+def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[nn.Module, dict]:
+    """Train the drafter `cfg.drafter` names (Medusa heads, or an EAGLE head) for `lm` as `cfg.train`
+    says; return it and a summary (losses, held-out accuracies, times)."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
     cache, cache_path = build_cache(lm, tc, cfg.get("model", {}).get("cache_dir"))
     cache_s = time.perf_counter() - t0
+    for p in lm.model.parameters():
+        p.requires_grad_(False)  # the target (its lm head and embeddings too) is frozen
+    fit = train_eagle if drafter_kind(cfg) == "eagle" else train_medusa
+    module, summary = fit(tc, lm, cache, tracker)
+    summary.update({
+        "positions": int(cache.labels.shape[0]),
+        "held_out_positions": int(cache.held_out.sum()),
+        "cache_seconds": cache_s,
+        "data": str(cache_path) if cache_path else "not cached",
+        "train_seconds": time.perf_counter() - t0 - cache_s,
+    })
+    return module, summary
+
+
+def train_medusa(tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:
+    """Medusa heads on random batches of `tc.batch` cached positions (cross-entropy on each head's label)."""
     lm_head = lm.model.get_output_embeddings()
-    for p in lm_head.parameters():
-        p.requires_grad_(False)  # shared and frozen
     heads = MedusaHeads(cache.hidden.shape[1], tc.heads, tc.layers, tc.own_lm_head, lm_head.weight.shape[0])
     heads.init_lm_heads(lm_head)
     heads.to(lm.device)
-    opt = torch.optim.AdamW(heads.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     train_rows = (~cache.held_out & (cache.labels[:, 0] >= 0)).nonzero()[:, 0]
-    steps = max(1, tc.epochs * train_rows.numel() // tc.batch)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=tc.lr, total_steps=steps, pct_start=0.1)
     gen = torch.Generator().manual_seed(tc.seed)
-    first_loss = last_loss = float("nan")
-    bar = tqdm(range(steps), desc="medusa heads", unit="step")
-    for step in bar:
+
+    def batch_loss(step: int) -> tuple[Tensor, Tensor]:
         r = train_rows[torch.randint(train_rows.numel(), (tc.batch,), generator=gen)]  # [B]
         logits = heads(cache.hidden[r].to(device=lm.device, dtype=torch.float32), lm_head).float()  # [K, B, V]
         lab = cache.labels[r].T.to(lm.device)  # [K, B]
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        last_loss = loss.item()
-        first_loss = last_loss if step == 0 else first_loss
-        if step % tc.log_every == 0 or step == steps - 1:
-            hits, counts = _hits(logits.argmax(-1, keepdim=True), lab)
-            acc = hits[:, 0] / counts.clamp_min(1)  # [K]
-            bar.set_postfix(loss=f"{last_loss:.3f}", acc=" ".join(f"{a:.2f}" for a in acc.tolist()))
-            if tracker is not None:
-                tracker.log_metrics({"loss": last_loss, **{f"train_acc_head{i + 1}": float(a) for i, a in enumerate(acc)}}, step=step)
+        hits, counts = _hits(logits.argmax(-1, keepdim=True), lab)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100)
+        return loss, hits[:, 0] / counts.clamp_min(1)
+
+    steps = max(1, tc.epochs * train_rows.numel() // tc.batch)
+    first_loss, last_loss = _optimise(heads, steps, batch_loss, tc, tracker, "medusa heads")
     held = accuracy(heads, lm_head, cache, cache.held_out) if bool(cache.held_out.any()) else None  # [K, RANKS]
     seen = torch.zeros_like(cache.held_out)  # as many training positions, to show the generalisation gap
     seen[train_rows[torch.randperm(train_rows.numel(), generator=gen)[: max(1, int(cache.held_out.sum()))]]] = True
     fit = accuracy(heads, lm_head, cache, seen)[:, 0].tolist()
-    summary = {
-        "positions": int(cache.labels.shape[0]),
+    return heads, {
         "train_positions": int(train_rows.numel()),
-        "held_out_positions": int(cache.held_out.sum()),
         "steps": steps,
         "first_loss": first_loss,
         "last_loss": last_loss,
-        "cache_seconds": cache_s,
-        "data": str(cache_path) if cache_path else "not cached",
-        "train_seconds": time.perf_counter() - t0 - cache_s,
         **{f"held_out_acc_head{i + 1}": a for i, a in enumerate([] if held is None else held[:, 0].tolist())},
         **{f"held_out_top5_head{i + 1}": a for i, a in enumerate([] if held is None else held[:, :5].sum(-1).tolist())},
         **{f"train_acc_head{i + 1}": a for i, a in enumerate(fit)},
         "rank_acc": None if held is None else held.tolist(),  # [K][RANKS] held-out hit rate of each head's rank-r token
     }
-    return heads, summary
+
+
+def train_eagle(tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[EagleHead, dict]:
+    """An EAGLE head, one cached sequence (a prompt's continuation, or a text chunk) per step: from each
+    pair (f_t, x_{t+1}) it predicts f_{t+1} (smooth L1) and, through the target's lm head, x_{t+2}
+    (cross-entropy, weight EAGLE_CLS), as in the paper."""
+    lm_head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
+    head = EagleHead(lm.model.config).to(lm.device)
+    ids, counts = torch.unique_consecutive(cache.seq, return_counts=True)
+    spans = [(int(s), int(n)) for s, n in zip(counts.cumsum(0) - counts, counts) if n > 2]  # (start, length)
+    train_spans = [sp for sp in spans if not bool(cache.held_out[sp[0]])]
+    if not train_spans:
+        raise SpecResearchError("drafter=eagle needs training sequences of 3 or more tokens: raise train.tokens or lower train.held_out")
+    gen = torch.Generator().manual_seed(tc.seed)
+
+    def predict(start: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """One sequence → (f̂_{t+1} [M, H], f_{t+1} [M, H], x_{t+2} [M]) at its M valid pairs."""
+        f = cache.hidden[start : start + n].to(device=lm.device, dtype=torch.float32)  # [n, H]
+        x = cache.tokens[start : start + n].to(lm.device)  # [n]: the token after each position
+        valid = (x[:-1] >= 0) & (x[1:] >= 0)  # [n - 1]
+        f_hat = head(embed(x[:-1].clamp_min(0))[None], f[:-1][None])[0]  # [n - 1, H]
+        return f_hat[valid], f[1:][valid], x[1:][valid]
+
+    def batch_loss(step: int) -> tuple[Tensor, Tensor]:
+        f_hat, f_next, label = predict(*train_spans[int(torch.randint(len(train_spans), (1,), generator=gen))])
+        logits = lm_head(f_hat.to(lm_head.weight.dtype)).float()  # [M, V]
+        loss = nn.functional.smooth_l1_loss(f_hat, f_next) + EAGLE_CLS * nn.functional.cross_entropy(logits, label)
+        return loss, (logits.argmax(-1) == label).float().mean()[None]
+
+    def agreement(chosen: list[tuple[int, int]]) -> float:
+        hits = total = 0
+        with torch.inference_mode():
+            for start, n in chosen:
+                f_hat, _, label = predict(start, n)
+                hits += int((lm_head(f_hat.to(lm_head.weight.dtype)).argmax(-1) == label).sum())
+                total += label.numel()
+        return hits / max(1, total)
+
+    steps = max(1, tc.epochs * len(train_spans))
+    first_loss, last_loss = _optimise(head, steps, batch_loss, tc, tracker, "eagle head", clip=EAGLE_CLIP)
+    held_spans = [sp for sp in spans if bool(cache.held_out[sp[0]])]
+    return head, {
+        "train_positions": sum(n for _, n in train_spans),
+        "steps": steps,
+        "first_loss": first_loss,
+        "last_loss": last_loss,
+        **({"held_out_acc_head1": agreement(held_spans)} if held_spans else {}),
+        "train_acc_head1": agreement(train_spans[: max(1, len(held_spans))]),
+    }
+
+
+def _optimise(module: nn.Module, steps: int, batch_loss, tc: DictConfig, tracker, desc: str, clip: float | None = None) -> tuple[float, float]:
+    """AdamW with a one-cycle schedule over `steps` steps of `batch_loss(step) -> (loss, [K] accuracy)`,
+    gradient norms clipped at `clip`, with a progress bar and MLflow curves; returns the first and the last loss."""
+    opt = torch.optim.AdamW(module.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=tc.lr, total_steps=steps, pct_start=0.1)
+    first_loss = last_loss = float("nan")
+    bar = tqdm(range(steps), desc=desc, unit="step")
+    for step in bar:
+        loss, acc = batch_loss(step)
+        opt.zero_grad()
+        loss.backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(module.parameters(), clip)
+        opt.step()
+        sched.step()
+        last_loss = loss.item()
+        first_loss = last_loss if step == 0 else first_loss
+        if step % tc.log_every == 0 or step == steps - 1:
+            bar.set_postfix(loss=f"{last_loss:.3f}", acc=" ".join(f"{a:.2f}" for a in acc.tolist()))
+            if tracker is not None:
+                tracker.log_metrics({"loss": last_loss, **{f"train_acc_head{i + 1}": float(a) for i, a in enumerate(acc)}}, step=step)
+    return first_loss, last_loss
+
+
+def drafter_kind(cfg: DictConfig) -> str:
+    """"medusa" or "eagle": the drafter `cfg.drafter` configures, checked."""
+    name = cfg.drafter.get("_target_", "").rsplit(".", 1)[-1]
+    if name not in DRAFTERS:
+        raise SpecResearchError(
+            f"specresearch.train trains drafters {', '.join(DRAFTERS.values())}: use drafter={' or drafter='.join(DRAFTERS.values())} "
+            f"(got {name or cfg.drafter})"
+        )
+    return DRAFTERS[name]
 
 
 def check(cfg: DictConfig) -> None:
-    name = cfg.drafter.get("_target_", "").rsplit(".", 1)[-1]
-    if name != "MedusaDrafter":
-        raise SpecResearchError(f"specresearch.train trains drafters {', '.join(DRAFTERS)}: use drafter=medusa (got {name or cfg.drafter})")
+    drafter_kind(cfg)
     tc = cfg.train
     bad = sorted(set(tc.corpora) - set(CORPORA))
     if bad or not tc.corpora:
@@ -326,15 +411,18 @@ def check(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig) -> dict:
-    """Train, save the heads where drafter=medusa looks (or train.out), track the run; return the summary."""
+    """Train, save the drafter where `drafter=medusa|eagle` looks (or train.out), track the run; return the summary."""
     check(cfg)
+    kind = drafter_kind(cfg)
     lm = load_model(**cfg.model)
-    out = Path(cfg.train.out) if cfg.train.out else checkpoint_path(lm.name, cfg.model.cache_dir)
+    default = checkpoint_path if kind == "medusa" else eagle_path
+    out = Path(cfg.train.out) if cfg.train.out else default(lm.name, cfg.model.cache_dir)
     tracker = build(cfg.tracker)
-    tracker.start(cfg, run_name=f"train medusa x{cfg.train.heads} on {lm.name}")
+    what = f"medusa x{cfg.train.heads}" if kind == "medusa" else "eagle"
+    tracker.start(cfg, run_name=f"train {what} on {lm.name}")
     try:
-        heads, summary = train(cfg, lm, tracker)
-        heads.save(out, {"target": lm.name, **{k: v for k, v in summary.items() if "acc" in k or "top5" in k or k == "steps"}})
+        module, summary = train(cfg, lm, tracker)
+        module.save(out, {"target": lm.name, **{k: v for k, v in summary.items() if "acc" in k or "top5" in k or k == "steps"}})
         tracker.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         tracker.log_artifact_text(f"{out}\ntraining data: {summary['data']}\n", "checkpoint.txt")
     except BaseException:
@@ -343,11 +431,12 @@ def run(cfg: DictConfig) -> dict:
     tracker.end("FINISHED")
     acc = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("held_out_acc"))
     fit = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("train_acc"))
+    verifier = "typical" if kind == "medusa" else "greedy"
     print(
-        f"medusa heads for {lm.name}: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}, "
+        f"{what} for {lm.name}: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}, "
         f"held-out top-1 agreement per head: {acc or 'n/a'} (on training positions: {fit})\n"
         f"training data {summary['cache_seconds']:.0f} s ({summary['positions']} positions; {summary['data']}), training {summary['train_seconds']:.0f} s\n"
-        f"saved {out}; decode with: python -m specresearch drafter=medusa verifier=typical"
+        f"saved {out}; decode with: python -m specresearch drafter={kind} verifier={verifier}"
     )
     return summary
 

@@ -81,3 +81,26 @@ def _counts(tokenizer, corpus: str, cache_dir: Path | None) -> dict[int, int]:
         tmp.write_text(json.dumps(counts))
         tmp.replace(path)
     return dict(counts)
+
+
+def shortlist_head(lm_head: torch.nn.Module, tokenizer, n: int, corpus: str, cache_dir: Path) -> tuple[torch.nn.Linear, Tensor]:
+    """An lm head that scores only the `n` most frequent tokens (FR-Spec) for a drafter that reuses the
+    target's own: a bias-free linear layer holding their rows, and [n] their token ids.
+
+    Args:
+        lm_head: the target's output embedding (a linear layer without bias).
+        tokenizer, n, corpus, cache_dir: as for `frequent_tokens`.
+    """
+    if getattr(lm_head, "bias", None) is not None:
+        raise SpecResearchError("drafter.vocab needs an lm head without a bias")
+    weight = lm_head.weight.detach()  # [V, H]
+    ids = frequent_tokens(tokenizer, n, corpus, cache_dir).to(weight.device)
+    head = torch.nn.Linear(weight.shape[1], ids.numel(), bias=False, device=weight.device, dtype=weight.dtype)
+    head.weight = torch.nn.Parameter(weight[ids], requires_grad=False)  # [n, H]
+    return head, ids
+
+
+def widen(q: Tensor, ids: Tensor, vocab_size: int) -> Tensor:
+    """[..., n] a law over the tokens `ids` → [..., vocab_size], zero elsewhere: the q a drafter
+    restricted to a shortlist drew from, as the verifier compares it with p."""
+    return torch.zeros(*q.shape[:-1], vocab_size, dtype=q.dtype, device=q.device).index_copy_(-1, ids, q)

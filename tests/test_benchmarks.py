@@ -51,11 +51,11 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path):
 
 def test_speed_unknown_method_lists_the_valid_ones(tmp_path):
     result = subprocess.run(
-        [sys.executable, SPEED, "--quick", "--tracker", "none", "--methods", "generate,eagle"],
+        [sys.executable, SPEED, "--quick", "--tracker", "none", "--methods", "generate,eagle3"],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     assert result.returncode != 0
-    assert "unknown method(s) eagle: valid are generate, hf_assisted, hf_prompt_lookup, baseline, independent, lookahead, medusa" in result.stderr
+    assert "unknown method(s) eagle3: valid are generate, hf_assisted, hf_prompt_lookup, baseline, eagle, independent, lookahead, medusa" in result.stderr
 
 
 def test_table_without_generate_refers_to_the_first_method():

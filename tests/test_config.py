@@ -45,6 +45,11 @@ def test_drafter_configs_instantiate(name, tmp_path):
         extra = [f"drafter.checkpoint={tmp_path / 'heads.safetensors'}"]
     cfg = make_cfg(*TINY, f"drafter={name}") if with_model else make_cfg("model=tiny", f"drafter={name}", *extra)
     target = load_model(**cfg.model)
+    if name == "eagle":  # a trained head is needed: an untrained one for the tiny model
+        from specresearch.drafters.eagle import EagleHead
+
+        EagleHead(target.model.config).save(tmp_path / "head.safetensors", {"target": "tiny"})
+        cfg.drafter.checkpoint = str(tmp_path / "head.safetensors")
     drafter = build(cfg.drafter, target=target)
     assert isinstance(drafter, Drafter) and drafter.name == name
 

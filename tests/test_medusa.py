@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from specresearch.drafters import Context, MedusaDrafter, NoDrafter
 from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path
@@ -21,7 +20,7 @@ from specresearch.train import MAX_HEADS, build_cache, check, function_prompts, 
 from specresearch.types import SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, MarginVerifier, RejectionVerifier, TypicalVerifier
 
-from .conftest import PLAIN, REPEATING, ROOT, cyclic_tiny, equivalence_report
+from .conftest import PLAIN, REPEATING, ROOT, cyclic_tiny, equivalence_report, train_cfg
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +36,6 @@ def noisy_heads(seed: int = 0, heads: int = 4) -> MedusaHeads:
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
     return module
-
-
-def train_cfg(**overrides):
-    base = dict(heads=2, layers=1, own_lm_head=False, data="text", corpora=["python-stdlib"], tokens=1200, new=16, gen_batch=8,
-                temperature=0.0, seq_len=64, held_out=0.2, cache=False, epochs=3, batch=32, lr=3e-3, weight_decay=0.0, seed=0,
-                log_every=10, out=None)
-    return OmegaConf.create({"train": {**base, **overrides}})
 
 
 def test_text_cache_labels_are_the_targets_top1_on_the_text(target):
@@ -131,7 +123,6 @@ def test_data_is_cached_once_and_reused_for_other_heads(tmp_path, target, monkey
                                         ({"new": 0}, "must be >= 1"), ({"temperature": -1.0}, "temperature >= 0")])
 def test_bad_training_settings_are_refused(bad, match):
     cfg = train_cfg(**bad)
-    cfg.drafter = {"_target_": "specresearch.drafters.medusa.MedusaDrafter"}
     with pytest.raises(SpecResearchError, match=match):
         check(cfg)
 
@@ -183,10 +174,10 @@ def test_the_tree_of_choices(target):
     with pytest.raises(SpecResearchError, match="heads"):
         MedusaDrafter(target, heads=noisy_heads(heads=2), choices=[[0], [0, 0], [0, 0, 0]])
     default = MedusaDrafter(target, heads=noisy_heads())
-    ctx = Context(torch.tensor(PLAIN), SamplingParams(), None, 100, hidden=torch.randn(64))
+    ctx = Context(torch.tensor(PLAIN), SamplingParams(), None, 100, hidden=torch.randn(1, 64))
     draft = default.propose(ctx)
     assert len(draft) == len(DEFAULT_CHOICES) == 8 and draft.depth == 3 and draft.q is None
-    logits = default.heads(ctx.hidden, target.model.get_output_embeddings())  # [K, V]
+    logits = default.heads(ctx.hidden[-1], target.model.get_output_embeddings())  # [K, V]
     for c, token, parent in zip(default.choices, draft.tokens.tolist(), draft.parents.tolist()):
         assert token == int(logits[len(c) - 1].topk(c[-1] + 1).indices[c[-1]])  # head d's token of rank c[-1]
         assert parent == (default.choices.index(c[:-1]) if len(c) > 1 else -1)
@@ -243,7 +234,7 @@ def test_a_shortlist_vocabulary_drafts_only_its_tokens_and_stays_lossless(tmp_pa
     drafter = MedusaDrafter(target, heads=heads, vocab=40, cache_dir=str(tmp_path))
     assert drafter.shortlist.numel() == 40 and (tmp_path / "vocab").is_dir()
     allowed = set(drafter.shortlist.tolist())
-    ctx = Context(torch.tensor(PLAIN), SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), 100, hidden=torch.randn(64))
+    ctx = Context(torch.tensor(PLAIN), SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), 100, hidden=torch.randn(1, 64))
     full = MedusaDrafter(target, heads=heads).propose(ctx)
     assert not set(full.tokens.tolist()) <= allowed  # the whole vocabulary proposes others
     assert set(drafter.propose(ctx).tokens.tolist()) <= allowed

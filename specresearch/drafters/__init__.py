@@ -1,6 +1,7 @@
 """Drafters: what proposes the tokens the target verifies."""
 
 from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.eagle import EagleDrafter
 from specresearch.drafters.independent import IndependentDrafter
 from specresearch.drafters.lookahead import LookaheadDrafter
 from specresearch.drafters.medusa import MedusaDrafter
@@ -9,4 +10,4 @@ from specresearch.drafters.pld import PromptLookupDrafter
 from specresearch.drafters.self_draft import SelfDraftDrafter
 from specresearch.drafters.tree import TreeDrafter
 
-__all__ = ["Context", "Drafter", "IndependentDrafter", "LookaheadDrafter", "MedusaDrafter", "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter", "TreeDrafter"]
+__all__ = ["Context", "Drafter", "EagleDrafter", "IndependentDrafter", "LookaheadDrafter", "MedusaDrafter", "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter", "TreeDrafter"]

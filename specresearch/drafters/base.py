@@ -23,8 +23,9 @@ class Context:
     rng: torch.Generator | None  # for sampled drafts
     max_draft: int  # propose at most this many tokens (tokens left before max_new_tokens, minus one)
     reuse_prefill: bool = False  # the prompt may repeat: a drafter may keep and restore its prefill
-    hidden: Tensor | None = None  # [H] for drafters with needs_hidden: the target's final hidden state at the
-    # position whose logits gave the newest token (Medusa's heads read it)
+    hidden: Tensor | None = None  # [R, H] for drafters with needs_hidden: the target's final hidden states of the
+    # tokens it took in last (the prompt at prefill; the last token and the accepted ones after a step), one per
+    # token, in order: row j gave the token after it, the last row the newest token (Medusa reads it, EAGLE all)
 
 
 class Drafter(ABC):
@@ -40,7 +41,7 @@ class Drafter(ABC):
     k_policy: str = "fixed"
     k_start: int = 0  # k at the start of every sequence
     k_max: int = 0  # the largest k the heuristic may reach
-    needs_hidden: bool = False  # the engine passes the target's last hidden state in Context.hidden
+    needs_hidden: bool = False  # the engine passes the target's hidden states in Context.hidden
 
     def set_k_policy(self, k: int, policy: str = "fixed", k_max: int | None = None) -> None:
         """How k evolves within a sequence: "fixed", or "heuristic" (transformers' assisted generation:

@@ -16,7 +16,7 @@ from specresearch.models import LoadedModel, check_same_vocab, default_cache_dir
 from specresearch.sampling import logits_to_probs, sample
 from specresearch.target import Target
 from specresearch.types import Draft, Verdict
-from specresearch.vocab import frequent_tokens
+from specresearch.vocab import frequent_tokens, widen
 
 
 class IndependentDrafter(Drafter):
@@ -110,7 +110,7 @@ class IndependentDrafter(Drafter):
                 x = sample(q, ctx.rng)
                 sure = self.confidence is None or q[x] >= self.confidence
                 if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
-                    q = torch.zeros(self.vocab_size, dtype=q.dtype, device=q.device).index_copy_(0, self.shortlist, q)
+                    q = widen(q, self.shortlist, self.vocab_size)
                 qs.append(q)
             if self.shortlist is not None:
                 x = self.shortlist[x]

@@ -18,7 +18,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs
 from specresearch.types import Draft, SamplingParams
-from specresearch.vocab import frequent_tokens
+from specresearch.vocab import shortlist_head, widen
 
 CHILDREN = ("top", "sample")
 # Medusa's "tree of choices": each path lists, per depth, which of that head's top tokens to take.
@@ -191,13 +191,10 @@ class MedusaDrafter(Drafter):
         self.vocab_size = self.lm_head.weight.shape[0]  # V: the length of the q rows the verifier compares with p
         self.shortlist: Tensor | None = None  # [N] the token ids the heads may propose; None = all
         if vocab is not None:
-            if heads.lm_heads is not None or getattr(self.lm_head, "bias", None) is not None:
-                raise SpecResearchError("drafter.vocab needs heads on the target's own bias-free lm head (not train.own_lm_head)")
+            if heads.lm_heads is not None:
+                raise SpecResearchError("drafter.vocab needs heads on the target's own lm head (not train.own_lm_head)")
             cache = Path(cache_dir or default_cache_dir()) / "vocab"
-            self.shortlist = frequent_tokens(target.tokenizer, int(vocab), vocab_corpus, cache).to(target.device)
-            rows = self.lm_head.weight.detach()[self.shortlist]  # [N, H]
-            self.lm_head = nn.Linear(hidden, rows.shape[0], bias=False, device=target.device, dtype=target.dtype)
-            self.lm_head.weight = nn.Parameter(rows, requires_grad=False)
+            self.lm_head, self.shortlist = shortlist_head(self.lm_head, target.tokenizer, int(vocab), vocab_corpus, cache)
         self.k = depth  # the longest path
         self._width = [1 + max(c[d] for c in choices if len(c) > d) for d in range(depth)]  # top-k per head
 
@@ -212,7 +209,7 @@ class MedusaDrafter(Drafter):
         choices = [c for c in self.choices if len(c) <= ctx.max_draft]
         if not choices:
             return Draft.empty(device)
-        logits = self.heads(ctx.hidden, self.lm_head).float()  # [K, V], or [K, N] over the shortlist
+        logits = self.heads(ctx.hidden[-1], self.lm_head).float()  # [K, V], or [K, N] over the shortlist
         if self.children == "top":
             laws, q = None, None
             ranked = [torch.topk(logits[d], w).indices for d, w in enumerate(self._width)]
@@ -228,5 +225,5 @@ class MedusaDrafter(Drafter):
         if laws is not None:
             q = laws[[len(c) - 1 for c in choices]]  # [M, V]: node at depth d was drawn from head d's law
             if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
-                q = torch.zeros(q.shape[0], self.vocab_size, dtype=q.dtype, device=q.device).index_copy_(1, self.shortlist, q)
+                q = widen(q, self.shortlist, self.vocab_size)
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents))

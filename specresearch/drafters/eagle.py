@@ -1,0 +1,179 @@
+"""EAGLE (Li et al., 2024): a one-layer draft head that runs autoregressively on the target's features.
+
+At position t the head reads the target's final hidden state f_t and the token x_{t+1} that came out
+of it, fc([e(x_{t+1}); f_t]) → one decoder layer of the target's own architecture (with its own KV
+cache) → f̂_{t+1}, and the target's frozen lm head turns f̂_{t+1} into a guess for x_{t+2}. Drafting
+feeds its own f̂ back for the following tokens; after each verification the target's true features
+of the accepted tokens replace them. Trained by `python -m specresearch.train drafter=eagle` on the
+same self-distillation data as Medusa's heads.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from transformers import AutoModel, DynamicCache
+
+from specresearch.drafters.base import Context, Drafter
+from specresearch.errors import SpecResearchError
+from specresearch.models import LoadedModel, default_cache_dir
+from specresearch.sampling import logits_to_probs, sample
+from specresearch.types import Draft, Verdict
+from specresearch.vocab import shortlist_head, widen
+
+
+class EagleHead(nn.Module):
+    """fc([e(x); f]) → one decoder layer (the target's architecture and sizes, its own final norm)
+    → the next feature. The token embedding e and the lm head are the target's, frozen, not saved."""
+
+    def __init__(self, config):
+        super().__init__()
+        cfg = copy.deepcopy(config)
+        cfg.num_hidden_layers = 1
+        cfg.vocab_size = 1  # fed inputs_embeds: no embedding table of its own
+        cfg.pad_token_id = None
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = cfg.layer_types[:1]
+        hidden = cfg.hidden_size
+        self.config = {"hidden": int(hidden)}
+        self.fc = nn.Linear(2 * hidden, hidden)
+        self.layer = AutoModel.from_config(cfg).float()  # trained in float32 (the config may say bf16); cast when drafting
+
+    def forward(self, embeds: Tensor, features: Tensor, cache: DynamicCache | None = None, mask: Tensor | None = None) -> Tensor:
+        """[B, T, H] token embeddings e(x_{t+1}) and [B, T, H] features f_t → [B, T, H] predicted f̂_{t+1}
+        (after the pairs in `cache`; `mask` [B, past + T]: 0 = padding)."""
+        dtype = self.fc.weight.dtype
+        x = self.fc(torch.cat([embeds.to(dtype), features.to(dtype)], dim=-1))  # [B, T, H]
+        return self.layer(inputs_embeds=x, past_key_values=cache, use_cache=cache is not None, attention_mask=mask).last_hidden_state
+
+    def save(self, path: Path, meta: dict | None = None) -> None:
+        """safetensors weights, with `meta` (target, training) in a JSON file beside them."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, str(path))
+        path.with_suffix(".json").write_text(json.dumps({**self.config, **(meta or {})}, indent=1))
+
+    @classmethod
+    def load(cls, path: Path, config) -> tuple[EagleHead, dict]:
+        meta = json.loads(path.with_suffix(".json").read_text())
+        head = cls(config)
+        head.load_state_dict(load_file(str(path)))
+        return head, meta
+
+
+def eagle_path(target_name: str, cache_dir: str | Path | None = None) -> Path:
+    """Where the head trained for `target_name` lives: <model cache>/eagle/<target>/head.safetensors."""
+    return Path(cache_dir or default_cache_dir()) / "eagle" / target_name.replace("/", "--") / "head.safetensors"
+
+
+class EagleDrafter(Drafter):
+    """Drafts a chain of k tokens with an EAGLE head: its argmax at T = 0 (q = None), samples from its
+    law at T > 0 (q returned). Lossless with greedy and rejection sampling; typical/margin/topk verify
+    it lossily as any chain."""
+
+    name = "eagle"
+    needs_hidden = True
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        k: int = 4,
+        checkpoint: str | None = None,
+        k_policy: str = "fixed",
+        k_max: int | None = None,
+        vocab: int | None = None,
+        vocab_corpus: str = "python-stdlib",
+        head: EagleHead | None = None,
+        cache_dir: str | None = None,
+    ):
+        """
+        Args:
+            target: the target model the head was trained on.
+            k: draft tokens per step (a maximum under k_policy=heuristic).
+            checkpoint: the head's safetensors file; None = this target's in the model cache.
+            k_policy, k_max: see Drafter.set_k_policy.
+            vocab: the head's lm head scores only the `vocab` most frequent tokens (FR-Spec): the
+                lm head is most of a draft step's cost. None = the whole vocabulary. Lossless either way.
+            vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
+            head: a head to use instead of a checkpoint (tests, a freshly trained head).
+            cache_dir: the model cache the default checkpoint lives in (None = the default cache).
+        """
+        if k < 1:
+            raise SpecResearchError(f"drafter.k must be >= 1, got {k}")
+        self.set_k_policy(k, k_policy, k_max)
+        if head is None:
+            path = Path(checkpoint) if checkpoint else eagle_path(target.name, cache_dir)
+            if not path.is_file():
+                raise SpecResearchError(
+                    f"no EAGLE head for {target.name} at {path}: train it with\n"
+                    f"  python -m specresearch.train drafter=eagle model.name={target.name}\n"
+                    f"or point drafter.checkpoint at a head.safetensors file"
+                )
+            head, meta = EagleHead.load(path, target.model.config)
+            if meta.get("target") not in (None, target.name):
+                raise SpecResearchError(f"the head at {path} was trained for {meta['target']}, not {target.name}")
+        self.head = head.to(device=target.device, dtype=target.dtype).eval()
+        self.embed = target.model.get_input_embeddings()
+        self.lm_head = target.model.get_output_embeddings()
+        self.vocab_size = self.lm_head.weight.shape[0]  # V: the length of the q rows the verifier compares with p
+        self.shortlist: Tensor | None = None  # [N] the token ids the head may propose; None = all
+        if vocab is not None:
+            cache = Path(cache_dir or default_cache_dir()) / "vocab"
+            self.lm_head, self.shortlist = shortlist_head(self.lm_head, target.tokenizer, int(vocab), vocab_corpus, cache)
+        self.cache: DynamicCache | None = None
+        self.length = 0  # (feature, token) pairs of the accepted text in the head's cache
+        self.feature: Tensor | None = None  # [H] f̂ after the last accepted pair: the head's guess source for the next token
+        self._forwards = 0
+
+    def _feed(self, features: Tensor, tokens: Tensor) -> Tensor:
+        """Feed pairs (f_t, x_{t+1}) ([T, H], [T]) after the cached ones; return [T, H] the f̂_{t+1}."""
+        self._forwards += 1
+        return self.head(self.embed(tokens)[None], features[None], self.cache)[0]
+
+    def prefill(self, ctx: Context) -> None:
+        super().prefill(ctx)
+        if ctx.hidden is None:
+            raise SpecResearchError("drafter=eagle needs the target's hidden states (Context.hidden); run it through the Engine")
+        self.cache = DynamicCache(config=self.head.layer.config)
+        self.feature = self._feed(ctx.hidden, ctx.tokens[1:])[-1]  # the prompt's features, each with the token after it
+        self.length = self.cache.get_seq_length()
+
+    def propose(self, ctx: Context) -> Draft:
+        tokens, qs = [], []
+        f = self.feature  # [H]
+        for i in range(min(self.k, ctx.max_draft)):
+            logits = self.lm_head(f).float()  # [V], or [N] over the shortlist
+            if ctx.sampling.greedy:
+                x = logits.argmax(-1)
+            else:
+                q = logits_to_probs(logits, ctx.sampling)
+                x = sample(q, ctx.rng)
+                if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
+                    q = widen(q, self.shortlist, self.vocab_size)
+                qs.append(q)
+            if self.shortlist is not None:
+                x = self.shortlist[x]
+            tokens.append(x)
+            if i + 1 < min(self.k, ctx.max_draft):
+                f = self._feed(f[None], x[None])[-1]  # the head's own feature stands in for the target's
+        if not tokens:
+            return Draft.empty(ctx.tokens.device)
+        return Draft(tokens=torch.stack(tokens), q=torch.stack(qs) if qs else None)  # [K], [K, V]
+
+    def commit(self, ctx: Context, verdict: Verdict) -> None:
+        # Drop the drafted pairs, then feed the target's own features of the tokens it kept, each with
+        # the token that followed it (the accepted draft tokens and the added one).
+        drafted = self.cache.get_seq_length() - self.length
+        if drafted > 0:
+            self.cache.crop(-drafted)
+        rows = ctx.hidden.shape[0]  # the last token before the step, then the accepted ones
+        self.feature = self._feed(ctx.hidden, ctx.tokens[-rows:])[-1]
+        self.length = self.cache.get_seq_length()
+
+    @property
+    def draft_forwards(self) -> int:
+        return self._forwards
