@@ -1,5 +1,5 @@
-"""`python -m specresearch.train drafter=medusa [model=...] [train.*=...]`: train Medusa heads on the
-target's own predictions, offline, on the CPU.
+"""`python -m specresearch.train drafter=medusa|eagle [model=...] [train.*=...]`: train Medusa heads
+or an EAGLE head on the target's own predictions, offline, on the CPU.
 
 Self-distillation with the target frozen. Two kinds of training data (`train.data`):
 
@@ -14,7 +14,7 @@ Self-distillation with the target frozen. Two kinds of training data (`train.dat
 The hidden states and labels are computed once and cached on disk (keyed by every setting they depend
 on), so a second training with other optimiser settings starts at once. The last `held_out` share of
 the prompts (or text chunks) is held out for the reported accuracy. The heads land in the model cache,
-keyed by the target, where `drafter=medusa` finds them; the run is tracked in MLflow.
+keyed by the target, where `drafter=medusa` (or `eagle`) finds them; the run is tracked in MLflow.
 """
 
 from __future__ import annotations

@@ -99,6 +99,9 @@ def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target):
     assert EagleDrafter(target, cache_dir=str(tmp_path)).head is not None
     with pytest.raises(SpecResearchError, match="python -m specresearch.train drafter=eagle model.name=tiny"):
         EagleDrafter(target, cache_dir=str(tmp_path / "empty"))
+    head.save(tmp_path / "other.safetensors", {"target": "another-model"})
+    with pytest.raises(SpecResearchError, match="trained for another-model, not tiny"):
+        EagleDrafter(target, checkpoint=str(tmp_path / "other.safetensors"))
     with pytest.raises(SpecResearchError, match="k must be >= 1"):
         EagleDrafter(target, k=0, cache_dir=str(tmp_path))
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
@@ -81,3 +84,28 @@ class Drafter(ABC):
     def draft_forwards(self) -> int:
         """Forwards of a draft model so far (for the draft cost ratio c); 0 for model-free drafters."""
         return 0
+
+
+def save_checkpoint(module: torch.nn.Module, path: Path, meta: dict) -> None:
+    """A trained drafter's weights as safetensors at `path`, and `meta` (its shape, target, training)
+    in a JSON file beside them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}, str(path))
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+
+
+def find_checkpoint(drafter: str, target_name: str, checkpoint: str | None, default: Path) -> Path:
+    """The weights a trained drafter loads: `checkpoint`, else `default` (where `python -m
+    specresearch.train drafter=<drafter>` saves them). A missing file, or one trained for another
+    target, is an error that says what to do."""
+    path = Path(checkpoint) if checkpoint else default
+    if not path.is_file():
+        raise SpecResearchError(
+            f"no trained {drafter} drafter for {target_name} at {path}: train it with\n"
+            f"  python -m specresearch.train drafter={drafter} model.name={target_name}\n"
+            f"or point drafter.checkpoint at a {default.name} file"
+        )
+    trained_for = json.loads(path.with_suffix(".json").read_text()).get("target")
+    if trained_for not in (None, target_name):
+        raise SpecResearchError(f"the {drafter} weights at {path} were trained for {trained_for}, not {target_name}")
+    return path

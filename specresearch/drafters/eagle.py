@@ -15,11 +15,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
-from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.base import Context, Drafter, find_checkpoint, save_checkpoint
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs, sample
@@ -53,9 +53,7 @@ class EagleHead(nn.Module):
 
     def save(self, path: Path, meta: dict | None = None) -> None:
         """safetensors weights, with `meta` (target, training) in a JSON file beside them."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, str(path))
-        path.with_suffix(".json").write_text(json.dumps({**self.config, **(meta or {})}, indent=1))
+        save_checkpoint(self, path, {**self.config, **(meta or {})})
 
     @classmethod
     def load(cls, path: Path, config) -> tuple[EagleHead, dict]:
@@ -106,16 +104,7 @@ class EagleDrafter(Drafter):
             raise SpecResearchError(f"drafter.k must be >= 1, got {k}")
         self.set_k_policy(k, k_policy, k_max)
         if head is None:
-            path = Path(checkpoint) if checkpoint else eagle_path(target.name, cache_dir)
-            if not path.is_file():
-                raise SpecResearchError(
-                    f"no EAGLE head for {target.name} at {path}: train it with\n"
-                    f"  python -m specresearch.train drafter=eagle model.name={target.name}\n"
-                    f"or point drafter.checkpoint at a head.safetensors file"
-                )
-            head, meta = EagleHead.load(path, target.model.config)
-            if meta.get("target") not in (None, target.name):
-                raise SpecResearchError(f"the head at {path} was trained for {meta['target']}, not {target.name}")
+            head, _ = EagleHead.load(find_checkpoint("eagle", target.name, checkpoint, eagle_path(target.name, cache_dir)), target.model.config)
         self.head = head.to(device=target.device, dtype=target.dtype).eval()
         self.embed = target.model.get_input_embeddings()
         self.lm_head = target.model.get_output_embeddings()

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.base import Context, Drafter, find_checkpoint, save_checkpoint
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs
@@ -96,9 +96,7 @@ class MedusaHeads(nn.Module):
 
     def save(self, path: Path, meta: dict | None = None) -> None:
         """safetensors weights, with the shape and `meta` (target, training) in a JSON file beside them."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, str(path))
-        path.with_suffix(".json").write_text(json.dumps({**self.config, **(meta or {})}, indent=1))
+        save_checkpoint(self, path, {**self.config, **(meta or {})})
 
     @classmethod
     def load(cls, path: Path) -> tuple[MedusaHeads, dict]:
@@ -160,16 +158,7 @@ class MedusaDrafter(Drafter):
             raise SpecResearchError(f"drafter.nodes must be >= 1, got {nodes}")
         meta: dict = {}
         if heads is None:
-            path = Path(checkpoint) if checkpoint else checkpoint_path(target.name, cache_dir)
-            if not path.is_file():
-                raise SpecResearchError(
-                    f"no Medusa heads for {target.name} at {path}: train them with\n"
-                    f"  python -m specresearch.train drafter=medusa model.name={target.name}\n"
-                    f"or point drafter.checkpoint at a heads.safetensors file"
-                )
-            heads, meta = MedusaHeads.load(path)
-            if meta.get("target") not in (None, target.name):
-                raise SpecResearchError(f"the heads at {path} were trained for {meta['target']}, not {target.name}")
+            heads, meta = MedusaHeads.load(find_checkpoint("medusa", target.name, checkpoint, checkpoint_path(target.name, cache_dir)))
         if choices is None:
             choices = best_choices(meta["rank_acc"], nodes) if meta.get("rank_acc") else DEFAULT_CHOICES
         choices = [tuple(int(r) for r in c) for c in choices]
