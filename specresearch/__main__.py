@@ -24,7 +24,12 @@ def _task(cfg: DictConfig) -> JobFailed | None:
     from specresearch.experiment import fail, run  # imported here so `--help` stays fast
 
     try:
-        run(cfg)
+        if cfg.get("eval") is not None:  # eval=NAME: quality (lm-eval) instead of speed
+            from specresearch.evaluation.runner import run_eval
+
+            run_eval(cfg)
+        else:
+            run(cfg)
     except SpecResearchError as err:
         if HydraConfig.get().mode != RunMode.MULTIRUN:
             fail(str(err))

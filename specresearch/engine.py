@@ -45,6 +45,7 @@ class Engine:
         self.drafter = drafter
         self.verifier = verifier
         self.sampling = sampling
+        self.law = verifier.law(sampling)  # how logits become the p the verifier reads (the decoding's, as a rule)
         self.device = target.device
 
     @torch.inference_mode()
@@ -111,7 +112,7 @@ class Engine:
             with clock.phase(stats, "time_prefill"):
                 self.target.reset()
                 self.target.keep_hidden = self.drafter.needs_hidden
-                p = logits_to_probs(self.target.prefill(tokens[:start], reuse_prefill), self.sampling)  # [1, V]
+                p = logits_to_probs(self.target.prefill(tokens[:start], reuse_prefill), self.law)  # [1, V]
                 if self.drafter.needs_hidden:
                     hidden = self.target.hidden  # [T, H] the prompt's
                 stop_reason = append(self.verifier(_NO_DRAFT, p, rng))
@@ -128,7 +129,7 @@ class Engine:
                     logits = self.target.forward(fed, parents=parents)  # [1 + K, V]
                 with clock.phase(stats, "time_accept"):
                     k = len(draft)  # proposals; scratch rows come after them
-                    p = logits_to_probs(logits[: k + 1], self.sampling)  # [K+1, V]
+                    p = logits_to_probs(logits[: k + 1], self.law)  # [K+1, V]
                     verdict = self.verifier(draft, p, rng)
                     path = range(verdict.num_accepted) if verdict.path is None else verdict.path
                     rows = [0] + [1 + i for i in path]  # the root and the accepted nodes

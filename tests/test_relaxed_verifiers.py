@@ -116,3 +116,38 @@ def test_errors_name_the_valid_choices():
         TopKVerifier(k=0)
     with pytest.raises(SpecResearchError, match="0 < epsilon <= 1"):
         TypicalVerifier(epsilon=0)
+
+
+def test_rule_temperature_makes_a_lossy_greedy_method():
+    """Greedy decoding whose rule reads the target's T = 1 law: every kept token is among the target's
+    top 3 logits after its prefix (teacher forcing), the added tokens are argmaxes, and the output
+    leaves plain greedy on some prompt; with k = 1 it is plain greedy again."""
+    target = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
+    draft = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0, "noise": 0.03, "noise_seed": 5})
+    greedy = SamplingParams()
+    baseline = Engine(target, NoDrafter(), GreedyVerifier(), greedy)
+
+    def engine(k: int) -> Engine:
+        verifier = TopKVerifier(k=k, recover="greedy", rule_temperature=1.0)
+        return Engine(target, IndependentDrafter(target, k=4, model=draft), verifier, greedy)
+
+    lossy, exact, differs = engine(3), engine(1), 0
+    for prompt in ([1, 2, 3], [40, 41, 42, 43, 44], [7, 7, 9], [200, 100, 50]):
+        out = lossy.generate(prompt, 30, eos_token_ids=[])
+        plain = baseline.generate(prompt, 30, eos_token_ids=[]).tokens
+        differs += out.tokens != plain
+        with torch.inference_mode():
+            logits = target.model(torch.tensor([prompt + out.tokens])).logits[0, len(prompt) - 1 : -1]  # [N, V]
+        top3 = torch.topk(logits, 3, dim=-1).indices  # [N, 3]
+        assert all(tok in row for tok, row in zip(out.tokens, top3.tolist()))
+        assert exact.generate(prompt, 30, eos_token_ids=[]).tokens == plain
+    assert differs > 0
+
+
+def test_rule_temperature_is_for_greedy_decoding_only():
+    with pytest.raises(SpecResearchError, match="recover=greedy"):
+        TopKVerifier(k=3, rule_temperature=1.0).check(SamplingParams())
+    with pytest.raises(SpecResearchError, match="rule_temperature=null"):
+        TopKVerifier(k=3, recover="greedy", rule_temperature=1.0).check(SamplingParams(temperature=1.0))
+    with pytest.raises(SpecResearchError, match="must be > 0"):
+        MarginVerifier(rule_temperature=0)

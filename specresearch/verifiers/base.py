@@ -31,6 +31,11 @@ class Verifier(ABC):
     def check(self, sampling: SamplingParams) -> None:
         """Raise SpecResearchError if this rule cannot run with these sampling settings."""
 
+    def law(self, sampling: SamplingParams) -> SamplingParams:
+        """How the engine turns the target's logits into the p this verifier reads: the decoding's own
+        settings, unless a rule asks for another view of the target (see RelaxedVerifier)."""
+        return sampling
+
     @abstractmethod
     def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
         """The probability of keeping each draft token.

@@ -5,13 +5,14 @@ is looser than the target's law, and not faithful to it: `specresearch.stats` me
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
 from specresearch.sampling import sample
-from specresearch.types import Draft, Verdict
+from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers.base import Verifier, argmax_law
 
 RECOVER = ("sample", "greedy")
@@ -20,14 +21,35 @@ RECOVER = ("sample", "greedy")
 class RelaxedVerifier(Verifier):
     """Accept draft token x_i while the rule `passes` on p_i and p_i(x_i); then add the target's token at the first
     rejected position (or the bonus position): drawn from p there (`recover=sample`, as Medusa's
-    typical sampling does) or its argmax (`recover=greedy`). The draft's q is not used."""
+    typical sampling does) or its argmax (`recover=greedy`). The draft's q is not used.
+
+    At temperature 0 the decoding's p is one-hot, so every rule here keeps exactly the argmax path.
+    `rule_temperature` makes a lossy greedy method instead: the rule reads softmax(logits / T_rule)
+    (e.g. 1: top-k of the target's logits), while the added token stays the argmax (recover=greedy).
+    """
 
     lossless = False
 
-    def __init__(self, recover: str = "sample"):
+    def __init__(self, recover: str = "sample", rule_temperature: float | None = None):
         if recover not in RECOVER:
             raise SpecResearchError(f"unknown verifier.recover '{recover}': valid are {', '.join(RECOVER)}")
+        if rule_temperature is not None and not rule_temperature > 0:
+            raise SpecResearchError(f"verifier.rule_temperature must be > 0 (or null: the decoding's), got {rule_temperature}")
         self.recover = recover
+        self.rule_temperature = rule_temperature
+
+    def check(self, sampling: SamplingParams) -> None:
+        if self.rule_temperature is not None and not (sampling.greedy and self.recover == "greedy"):
+            raise SpecResearchError(
+                f"verifier.rule_temperature is for greedy decoding (a lossy greedy method): use it with sampling=greedy and "
+                f"verifier.recover=greedy; got temperature={sampling.temperature}, recover={self.recover}. At temperature > 0 "
+                "the rule reads the decoding's own p: set rule_temperature=null"
+            )
+
+    def law(self, sampling: SamplingParams) -> SamplingParams:
+        """The rule's view of the target: softmax at `rule_temperature` (same top-k/top-p) if set; its
+        argmax, the added token with recover=greedy, is the greedy token all the same."""
+        return sampling if self.rule_temperature is None else replace(sampling, temperature=float(self.rule_temperature))
 
     def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
         return self.passes(p, p.gather(-1, x[:, None])[:, 0]).to(p.dtype)  # [K] 0 or 1; q is not used
@@ -70,14 +92,15 @@ class TypicalVerifier(RelaxedVerifier):
 
     name = "typical"
 
-    def __init__(self, epsilon: float = 0.09, delta: float = 0.3, recover: str = "sample"):
+    def __init__(self, epsilon: float = 0.09, delta: float = 0.3, recover: str = "sample", rule_temperature: float | None = None):
         """
         Args:
             epsilon: the hard threshold ε (Medusa's posterior_threshold).
             delta: the entropy-scaled threshold δ (Medusa's posterior_alpha).
             recover: the target's added token: "sample" from p, or "greedy" (its argmax).
+            rule_temperature: greedy decoding only: the rule reads softmax(logits / this); null = p.
         """
-        super().__init__(recover)
+        super().__init__(recover, rule_temperature)
         if not (0 < epsilon <= 1 and 0 < delta <= 1):
             raise SpecResearchError(f"verifier=typical needs 0 < epsilon <= 1 and 0 < delta <= 1, got {epsilon}, {delta}")
         self.epsilon, self.delta = float(epsilon), float(delta)
@@ -93,14 +116,16 @@ class MarginVerifier(RelaxedVerifier):
 
     name = "margin"
 
-    def __init__(self, margin: float | None = 0.1, ratio: float | None = None, recover: str = "sample"):
+    def __init__(self, margin: float | None = 0.1, ratio: float | None = None, recover: str = "sample",
+                 rule_temperature: float | None = None):
         """
         Args:
             margin: absolute margin m in [0, 1]; null when `ratio` is used.
             ratio: relative variant r in (0, 1]: p(x) >= r · max p; null for the absolute rule.
             recover: the target's added token: "sample" from p, or "greedy" (its argmax).
+            rule_temperature: greedy decoding only: the rule reads softmax(logits / this); null = p.
         """
-        super().__init__(recover)
+        super().__init__(recover, rule_temperature)
         if (margin is None) == (ratio is None):
             raise SpecResearchError("verifier=margin takes exactly one of margin (absolute) and ratio (relative); set the other to null")
         if margin is not None and not 0 <= margin <= 1:
@@ -116,17 +141,18 @@ class MarginVerifier(RelaxedVerifier):
 
 class TopKVerifier(RelaxedVerifier):
     """Top-k acceptance: accept x if it is among the target's k most likely tokens (ties at the k-th
-    probability pass too). Exact at temperature 0 for k = 1."""
+    probability pass too). Exact at temperature 0 (p one-hot) unless `rule_temperature` is set."""
 
     name = "topk"
 
-    def __init__(self, k: int = 3, recover: str = "sample"):
+    def __init__(self, k: int = 3, recover: str = "sample", rule_temperature: float | None = None):
         """
         Args:
             k: how many of the target's most likely tokens pass (>= 1).
             recover: the target's added token: "sample" from p, or "greedy" (its argmax).
+            rule_temperature: greedy decoding only: the rule reads softmax(logits / this); null = p.
         """
-        super().__init__(recover)
+        super().__init__(recover, rule_temperature)
         if int(k) < 1:
             raise SpecResearchError(f"verifier=topk needs k >= 1, got {k}")
         self.k = int(k)

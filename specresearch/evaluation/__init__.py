@@ -1,0 +1,1 @@
+"""Quality evaluation: lm-eval model adapter, offline tasks, sandboxed code execution."""

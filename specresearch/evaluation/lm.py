@@ -1,0 +1,205 @@
+"""specresearch as an lm-eval model, registered as `specresearch`.
+
+`generate_until` decodes through the engine, so any drafter × verifier is scored by any lm-eval
+generation task; `loglikelihood` scores with the target alone (speculation never changes the
+target's probabilities, so the method and the baseline give the same numbers there).
+
+From the lm-eval command line the model arguments are our Hydra overrides:
+
+    lm_eval --model specresearch --model_args drafter=independent,verifier=greedy,drafter.k=4 ...
+
+From Python, hand it an engine: `SpecResearchLM(engine=Engine(...), seed=0)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
+from specresearch.types import GenerationOutput, SamplingParams
+
+MAX_GEN_TOKS = 256  # lm-eval's usual default when a task does not say
+_SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k")
+_IGNORED_KEYS = ("until", "max_gen_toks", "max_new_tokens", "num_beams", "repetition_penalty")
+
+
+@register_model("specresearch")
+class SpecResearchLM(TemplateLM):
+    """An lm-eval `LM` backed by one specresearch engine (batch size 1: speculative decoding decodes
+    one prompt at a time).
+
+    Every `generate_until` request and its output are kept in `self.outputs` (tokens, stop reason,
+    speed counters), so a runner can report τ and tokens/s next to the score.
+    """
+
+    backend = "causal"
+
+    def __init__(self, engine: Engine | None = None, seed: int = 0, max_length: int | None = None,
+                 batch_size: int | str | None = None, max_batch_size: int | None = None, device: str | None = None,
+                 **overrides: Any):
+        """
+        Args:
+            engine: the engine to decode with; None builds one from `overrides`.
+            seed: request i of a `generate_until` call is decoded with seed + i.
+            max_length: the longest context scored by `loglikelihood_rolling` (default: the model's
+                position limit, at most 4096).
+            batch_size, max_batch_size: accepted from lm-eval's command line; only 1 is possible.
+            device: lm-eval's `--device`: the same as the override `model.device=...` (its default
+                cuda:0 falls back to `auto` where CUDA is missing, as lm-eval's hf model does).
+            overrides: Hydra overrides of conf/config.yaml (`drafter=pld`, `drafter.k=4`, `model=tiny`,
+                `sampling=random`, ...), as lm-eval's `--model_args` passes them.
+        """
+        super().__init__()
+        if batch_size not in (None, 1, "1", "auto") or max_batch_size not in (None, 1):
+            raise SpecResearchError(f"model specresearch decodes one prompt at a time: batch_size must be 1, got {batch_size}")
+        if engine is None:
+            if device is not None and not (device.startswith("cuda") and not torch.cuda.is_available()):
+                overrides.setdefault("model.device", device)  # lm-eval's default is cuda:0: where there is none, `auto`
+            cfg = compose_config(overrides)
+            engine = build_engine(cfg)
+            seed = int(cfg.seed) if "seed" not in overrides else seed
+        elif overrides:
+            raise SpecResearchError(f"give either an engine or config overrides, not both (got {sorted(overrides)})")
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.seed = seed
+        config = engine.target.lm.model.config
+        self.max_length = max_length or min(int(getattr(config, "max_position_embeddings", 4096) or 4096), 4096)
+        self._engines: dict[SamplingParams, Engine] = {engine.sampling: engine}
+        self.outputs: list[tuple[Any, GenerationOutput]] = []  # (lm-eval Instance, its output) per request
+
+    # -- what lm-eval asks of a causal LM -------------------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.tokenizer, "name_or_path", type(self.tokenizer).__name__)).replace("/", "__")
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return list(self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens)))
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None) if chat_template else None
+
+    @torch.inference_mode()
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        """Sum of the target's log p over each continuation, and whether it is the target's greedy choice."""
+        out = []
+        for _, context, continuation in tqdm(requests, desc="loglikelihood", disable=disable_tqdm):
+            out.append(self._score(context, continuation))
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Log-likelihood of whole texts, in windows of `max_length` tokens (lm-eval's perplexity tasks)."""
+        out = []
+        for (text,) in tqdm([r.args for r in requests], desc="loglikelihood_rolling", disable=disable_tqdm):
+            windows = get_rolling_token_windows(self.tok_encode(text), self.prefix_token_id, self.max_length, context_len=1)
+            out.append(sum(self._score(*make_disjoint_window(w))[0] for w in windows))
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Decode each request's context through the engine until one of its `until` strings, EOS or
+        `max_gen_toks` tokens. The task's `do_sample`/`temperature`/`top_p`/`top_k`, where it sets
+        them, override the configured sampling (as in lm-eval's own models)."""
+        out = []
+        for i, request in enumerate(tqdm(requests, desc=f"generate ({self.label})", disable=disable_tqdm)):
+            context, gen_kwargs = request.args
+            kwargs = dict(gen_kwargs or {})
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(kwargs.get("max_gen_toks", kwargs.get("max_new_tokens", MAX_GEN_TOKS)))
+            ids = self.tok_encode(context)
+            if not ids:
+                raise SpecResearchError(f"request {i}: the context encodes to no tokens")
+            result = self._engine_for(kwargs).generate(ids, max_new, stop_strings=until, seed=self.seed + i)
+            self.outputs.append((request, result))
+            out.append(result.text)
+        return out
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        drafter, verifier = self.engine.drafter, self.engine.verifier
+        return f"{drafter.name}(k={getattr(drafter, 'k', 0)}) x {verifier.name}"
+
+    def _engine_for(self, gen_kwargs: dict) -> Engine:
+        """The engine for the request's sampling: the configured one unless the task sets its own."""
+        unknown = sorted(set(gen_kwargs) - set(_SAMPLING_KEYS) - set(_IGNORED_KEYS))
+        if unknown:
+            raise SpecResearchError(f"unsupported generation_kwargs {unknown}: specresearch takes {', '.join(_SAMPLING_KEYS + _IGNORED_KEYS[:3])}")
+        sampling = self.engine.sampling
+        if gen_kwargs.get("do_sample") is False:
+            sampling = replace(sampling, temperature=0.0)
+        elif "temperature" in gen_kwargs:
+            sampling = replace(sampling, temperature=float(gen_kwargs["temperature"]))
+        if "top_p" in gen_kwargs:
+            sampling = replace(sampling, top_p=float(gen_kwargs["top_p"]))
+        if "top_k" in gen_kwargs:
+            sampling = replace(sampling, top_k=int(gen_kwargs["top_k"]))
+        if sampling not in self._engines:
+            base = self.engine
+            self._engines[sampling] = Engine(base.target.lm, base.drafter, base.verifier, sampling)
+        return self._engines[sampling]
+
+    def _score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+        model = self.engine.target.lm.model
+        ids = (context + continuation)[-(self.max_length + 1):]
+        n = len(continuation)
+        inputs = torch.tensor([ids[:-1]], device=self.engine.device)  # [1, T]
+        logits = model(input_ids=inputs, use_cache=False).logits[0, -n:].float()  # [n, V]
+        logp = F.log_softmax(logits, dim=-1)
+        target = torch.tensor(ids[-n:], device=logp.device)  # [n]
+        return float(logp.gather(-1, target[:, None]).sum()), bool((logits.argmax(-1) == target).all())
+
+
+def compose_config(overrides: dict[str, Any]) -> DictConfig:
+    """conf/config.yaml composed with `key=value` overrides (values as lm-eval parsed them)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from specresearch.__main__ import CONF_DIR
+
+    def text(value: Any) -> str:
+        return str(value).lower() if isinstance(value, bool) else "null" if value is None else str(value)
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name="config", overrides=[f"{key}={text(value)}" for key, value in overrides.items()])
+    except HydraException as err:
+        raise SpecResearchError(f"model_args: {err}") from None
+
+
+def build_engine(cfg: DictConfig, baseline: bool = False, target=None) -> Engine:
+    """The engine a composed config describes; with `baseline`, the target alone (the `none`
+    drafter with a lossless verifier), as the speed experiment's baseline. `target`: a LoadedModel
+    already loaded (shared between baseline and method) instead of loading `cfg.model`."""
+    from specresearch.drafters.none import NoDrafter
+    from specresearch.experiment import build
+    from specresearch.models import load_model
+    from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+
+    sampling = SamplingParams(**cfg.sampling)
+    target = target if target is not None else load_model(**cfg.model)
+    if baseline:
+        return Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling)
+    return Engine(target, build(cfg.drafter, target=target), build(cfg.verifier), sampling)

@@ -1,0 +1,258 @@
+"""`python -m specresearch eval=humaneval`: the quality of a drafter × verifier against the target alone.
+
+The same lm-eval task runs twice on the same target, through the engine: with the `none` drafter
+(the baseline) and with the configured method. Both scores, their difference, a paired test of that
+difference (exact McNemar on the per-problem outcomes) and each problem's two completions go to
+MLflow, next to the decoding speed measured on the same generations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import hashlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from scipy.stats import binomtest
+
+from specresearch.errors import SpecResearchError
+from specresearch.metrics import SpecStats
+from specresearch.types import GenerationOutput
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+TASKS = {"humaneval_offline": "specresearch.evaluation.humaneval"}  # task -> the module that scores it
+UNSAFE = {"humaneval_offline"}  # tasks that execute model-written code
+
+
+@dataclass
+class Side:
+    """One evaluation (baseline or method): lm-eval's scores, its per-problem samples, the generations."""
+
+    scores: dict[str, float] = field(default_factory=dict)  # metric -> value, lm-eval's names ("pass@1", "pass@1_stderr")
+    samples: list[dict] = field(default_factory=list)  # lm-eval's logged samples, in doc order
+    outputs: dict[int, GenerationOutput] = field(default_factory=dict)  # doc_id -> its generation
+    details: dict[str, dict] = field(default_factory=dict)  # doc key -> the sandbox's {"status", "detail"}
+    cached: str | None = None  # the cache file it was read from, if it was not measured in this run
+
+    @property
+    def stats(self) -> SpecStats:
+        total = SpecStats()
+        for output in self.outputs.values():
+            total = total.merge(output.stats)
+        return total
+
+    def to_json(self) -> str:
+        outputs = {doc: {"tokens": o.tokens, "text": o.text, "stop_reason": o.stop_reason, "stats": asdict(o.stats)}
+                   for doc, o in self.outputs.items()}
+        data = {"scores": self.scores, "samples": self.samples, "outputs": outputs, "details": self.details}
+        return json.dumps(data, default=lambda v: v.item() if hasattr(v, "item") else str(v))
+
+    @classmethod
+    def from_json(cls, text: str, path: str) -> Side:
+        data = json.loads(text)
+        outputs = {int(doc): GenerationOutput(o["tokens"], o["text"], SpecStats(**o["stats"]), o["stop_reason"])
+                   for doc, o in data["outputs"].items()}
+        return cls(data["scores"], data["samples"], outputs, data["details"], cached=path)
+
+
+def run_eval(cfg: DictConfig) -> dict[str, float]:
+    """Score the baseline and the method on `cfg.eval.task`; log scores, deltas and samples.
+
+    Returns:
+        The summary metrics (also logged to the tracker and written to Hydra's output folder).
+    """
+    from specresearch.experiment import build
+    from specresearch.evaluation.lm import SpecResearchLM, build_engine
+
+    ec = cfg.eval
+    check(ec)
+    if ec.task in UNSAFE:
+        os.environ["SPECRESEARCH_ALLOW_CODE_EXECUTION"] = "1"  # the user opted in: check() made sure
+        from specresearch.evaluation import sandbox
+
+        sandbox.configure(sandbox.Limits(timeout=ec.sandbox.timeout, memory_mb=ec.sandbox.memory_mb),
+                          require_isolation=ec.sandbox.require_isolation)
+        sandbox.check_isolation()  # refuse a weak sandbox before the model loads
+    method = build_engine(cfg)
+    baseline = build_engine(cfg, baseline=True, target=method.target.lm) if ec.baseline else None
+    tracker = build(cfg.tracker)
+    label = f"eval {ec.task}: {method.drafter.name}(k={getattr(method.drafter, 'k', 0)}) x {method.verifier.name}"
+    sides: dict[str, Side] = {}
+    tracker.start(cfg, run_name=label)
+    status = "FAILED"
+    try:
+        if baseline is not None:
+            cache = baseline_cache(cfg, method.target.lm) if ec.reuse_baseline else None
+            if cache is not None and cache.is_file():
+                sides["baseline"] = Side.from_json(cache.read_text(), str(cache))
+                print(f"baseline: reusing the scores and generations of an identical earlier run ({cache})")
+            else:
+                sides["baseline"] = evaluate(SpecResearchLM(engine=baseline, seed=cfg.seed), ec)
+                if cache is not None:
+                    cache.parent.mkdir(parents=True, exist_ok=True)
+                    cache.write_text(sides["baseline"].to_json())
+        sides["method"] = evaluate(SpecResearchLM(engine=method, seed=cfg.seed), ec)
+        status = "FINISHED"
+    finally:
+        summary = summarise(sides)
+        _save(tracker, cfg, sides, summary, status)
+    print(format_summary(cfg, label, summary))
+    hint = tracker.browse_hint()
+    if hint:
+        print(f"\nrecorded in MLflow; browse with:\n  {hint}")
+    return summary
+
+
+def check(ec: DictConfig) -> None:
+    """Refuse what cannot run, before anything is loaded."""
+    if ec.task not in TASKS:
+        raise SpecResearchError(f"unknown eval.task '{ec.task}': valid are {', '.join(TASKS)}")
+    if ec.limit is not None and int(ec.limit) < 1:
+        raise SpecResearchError(f"eval.limit must be >= 1 (or null: all), got {ec.limit}")
+    if ec.task in UNSAFE and not (ec.allow_code_execution or os.environ.get("SPECRESEARCH_ALLOW_CODE_EXECUTION") == "1"):
+        raise SpecResearchError(
+            f"eval.task={ec.task} executes model-written code (in a sandbox: a separate process with time and memory "
+            "limits, no network, writes only in a temporary folder; see README, 'Quality'). Opt in with "
+            "eval.allow_code_execution=true (or SPECRESEARCH_ALLOW_CODE_EXECUTION=1)"
+        )
+
+
+def evaluate(lm, ec: DictConfig) -> Side:
+    """Run lm-eval's task on one model; collect scores, samples, sandbox outcomes and speed."""
+    import importlib
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    scorer = importlib.import_module(TASKS[ec.task])
+    outcomes = getattr(scorer, "OUTCOMES", {})
+    outcomes.clear()
+    results = simple_evaluate(
+        model=lm, tasks=[ec.task], task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False),
+        limit=ec.limit, log_samples=True, confirm_run_unsafe_code=True, bootstrap_iters=0,
+    )
+    scores = {key.split(",")[0]: float(v) for key, v in results["results"][ec.task].items()
+              if "," in key and isinstance(v, (int, float))}  # "metric,filter" keys; stderr "N/A" dropped
+    return Side(scores=scores, samples=sorted(results["samples"][ec.task], key=lambda s: s["doc_id"]),
+                outputs={request.doc_id: output for request, output in lm.outputs},
+                details={key: {"status": o.status, "detail": o.detail} for key, o in outcomes.items()})
+
+
+def baseline_cache(cfg: DictConfig, target) -> Path:
+    """Where the baseline's evaluation is kept for reuse: keyed by everything it depends on (the
+    target and its resolved dtype, sampling, seed, task and its scorer, limit, library versions),
+    never by the method, so a sweep over methods scores the target alone once."""
+    import importlib
+
+    import torch
+    import transformers
+
+    from specresearch import __version__
+    from specresearch.models import default_cache_dir
+
+    task = cfg.eval.task
+    scorer = importlib.import_module(TASKS[task])
+    key = json.dumps({
+        "model": OmegaConf.to_container(cfg.model, resolve=True), "dtype": str(target.dtype), "device": str(target.device),
+        "sampling": OmegaConf.to_container(cfg.sampling, resolve=True), "seed": cfg.seed, "task": task, "limit": cfg.eval.limit,
+        "task_file": (TASKS_DIR / f"{task}.yaml").read_text(), "scorer": Path(scorer.__file__).read_text(),
+        "sandbox": OmegaConf.to_container(cfg.eval.sandbox, resolve=True),
+        "versions": [__version__, torch.__version__, transformers.__version__],
+    }, sort_keys=True)
+    root = Path(cfg.model.cache_dir).expanduser() if cfg.model.cache_dir else default_cache_dir()
+    return root / "eval-baselines" / f"{task}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def summarise(sides: dict[str, Side]) -> dict[str, float]:
+    """Scores of each side, the method's delta, the paired test, and the decoding speed."""
+    out: dict[str, float] = {}
+    for name, side in sides.items():
+        out.update({f"{name}_{metric}": value for metric, value in side.scores.items()})
+        out.update({f"{name}_{key}": side.stats.summary()[key] for key in ("tokens_per_s", "tau", "alpha", "new_tokens")})
+    if len(sides) == 2 and sides["method"].samples:
+        base, meth = sides["baseline"], sides["method"]
+        for metric, value in meth.scores.items():
+            if not metric.endswith("_stderr") and metric in base.scores:
+                out[f"delta_{metric}"] = value - base.scores[metric]
+        metric = _primary(meth)
+        pairs = [(b[metric], m[metric]) for b, m in zip(base.samples, meth.samples)]
+        better = sum(m > b for b, m in pairs)  # problems only the method solves
+        worse = sum(b > m for b, m in pairs)  # problems only the baseline solves
+        out.update(problems=len(pairs), method_only=better, baseline_only=worse,
+                   mcnemar_p=binomtest(better, better + worse).pvalue if better + worse else 1.0)
+        same = [b["filtered_resps"] == m["filtered_resps"] for b, m in zip(base.samples, meth.samples)]
+        out["identity_rate"] = sum(same) / len(same) if same else math.nan
+        if base.cached is None and base.stats.tokens_per_s:  # speed is only compared within one run
+            out["speedup"] = meth.stats.tokens_per_s / base.stats.tokens_per_s
+        out["baseline_reused"] = float(base.cached is not None)
+    return out
+
+
+def _primary(side: Side) -> str:
+    return next(metric for metric in side.scores if not metric.endswith("_stderr"))
+
+
+def sample_records(sides: dict[str, Side]) -> list[dict]:
+    """One record per problem: each side's completion, score, sandbox verdict and decoding counters."""
+    records: dict[int, dict] = {}
+    for name, side in sides.items():
+        for sample in side.samples:
+            doc = sample["doc"]
+            key = doc.get("task_id", sample["doc_id"])
+            record = records.setdefault(sample["doc_id"], {"doc_id": sample["doc_id"], "id": key})
+            output = side.outputs.get(sample["doc_id"])
+            outcome = side.details.get(key, {})
+            record[name] = {
+                "completion": sample["filtered_resps"][0] if sample["filtered_resps"] else None,
+                **{metric: sample[metric] for metric in side.scores if metric in sample},
+                "status": outcome.get("status"),
+                "detail": outcome.get("detail"),
+                **({"new_tokens": len(output.tokens), "stop_reason": output.stop_reason, "tau": output.stats.tau,
+                    "tokens_per_s": output.stats.tokens_per_s} if output is not None else {}),
+            }
+    return [records[k] for k in sorted(records)]
+
+
+def _save(tracker, cfg: DictConfig, sides: dict[str, Side], summary: dict[str, float], status: str) -> None:
+    """Log what was measured (also of a failed run) and write it to Hydra's output folder."""
+    from specresearch.experiment import _output_dir
+
+    records = "".join(json.dumps(r, default=str) + "\n" for r in sample_records(sides))
+    finite = {_metric_key(k): v for k, v in summary.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+    try:
+        tracker.log_metrics(finite)
+        tracker.log_artifact_text(records, "samples.jsonl")
+        tracker.log_artifact_text(json.dumps(summary, indent=2), "summary.json")
+    finally:
+        tracker.end(status)
+    out_dir = _output_dir()
+    if out_dir is not None:
+        (out_dir / "samples.jsonl").write_text(records)
+        (out_dir / "summary.json").write_text(json.dumps({"status": status, **summary}, indent=2))
+
+
+def _metric_key(key: str) -> str:
+    return key.replace("@", "_at_")  # MLflow metric names take no '@'
+
+
+def format_summary(cfg: DictConfig, label: str, s: dict[str, float]) -> str:
+    """The table printed at the end of an evaluation."""
+    metrics = [k.removeprefix("delta_") for k in s if k.startswith("delta_")] or \
+        [k.split("_", 1)[1] for k in s if k.startswith(("baseline_", "method_")) and "@" in k and not k.endswith("_stderr")]
+    lines = ["", f"specresearch  {label}  target={cfg.model.name}  T={cfg.sampling.temperature}  "
+                 f"problems={s.get('problems', '?')}",
+             f"{'':16}{'baseline':>10}{'method':>10}{'delta':>10}"]
+    for m in metrics:
+        base, meth, delta = s.get(f"baseline_{m}", math.nan), s.get(f"method_{m}", math.nan), s.get(f"delta_{m}", math.nan)
+        lines.append(f"{m:16}{base:>10.3f}{meth:>10.3f}{delta:>+10.3f}")
+    if "mcnemar_p" in s:
+        lines.append(f"paired: solved only by the method {s['method_only']:.0f}, only by the baseline {s['baseline_only']:.0f}; "
+                     f"exact McNemar p = {s['mcnemar_p']:.3g}; identical completions {s['identity_rate']:.0%}")
+    if "speedup" in s:
+        lines.append(f"decoding on these generations: baseline {s['baseline_tokens_per_s']:.2f} tok/s, method "
+                     f"{s['method_tokens_per_s']:.2f} tok/s ({s['speedup']:.2f}x, tau {s['method_tau']:.2f}); "
+                     "not interleaved prompt by prompt: the speed experiment is the reference for speedups")
+    return "\n".join(lines)

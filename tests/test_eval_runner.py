@@ -1,0 +1,125 @@
+"""`python -m specresearch eval=humaneval`: the opt-in, scores and deltas in MLflow, per-problem
+records, the reused baseline, a failed run kept as FAILED; and the HumanEval task's scoring by
+execution (real problems, real tests, in the sandbox)."""
+
+import json
+
+import pytest
+from lm_eval.api.model import LM
+
+from specresearch.errors import SpecResearchError
+from specresearch.evaluation.runner import run_eval
+
+from .conftest import make_cfg
+from .test_cli import mlflow_runs
+
+TINY_EVAL = ["model=tiny", "drafter=pld", "eval=humaneval", "eval.limit=2", "eval.task=humaneval_offline"]
+
+
+def _artifact(store, run, name: str) -> str:
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{store}/mlflow.db")
+    return mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/{name}")
+
+
+def test_code_execution_needs_an_explicit_opt_in(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", raising=False)
+    cfg = make_cfg(*TINY_EVAL, f"tracker.store={tmp_path}/mlruns")
+    with pytest.raises(SpecResearchError, match="eval.allow_code_execution=true"):
+        run_eval(cfg)
+    assert not (tmp_path / "mlruns").exists()  # refused before anything was recorded
+
+
+def test_unknown_task_and_bad_limit_name_the_valid_choices(tmp_path):
+    with pytest.raises(SpecResearchError, match="valid are humaneval_offline"):
+        run_eval(make_cfg(*TINY_EVAL, "eval.task=mbpp", f"tracker.store={tmp_path}/mlruns"))
+    with pytest.raises(SpecResearchError, match="eval.limit must be >= 1"):
+        run_eval(make_cfg(*TINY_EVAL, "eval.limit=0", f"tracker.store={tmp_path}/mlruns"))
+
+
+def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", raising=False)
+    store = tmp_path / "mlruns"
+    cfg = make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", f"tracker.store={store}", f"model.cache_dir={tmp_path}/cache")
+    summary = run_eval(cfg)
+    # a random tiny model solves nothing; pld with greedy verification is lossless: identical completions
+    assert summary["baseline_pass@1"] == summary["method_pass@1"] == summary["delta_pass@1"] == 0.0
+    assert summary["problems"] == 2 and summary["identity_rate"] == 1.0 and summary["mcnemar_p"] == 1.0
+    assert summary["method_tokens_per_s"] > 0 and "speedup" in summary and summary["baseline_reused"] == 0.0
+    (run,) = mlflow_runs(store)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["method_pass_at_1"] == 0.0 and run.data.metrics["problems"] == 2
+    assert run.data.params["eval.task"] == "humaneval_offline"
+    records = [json.loads(line) for line in _artifact(store, run, "samples.jsonl").splitlines()]
+    assert [r["id"] for r in records] == ["HumanEval/0", "HumanEval/1"]
+    for r in records:
+        assert r["baseline"]["completion"] == r["method"]["completion"]
+        assert r["method"]["status"] == "failed" and r["method"]["pass@1"] == 0.0 and r["method"]["new_tokens"] > 0
+
+    # the same target, sampling, seed and task again: the baseline is read back, not decoded again
+    again = run_eval(make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", f"tracker.store={store}",
+                              f"model.cache_dir={tmp_path}/cache", "drafter=lookahead"))
+    assert again["baseline_reused"] == 1.0 and "speedup" not in again
+    assert again["baseline_pass@1"] == summary["baseline_pass@1"] and again["identity_rate"] == 1.0
+
+
+def test_a_failing_method_leaves_a_failed_run_with_the_baseline(tmp_path, monkeypatch):
+    from specresearch.evaluation.lm import SpecResearchLM
+
+    original = SpecResearchLM.generate_until
+
+    def crash_on_method(self, requests, disable_tqdm=False):
+        if self.engine.drafter.name != "none":
+            raise RuntimeError("simulated crash")
+        return original(self, requests, disable_tqdm)
+
+    monkeypatch.setattr(SpecResearchLM, "generate_until", crash_on_method)
+    store = tmp_path / "mlruns"
+    cfg = make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", f"tracker.store={store}", "eval.reuse_baseline=false")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_eval(cfg)
+    (run,) = mlflow_runs(store)
+    assert run.info.status == "FAILED"
+    assert run.data.metrics["baseline_pass_at_1"] == 0.0 and "method_pass_at_1" not in run.data.metrics
+
+
+class _Answers(LM):
+    """Answers every HumanEval problem with a fixed function of the doc: scoring is what is tested."""
+
+    def __init__(self, answer):
+        super().__init__()
+        self.answer = answer
+
+    def generate_until(self, requests, disable_tqdm=False):
+        return [self.answer(r.doc) for r in requests]
+
+    def loglikelihood(self, requests, disable_tqdm=False):
+        raise NotImplementedError
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("answer, score, timeout", [(lambda doc: doc["canonical_solution"], 1.0, 0.0),
+                                                    (lambda doc: "    return None\n", 0.0, 0.0),
+                                                    (lambda doc: "    while True:\n        pass\n", 0.0, 1.0)],
+                         ids=["canonical", "wrong", "endless"])
+def test_humaneval_task_scores_by_execution(answer, score, timeout, monkeypatch):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from specresearch.evaluation import humaneval, sandbox
+    from specresearch.evaluation.runner import TASKS_DIR
+
+    monkeypatch.setenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", "1")
+    sandbox.configure(sandbox.Limits(timeout=2.0))
+    try:
+        results = simple_evaluate(model=_Answers(answer), tasks=["humaneval_offline"], limit=4, confirm_run_unsafe_code=True,
+                                  task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False), bootstrap_iters=0)
+    finally:
+        sandbox.configure(sandbox.Limits())
+    scores = results["results"]["humaneval_offline"]
+    assert scores["pass@1,none"] == score
+    assert scores["timeout,none"] == timeout
+    assert len(humaneval.OUTCOMES) == 4

