@@ -92,3 +92,12 @@ def test_model_configs_name_a_loadable_model(name):
     else:
         assert cfg.model.name in ZOO
     assert set(OmegaConf.to_container(cfg.model)) >= {"name", "dtype", "device"}
+
+
+@pytest.mark.parametrize("name", options("eval"))
+def test_eval_configs_name_a_known_task(name):
+    from specresearch.evaluation.runner import TASKS, TASKS_DIR, check
+
+    cfg = make_cfg(*TINY, f"eval={name}", "eval.allow_code_execution=true")
+    assert cfg.eval.task in TASKS and (TASKS_DIR / f"{cfg.eval.task}.yaml").is_file()
+    check(cfg.eval)  # valid as shipped, once the user opts in

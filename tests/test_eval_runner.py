@@ -1,6 +1,6 @@
 """`python -m specresearch eval=humaneval`: the opt-in, scores and deltas in MLflow, per-problem
-records, the reused baseline, a failed run kept as FAILED; and the HumanEval task's scoring by
-execution (real problems, real tests, in the sandbox)."""
+records, the reused baseline, a failed run kept as FAILED; and the code tasks' scoring by execution
+(real problems, real tests, in the sandbox)."""
 
 import json
 
@@ -105,21 +105,37 @@ class _Answers(LM):
                                                     (lambda doc: "    return None\n", 0.0, 0.0),
                                                     (lambda doc: "    while True:\n        pass\n", 0.0, 1.0)],
                          ids=["canonical", "wrong", "endless"])
-def test_humaneval_task_scores_by_execution(answer, score, timeout, monkeypatch):
+@pytest.mark.parametrize("task", ["humaneval_offline", "stdlib_doctest"])
+def test_code_tasks_score_by_execution(task, answer, score, timeout, monkeypatch):
+    import importlib
+
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from specresearch.evaluation import humaneval, sandbox
-    from specresearch.evaluation.runner import TASKS_DIR
+    from specresearch.evaluation import sandbox
+    from specresearch.evaluation.runner import TASKS, TASKS_DIR
 
     monkeypatch.setenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", "1")
     sandbox.configure(sandbox.Limits(timeout=2.0))
     try:
-        results = simple_evaluate(model=_Answers(answer), tasks=["humaneval_offline"], limit=4, confirm_run_unsafe_code=True,
+        results = simple_evaluate(model=_Answers(answer), tasks=[task], limit=4, confirm_run_unsafe_code=True,
                                   task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False), bootstrap_iters=0)
     finally:
         sandbox.configure(sandbox.Limits())
-    scores = results["results"]["humaneval_offline"]
+    scores = results["results"][task]
     assert scores["pass@1,none"] == score
     assert scores["timeout,none"] == timeout
-    assert len(humaneval.OUTCOMES) == 4
+    assert len(importlib.import_module(TASKS[task]).OUTCOMES) == 4
+
+
+def test_stdlib_doctest_problems_are_sound_on_this_python(monkeypatch):
+    """Every listed function is found, its own body passes its doctests, and an empty body fails them."""
+    from specresearch.evaluation import sandbox, stdlib_doctest
+
+    monkeypatch.setenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", "1")
+    problems = stdlib_doctest.problems()
+    assert len(problems) == len(stdlib_doctest.FUNCTIONS) >= 50
+    assert all(p["prompt"].rstrip().endswith(('"' * 3, "'" * 3)) and p["canonical_solution"].strip() for p in problems)
+    own = sandbox.run_programs([stdlib_doctest.program(p, p["canonical_solution"]) for p in problems])
+    empty = sandbox.run_programs([stdlib_doctest.program(p, "    pass\n") for p in problems[:5]])
+    assert all(o.passed for o in own) and not any(o.passed for o in empty)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from specresearch.evaluation import sandbox
 
-STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]  # the function body ends here (as conf/dataset/humaneval.yaml)
 OUTCOMES: dict[str, sandbox.Outcome] = {}  # task_id -> the last outcome: the runner's per-sample details
 
 

@@ -23,8 +23,11 @@ from specresearch.metrics import SpecStats
 from specresearch.types import GenerationOutput
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
-TASKS = {"humaneval_offline": "specresearch.evaluation.humaneval"}  # task -> the module that scores it
-UNSAFE = {"humaneval_offline"}  # tasks that execute model-written code
+TASKS = {  # task -> the module that scores it
+    "humaneval_offline": "specresearch.evaluation.humaneval",
+    "stdlib_doctest": "specresearch.evaluation.stdlib_doctest",
+}
+UNSAFE = {"humaneval_offline", "stdlib_doctest"}  # tasks that execute model-written code
 
 
 @dataclass
@@ -172,6 +175,7 @@ def summarise(sides: dict[str, Side]) -> dict[str, float]:
     for name, side in sides.items():
         out.update({f"{name}_{metric}": value for metric, value in side.scores.items()})
         out.update({f"{name}_{key}": side.stats.summary()[key] for key in ("tokens_per_s", "tau", "alpha", "new_tokens")})
+        out["problems"] = len(side.samples)
     if len(sides) == 2 and sides["method"].samples:
         base, meth = sides["baseline"], sides["method"]
         for metric, value in meth.scores.items():
@@ -181,7 +185,7 @@ def summarise(sides: dict[str, Side]) -> dict[str, float]:
         pairs = [(b[metric], m[metric]) for b, m in zip(base.samples, meth.samples)]
         better = sum(m > b for b, m in pairs)  # problems only the method solves
         worse = sum(b > m for b, m in pairs)  # problems only the baseline solves
-        out.update(problems=len(pairs), method_only=better, baseline_only=worse,
+        out.update(method_only=better, baseline_only=worse,
                    mcnemar_p=binomtest(better, better + worse).pvalue if better + worse else 1.0)
         same = [b["filtered_resps"] == m["filtered_resps"] for b, m in zip(base.samples, meth.samples)]
         out["identity_rate"] = sum(same) / len(same) if same else math.nan
