@@ -139,3 +139,19 @@ def test_stdlib_doctest_problems_are_sound_on_this_python(monkeypatch):
     own = sandbox.run_programs([stdlib_doctest.program(p, p["canonical_solution"]) for p in problems])
     empty = sandbox.run_programs([stdlib_doctest.program(p, "    pass\n") for p in problems[:5]])
     assert all(o.passed for o in own) and not any(o.passed for o in empty)
+
+
+def test_eval_runs_without_any_network(tmp_path):
+    """The whole evaluation (lm-eval, the task's data, the sandbox) in a network namespace with no
+    interface up: nothing it needs is downloaded."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"]).returncode != 0:
+        pytest.skip("unshare -n is not available here")
+    cmd = ["unshare", "-n", sys.executable, "-m", "specresearch", *TINY_EVAL, "eval.limit=1", "eval.allow_code_execution=true",
+           "tracker=none", f"hydra.run.dir={tmp_path}/out", f"model.cache_dir={tmp_path}/cache"]
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "pass@1" in run.stdout and json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "FINISHED"

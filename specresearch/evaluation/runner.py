@@ -72,6 +72,8 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
 
     ec = cfg.eval
     check(ec)
+    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # our tasks need no download: make sure nothing tries one
+        os.environ.setdefault(var, "1")
     if ec.task in UNSAFE:
         os.environ["SPECRESEARCH_ALLOW_CODE_EXECUTION"] = "1"  # the user opted in: check() made sure
         from specresearch.evaluation import sandbox
