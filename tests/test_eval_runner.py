@@ -47,6 +47,7 @@ def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch):
     assert summary["baseline_pass@1"] == summary["method_pass@1"] == summary["delta_pass@1"] == 0.0
     assert summary["problems"] == 2 and summary["identity_rate"] == 1.0 and summary["mcnemar_p"] == 1.0
     assert summary["method_tokens_per_s"] > 0 and "speedup" in summary and summary["baseline_reused"] == 0.0
+    assert summary["sandbox_network_namespace"] == summary["sandbox_landlock_fs"] == 1.0
     (run,) = mlflow_runs(store)
     assert run.info.status == "FINISHED"
     assert run.data.metrics["method_pass_at_1"] == 0.0 and run.data.metrics["problems"] == 2

@@ -44,13 +44,14 @@ class SpecResearchLM(TemplateLM):
 
     backend = "causal"
 
-    def __init__(self, engine: Engine | None = None, seed: int = 0, max_length: int | None = None,
+    def __init__(self, engine: Engine | None = None, seed: int | None = None, max_length: int | None = None,
                  batch_size: int | str | None = None, max_batch_size: int | None = None, device: str | None = None,
                  **overrides: Any):
         """
         Args:
             engine: the engine to decode with; None builds one from `overrides`.
-            seed: request i of a `generate_until` call is decoded with seed + i.
+            seed: request i of a `generate_until` call is decoded with seed + i (default: the config's
+                `seed`, 0).
             max_length: the longest context scored by `loglikelihood_rolling` (default: the model's
                 position limit, at most 4096).
             batch_size, max_batch_size: accepted from lm-eval's command line; only 1 is possible.
@@ -65,14 +66,13 @@ class SpecResearchLM(TemplateLM):
         if engine is None:
             if device is not None and not (device.startswith("cuda") and not torch.cuda.is_available()):
                 overrides.setdefault("model.device", device)  # lm-eval's default is cuda:0: where there is none, `auto`
-            cfg = compose_config(overrides)
-            engine = build_engine(cfg)
-            seed = int(cfg.seed) if "seed" not in overrides else seed
+            cfg = compose_config(overrides if seed is None else {**overrides, "seed": seed})
+            engine, seed = build_engine(cfg), int(cfg.seed)
         elif overrides:
             raise SpecResearchError(f"give either an engine or config overrides, not both (got {sorted(overrides)})")
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.seed = seed
+        self.seed = seed or 0
         config = engine.target.lm.model.config
         self.max_length = max_length or min(int(getattr(config, "max_position_embeddings", 4096) or 4096), 4096)
         self._engines: dict[SamplingParams, Engine] = {engine.sampling: engine}

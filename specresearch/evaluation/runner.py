@@ -74,13 +74,14 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     check(ec)
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # our tasks need no download: make sure nothing tries one
         os.environ.setdefault(var, "1")
+    layers: dict[str, bool] = {}
     if ec.task in UNSAFE:
         os.environ["SPECRESEARCH_ALLOW_CODE_EXECUTION"] = "1"  # the user opted in: check() made sure
         from specresearch.evaluation import sandbox
 
         sandbox.configure(sandbox.Limits(timeout=ec.sandbox.timeout, memory_mb=ec.sandbox.memory_mb),
                           require_isolation=ec.sandbox.require_isolation)
-        sandbox.check_isolation()  # refuse a weak sandbox before the model loads
+        layers = sandbox.check_isolation()  # refuse a weak sandbox before the model loads
     method = build_engine(cfg)
     baseline = build_engine(cfg, baseline=True, target=method.target.lm) if ec.baseline else None
     tracker = build(cfg.tracker)
@@ -103,6 +104,7 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
         status = "FINISHED"
     finally:
         summary = summarise(sides)
+        summary.update({f"sandbox_{layer}": float(on) for layer, on in layers.items()})  # the isolation the code ran under
         _save(tracker, cfg, sides, summary, status)
     print(format_summary(cfg, label, summary))
     hint = tracker.browse_hint()
@@ -257,6 +259,9 @@ def format_summary(cfg: DictConfig, label: str, s: dict[str, float]) -> str:
     if "mcnemar_p" in s:
         lines.append(f"paired: solved only by the method {s['method_only']:.0f}, only by the baseline {s['baseline_only']:.0f}; "
                      f"exact McNemar p = {s['mcnemar_p']:.3g}; identical completions {s['identity_rate']:.0%}")
+    if "speedup" not in s and "method_tokens_per_s" in s:
+        lines.append(f"decoding: method {s['method_tokens_per_s']:.2f} tok/s, tau {s['method_tau']:.2f} (the baseline's generations "
+                     "were reused, so no speedup: the speed experiment measures them side by side)")
     if "speedup" in s:
         lines.append(f"decoding on these generations: baseline {s['baseline_tokens_per_s']:.2f} tok/s, method "
                      f"{s['method_tokens_per_s']:.2f} tok/s ({s['speedup']:.2f}x, tau {s['method_tau']:.2f}); "
