@@ -1,4 +1,4 @@
-"""`python -m specresearch eval=humaneval`: the quality of a drafter × verifier against the target alone.
+"""`python -m specresearch eval=humaneval|stdlib_doctest`: a drafter × verifier's quality against the target alone.
 
 The same lm-eval task runs twice on the same target, through the engine: with the `none` drafter
 (the baseline) and with the configured method. Both scores, their difference, a paired test of that
@@ -8,10 +8,10 @@ MLflow, next to the decoding speed measured on the same generations.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
