@@ -48,6 +48,11 @@ class Engine:
         self.law = verifier.law(sampling)  # how logits become the p the verifier reads (the decoding's, as a rule)
         self.device = target.device
 
+    @property
+    def label(self) -> str:
+        """`drafter(k=K) x verifier`: how runs and progress bars name this engine."""
+        return f"{self.drafter.name}(k={int(getattr(self.drafter, 'k', 0))}) x {self.verifier.name}"
+
     @torch.inference_mode()
     def generate(
         self,

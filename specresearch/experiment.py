@@ -20,7 +20,7 @@ from specresearch.drafters.none import NoDrafter
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup
-from specresearch.models import load_model
+from specresearch.models import LoadedModel, load_model
 from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
 from specresearch.target import Target
 from specresearch.types import GenerationOutput, SamplingParams
@@ -110,17 +110,14 @@ def run(cfg: DictConfig) -> dict[str, float]:
         raise SpecResearchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     check_stats(cfg.stats)
     prompts = load_prompts(**cfg.dataset)
-    target = load_model(**cfg.model)
-    drafter = build(cfg.drafter, target=target)
-    verifier = build(cfg.verifier)
-    method = Engine(target, drafter, verifier, sampling)
-    # the baseline is the target alone: a lossless verifier, whatever rule the method is studied with
-    baseline = Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling)
+    method = build_engine(cfg)
+    baseline = build_engine(cfg, baseline=True, target=method.target.lm)
+    target, drafter = method.target.lm, method.drafter
     prompt_ids = [encode(target.tokenizer, p) for p in prompts]
     stops = list(cfg.dataset.get("stop", []) or [])
     tracker = build(cfg.tracker)
     k = int(getattr(drafter, "k", 0))
-    label = f"{drafter.name}(k={k}) x {verifier.name}"
+    label = method.label
 
     def generate(engine: Engine, ids: list[int], seed: int, max_new: int) -> GenerationOutput:
         return engine.generate(ids, max_new, stop_strings=stops, seed=seed)
@@ -161,6 +158,22 @@ def run(cfg: DictConfig) -> dict[str, float]:
     if hint:
         print(f"\nrecorded in MLflow; browse with:\n  {hint}")
     return summary
+
+
+def build_engine(cfg: DictConfig, baseline: bool = False, target: LoadedModel | None = None) -> Engine:
+    """The engine a composed config describes, or with `baseline` the target alone: the `none`
+    drafter with a lossless verifier, whatever rule the method is studied with.
+
+    Args:
+        cfg: a composed conf/config.yaml (model, drafter, verifier, sampling).
+        baseline: build the baseline instead of the method.
+        target: the target already loaded (baseline and method share it); None loads `cfg.model`.
+    """
+    sampling = SamplingParams(**cfg.sampling)
+    target = target if target is not None else load_model(**cfg.model)
+    if baseline:
+        return Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling)
+    return Engine(target, build(cfg.drafter, target=target), build(cfg.verifier), sampling)
 
 
 def build(node: DictConfig, **objects):
@@ -275,24 +288,29 @@ def _step_metrics(record: dict) -> dict[str, float]:
 
 
 def _save(tracker, results: Results, cfg: DictConfig, k: int, status: str) -> None:
-    """Log what was measured (also of a failed run), write results.json to Hydra's output dir."""
-    summary = results.summary(k) if results.records else {}
-    finite = {key: value for key, value in summary.items() if math.isfinite(value)}
-    records = "".join(json.dumps(r) + "\n" for r in results.records)
+    """Log what was measured (also of a failed run): per-prompt records, the summary, the battery."""
+    files = {"records.jsonl": "".join(json.dumps(r) + "\n" for r in results.records)}
+    if results.equivalence is not None:
+        files["equivalence.json"] = json.dumps(results.equivalence.as_dict(), indent=2)
+    record_run(tracker, results.summary(k) if results.records else {}, files, status)
+
+
+def record_run(tracker, summary: dict[str, float], files: dict[str, str], status: str) -> None:
+    """End a tracked run with `status` after logging its finite metrics, `files` (name -> text) and
+    summary.json; write the same files, and the summary with the status, to Hydra's output folder."""
+    finite = {key: value for key, value in summary.items() if isinstance(value, (int, float)) and math.isfinite(value)}
     try:
         tracker.log_metrics(finite)
-        tracker.log_artifact_text(records, "records.jsonl")
+        for name, text in files.items():
+            tracker.log_artifact_text(text, name)
         tracker.log_artifact_text(json.dumps(summary, indent=2), "summary.json")
-        if results.equivalence is not None:
-            tracker.log_artifact_text(json.dumps(results.equivalence.as_dict(), indent=2), "equivalence.json")
     finally:
         tracker.end(status)
     out_dir = _output_dir()
     if out_dir is not None:
-        (out_dir / "records.jsonl").write_text(records)
+        for name, text in files.items():
+            (out_dir / name).write_text(text)
         (out_dir / "summary.json").write_text(json.dumps({"status": status, **summary}, indent=2))
-        if results.equivalence is not None:
-            (out_dir / "equivalence.json").write_text(json.dumps(results.equivalence.as_dict(), indent=2))
 
 
 def _output_dir() -> Path | None:

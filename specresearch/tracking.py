@@ -94,7 +94,7 @@ class MLflowTracker:
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         import mlflow
 
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+        mlflow.log_metrics({k.replace("@", "_at_"): float(v) for k, v in metrics.items()}, step=step)  # MLflow refuses '@' (pass@1)
 
     def log_artifact_text(self, text: str, name: str) -> None:
         import mlflow

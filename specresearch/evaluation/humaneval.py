@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from specresearch.evaluation import sandbox
 
-OUTCOMES: dict[str, sandbox.Outcome] = {}  # task_id -> the last outcome: the runner's per-sample details
 
 
 def load(**_):
@@ -27,6 +26,4 @@ def doc_to_text(doc: dict) -> str:
 
 def process_results(doc: dict, results: list[str]) -> dict[str, float]:
     """pass@1 of one completion (one sample per problem): 1.0 if the problem's tests pass in the sandbox."""
-    outcome = sandbox.run_program(sandbox.humaneval_program(doc, results[0]))
-    OUTCOMES[doc["task_id"]] = outcome
-    return {"pass@1": float(outcome.passed), "timeout": float(outcome.status == "timeout")}
+    return sandbox.score(doc["task_id"], sandbox.humaneval_program(doc, results[0]))

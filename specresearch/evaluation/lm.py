@@ -67,6 +67,8 @@ class SpecResearchLM(TemplateLM):
             if device is not None and not (device.startswith("cuda") and not torch.cuda.is_available()):
                 overrides.setdefault("model.device", device)  # lm-eval's default is cuda:0: where there is none, `auto`
             cfg = compose_config(overrides if seed is None else {**overrides, "seed": seed})
+            from specresearch.experiment import build_engine
+
             engine, seed = build_engine(cfg), int(cfg.seed)
         elif overrides:
             raise SpecResearchError(f"give either an engine or config overrides, not both (got {sorted(overrides)})")
@@ -121,7 +123,7 @@ class SpecResearchLM(TemplateLM):
         `max_gen_toks` tokens. The task's `do_sample`/`temperature`/`top_p`/`top_k`, where it sets
         them, override the configured sampling (as in lm-eval's own models)."""
         out = []
-        for i, request in enumerate(tqdm(requests, desc=f"generate ({self.label})", disable=disable_tqdm)):
+        for i, request in enumerate(tqdm(requests, desc=f"generate ({self.engine.label})", disable=disable_tqdm)):
             context, gen_kwargs = request.args
             kwargs = dict(gen_kwargs or {})
             until = kwargs.get("until") or []
@@ -136,11 +138,6 @@ class SpecResearchLM(TemplateLM):
         return out
 
     # -- helpers ---------------------------------------------------------------------------------
-
-    @property
-    def label(self) -> str:
-        drafter, verifier = self.engine.drafter, self.engine.verifier
-        return f"{drafter.name}(k={getattr(drafter, 'k', 0)}) x {verifier.name}"
 
     def _engine_for(self, gen_kwargs: dict) -> Engine:
         """The engine for the request's sampling: the configured one unless the task sets its own."""
@@ -187,19 +184,3 @@ def compose_config(overrides: dict[str, Any]) -> DictConfig:
             return compose(config_name="config", overrides=[f"{key}={text(value)}" for key, value in overrides.items()])
     except HydraException as err:
         raise SpecResearchError(f"model_args: {err}") from None
-
-
-def build_engine(cfg: DictConfig, baseline: bool = False, target=None) -> Engine:
-    """The engine a composed config describes; with `baseline`, the target alone (the `none`
-    drafter with a lossless verifier), as the speed experiment's baseline. `target`: a LoadedModel
-    already loaded (shared between baseline and method) instead of loading `cfg.model`."""
-    from specresearch.drafters.none import NoDrafter
-    from specresearch.experiment import build
-    from specresearch.models import load_model
-    from specresearch.verifiers import GreedyVerifier, RejectionVerifier
-
-    sampling = SamplingParams(**cfg.sampling)
-    target = target if target is not None else load_model(**cfg.model)
-    if baseline:
-        return Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling)
-    return Engine(target, build(cfg.drafter, target=target), build(cfg.verifier), sampling)

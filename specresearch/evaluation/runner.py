@@ -67,8 +67,8 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     Returns:
         The summary metrics (also logged to the tracker and written to Hydra's output folder).
     """
-    from specresearch.experiment import build
-    from specresearch.evaluation.lm import SpecResearchLM, build_engine
+    from specresearch.evaluation.lm import SpecResearchLM
+    from specresearch.experiment import build, build_engine
 
     ec = cfg.eval
     check(ec)
@@ -85,7 +85,7 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     method = build_engine(cfg)
     baseline = build_engine(cfg, baseline=True, target=method.target.lm) if ec.baseline else None
     tracker = build(cfg.tracker)
-    label = f"eval {ec.task}: {method.drafter.name}(k={getattr(method.drafter, 'k', 0)}) x {method.verifier.name}"
+    label = f"eval {ec.task}: {method.label}"
     sides: dict[str, Side] = {}
     tracker.start(cfg, run_name=label)
     status = "FAILED"
@@ -105,7 +105,7 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     finally:
         summary = summarise(sides)
         summary.update({f"sandbox_{layer}": float(on) for layer, on in layers.items()})  # the isolation the code ran under
-        _save(tracker, cfg, sides, summary, status)
+        _save(tracker, sides, summary, status)
     print(format_summary(cfg, label, summary))
     hint = tracker.browse_hint()
     if hint:
@@ -129,14 +129,12 @@ def check(ec: DictConfig) -> None:
 
 def evaluate(lm, ec: DictConfig) -> Side:
     """Run lm-eval's task on one model; collect scores, samples, sandbox outcomes and speed."""
-    import importlib
-
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    scorer = importlib.import_module(TASKS[ec.task])
-    outcomes = getattr(scorer, "OUTCOMES", {})
-    outcomes.clear()
+    from specresearch.evaluation.sandbox import OUTCOMES
+
+    OUTCOMES.clear()
     results = simple_evaluate(
         model=lm, tasks=[ec.task], task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False),
         limit=ec.limit, log_samples=True, confirm_run_unsafe_code=True, bootstrap_iters=0,
@@ -145,7 +143,7 @@ def evaluate(lm, ec: DictConfig) -> Side:
               if "," in key and isinstance(v, (int, float))}  # "metric,filter" keys; stderr "N/A" dropped
     return Side(scores=scores, samples=sorted(results["samples"][ec.task], key=lambda s: s["doc_id"]),
                 outputs={request.doc_id: output for request, output in lm.outputs},
-                details={key: {"status": o.status, "detail": o.detail} for key, o in outcomes.items()})
+                details={key: {"status": o.status, "detail": o.detail} for key, o in OUTCOMES.items()})
 
 
 def baseline_cache(cfg: DictConfig, target) -> Path:
@@ -177,8 +175,9 @@ def summarise(sides: dict[str, Side]) -> dict[str, float]:
     """Scores of each side, the method's delta, the paired test, and the decoding speed."""
     out: dict[str, float] = {}
     for name, side in sides.items():
+        stats = side.stats.summary()
         out.update({f"{name}_{metric}": value for metric, value in side.scores.items()})
-        out.update({f"{name}_{key}": side.stats.summary()[key] for key in ("tokens_per_s", "tau", "alpha", "new_tokens")})
+        out.update({f"{name}_{key}": stats[key] for key in ("tokens_per_s", "tau", "alpha", "new_tokens")})
         out["problems"] = len(side.samples)
     if len(sides) == 2 and sides["method"].samples:
         base, meth = sides["baseline"], sides["method"]
@@ -193,8 +192,8 @@ def summarise(sides: dict[str, Side]) -> dict[str, float]:
                    mcnemar_p=binomtest(better, better + worse).pvalue if better + worse else 1.0)
         same = [b["filtered_resps"] == m["filtered_resps"] for b, m in zip(base.samples, meth.samples)]
         out["identity_rate"] = sum(same) / len(same) if same else math.nan
-        if base.cached is None and base.stats.tokens_per_s:  # speed is only compared within one run
-            out["speedup"] = meth.stats.tokens_per_s / base.stats.tokens_per_s
+        if base.cached is None and out["baseline_tokens_per_s"]:  # speed is only compared within one run
+            out["speedup"] = out["method_tokens_per_s"] / out["baseline_tokens_per_s"]
         out["baseline_reused"] = float(base.cached is not None)
     return out
 
@@ -224,26 +223,12 @@ def sample_records(sides: dict[str, Side]) -> list[dict]:
     return [records[k] for k in sorted(records)]
 
 
-def _save(tracker, cfg: DictConfig, sides: dict[str, Side], summary: dict[str, float], status: str) -> None:
-    """Log what was measured (also of a failed run) and write it to Hydra's output folder."""
-    from specresearch.experiment import _output_dir
+def _save(tracker, sides: dict[str, Side], summary: dict[str, float], status: str) -> None:
+    """Log what was measured (also of a failed run): per-problem records and the summary."""
+    from specresearch.experiment import record_run
 
     records = "".join(json.dumps(r, default=str) + "\n" for r in sample_records(sides))
-    finite = {_metric_key(k): v for k, v in summary.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-    try:
-        tracker.log_metrics(finite)
-        tracker.log_artifact_text(records, "samples.jsonl")
-        tracker.log_artifact_text(json.dumps(summary, indent=2), "summary.json")
-    finally:
-        tracker.end(status)
-    out_dir = _output_dir()
-    if out_dir is not None:
-        (out_dir / "samples.jsonl").write_text(records)
-        (out_dir / "summary.json").write_text(json.dumps({"status": status, **summary}, indent=2))
-
-
-def _metric_key(key: str) -> str:
-    return key.replace("@", "_at_")  # MLflow metric names take no '@'
+    record_run(tracker, summary, {"samples.jsonl": records}, status)
 
 
 def format_summary(cfg: DictConfig, label: str, s: dict[str, float]) -> str:

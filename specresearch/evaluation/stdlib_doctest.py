@@ -36,7 +36,6 @@ FUNCTIONS: tuple[tuple[str, str], ...] = tuple((module, name) for module, names 
                    'variance pvariance stdev pstdev covariance correlation linear_regression'),
     ('typing', 'get_origin get_args is_typeddict'),
 ) for name in names.split())
-OUTCOMES: dict[str, sandbox.Outcome] = {}  # task_id -> the last outcome: the runner's per-sample details
 
 
 def problems(functions=None) -> list[dict]:
@@ -82,6 +81,4 @@ def load(**_):
 
 def process_results(doc: dict, results: list[str]) -> dict[str, float]:
     """pass@1 of one completion: 1.0 if every example of the function's docstring passes."""
-    outcome = sandbox.run_program(program(doc, results[0]))
-    OUTCOMES[doc["task_id"]] = outcome
-    return {"pass@1": float(outcome.passed), "timeout": float(outcome.status == "timeout")}
+    return sandbox.score(doc["task_id"], program(doc, results[0]))
