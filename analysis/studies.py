@@ -117,7 +117,11 @@ def caption(what: str, runs: list[Run], study: Study) -> str:
 
 
 def lossless(run: Run) -> bool | None:
-    """The verifier class's own claim (`lossless`), read from the class its config names."""
+    """The verifier's claim (`lossless`) as the run recorded it (param `verifier.lossless`); for runs
+    recorded before that param existed, read from the class its config names."""
+    recorded = run.param("verifier.lossless")
+    if recorded in ("true", "false"):
+        return recorded == "true"
     target = run.param("verifier._target_")
     if not target:
         return None

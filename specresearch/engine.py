@@ -62,6 +62,8 @@ class Engine:
         eos_token_ids: Sequence[int] | None = None,
         seed: int = 0,
         reuse_prefill: bool = False,
+        sample_first: bool = True,
+        stop_after: int | None = None,
     ) -> GenerationOutput:
         """Decode up to `max_new_tokens` after `prompt`.
 
@@ -78,12 +80,18 @@ class Engine:
             seed: seeds the generator of every random draw (drafter and verifier).
             reuse_prefill: keep the prompt's prefill (target and drafter) and restore it when the next
                 call has the same prompt: for many samples of one prompt, not for timing prompts.
+            sample_first: True: the prefill yields the first new token, drawn from p alone (plain
+                decoding's step, as transformers does). False: the prompt's last token counts as the
+                newest one sampled, so every new token comes from a draft-and-verify step: the
+                equivalence tests use it to test what the method itself produces (prompts of >= 2 tokens).
+            stop_after: end once this many new tokens are out, while drafts may still reach
+                `max_new_tokens` (the law tests read the first tokens of full-depth drafts).
 
         Returns:
             The new tokens and text, with counters and a time split in `stats`.
         """
-        if not prompt:
-            raise ValueError("generate() needs a non-empty prompt")
+        if len(prompt) < (1 if sample_first else 2):
+            raise ValueError("generate() needs a non-empty prompt (two tokens or more with sample_first=False)")
         if eos_token_ids is None:
             eos = getattr(self.tokenizer, "eos_token_id", None)
             eos_token_ids = [] if eos is None else [eos]
@@ -107,20 +115,21 @@ class Engine:
             tokens[at : at + verdict.tokens.numel()] = verdict.tokens
             for tok in verdict.tokens.tolist():
                 new.append(tok)
-                reason = self._stop_reason(new, max_new_tokens, eos_set, stops)
+                reason = self._stop_reason(new, min(max_new_tokens, stop_after or max_new_tokens), eos_set, stops)
                 if reason:
                     return reason
             return None
 
         with clock.total(stats):
-            # The prefill gives the first new token, exactly as plain decoding (and transformers) do.
+            # The prefill gives the first new token, exactly as plain decoding (and transformers) do;
+            # without sample_first it leaves the prompt's last token out of the cache, as a step does.
             with clock.phase(stats, "time_prefill"):
                 self.target.reset()
                 self.target.keep_hidden = self.drafter.needs_hidden
-                p = logits_to_probs(self.target.prefill(tokens[:start], reuse_prefill), self.law)  # [1, V]
+                logits = self.target.prefill(tokens[: start if sample_first else start - 1], reuse_prefill)  # [1, V]
                 if self.drafter.needs_hidden:
-                    hidden = self.target.hidden  # [T, H] the prompt's
-                stop_reason = append(self.verifier(_NO_DRAFT, p, rng))
+                    hidden = self.target.hidden  # [T, H] the prompt's (but its last token's without sample_first)
+                stop_reason = append(self.verifier(_NO_DRAFT, logits_to_probs(logits, self.law), rng)) if sample_first else None
                 if stop_reason is None:
                     self.drafter.prefill(context())
             while stop_reason is None:

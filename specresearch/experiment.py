@@ -122,13 +122,15 @@ def run(cfg: DictConfig) -> dict[str, float]:
     if cfg.max_new_tokens < 1:
         raise SpecResearchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     check_stats(cfg.stats)
+    tracker = build(cfg.tracker)
+    tracker.check()  # where results go, before any model loads
     prompts = load_prompts(**cfg.dataset)
     method = build_engine(cfg)
     baseline = build_engine(cfg, baseline=True, target=method.target.lm)
     target, drafter = method.target.lm, method.drafter
+    trained_on = trained_on_tags(drafter, prompts)  # refuses heads trained on any of these prompts
     prompt_ids = [encode(target.tokenizer, p) for p in prompts]
     stops = list(cfg.dataset.get("stop", []) or [])
-    tracker = build(cfg.tracker)
     k = int(getattr(drafter, "k", 0))
     label = method.label
 
@@ -140,7 +142,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         generate(method, prompt_ids[0], cfg.seed, min(8, cfg.max_new_tokens))
 
     results = Results()
-    tracker.start(cfg, run_name=label, tags=machine_tags(target))
+    tracker.start(cfg, run_name=label, tags={**machine_tags(target), **trained_on}, params=claim_params(method))
     try:
         for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc=label, unit="prompt")):
             seed = cfg.seed + i
@@ -202,6 +204,31 @@ def machine_tags(lm: LoadedModel) -> dict[str, str]:
     return {"specresearch.dtype": str(lm.dtype).removeprefix("torch."), "specresearch.device": str(lm.device),
             "specresearch.processor": processor, "specresearch.threads": str(torch.get_num_threads()),
             "specresearch.torch": torch.__version__}
+
+
+def claim_params(engine: Engine) -> dict[str, str]:
+    """What the method claims, as run params (the class may change; the record must not): the
+    verifier's `lossless` claim ("true" / "false"), which tests/test_lossless.py proves for every drafter."""
+    return {"verifier.lossless": str(bool(engine.verifier.lossless)).lower()}
+
+
+def trained_on_tags(drafter, prompts: list[Prompt]) -> dict[str, str]:
+    """For a drafter with trained weights (medusa, eagle): its checkpoint's record of the prompts that
+    trained it, as run tags `drafter.trained_on.*` (sources, split, prompts, prompts_sha256; "unknown"
+    for weights that record none). Raises SpecResearchError when any of `prompts` is among them (by id)."""
+    record = getattr(drafter, "trained_on", None)
+    if record is None:
+        return {}
+    if "ids" not in record:  # trained before records were kept: checkpoint_record warned
+        return {"drafter.trained_on.sources": "unknown"}
+    seen = sorted({p.id for p in prompts} & set(record["ids"]))
+    if seen:
+        raise SpecResearchError(
+            f"the {drafter.name} weights at {record['checkpoint']} were trained on {len(seen)} of this run's prompts "
+            f"({', '.join(seen[:3])}{', ...' if len(seen) > 3 else ''}): measure them on other prompts, or retrain them"
+        )
+    return {"drafter.trained_on.sources": ",".join(record["sources"]), "drafter.trained_on.split": f"{record['split']} ({record['split_rule']})",
+            "drafter.trained_on.prompts": str(record["prompts"]), "drafter.trained_on.prompts_sha256": record["prompts_sha256"]}
 
 
 def _read(path: str) -> str:

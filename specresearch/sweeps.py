@@ -4,9 +4,12 @@
   the same config (`tracking.config_hash`) in the same experiment; if there is one the job is skipped.
   RUNNING runs of that config left by a killed process (same host, pid gone) are marked FAILED first,
   so a sweep started again re-runs exactly what did not finish.
-- **signals**: during a job SIGTERM and SIGHUP raise SystemExit in the main thread, so the run ends
-  FAILED with what it had measured (experiment.run and run_eval record on any BaseException); the
-  sweep's parent run is then closed FAILED by the callback's atexit.
+- **signals**: during a job SIGTERM, SIGHUP and SIGINT (Ctrl-C) raise SystemExit(128 + signal) in the
+  main thread, so the run ends FAILED with what it had measured (experiment.run and run_eval record
+  on any BaseException); the sweep's parent run is then closed FAILED by the callback's atexit.
+- **where results go** is checked before anything runs (`check_destinations`): Hydra's output folder
+  and the tracker's store; a run refused before it measured anything leaves no empty output folder
+  behind (`discard_refused_run`).
 - **the speed lock** (`exclusive: true`): a speed job holds an flock on `speed.lock` in the cache
   folder for its whole duration, so parallel launchers (joblib, Ray on one node) and other users'
   sweeps never time two measurements against each other on one machine. Quality jobs (`eval=...`)
@@ -31,9 +34,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from specresearch.errors import SpecResearchError
-from specresearch.tracking import HASH_TAG, HOST_TAG, PID_TAG, JobSkipped, MLflowTracker, config_hash
+from specresearch.tracking import HASH_TAG, HOST_TAG, PID_TAG, JobSkipped, MLflowTracker, config_hash, write_problem
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 INTERRUPTED_TAG = "specresearch.interrupted"
 
 
@@ -49,7 +52,7 @@ def job(cfg: DictConfig, multirun: bool) -> Iterator[JobSkipped | None]:
     Yields:
         JobSkipped when an identical config already finished (do not run it), else None (run it).
     """
-    previous = exit_on_signals()
+    previous = exit_on_signals(announce=False)
     try:
         tracker = _tracker(cfg) if resume_on(cfg, multirun) else None
         digest = config_hash(cfg) if tracker is not None else ""
@@ -64,6 +67,9 @@ def job(cfg: DictConfig, multirun: bool) -> Iterator[JobSkipped | None]:
                 yield None
         else:
             yield None
+    except Interrupted as stop:
+        print(stop.message, file=sys.stderr, flush=True)  # once recorded: the last line, after the progress bar's
+        raise
     finally:
         restore_signals(previous)
 
@@ -175,14 +181,26 @@ def objective_value(cfg: DictConfig, summary: dict[str, float] | None, warn: boo
 
 # --- signals ---------------------------------------------------------------------------------------
 
-def exit_on_signals(before_exit: Callable[[int], None] | None = None) -> dict | None:
-    """From now on SIGTERM and SIGHUP raise SystemExit(128 + signal) in the main thread, so `finally`
-    and `except BaseException` blocks record what was measured and atexit handlers run (the default
-    action kills the process on the spot). A second signal while the first is being handled is
-    ignored (SIGKILL still ends it).
+class Interrupted(SystemExit):
+    """SystemExit(128 + signal), raised by `exit_on_signals`' handler."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.message = f"interrupted by {signal.Signals(signum).name}: the run is recorded as FAILED with what it measured"
+
+
+def exit_on_signals(before_exit: Callable[[int], None] | None = None, announce: bool = True) -> dict | None:
+    """From now on SIGTERM, SIGHUP and SIGINT raise SystemExit(128 + signal) in the main thread, so
+    `finally` and `except BaseException` blocks record what was measured and atexit handlers run (the
+    default action of the first two kills the process on the spot; Ctrl-C's KeyboardInterrupt would
+    end in a traceback). A second signal while the first is being handled is ignored (SIGKILL still
+    ends it). A signal this process was started ignoring stays ignored: `nohup` (SIGHUP), a script's
+    background job (SIGINT).
 
     Args:
         before_exit: called with the signal number before SystemExit is raised.
+        announce: say so on stderr at once; without it the catcher of `Interrupted` says so (`job`,
+            once the run is recorded, so that its line is the last).
 
     Returns:
         The previous handlers, for `restore_signals`; None off the main thread, where Python cannot
@@ -199,12 +217,14 @@ def exit_on_signals(before_exit: Callable[[int], None] | None = None) -> dict | 
             os.write(2, f"{name} again: still recording the interrupted run (SIGKILL to stop at once)\n".encode())
             return
         stopping = True
-        os.write(2, f"\ninterrupted by {name}: the run is recorded as FAILED with what it measured\n".encode())  # not print: reentrancy
+        stop = Interrupted(signum)
+        if announce:
+            os.write(2, f"\n{stop.message}\n".encode())  # not print: reentrancy
         if before_exit is not None:
             before_exit(signum)
-        raise SystemExit(128 + signum)
+        raise stop
 
-    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
 
 
 def stop_local_jobs(tracker: MLflowTracker, parent: str, signum: int, grace_s: float = 60.0) -> None:
@@ -238,6 +258,74 @@ def restore_signals(previous: dict | None) -> None:
     """Put back the handlers `exit_on_signals` replaced."""
     for sig, old in (previous or {}).items():
         signal.signal(sig, old if old is not None else signal.SIG_DFL)
+
+
+# --- where results go -------------------------------------------------------------------------------
+
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into `hydra.output_subdir`
+_MADE_FOR_RUN: list[Path] = []  # the single run's output folder and the parents Hydra makes with it, deepest first
+
+
+def check_destinations(config: DictConfig, multirun: bool) -> None:
+    """Before anything runs (SweepCallback.on_run_start / on_multirun_start): Hydra's output folder
+    (`hydra.run.dir`, or `hydra.sweep.dir` for a sweep) and the tracker's store must be writable; else
+    print one `error:` line naming the path and exit 2, instead of a traceback once the models have
+    loaded. For a single run, note the folders Hydra is about to make for it (`discard_refused_run`).
+
+    Args:
+        config: the composed config, with its `hydra` node.
+        multirun: a sweep (`-m`).
+    """
+    from hydra.utils import instantiate
+
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        folder: Path | None = Path(os.path.abspath(str(OmegaConf.select(config, key))))
+    except Exception:  # resolvable only once the job runs (`${hydra:...}`): left to Hydra
+        folder = None
+    try:
+        problem = write_problem(folder) if folder is not None else None
+        if problem is not None:
+            raise SpecResearchError(f"cannot write Hydra's output folder {folder} ({key}): {problem}")
+        try:
+            tracker = instantiate(config.tracker) if "tracker" in config else None
+        except Exception:  # a bad tracker config: validate.check_config refuses it in one line when the job starts
+            tracker = None
+        if hasattr(tracker, "check"):
+            tracker.check()
+    except SpecResearchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    if not multirun:
+        _MADE_FOR_RUN[:] = [path for path in [folder, *folder.parents] if not path.exists()] if folder is not None else []
+
+
+def discard_refused_run() -> None:
+    """After a single run was refused before it measured anything: remove what Hydra made for it
+    (the `.hydra/` files and the job log in its output folder, then that folder and the parents Hydra
+    made with it, e.g. the day folder of outputs/DATE/TIME/). Only folders that did not exist before
+    the run (`check_destinations`) and hold nothing else are touched."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    out = Path(os.path.abspath(hc.runtime.output_dir))
+    if not _MADE_FOR_RUN or _MADE_FOR_RUN[0] != out:  # the folder was there before: not ours to remove
+        return
+    log, sub = f"{hc.job.name}.log", hc.output_subdir
+    try:
+        if {path.name for path in out.iterdir()} - {log, sub}:
+            return  # something else was written there (a measured run's records): keep all of it
+        if sub and (out / sub).is_dir():
+            if {path.name for path in (out / sub).iterdir()} - set(HYDRA_FILES):
+                return
+            for name in HYDRA_FILES:
+                (out / sub / name).unlink(missing_ok=True)
+            (out / sub).rmdir()
+        (out / log).unlink(missing_ok=True)
+        for folder in _MADE_FOR_RUN:
+            folder.rmdir()  # fails on the first folder that holds something else: it and its parents stay
+    except OSError:
+        pass
 
 
 # --- the speed lock ---------------------------------------------------------------------------------

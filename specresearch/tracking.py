@@ -4,22 +4,32 @@ A sweep (`python -m specresearch -m ...`) gets one parent run, opened by `SweepC
 nested run per job, whichever Hydra launcher runs the jobs (basic, joblib, Ray): jobs find the parent
 through the environment. Every job run is tagged with its config's hash (`config_hash`), which is how
 `resume` (specresearch.sweeps) finds jobs already measured.
+
+A local store is created (database and experiment) under an flock on `mlflow.db.lock` beside it, so
+processes that start at once on a new store (parallel launchers, `exclusive=false` runs) do not race
+in MLflow's schema migration. Where results go is checked before anything runs (`write_problem`).
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import hashlib
 import json
 import math
 import os
 import socket
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
+
+from specresearch.errors import SpecResearchError
 
 PARENT_RUN_ENV = "SPECRESEARCH_MLFLOW_PARENT_RUN_ID"
 PARENT_URI_ENV = "SPECRESEARCH_MLFLOW_TRACKING_URI"  # the parent run's store: a sweep's jobs record beside it
@@ -28,6 +38,40 @@ STUDY_TAG = "specresearch.study"
 SWEEP_TAG = "specresearch.sweep"  # "true" on a sweep's parent run
 HOST_TAG, PID_TAG = "specresearch.host", "specresearch.pid"  # where a run's process runs: resume tells a killed job from a live one
 HASH_EXCLUDED = ("tracker", "resume")  # where a run is recorded, and whether to skip it, do not change what it measures
+_CREATED: set[str] = set()  # sqlite URIs whose database this process has opened under the store lock (MLflowTracker._mlflow)
+
+
+def write_problem(folder: Path) -> str | None:
+    """Why files cannot be written in `folder` (made with its missing parents first), or None when
+    they can: its nearest existing ancestor must be a folder in which a file can be created. Creates
+    nothing that stays: a probe file is made and removed (chmod does not stop root, a probe does
+    stop everyone on a read-only or pseudo file system)."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".specresearch-probe-"):
+            pass
+    except OSError as err:
+        return f"cannot create a file in {existing} ({err.strerror})"
+    return None
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created if missing; another user's read-only file serves
+    too), waiting for it; released when the block ends or the process dies."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def process_tags(cfg: DictConfig) -> dict[str, str]:
@@ -54,11 +98,13 @@ def config_hash(cfg: DictConfig) -> str:
 class Tracker(Protocol):
     """Where a run's config, metrics and records go."""
 
-    def start(self, cfg: DictConfig, run_name: str | None = None, tags: dict[str, str] | None = None) -> None: ...
+    def start(self, cfg: DictConfig, run_name: str | None = None, tags: dict[str, str] | None = None,
+              params: dict[str, Any] | None = None) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def log_artifact_text(self, text: str, name: str) -> None: ...
     def end(self, status: str = "FINISHED") -> None: ...
     def browse_hint(self) -> str | None: ...
+    def check(self) -> None: ...  # raise SpecResearchError when results could not be recorded (before anything runs)
 
 
 class NullTracker:
@@ -67,7 +113,8 @@ class NullTracker:
     def __init__(self, **_):
         pass
 
-    def start(self, cfg: DictConfig, run_name: str | None = None, tags: dict[str, str] | None = None) -> None:
+    def start(self, cfg: DictConfig, run_name: str | None = None, tags: dict[str, str] | None = None,
+              params: dict[str, Any] | None = None) -> None:
         pass
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
@@ -81,6 +128,9 @@ class NullTracker:
 
     def browse_hint(self) -> str | None:
         return None
+
+    def check(self) -> None:
+        pass
 
 
 class MLflowTracker:
@@ -104,22 +154,49 @@ class MLflowTracker:
             self.local = self.uri.startswith("sqlite:")
         self.run_id: str | None = None
 
+    def _database(self) -> Path | None:
+        """The sqlite file this tracker records in; None for a tracking server."""
+        return Path(self.uri.removeprefix("sqlite:///")) if self.uri.startswith("sqlite:///") else None
+
+    def _store_lock(self):
+        """The flock that serializes creating the database and the experiment (a server needs none)."""
+        db = self._database()
+        return file_lock(db.with_name(db.name + ".lock")) if db is not None else nullcontext()
+
+    def check(self) -> None:
+        """Raise SpecResearchError, naming the folder, when the local store cannot be written (a path
+        under a file, a read-only or pseudo file system); creates nothing. Run before any model loads."""
+        db = self._database()
+        if db is None:
+            return
+        problem = write_problem(db.parent) or (f"{db} is not a file" if db.exists() and not db.is_file() else None)
+        if problem:
+            raise SpecResearchError(f"cannot write the MLflow store {db.parent} (tracker.store): {problem}")
+
     def _mlflow(self):
         import mlflow  # ~2 s: only when a run is really tracked
 
-        if self.local and self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         mlflow.set_tracking_uri(self.uri)
+        db = self._database()
+        if db is not None and self.uri not in _CREATED:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with self._store_lock():  # a second process on a new database would die in MLflow's schema migration
+                mlflow.get_experiment_by_name(self.experiment)  # opens the store: creates and migrates the database
+            _CREATED.add(self.uri)
         return mlflow
 
     def _experiment_id(self, mlflow) -> str:
         found = mlflow.get_experiment_by_name(self.experiment)
         if found is not None:
             return found.experiment_id
-        if not self.local:  # a server keeps (or proxies) the artifacts itself
-            return mlflow.create_experiment(self.experiment)
-        location = (self.store / "artifacts" / self.experiment).as_uri()
-        return mlflow.create_experiment(self.experiment, artifact_location=location)
+        with self._store_lock():  # another process may be creating it right now
+            found = mlflow.get_experiment_by_name(self.experiment)
+            if found is not None:
+                return found.experiment_id
+            if not self.local:  # a server keeps (or proxies) the artifacts itself
+                return mlflow.create_experiment(self.experiment)
+            location = (self.store / "artifacts" / self.experiment).as_uri()
+            return mlflow.create_experiment(self.experiment, artifact_location=location)
 
     def client(self):
         """An MlflowClient on this tracker's store."""
@@ -133,11 +210,13 @@ class MLflowTracker:
         found = self._mlflow().get_experiment_by_name(self.experiment)
         return None if found is None else found.experiment_id
 
-    def start(self, cfg: DictConfig, run_name: str | None = None, tags: dict[str, str] | None = None) -> None:
+    def start(self, cfg: DictConfig, run_name: str | None = None, tags: dict[str, str] | None = None,
+              params: dict[str, Any] | None = None) -> None:
         """Open the run (nested under a sweep's parent run if there is one), tag it with the config's
         hash, its study, where it runs (host, pid: what `resume` needs to tell a killed job from a
         running one) and `tags` (e.g. the machine: experiment.machine_tags), and log every config
-        value as a flat param, and the resolved config as `config.yaml`."""
+        value as a flat param, `params` too (facts the config does not hold, e.g. the verifier's
+        lossless claim), and the resolved config as `config.yaml`."""
         mlflow = self._mlflow()
         parent = os.environ.get(PARENT_RUN_ENV)
         tags = {**(tags or {}), HASH_TAG: config_hash(cfg), **process_tags(cfg)}
@@ -146,7 +225,7 @@ class MLflowTracker:
         )
         self.run_id = run.info.run_id
         try:
-            mlflow.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
+            mlflow.log_params({**flatten(OmegaConf.to_container(cfg, resolve=True)), **(params or {})})
             mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         except BaseException:  # a signal or a store error before the caller's own try: leave no RUNNING run
             mlflow.end_run(status="FAILED")
@@ -256,6 +335,9 @@ class SweepCallback(Callback):
     Jobs may run in other processes (joblib) or on other machines (Ray), where Hydra calls
     `on_job_end` on a copy of this callback: each job's outcome is therefore written as a tag of the
     parent run (`specresearch.job.<num>`), which the end of the sweep reads back.
+
+    Before a single run or a sweep starts, it checks that Hydra's output folder and the tracker's
+    store can be written (sweeps.check_destinations): one `error:` line and exit code 2 if not.
     """
 
     def __init__(self) -> None:
@@ -263,11 +345,17 @@ class SweepCallback(Callback):
         self.outcomes: dict[int, str] = {}  # job number -> outcome, of the jobs this process saw end
         self._signals: dict | None = None
 
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from specresearch.sweeps import check_destinations
+
+        check_destinations(config, multirun=False)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.utils import instantiate
 
-        from specresearch.sweeps import exit_on_signals, forward_env_to_ray
+        from specresearch.sweeps import check_destinations, exit_on_signals, forward_env_to_ray
 
+        check_destinations(config, multirun=True)
         tracker = instantiate(config.tracker)
         if isinstance(tracker, MLflowTracker):
             self.tracker = tracker

@@ -4,12 +4,17 @@ or an EAGLE head on the target's own predictions, offline, on the CPU.
 Self-distillation with the target frozen. Two kinds of training data (`train.data`):
 
 - `self` (default; Medusa-2's self-distillation): the target continues offline prompts (functions of
-  the standard library cut after their docstring, as HumanEval prompts are; the MT-bench questions
-  through the chat template; never the HumanEval evaluation prompts), greedily and batched. Head i
-  learns, from the hidden state that produced token t + 1, the target's own token t + 2 + i: the
-  text the heads see at decode time is the target's own, so the labels are too.
+  the standard library cut after their docstring, as HumanEval prompts are; ShareGPT first turns
+  through the chat template), greedily and batched. Head i learns, from the hidden state that
+  produced token t + 1, the target's own token t + 2 + i: the text the heads see at decode time is
+  the target's own, so the labels are too.
 - `text` (Medusa-1 on fixed text): the target reads offline text once (the same sources, whole);
   head i learns the target's top-1 at t + 1 + i, given the text's tokens up to there.
+
+Training reads only the train side of specresearch.data's split (`train_side`): never HumanEval,
+MT-bench, ShareGPT's evaluation prompts or the stdlib_doctest task's modules. The checkpoint's meta
+records which prompts made the data (`trained_on`: sources, split, number, sha256 and ids), and a run
+with the drafter refuses prompts among them.
 
 The hidden states and labels are computed once and cached on disk (keyed by every setting they depend
 on), so a second training with other optimiser settings starts at once. The last `held_out` share of
@@ -19,7 +24,6 @@ keyed by the target, where `drafter=medusa` (or `eagle`) finds them; the run is 
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import random
@@ -41,11 +45,10 @@ from specresearch.__main__ import CONF_DIR
 from specresearch.drafters.eagle import EagleHead, eagle_path
 from specresearch.drafters.medusa import MedusaHeads, checkpoint_path
 from specresearch.errors import SpecResearchError
-from specresearch.data import Prompt, load_prompts
+from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, prompt_record, train_side
 from specresearch.experiment import build, encode, fail
 from specresearch.models import LoadedModel, default_cache_dir, load_model
 from specresearch.target import Target
-from specresearch.vocab import CORPORA, corpus_texts
 
 DRAFTERS = {"MedusaDrafter": "medusa", "EagleDrafter": "eagle"}  # drafter class → what trains it
 EAGLE_CLS = 0.1  # EAGLE's weight of the token loss beside the feature regression (Li et al., 2024)
@@ -53,7 +56,7 @@ EAGLE_CLIP = 0.5  # EAGLE's gradient-norm clip
 
 
 DATA = ("self", "text")
-CACHE_FORMAT = 2  # the data cache's fields (a change makes older caches unused)
+CACHE_FORMAT = 3  # the data cache's fields and prompts (a change makes older caches unused; 3: the train/eval split)
 MAX_HEADS = 8  # labels kept per position in the data cache: any train.heads up to this reuses it
 RANKS = 10  # ranks whose held-out hit rates the checkpoint keeps (drafter=medusa builds its tree from them)
 MAX_PROMPT = 320  # data=self skips longer prompts: one long prompt pads a whole batch to its length
@@ -80,29 +83,13 @@ class Cache:
         return cls(**load_file(str(path)))
 
 
-def function_prompts() -> list[Prompt]:
-    """HumanEval-style prompts from the standard library: every top-level, undecorated function with a
-    docstring, cut after the docstring (the target writes the body)."""
-    prompts = []
-    for text in corpus_texts("python-stdlib"):
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        lines = text.splitlines()
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list and ast.get_docstring(node):
-                head = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]) + "\n"
-                prompts.append(Prompt(id=f"stdlib/{node.name}/{len(prompts)}", text=head))
-    return prompts
-
-
-def training_prompts(corpora: list[str], seed: int) -> list[Prompt]:
-    """The prompts of `corpora` (python-stdlib: function_prompts; mtbench: the questions, as chat),
-    each shuffled, then interleaved so that every prefix of the list mixes the corpora."""
+def training_prompts(corpora: list[str], seed: int, files: bool = False) -> list[Prompt]:
+    """The prompts training may read of `corpora` (specresearch.data.train_side: python-stdlib's
+    functions, or with `files` its files; ShareGPT's training first turns, as chat), each shuffled,
+    then interleaved so that every prefix of the list mixes the corpora."""
     pools = []
     for i, corpus in enumerate(corpora):
-        pool = function_prompts() if corpus == "python-stdlib" else load_prompts(corpus)
+        pool = train_side(corpus, files)
         random.Random(seed + i).shuffle(pool)
         pools.append(pool)
     return [p for group in zip_longest(*pools) for p in group if p is not None]
@@ -205,12 +192,13 @@ def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, hea
     return Cache(*(torch.cat(column) for column in zip(*parts)))
 
 
-def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -> tuple[Cache, Path | None]:
+def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -> tuple[Cache, Path | None, dict]:
     """The training data as `tc` (cfg.train) asks, from the disk cache (<model cache>/distill/<target>/,
     shared by Medusa and EAGLE) when the same data was made before (`tc.cache`), else computed by the
-    target and saved there. Returns it and its path."""
+    target and saved there. Returns it, its path, and the record of the prompts (or texts) it was made
+    from (specresearch.data.prompt_record; kept in the JSON beside the cache)."""
     keys = ("data", "corpora", "tokens", "held_out", "seed") + (("new", "temperature", "gen_batch") if tc.data == "self" else ("seq_len",))
-    spec = {"format": CACHE_FORMAT, **{k: OmegaConf.to_object(tc[k]) if OmegaConf.is_config(tc[k]) else tc[k] for k in keys}}
+    spec = {"format": CACHE_FORMAT, "split": SPLIT_RULE, **{k: OmegaConf.to_object(tc[k]) if OmegaConf.is_config(tc[k]) else tc[k] for k in keys}}
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     folder = Path(cache_dir or default_cache_dir()) / "distill" / lm.name.replace("/", "--")
     path = folder / f"data-{tc.data}-{digest}.safetensors" if tc.cache else None
@@ -219,19 +207,33 @@ def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -
     if path is not None and path.is_file():
         print(f"specresearch: training data from {path}", file=sys.stderr)
         cache = Cache.load(path)
+        record = json.loads(path.with_suffix(".json").read_text())["trained_on"]
     else:
+        used: list[Prompt] = []  # the prompts (or texts) the data is made from, in order
         if tc.data == "self":
-            prompts = [ids for ids in (encode(lm.tokenizer, p) for p in training_prompts(list(tc.corpora), tc.seed)) if len(ids) <= MAX_PROMPT]
+            want, prompts = max(1, -(-tc.tokens // tc.new)), []  # as many prompts as self_cache takes
+            for p in training_prompts(list(tc.corpora), tc.seed):
+                ids = encode(lm.tokenizer, p)
+                if len(ids) <= MAX_PROMPT:
+                    used.append(p)
+                    prompts.append(ids)
+                    if len(used) == want:
+                        break
             cache = self_cache(lm, prompts, tc.tokens, tc.new, MAX_HEADS, tc.held_out, tc.gen_batch, tc.temperature, tc.seed)
         else:
-            texts = [t for corpus in tc.corpora for t in corpus_texts(corpus)]
-            random.Random(tc.seed).shuffle(texts)
-            cache = text_cache(lm, texts, tc.tokens, tc.seq_len, MAX_HEADS, tc.held_out)
+            read = 0
+            for p in training_prompts(list(tc.corpora), tc.seed, files=True):  # as many texts as text_cache reads
+                used.append(p)
+                read += len(lm.tokenizer.encode(p.text, add_special_tokens=False))
+                if read >= tc.tokens:
+                    break
+            cache = text_cache(lm, [p.text for p in used], tc.tokens, tc.seq_len, MAX_HEADS, tc.held_out)
+        record = prompt_record(list(tc.corpora), used)
         if path is not None:
             cache.save(path)
-            path.with_suffix(".json").write_text(json.dumps(spec, indent=1))
+            path.with_suffix(".json").write_text(json.dumps({**spec, "trained_on": record}, indent=1))
     cache.labels = cache.labels[:, : tc.heads]
-    return cache, path
+    return cache, path, record
 
 
 def accuracy(heads: MedusaHeads, lm_head: torch.nn.Module, cache: Cache, mask: Tensor, ranks: int = RANKS, batch: int = 256) -> Tensor:
@@ -257,11 +259,12 @@ def _hits(pred: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
 
 def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[nn.Module, dict]:
     """Train the drafter `cfg.drafter` names (Medusa heads, or an EAGLE head) for `lm` as `cfg.train`
-    says; return it and a summary (losses, held-out accuracies, times)."""
+    says; return it and a summary (losses, held-out accuracies, times, and `trained_on`: the record of
+    the prompts the data was made from, specresearch.data.prompt_record)."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
-    cache, cache_path = build_cache(lm, tc, cfg.get("model", {}).get("cache_dir"))
+    cache, cache_path, trained_on = build_cache(lm, tc, cfg.get("model", {}).get("cache_dir"))
     cache_s = time.perf_counter() - t0
     for p in lm.model.parameters():
         p.requires_grad_(False)  # the target (its lm head and embeddings too) is frozen
@@ -273,6 +276,7 @@ def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[nn.Module, di
         "cache_seconds": cache_s,
         "data": str(cache_path) if cache_path else "not cached",
         "train_seconds": time.perf_counter() - t0 - cache_s,
+        "trained_on": trained_on,
     })
     return module, summary
 
@@ -399,9 +403,10 @@ def drafter_kind(cfg: DictConfig) -> str:
 def check(cfg: DictConfig) -> None:
     drafter_kind(cfg)
     tc = cfg.train
-    bad = sorted(set(tc.corpora) - set(CORPORA))
+    bad = sorted(set(tc.corpora) - set(TRAIN_SOURCES))
     if bad or not tc.corpora:
-        raise SpecResearchError(f"unknown train.corpora {bad}: valid are {', '.join(CORPORA)}")
+        evaluation = " (evaluation only: training never reads the prompts a run measures)" if set(bad) & set(DATASETS) else ""
+        raise SpecResearchError(f"unknown train.corpora {bad}{evaluation}: valid are {', '.join(TRAIN_SOURCES)}")
     if tc.data not in DATA:
         raise SpecResearchError(f"unknown train.data '{tc.data}': valid are {', '.join(DATA)}")
     if min(tc.heads, tc.layers, tc.tokens, tc.new, tc.gen_batch, tc.seq_len, tc.batch, tc.epochs) < 1 or not 0 <= tc.held_out < 1 or tc.temperature < 0:
@@ -422,9 +427,10 @@ def run(cfg: DictConfig) -> dict:
     tracker.start(cfg, run_name=f"train {what} on {lm.name}")
     try:
         module, summary = train(cfg, lm, tracker)
-        module.save(out, {"target": lm.name, **{k: v for k, v in summary.items() if "acc" in k or "top5" in k or k == "steps"}})
+        module.save(out, {"target": lm.name, **{k: v for k, v in summary.items() if "acc" in k or "top5" in k or k in ("steps", "trained_on")}})
         tracker.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         tracker.log_artifact_text(f"{out}\ntraining data: {summary['data']}\n", "checkpoint.txt")
+        tracker.log_artifact_text(json.dumps(summary["trained_on"], indent=1), "trained_on.json")
     except BaseException:
         tracker.end("FAILED")
         raise
@@ -432,17 +438,23 @@ def run(cfg: DictConfig) -> dict:
     acc = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("held_out_acc"))
     fit = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("train_acc"))
     verifier = "typical" if kind == "medusa" else "greedy"
+    record = summary["trained_on"]
     print(
         f"{what} for {lm.name}: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}, "
         f"held-out top-1 agreement per head: {acc or 'n/a'} (on training positions: {fit})\n"
         f"training data {summary['cache_seconds']:.0f} s ({summary['positions']} positions; {summary['data']}), training {summary['train_seconds']:.0f} s\n"
+        f"trained on {record['prompts']} prompts of {', '.join(record['sources'])} (their train side; ids sha256 {record['prompts_sha256'][:12]}, "
+        f"all in {out.with_suffix('.json').name})\n"
         f"saved {out}; decode with: python -m specresearch drafter={kind} verifier={verifier}"
     )
     return summary
 
 
 def _task(cfg: DictConfig) -> None:
+    from specresearch.validate import check_config
+
     try:
+        check_config(cfg)
         run(cfg)
     except SpecResearchError as err:
         fail(str(err))

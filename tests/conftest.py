@@ -73,3 +73,28 @@ def equivalence_report(engine, prompt: list[int], n: int = 300, length: int = 5,
     base = sample_target(target, prompt, n, length, sampling, seed=seed + 1)
     return battery(base, teacher_force(target, prompt, base.tokens, sampling, seed=1),
                    meth, teacher_force(target, prompt, meth.tokens, sampling, seed=2), alpha=alpha, bootstrap=0)
+
+
+def drafter_cfg(name: str, tmp_path: Path, *overrides: str):
+    """The composed config of `drafter=NAME` on tiny models (target and any draft model: TINY), with
+    untrained heads saved under `tmp_path` for the drafters that load trained weights (medusa, eagle)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")
+    base = TINY if "model" in node else ["model=tiny"]
+    if "checkpoint" in node:  # a trained drafter: untrained weights of the right shape for the tiny target
+        target = load_model("tiny", device="cpu", tiny=dict(make_cfg("model=tiny").model.tiny))
+        if name == "medusa":
+            from specresearch.drafters.medusa import MedusaHeads
+
+            path = tmp_path / "heads.safetensors"
+            MedusaHeads(target.model.config.hidden_size, 3).save(path, {"target": "tiny"})
+        elif name == "eagle":
+            from specresearch.drafters.eagle import EagleHead
+
+            path = tmp_path / "head.safetensors"
+            EagleHead(target.model.config).save(path, {"target": "tiny"})
+        else:
+            raise NotImplementedError(f"drafter_cfg: no untrained weights for drafter={name}; add them here")
+        base = [*base, f"drafter.checkpoint={path}"]
+    return make_cfg(*base, f"drafter={name}", *overrides)

@@ -80,6 +80,8 @@ def test_lossless_vs_lossy_study_records_verdicts(tmp_path):
     runs = [r for r in mlflow_runs(tmp_path / "mlruns") if "mlflow.parentRunId" in r.data.tags]
     grid = {(r.data.params["verifier._target_"].rsplit(".", 1)[1], r.data.params["sampling.temperature"]): r.data.metrics for r in runs}
     assert set(grid) == {(v, t) for v in ("RejectionVerifier", "TypicalVerifier") for t in ("0.0", "1.0")}
+    claims = {r.data.params["verifier._target_"].rsplit(".", 1)[1]: r.data.params["verifier.lossless"] for r in runs}
+    assert claims == {"RejectionVerifier": "true", "TypicalVerifier": "false"}  # the claim is recorded, not only the class
     for (verifier, temperature), metrics in grid.items():
         assert metrics["speedup"] > 0 and metrics["method_tau"] >= 1
         if temperature == "0.0":
@@ -163,3 +165,12 @@ def test_failed_run_is_recorded_as_failed(tmp_path, monkeypatch):
     (record,) = mlflow_runs(tmp_path / "mlruns")
     assert record.info.status == "FAILED"
     assert record.data.metrics["prompts"] == 2
+
+
+def test_bad_config_value_is_one_line_before_anything_runs(tmp_path):
+    """A value of the wrong type is refused by the up-front check (specresearch.validate), not by a
+    traceback from the drafter's constructor."""
+    result = cli("model=tiny", "drafter.model.name=tiny", "tracker=none", "drafter.k=abc", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == ["error: drafter.k must be an integer, got 'abc'"]

@@ -13,7 +13,7 @@ from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
 from specresearch.verifiers import Verifier
 
-from .conftest import CONF_DIR, TINY, make_cfg
+from .conftest import CONF_DIR, TINY, drafter_cfg, make_cfg
 
 
 def options(group: str) -> list[str]:
@@ -36,21 +36,8 @@ def test_experiment_presets_compose(name):
 
 @pytest.mark.parametrize("name", options("drafter"))
 def test_drafter_configs_instantiate(name, tmp_path):
-    with_model = "model" in OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")  # a draft model to point at tiny
-    extra = []
-    if name == "medusa":  # trained heads are needed: untrained ones for the tiny model
-        from specresearch.drafters.medusa import MedusaHeads
-
-        MedusaHeads(64, 3).save(tmp_path / "heads.safetensors", {"target": "tiny"})
-        extra = [f"drafter.checkpoint={tmp_path / 'heads.safetensors'}"]
-    cfg = make_cfg(*TINY, f"drafter={name}") if with_model else make_cfg("model=tiny", f"drafter={name}", *extra)
-    target = load_model(**cfg.model)
-    if name == "eagle":  # a trained head is needed: an untrained one for the tiny model
-        from specresearch.drafters.eagle import EagleHead
-
-        EagleHead(target.model.config).save(tmp_path / "head.safetensors", {"target": "tiny"})
-        cfg.drafter.checkpoint = str(tmp_path / "head.safetensors")
-    drafter = build(cfg.drafter, target=target)
+    cfg = drafter_cfg(name, tmp_path)
+    drafter = build(cfg.drafter, target=load_model(**cfg.model))
     assert isinstance(drafter, Drafter) and drafter.name == name
 
 

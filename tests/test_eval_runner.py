@@ -51,7 +51,7 @@ def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch):
     (run,) = mlflow_runs(store)
     assert run.info.status == "FINISHED"
     assert run.data.metrics["method_pass_at_1"] == 0.0 and run.data.metrics["problems"] == 2
-    assert run.data.params["eval.task"] == "humaneval_offline"
+    assert run.data.params["eval.task"] == "humaneval_offline" and run.data.params["verifier.lossless"] == "true"
     records = [json.loads(line) for line in _artifact(store, run, "samples.jsonl").splitlines()]
     assert [r["id"] for r in records] == ["HumanEval/0", "HumanEval/1"]
     for r in records:

@@ -1,9 +1,12 @@
-"""Medusa: heads train on a tiny model's own predictions (the loss falls), checkpoints round-trip,
-decoding with untrained heads keeps greedy identity and the target's law at T = 1, and the
-training command works end to end (tiny model)."""
+"""Medusa: heads train on a tiny model's own predictions (the loss falls), checkpoints round-trip
+and record the prompts that trained them, a run on those prompts is refused, decoding with
+untrained heads keeps greedy identity and the target's law at T = 1, and the training command works
+end to end (tiny model)."""
 
 import ast
+import hashlib
 import itertools
+import json
 import math
 import subprocess
 import sys
@@ -11,16 +14,18 @@ import sys
 import pytest
 import torch
 
+from specresearch.data import DATASETS, SHAREGPT_EVAL, load_prompts, prompt_record, stdlib_prompts
 from specresearch.drafters import Context, MedusaDrafter, NoDrafter
 from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
-from specresearch.train import MAX_HEADS, build_cache, check, function_prompts, generate_batch, self_cache, text_cache, train
+from specresearch.experiment import run, trained_on_tags
+from specresearch.train import MAX_HEADS, build_cache, check, generate_batch, self_cache, text_cache, train
 from specresearch.types import SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, MarginVerifier, RejectionVerifier, TypicalVerifier
 
-from .conftest import PLAIN, REPEATING, ROOT, cyclic_tiny, equivalence_report, train_cfg
+from .conftest import PLAIN, REPEATING, ROOT, cyclic_tiny, equivalence_report, make_cfg, train_cfg
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +96,9 @@ def test_self_cache_stops_at_eos():
 
 
 def test_function_prompts_stop_after_the_docstring():
-    prompts = function_prompts()
-    assert len(prompts) > 500
+    prompts = stdlib_prompts()
+    assert len(prompts) > 500 and len({p.id for p in prompts}) == len(prompts)
+    assert "stdlib/difflib.get_close_matches" in {p.id for p in prompts}  # named as the stdlib_doctest task names it
     for p in prompts[:200]:
         tree = ast.parse(p.text + "    pass\n")  # the def and its docstring, nothing after
         fn = tree.body[0]
@@ -102,15 +108,16 @@ def test_function_prompts_stop_after_the_docstring():
 
 def test_data_is_cached_once_and_reused_for_other_heads(tmp_path, target, monkeypatch):
     cfg = train_cfg(data="self", tokens=64, new=16, cache=True, heads=2)
-    first, path = build_cache(target, cfg.train, str(tmp_path))
+    first, path, record = build_cache(target, cfg.train, str(tmp_path))
     assert path is not None and path.is_file() and first.labels.shape[1] == 2
+    assert record["prompts"] == 4 == len(record["ids"])  # tokens / new prompts
 
     def boom(*a, **k):
         raise AssertionError("the data should come from the cache")
 
     monkeypatch.setattr("specresearch.train.self_cache", boom)
-    again, same = build_cache(target, train_cfg(data="self", tokens=64, new=16, cache=True, heads=3, lr=1.0).train, str(tmp_path))
-    assert same == path and again.labels.shape[1] == 3
+    again, same, same_record = build_cache(target, train_cfg(data="self", tokens=64, new=16, cache=True, heads=3, lr=1.0).train, str(tmp_path))
+    assert same == path and again.labels.shape[1] == 3 and same_record == record  # the record is kept beside the data
     torch.testing.assert_close(again.hidden, first.hidden)
     assert torch.equal(again.labels[:, :2], first.labels)
     with pytest.raises(AssertionError, match="from the cache"):
@@ -119,7 +126,8 @@ def test_data_is_cached_once_and_reused_for_other_heads(tmp_path, target, monkey
         build_cache(target, train_cfg(heads=MAX_HEADS + 1).train, str(tmp_path))
 
 
-@pytest.mark.parametrize("bad, match", [({"data": "web"}, "valid are self, text"), ({"corpora": ["wiki"]}, "valid are python-stdlib, mtbench"),
+@pytest.mark.parametrize("bad, match", [({"data": "web"}, "valid are self, text"), ({"corpora": ["wiki"]}, "valid are python-stdlib, sharegpt"),
+                                        ({"corpora": ["mtbench"]}, "evaluation only"), ({"corpora": ["python-stdlib", "humaneval"]}, "evaluation only"),
                                         ({"new": 0}, "must be >= 1"), ({"temperature": -1.0}, "temperature >= 0")])
 def test_bad_training_settings_are_refused(bad, match):
     cfg = train_cfg(**bad)
@@ -128,9 +136,12 @@ def test_bad_training_settings_are_refused(bad, match):
 
 
 def test_heads_learn_the_targets_own_text(target):
-    heads, summary = train(train_cfg(data="self", corpora=["python-stdlib", "mtbench"], tokens=640, new=32, epochs=4), target)
+    heads, summary = train(train_cfg(data="self", corpora=["python-stdlib", "sharegpt"], tokens=640, new=32, epochs=4), target)
     assert summary["last_loss"] < summary["first_loss"] - 0.5
     assert 0 < summary["held_out_positions"] < summary["positions"] <= 640  # texts end at an EOS
+    record = summary["trained_on"]  # the 640 / 32 prompts continued, held-out ones included
+    assert record["sources"] == ["python-stdlib", "sharegpt"] and record["split"] == "train" and record["prompts"] == 20 == len(record["ids"])
+    assert {i.split("/")[0] for i in record["ids"]} == {"stdlib", "sharegpt"}
 
 
 def test_heads_learn_the_targets_predictions(target):
@@ -264,6 +275,12 @@ def test_train_command_end_to_end(tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.is_file() and "held-out top-1 agreement per head" in done.stdout
+    record = json.loads(out.with_suffix(".json").read_text())["trained_on"]  # which prompts trained the heads
+    assert record["sources"] == ["python-stdlib", "sharegpt"] and record["split"] == "train" and record["prompts"] == 6  # 300 / 50
+    assert record["ids"] == sorted(record["ids"]) and len(set(record["ids"])) == 6
+    assert record["prompts_sha256"] == hashlib.sha256("\n".join(record["ids"]).encode()).hexdigest()
+    evaluation = {p.id for name in DATASETS for p in load_prompts(name, SHAREGPT_EVAL if name == "sharegpt" else None)}
+    assert not evaluation & set(record["ids"])
     run = [sys.executable, "-m", "specresearch", "model=tiny", "drafter=medusa", f"drafter.checkpoint={out}",
            "tracker=none", "dataset.num_prompts=1", "max_new_tokens=8", "warmup=false"]
     done = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -271,3 +288,25 @@ def test_train_command_end_to_end(tmp_path):
     assert "greedy identity: 1/1" in done.stdout
     bad = subprocess.run([*cmd[:3], "model=tiny", "drafter=pld", "tracker=none"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "use drafter=medusa" in bad.stderr
+
+
+def test_a_run_on_prompts_that_trained_the_heads_is_refused(tmp_path, capsys):
+    """The checkpoint records the prompts that trained it; a run whose prompts are among them stops
+    before decoding, one that is not logs the record; weights without a record run with a warning."""
+    lm = load_model("tiny", device="cpu", tiny=dict(make_cfg("model=tiny").model.tiny))
+    path = tmp_path / "heads.safetensors"
+    trained = load_prompts("mtbench")[:3]
+    MedusaHeads(lm.model.config.hidden_size, 3).save(path, {"target": "tiny", "trained_on": prompt_record(["mtbench"], trained)})
+    args = ["model=tiny", "drafter=medusa", f"drafter.checkpoint={path}", "tracker=none", "max_new_tokens=4", "warmup=false"]
+    with pytest.raises(SpecResearchError, match=r"trained on 1 of this run's prompts \(mtbench/83\)"):
+        run(make_cfg(*args, "dataset=mtbench", "dataset.offset=2", "dataset.num_prompts=3"))  # the third trained them
+    assert run(make_cfg(*args, "dataset=mtbench", "dataset.offset=3", "dataset.num_prompts=1"))["prompts"] == 1
+    tags = trained_on_tags(MedusaDrafter(lm, checkpoint=str(path)), load_prompts("humaneval", 2))
+    assert tags["drafter.trained_on.sources"] == "mtbench" and tags["drafter.trained_on.prompts"] == "3"
+    assert tags["drafter.trained_on.prompts_sha256"] == hashlib.sha256("\n".join(sorted(p.id for p in trained)).encode()).hexdigest()
+    capsys.readouterr()
+    MedusaHeads(lm.model.config.hidden_size, 3).save(path, {"target": "tiny"})  # trained before records were kept
+    old = MedusaDrafter(lm, checkpoint=str(path))
+    warning = capsys.readouterr().err.strip()
+    assert warning.startswith("warning: the medusa weights at") and "may overlap MT-bench" in warning and "\n" not in warning
+    assert trained_on_tags(old, load_prompts("mtbench", 2)) == {"drafter.trained_on.sources": "unknown"}

@@ -1,10 +1,13 @@
 """Model loading: tiny random models (seeded, peaky, perturbable), the byte tokenizer, device/dtype
-names, error messages, the zoo's part assembly and sha256 check, and one real embedded model
-(SmolLM2-135M) dequantized once into a temporary cache and read back from it."""
+names, error messages, the zoo's part assembly and sha256 check, damaged GGUF files and cache entries
+(on a tiny GGUF written here), and one real embedded model (SmolLM2-135M) dequantized once into a
+temporary cache and read back from it."""
 
 import copy
 import hashlib
 import importlib.util
+import json
+import random
 
 import pytest
 import torch
@@ -232,6 +235,183 @@ def test_parts_are_concatenated_in_order(tmp_path):
         parts.append(Part(file=str(tmp_path / f"p{i}")))
     models._assemble("split", ZooEntry("split", tuple(parts), ZOO["smollm2-135m"].sha256), tmp_path / "out.gguf")
     assert (tmp_path / "out.gguf").stat().st_size == len(whole)
+
+
+# --- damaged files: one line, and the cache only ever replaced whole -------------------------------
+
+
+def write_tiny_gguf(path, hidden=16, ff=32, heads=2, seed=0):
+    """A 48 KB GGUF that transformers loads: one llama block (float32) and a byte-level BPE tokenizer."""
+    import gguf
+    import numpy as np
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    rng = np.random.default_rng(seed)
+    spell = bytes_to_unicode()
+    tokens = [spell[b] for b in range(256)] + ["<|endoftext|>", spell[ord("a")] + spell[ord("b")]]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_context_length(64)
+    w.add_embedding_length(hidden)
+    w.add_block_count(1)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 256 + [3, 1])  # 3: control
+    w.add_token_merges([f"{spell[ord('a')]} {spell[ord('b')]}"])
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(256)
+    shapes = {"token_embd": (len(tokens), hidden), "output": (len(tokens), hidden)}
+    shapes |= {f"blk.0.{n}": (hidden, hidden) for n in ("attn_q", "attn_k", "attn_v", "attn_output")}
+    shapes |= {"blk.0.ffn_gate": (ff, hidden), "blk.0.ffn_up": (ff, hidden), "blk.0.ffn_down": (hidden, ff)}
+    for name, shape in shapes.items():
+        w.add_tensor(f"{name}.weight", (rng.standard_normal(shape) * 0.1).astype(np.float32))
+    for name in ("output_norm", "blk.0.attn_norm", "blk.0.ffn_norm"):
+        w.add_tensor(f"{name}.weight", np.ones(hidden, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+def load_tiny_gguf(name, cache):
+    return load_model(str(name), cache_dir=cache, dtype="bf16", device="cpu")
+
+
+def sha256_of(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def overwrite(path, data):
+    """Damage a cache file as a new file: rewriting it in place would crash (SIGBUS) a model loaded from
+    it earlier, whose weights are memory-mapped from it."""
+    path.with_name("new").write_bytes(data)
+    path.with_name("new").replace(path)
+
+
+@pytest.fixture(params=["zoo", "file"])
+def tiny_source(request, tiny_gguf, monkeypatch):
+    """The tiny GGUF as a zoo model (assembled from a file part) and as a local .gguf path."""
+    if request.param == "file":
+        return str(tiny_gguf)
+    monkeypatch.setitem(ZOO, "tiny-gguf", ZooEntry("Tiny GGUF", (Part(file=str(tiny_gguf)),), sha256_of(tiny_gguf)))
+    return "tiny-gguf"
+
+
+def test_cache_entry_has_a_manifest_of_its_files(tiny_source, tmp_path):
+    load_tiny_gguf(tiny_source, tmp_path)
+    [entry] = tmp_path.iterdir()
+    files = json.loads((entry / models.MANIFEST).read_text())["files"]
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= files.keys()
+    assert files.keys() == {p.name for p in entry.iterdir()} - {models.MANIFEST}
+    for name, meta in files.items():
+        assert meta == {"size": (entry / name).stat().st_size, "sha256": sha256_of(entry / name)}
+
+
+def test_truncated_cache_entry_is_rebuilt(tiny_source, tmp_path, capsys):
+    first = load_tiny_gguf(tiny_source, tmp_path)
+    [entry] = tmp_path.iterdir()
+    weights = entry / "model.safetensors"
+    size = weights.stat().st_size
+    overwrite(weights, weights.read_bytes()[: size // 2])
+    capsys.readouterr()
+    again = load_tiny_gguf(tiny_source, tmp_path)
+    said = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
+    assert said == [
+        f"specresearch: the cache entry at {entry} is damaged (model.safetensors has {size // 2} bytes, "
+        f"{size} were written): rebuilding it"
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name], "the damaged entry is gone, nothing left aside"
+    assert weights.stat().st_size == size and models._entry_damage(entry, sha256=True) is None
+    ids = first.tokenizer.encode("hello ab", add_special_tokens=False)
+    assert torch.equal(logits(first, ids), logits(again, ids))
+
+
+def test_rewritten_cache_file_of_the_right_size_is_found_by_its_sha256(tiny_gguf, tmp_path, capsys):
+    load_tiny_gguf(tiny_gguf, tmp_path)
+    [entry] = tmp_path.iterdir()
+    weights = entry / "model.safetensors"
+    overwrite(weights, b"x" * weights.stat().st_size)  # sizes match: only a failed load and the sha256 tell
+    load_tiny_gguf(tiny_gguf, tmp_path)
+    assert "(model.safetensors has another sha256 than was written): rebuilding it" in capsys.readouterr().err
+    assert models._entry_damage(entry, sha256=True) is None
+
+
+def test_cache_entry_without_manifest_is_kept_if_it_loads_else_rebuilt(tiny_gguf, tmp_path, monkeypatch, capsys):
+    """Entries written before manifests existed."""
+    load_tiny_gguf(tiny_gguf, tmp_path)
+    [entry] = tmp_path.iterdir()
+    (entry / models.MANIFEST).unlink()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(models, "_dequantize_to", lambda *a: pytest.fail("a loadable entry was rebuilt"))
+        load_tiny_gguf(tiny_gguf, tmp_path)
+    weights = entry / "model.safetensors"
+    overwrite(weights, weights.read_bytes()[:1000])
+    capsys.readouterr()
+    load_tiny_gguf(tiny_gguf, tmp_path)
+    said = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
+    assert len(said) == 1 and f"the cache entry at {entry} is damaged (it does not load: SafetensorError" in said[0]
+    assert (entry / models.MANIFEST).is_file() and models._entry_damage(entry, sha256=True) is None
+
+
+def test_cache_entry_that_does_not_load_even_when_rebuilt_is_one_error(tiny_gguf, tmp_path, monkeypatch):
+    load_tiny_gguf(tiny_gguf, tmp_path)
+
+    def broken(*args):
+        raise OSError("disk on fire\nsecond line")
+
+    monkeypatch.setattr(models, "_read_hf", broken)
+    with pytest.raises(SpecResearchError) as err:
+        load_tiny_gguf(tiny_gguf, tmp_path)
+    assert str(err.value).endswith(", just built, does not load: OSError: disk on fire")
+
+
+def test_garbage_gguf_is_one_error_and_leaves_nothing(tmp_path):
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(random.Random(0).randbytes(5000))
+    cache = tmp_path / "cache"
+    with pytest.raises(SpecResearchError) as err:
+        load_tiny_gguf(garbage, cache)
+    assert str(err.value).startswith(f"{garbage} is not a GGUF file (it starts with b'") and "\n" not in str(err.value)
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(SpecResearchError, match=r"empty\.gguf is not a GGUF file \(it is empty\)"):
+        load_tiny_gguf(tmp_path / "empty.gguf", cache)
+    assert files_under(cache) == []
+
+
+@pytest.mark.parametrize("keep", [0.5, 100, -100])  # half, the header only, all but the end of the last tensor
+def test_truncated_gguf_is_one_error_and_leaves_nothing(tiny_gguf, tmp_path, keep):
+    whole = tiny_gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: int(len(whole) * keep) if isinstance(keep, float) else keep])
+    cache = tmp_path / "cache"
+    with pytest.raises(SpecResearchError) as err:
+        load_tiny_gguf(cut, cache)
+    msg = str(err.value)
+    assert msg.startswith(f"{cut} is not a valid or complete GGUF file (") and msg.endswith("replace it with a whole copy")
+    assert "\n" not in msg
+    assert files_under(cache) == []
+
+
+def test_damaged_zoo_file_is_one_error_and_leaves_nothing(tiny_gguf, tmp_path, monkeypatch):
+    """A zoo file that passes its sha256 yet does not parse (a wrongly pinned file) fails as cleanly."""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[:-100])
+    monkeypatch.setitem(ZOO, "cut", ZooEntry("Cut", (Part(file=str(cut)),), sha256_of(cut)))
+    cache = tmp_path / "cache"
+    with pytest.raises(SpecResearchError, match=r"cut\.gguf is not a valid or complete GGUF file \(ValueError: "):
+        load_tiny_gguf("cut", cache)
+    assert files_under(cache) == [] and list(cache.iterdir()) == []
 
 
 # --- one real embedded model ----------------------------------------------------------------------

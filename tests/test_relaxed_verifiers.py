@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import power_divergence
 
-from specresearch.drafters import IndependentDrafter, NoDrafter
+from specresearch.drafters import IndependentDrafter, LookaheadDrafter, NoDrafter
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
@@ -25,7 +25,10 @@ EXACT_AT_T0 = {  # settings at which each rule keeps only the target's argmax of
     "typical": TypicalVerifier(),
     "margin": MarginVerifier(margin=0.1),
     "margin ratio": MarginVerifier(margin=None, ratio=0.5),
+    "margin 1": MarginVerifier(margin=1.0),  # max p − 1 = 0: only p(x) > 0 keeps it exact
+    "ratio 1": MarginVerifier(margin=None, ratio=1.0),
     "topk 1": TopKVerifier(k=1),
+    "topk V": TopKVerifier(k=V),
 }
 LOOSE = {"typical": TypicalVerifier(), "margin": MarginVerifier(margin=0.2), "topk 3": TopKVerifier(k=3)}
 
@@ -83,6 +86,14 @@ def test_code_path_follows_the_enumerated_law(name):
     assert power_divergence(observed, expected, lambda_="log-likelihood").pvalue > 1e-3
 
 
+@pytest.mark.parametrize("name", LOOSE)
+def test_a_tree_draft_with_no_nodes_gets_the_targets_token(name):
+    """Lookahead's first steps propose a tree with no node (an empty pool): the target adds its token."""
+    empty_tree = Draft(tokens=torch.empty(0, dtype=torch.long), parents=torch.empty(0, dtype=torch.long))
+    verdict = LOOSE[name](empty_tree, ONE_HOT[None].float(), None)
+    assert verdict.num_accepted == 0 and verdict.path == [] and verdict.tokens.tolist() == [5]
+
+
 def test_verdict_shape_and_recover_greedy():
     p = torch.stack([P, P, P]).float()  # [K + 1, V]
     top = int(P.argmax())
@@ -103,6 +114,19 @@ def test_greedy_runs_equal_the_baseline_where_the_rule_is_exact(verifier):
         out = engine.generate(prompt, 30, eos_token_ids=[])
         assert out.tokens == baseline.generate(prompt, 30, eos_token_ids=[]).tokens
         assert 0 < out.stats.accepted < out.stats.drafted
+
+
+@pytest.mark.parametrize("name", EXACT_AT_T0)
+def test_lookahead_trees_at_temperature_zero_equal_the_baseline(name):
+    """Lookahead proposes empty trees until its pool fills; every relaxed rule then runs on its trees."""
+    from .conftest import cyclic_tiny
+
+    target = cyclic_tiny(seed=3)
+    engine = Engine(target, LookaheadDrafter(window=4, ngram=3, guesses=4), EXACT_AT_T0[name], SamplingParams())
+    baseline = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams())
+    out = engine.generate([10, 11, 12], 24, eos_token_ids=[])
+    assert out.tokens == baseline.generate([10, 11, 12], 24, eos_token_ids=[]).tokens
+    assert out.stats.accepted > 0
 
 
 def test_errors_name_the_valid_choices():

@@ -7,13 +7,15 @@ import pytest
 import torch
 from scipy import stats as st
 
-from specresearch.drafters import IndependentDrafter, NoDrafter
+from specresearch.drafters import IndependentDrafter, NoDrafter, PromptLookupDrafter
 from specresearch.engine import Engine
 from specresearch.models import load_model
 from specresearch.stats import battery, calibration, holm, sample_engine, sample_target, teacher_force
 from specresearch.stats.battery import MIN_EXPECTED, noncentrality, pooled_table
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier
+
+from .conftest import REPEATING
 
 T1 = SamplingParams(temperature=1.0)
 PROMPT = [1, 2, 3, 4]
@@ -110,6 +112,19 @@ def test_aggressive_lossy_rules_are_detected(target, draft, baseline, verifier):
     assert report.reject, report.format()
     assert any(name.startswith("position_") for name in report.rejected)
     assert report.effects["tv_position"] > report.effects["tv_position_null"]
+
+
+def test_the_first_position_tests_what_the_method_emits(target):
+    """The method's first token comes from a draft-and-verify step, not from the plain prefill: with
+    prompt lookup and the positive control (accept every draft token) the first token is always the
+    lookup's, and the first position alone tells the method from the target."""
+    engine = Engine(target, PromptLookupDrafter(k=2), TopKVerifier(k=320), T1)
+    meth = sample_engine(engine, REPEATING, 100, 3, seed=300)
+    assert set(meth.tokens[:, 0].tolist()) == {12}  # ... 10 11 | 12: what followed "10 11" before
+    first = sample_target(target, REPEATING, 100, 3, T1, seed=301)
+    report = battery(first, teacher_force(target, REPEATING, first.tokens, T1, seed=1),
+                     meth, teacher_force(target, REPEATING, meth.tokens, T1, seed=2), alpha=ALPHA, bootstrap=0)
+    assert "position_1" in report.rejected, report.format()
 
 
 def test_a_tempered_sampler_is_detected_by_the_one_sample_tests(target, baseline):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from safetensors.torch import save_file
@@ -45,6 +47,13 @@ class Drafter(ABC):
     k_start: int = 0  # k at the start of every sequence
     k_max: int = 0  # the largest k the heuristic may reach
     needs_hidden: bool = False  # the engine passes the target's hidden states in Context.hidden
+    # Weights trained by specresearch.train: their checkpoint and its record of the prompts that trained
+    # them (`checkpoint_record`); None for drafters without trained weights (or weights given in code).
+    trained_on: dict | None = None
+    # The ways this drafter drafts whose laws differ, as overrides of its config node: the lossless
+    # tests (tests/test_lossless.py) prove every mode with every lossless verifier, so a new mode is
+    # covered by naming it here.
+    modes: ClassVar[dict[str, tuple[str, ...]]] = {"default": ()}
 
     def set_k_policy(self, k: int, policy: str = "fixed", k_max: int | None = None) -> None:
         """How k evolves within a sequence: "fixed", or "heuristic" (transformers' assisted generation:
@@ -109,3 +118,16 @@ def find_checkpoint(drafter: str, target_name: str, checkpoint: str | None, defa
     if trained_for not in (None, target_name):
         raise SpecResearchError(f"the {drafter} weights at {path} were trained for {trained_for}, not {target_name}")
     return path
+
+
+def checkpoint_record(drafter: str, path: Path, meta: dict) -> dict:
+    """What the weights at `path` (meta: their JSON) record of the prompts that trained them, with
+    the checkpoint: {"checkpoint", "sources", "split", "split_rule", "prompts", "prompts_sha256",
+    "ids"} (specresearch.data.prompt_record). Weights trained before runs recorded it give
+    {"checkpoint"} alone, with a one-line warning."""
+    record = meta.get("trained_on")
+    if record is None:
+        print(f"warning: the {drafter} weights at {path} do not record their training prompts (trained before that was recorded; "
+              f"they may overlap MT-bench): retrain with python -m specresearch.train drafter={drafter}", file=sys.stderr)
+        return {"checkpoint": str(path)}
+    return {"checkpoint": str(path), **record}

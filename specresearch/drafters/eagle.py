@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
-from specresearch.drafters.base import Context, Drafter, find_checkpoint, save_checkpoint
+from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs, sample
@@ -104,7 +104,9 @@ class EagleDrafter(Drafter):
             raise SpecResearchError(f"drafter.k must be >= 1, got {k}")
         self.set_k_policy(k, k_policy, k_max)
         if head is None:
-            head, _ = EagleHead.load(find_checkpoint("eagle", target.name, checkpoint, eagle_path(target.name, cache_dir)), target.model.config)
+            path = find_checkpoint("eagle", target.name, checkpoint, eagle_path(target.name, cache_dir))
+            head, meta = EagleHead.load(path, target.model.config)
+            self.trained_on = checkpoint_record("eagle", path, meta)
         self.head = head.to(device=target.device, dtype=target.dtype).eval()
         self.embed = target.model.get_input_embeddings()
         self.lm_head = target.model.get_output_embeddings()

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from specresearch.drafters.base import Context, Drafter, find_checkpoint, save_checkpoint
+from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs
@@ -123,6 +123,7 @@ class MedusaDrafter(Drafter):
     """
 
     name = "medusa"
+    modes = {"top": (), "sample": ("children=sample",)}
     needs_hidden = True
 
     def __init__(
@@ -158,7 +159,9 @@ class MedusaDrafter(Drafter):
             raise SpecResearchError(f"drafter.nodes must be >= 1, got {nodes}")
         meta: dict = {}
         if heads is None:
-            heads, meta = MedusaHeads.load(find_checkpoint("medusa", target.name, checkpoint, checkpoint_path(target.name, cache_dir)))
+            path = find_checkpoint("medusa", target.name, checkpoint, checkpoint_path(target.name, cache_dir))
+            heads, meta = MedusaHeads.load(path)
+            self.trained_on = checkpoint_record("medusa", path, meta)
         if choices is None:
             choices = best_choices(meta["rank_acc"], nodes) if meta.get("rank_acc") else DEFAULT_CHOICES
         choices = [tuple(int(r) for r in c) for c in choices]

@@ -27,7 +27,9 @@ class TreeDrafter(Drafter):
     - dynamic (`branching=null`; EAGLE-2): every expanded node gets `topk` children scored by their
       cumulative draft log-probability; the `topk` best of a level are expanded further, up to
       `depth` levels, and the `nodes` best nodes of all make the tree (parents score at least as
-      high as their children, so the set is a tree).
+      high as their children, so the set is a tree). With sampled children the budget keeps whole
+      sibling groups instead, breadth first (see `_budget_sampled`): selecting samples by their
+      values would change their law.
 
     Children are the draft's top tokens (`children=top`: deterministic, q = None; lossless with
     greedy and with rejection sampling, which treats them as one-hot) or, at T > 0, drawn
@@ -37,6 +39,8 @@ class TreeDrafter(Drafter):
     """
 
     name = "tree"
+    modes = {"static top": (), "static sample": ("children=sample",), "dynamic top": ("branching=null",),
+             "dynamic sample": ("branching=null", "children=sample")}
 
     def __init__(
         self,
@@ -146,11 +150,43 @@ class TreeDrafter(Drafter):
             )  # [W, V]
             self._forwards += 1
         draft.rollback(start)
-        if self.branching is None and len(nodes) > self.nodes:  # the best `nodes`, parents before children
-            keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i][3], i))[: self.nodes])
+        if self.branching is None and len(nodes) > self.nodes:
+            keep = self._budget_sampled(nodes) if self.children == "sample" else self._budget_top(nodes)
             new_index = {old: new for new, old in enumerate(keep)}
             nodes = [(t, new_index.get(p, -1), q, s) for t, p, q, s in (nodes[i] for i in keep)]
         return [(t, p, q) for t, p, q, _ in nodes]
+
+    def _budget_top(self, nodes: list) -> list[int]:
+        """EAGLE-2's reranking: the `nodes` best by cumulative draft log-probability (a parent scores
+        at least as high as its children, so the set is a tree). Lossless for top children: they are
+        deterministic, and any choice of them is."""
+        return sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i][3], i))[: self.nodes])
+
+    def _budget_sampled(self, nodes: list) -> list[int]:
+        """The budget for sampled children, kept lossless: whole sibling groups, breadth first (by the
+        parent's depth, then its score), the last one cut by draw order, never by value.
+
+        Multi-step speculative sampling is exact when the children a node keeps are independent draws
+        from its q, however many there are, as long as their number depends only on tokens above
+        them. Keeping the likeliest samples breaks that (the kept siblings over-represent q's top
+        tokens: the target's top token came out 81% of the time where p = 0.40); so does a group
+        competing for the budget with deeper groups, whose existence depends on its own values.
+        """
+        depth = {-1: 0}
+        groups: dict[int, list[int]] = {}  # parent -> its children, in draw order
+        for i, (_, parent, _, _) in enumerate(nodes):
+            depth[i] = depth[parent] + 1
+            groups.setdefault(parent, []).append(i)
+        order = sorted(groups, key=lambda g: (depth[g], -nodes[g][3] if g >= 0 else 0.0, g))
+        kept: set[int] = set()
+        for parent in order:
+            if parent >= 0 and parent not in kept:
+                continue
+            room = self.nodes - len(kept)
+            kept.update(groups[parent][:room])
+            if room <= len(groups[parent]):
+                break
+        return sorted(kept)
 
     def commit(self, ctx: Context, verdict: Verdict) -> None:
         for draft in self.drafts:  # each draft cache holds the accepted sequence but its last token

@@ -68,10 +68,12 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
         The summary metrics (also logged to the tracker and written to Hydra's output folder).
     """
     from specresearch.evaluation.lm import SpecResearchLM
-    from specresearch.experiment import build, build_engine, machine_tags
+    from specresearch.experiment import build, build_engine, claim_params, machine_tags
 
     ec = cfg.eval
     check(ec)
+    tracker = build(cfg.tracker)
+    tracker.check()  # where results go, before any model loads
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # our tasks need no download: make sure nothing tries one
         os.environ.setdefault(var, "1")
     layers: dict[str, bool] = {}
@@ -84,10 +86,9 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
         layers = sandbox.check_isolation()  # refuse a weak sandbox before the model loads
     method = build_engine(cfg)
     baseline = build_engine(cfg, baseline=True, target=method.target.lm) if ec.baseline else None
-    tracker = build(cfg.tracker)
     label = f"eval {ec.task}: {method.label}"
     sides: dict[str, Side] = {}
-    tracker.start(cfg, run_name=label, tags=machine_tags(method.target.lm))
+    tracker.start(cfg, run_name=label, tags=machine_tags(method.target.lm), params=claim_params(method))
     status = "FAILED"
     try:
         if baseline is not None:

@@ -87,11 +87,14 @@ def sample_target(
 
 def sample_engine(engine: Engine, prompt: list[int], n: int, length: int, seed: int, prompt_index: int = 0) -> Samples:
     """Draw `n` continuations of `length` tokens through a speculative engine (seeds seed .. seed + n − 1;
-    no EOS or stop string ends them)."""
+    no EOS or stop string ends them). Every token comes from the method's own draft-and-verify steps
+    (Engine.generate's sample_first=False: the prompt's last token stands for the newest one sampled),
+    so the first position tests the method too, not the plain prefill; a one-token prompt cannot, and
+    gets its first token from the prefill."""
     t0 = time.perf_counter()
     rows = []
     for i in range(n):
-        out = engine.generate(prompt, length, eos_token_ids=[], seed=seed + i, reuse_prefill=True)
+        out = engine.generate(prompt, length, eos_token_ids=[], seed=seed + i, reuse_prefill=True, sample_first=len(prompt) < 2)
         rows.append(out.tokens)
     return Samples(np.asarray(rows, dtype=np.int64), np.full(n, prompt_index), time.perf_counter() - t0)
 

@@ -63,7 +63,7 @@ class RelaxedVerifier(Verifier):
         k = len(draft)
         x = draft.tokens[:k].to(p.device)  # [N]
         parents = draft.parents[:k].tolist()
-        rows = torch.tensor(parents, device=p.device) + 1  # [N] the row of p at each node's position
+        rows = torch.tensor(parents, dtype=torch.long, device=p.device) + 1  # [N] the row of p at each node's position (N may be 0)
         px = p[rows, x]  # [N]
         ok = self.passes(p[rows], px).tolist()
         score: dict[int, tuple[int, float]] = {-1: (0, 0.0)}  # node -> (depth, log p of its path), if it passes
@@ -112,7 +112,9 @@ class TypicalVerifier(RelaxedVerifier):
 
 class MarginVerifier(RelaxedVerifier):
     """Probability-margin acceptance: accept x if p(x) >= max p − margin, or, with `ratio`, if
-    p(x) >= ratio · max p. Exact at temperature 0 for margin < 1 (or ratio > 0)."""
+    p(x) >= ratio · max p; never a token the target's p excludes (p(x) = 0: at temperature 0, or
+    removed by top-k/top-p). So exact at temperature 0 for every margin in [0, 1] and ratio in (0, 1];
+    margin = 1 at T > 0 accepts every token p allows (the draft's law: a positive control)."""
 
     name = "margin"
 
@@ -136,7 +138,7 @@ class MarginVerifier(RelaxedVerifier):
 
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
         top = p.max(-1).values  # [K]
-        return px >= (top * self.ratio if self.ratio is not None else top - self.margin)
+        return (px >= (top * self.ratio if self.ratio is not None else top - self.margin)) & (px > 0)
 
 
 class TopKVerifier(RelaxedVerifier):

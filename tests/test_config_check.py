@@ -1,0 +1,126 @@
+"""specresearch.validate.check_config: an unknown setting or a value of the wrong type is refused up
+front with one line naming the valid settings or the expected type; every shipped option passes; and
+SamplingParams refuses values outside their range."""
+
+import math
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from specresearch.errors import SpecResearchError
+from specresearch.types import SamplingParams
+from specresearch.validate import check_config
+
+from .conftest import CONF_DIR, TINY, make_cfg
+
+GROUPS = ("drafter", "verifier", "sampling", "dataset", "tracker", "model", "eval", "experiment")
+
+
+def refused(*overrides: str) -> str:
+    """The one-line message check_config gives the composed config."""
+    with pytest.raises(SpecResearchError) as err:
+        check_config(make_cfg(*TINY, *overrides))
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("group,name", [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))])
+def test_every_shipped_option_passes(group, name):
+    check_config(make_cfg(f"{group}={name}"))
+    check_config(make_cfg("model=tiny", f"{group}={name}"))
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "eagle"])
+def test_train_config_passes(drafter):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"drafter={drafter}"])
+    check_config(cfg)
+    cfg.train.heads = "x"
+    with pytest.raises(SpecResearchError, match="train.heads must be an integer, got 'x'"):
+        check_config(cfg)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["dataset.num_prompts=null"],  # documented: null = all
+    ["resume=false"], ["resume=true"],  # documented: true/false force it
+    ["drafter.confidence=1"],  # an int where a float is wanted
+    ["sampling=random", "sampling.temperature=1", "sampling.top_k=5", "sampling.top_p=0.9"],
+    ["drafter=tree", "drafter.branching=null", "drafter.ensemble=[{name: tiny}]"],
+    ["+model.tiny.noise=0.1"],  # model.tiny is a free mapping (tiny_model's arguments)
+])
+def test_valid_values_pass(overrides):
+    check_config(make_cfg(*TINY, *overrides))
+
+
+def test_bad_type():
+    assert refused("drafter.k=abc") == "drafter.k must be an integer, got 'abc'"
+
+
+def test_unknown_key_names_the_valid_ones():
+    message = refused("+drafter.kk=3")
+    assert message.startswith("drafter=independent has no setting 'kk': valid are k, ")
+    assert "confidence" in message and "k_policy" in message and "target" not in message
+
+
+def test_unknown_key_elsewhere():
+    assert "takes none" in refused("verifier=greedy", "+verifier.margin=0.1")
+    assert refused("+stats.sample=3").startswith("stats has no setting 'sample': valid are samples, ")
+    assert refused("+sampling.topk=3") == "sampling has no setting 'topk': valid are temperature, top_k, top_p"
+    assert refused("+seeds=3").startswith("unknown setting 'seeds': valid are ")
+    assert "no setting 'foo'" in refused("+model.foo=1")
+
+
+def test_subclass_settings_follow_its_parent():
+    """drafter=self_draft passes **options to IndependentDrafter: those are settings, but not `model`,
+    which it passes itself."""
+    check_config(make_cfg("model=tiny", "drafter=self_draft", "+drafter.confidence=0.4"))
+    with pytest.raises(SpecResearchError, match="valid are k, skip, exit_layer, skip_ratio, vocab") as err:
+        check_config(make_cfg("model=tiny", "drafter=self_draft", "+drafter.model={name: tiny}"))
+    assert ", model," not in str(err.value)
+
+
+def test_bool_and_int_do_not_pass_for_each_other():
+    assert refused("drafter.k=true") == "drafter.k must be an integer, got True"
+    assert refused("warmup=1") == "warmup must be true or false, got 1"
+    assert refused("max_new_tokens=1.5") == "max_new_tokens must be an integer, got 1.5"
+
+
+def test_nested_values():
+    assert refused("drafter.model.name=3") == "drafter.model.name must be a string, got 3"
+    assert refused("drafter=tree", "drafter.ensemble=[{name: tiny, vocab: 3}]").startswith(
+        "drafter.ensemble[0] has no setting 'vocab': valid are name, dtype, device")
+    assert refused("drafter=tree", "drafter.branching=[2,a]") == "drafter.branching must be a list of integers or null, got [2, 'a']"
+    assert refused("eval=humaneval", "eval.sandbox.timeout=long") == "eval.sandbox.timeout must be a number, got 'long'"
+    assert refused("dataset.stop=[1]") == "dataset.stop must be a list of strings, got [1]"
+
+
+def test_verifier_and_top_level_types():
+    assert refused("verifier=margin", "verifier.margin=abc") == "verifier.margin must be a number or null, got 'abc'"
+    assert refused("seed=abc") == "seed must be an integer, got 'abc'"
+    assert refused("stats.samples=many") == "stats.samples must be an integer, got 'many'"
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("sampling.temperature=-1", "sampling.temperature must be a finite number >= 0 (0 = greedy), got -1"),
+    ("sampling.top_p=1.5", "sampling.top_p must lie in (0, 1] (1 = off), got 1.5"),
+    ("sampling.top_p=0", "sampling.top_p must lie in (0, 1] (1 = off), got 0"),
+    ("sampling.top_k=-1", "sampling.top_k must be an integer >= 0 (0 = off), got -1"),
+])
+def test_sampling_ranges(override, needle):
+    assert refused("verifier=rejection", "sampling=random", override) == needle
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"temperature": -1.0}, {"temperature": math.inf}, {"temperature": math.nan}, {"top_p": 1.5}, {"top_p": 0.0},
+    {"top_p": math.nan}, {"top_k": -1}, {"top_k": 2.5}, {"top_k": True},
+])
+def test_sampling_params_refuse_out_of_range(kwargs):
+    with pytest.raises(SpecResearchError, match="must"):
+        SamplingParams(**{"temperature": 1.0, **kwargs})
+
+
+def test_sampling_params_accept_the_edges():
+    assert SamplingParams().greedy
+    assert SamplingParams(temperature=0.7, top_k=1, top_p=1.0).top_p == 1.0
+    assert SamplingParams(temperature=2, top_p=1e-6).temperature == 2

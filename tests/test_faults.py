@@ -1,0 +1,116 @@
+"""Faults (issue 19): one line, a non-zero exit, nothing half-written, never a lost result.
+
+End to end through `python -m specresearch` on the tiny random model: results that cannot be written
+are refused before anything runs, Ctrl-C records the run FAILED and exits 130, two runs starting at
+once on a new store both record, and a refused run leaves no empty output folder."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import TINY
+from .test_sweeps import _wait_for_a_measured_prompt
+
+FAST = [*TINY, "dataset.num_prompts=1", "max_new_tokens=4"]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def spec(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specresearch", *args]
+
+
+def cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(spec(*args), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+
+
+def statuses(store) -> list[str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
+    experiment = client.get_experiment_by_name("specresearch")
+    return sorted(r.info.status for r in client.search_runs([experiment.experiment_id]))
+
+
+@pytest.mark.parametrize("where", ["under a file", "in /proc"])
+def test_an_unwritable_store_is_one_line_before_the_models_load(tmp_path, where):
+    """The unknown model would be refused when the models load: the store is refused before that."""
+    (tmp_path / "file").write_text("")
+    store = tmp_path / "file" / "sub" if where == "under a file" else "/proc/specresearch-test/mlruns"
+    result = cli(tmp_path, *FAST, "model.name=no-such-model", f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: cannot write the MLflow store {store} (tracker.store): ")
+    assert line.endswith(f"{tmp_path}/file is not a folder" if where == "under a file" else "cannot create a file in /proc (No such file or directory)")
+    assert not (tmp_path / "out").exists()  # refused before Hydra made the run's folder
+
+
+@pytest.mark.parametrize("mode", ["run", "sweep"])
+def test_an_unwritable_hydra_output_dir_is_one_line(tmp_path, mode):
+    (tmp_path / "file").write_text("")
+    key = "hydra.run.dir" if mode == "run" else "hydra.sweep.dir"
+    result = cli(tmp_path, *(["-m"] if mode == "sweep" else []), *FAST, f"tracker.store={tmp_path}/mlruns",
+                 f"{key}={tmp_path}/file/sub")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: cannot write Hydra's output folder {tmp_path}/file/sub ({key}): {tmp_path}/file is not a folder"]
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_ctrl_c_records_the_run_failed_and_exits_130(tmp_path):
+    store = tmp_path / "mlruns"
+    args = ["model=tiny", "drafter=pld", "drafter.k=2", "dataset.num_prompts=60", "max_new_tokens=64",
+            f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out"]
+    proc = subprocess.Popen(spec(*args), cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_a_measured_prompt(store / "mlflow.db", proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.strip().splitlines()[-1] == "interrupted by SIGINT: the run is recorded as FAILED with what it measured"
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("specresearch").experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.metrics["prompt_tau"] >= 1 and 1 <= run.data.metrics["prompts"] < 60  # what it had measured is kept
+
+
+def test_two_runs_starting_at_once_on_a_new_store_both_record(tmp_path):
+    """Without the store lock the second dies in MLflow's schema migration of the new database."""
+    store = tmp_path / "mlruns"
+    procs = [subprocess.Popen(spec("model=tiny", "drafter=pld", "dataset.num_prompts=1", "max_new_tokens=4", "exclusive=false",
+                                   f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out{i}"),
+                              cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        errs = [proc.communicate(timeout=240)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(err[-2000:] for err in errs)
+    assert statuses(store) == ["FINISHED", "FINISHED"]
+
+
+def test_a_refused_run_leaves_no_empty_output_folder(tmp_path):
+    """Hydra makes outputs/DATE/TIME/ (with .hydra/ and the job log) before the run is refused: what it
+    made for that run goes, a folder that was there before stays."""
+    refused = cli(tmp_path, *FAST, "drafter.k=0", "tracker=none")  # default hydra.run.dir: outputs/DATE/TIME
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error: drafter=independent needs k >= 1")
+    assert not (tmp_path / "outputs").exists()
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    kept = cli(tmp_path, *FAST, "model.name=no-such-model", "tracker=none", f"hydra.run.dir={tmp_path}/mine")
+    assert kept.returncode == 2 and "unknown model 'no-such-model'" in kept.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
