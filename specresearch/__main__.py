@@ -6,6 +6,7 @@ working directory; each group folder there is the registry of its options.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from pathlib import Path
@@ -56,9 +57,28 @@ def _task(cfg: DictConfig) -> float | JobFailed | JobSkipped | None:
     return sweeps.objective_value(cfg, summary, warn=optimizing)
 
 
+def unknown_option(args: list[str]) -> str | None:
+    """The one-line error for a `group=NAME` (or `+group=a,b` in a sweep) that names no option of a
+    conf/ group, or None. Checked before Hydra composes, whose own message is a dozen lines; values
+    Hydra's sweep grammar writes otherwise (`choice(...)`, globs) are left to Hydra."""
+    for arg in args:
+        group, sep, value = arg.lstrip("+").partition("=")
+        if not sep or not group.isidentifier() or not (CONF_DIR / group).is_dir() or not re.fullmatch(r"[\w.-]+(,[\w.-]+)*", value):
+            continue
+        options = sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+        for name in value.split(","):
+            if name not in options and name != "null":
+                return f"unknown {group} '{name}': valid are {', '.join(options)}"
+    return None
+
+
 def main() -> None:
     if not (CONF_DIR / "config.yaml").is_file():
         raise SystemExit(f"error: config folder {CONF_DIR} not found: install specresearch from a checkout (pip install -e .)")
+    problem = unknown_option(sys.argv[1:])
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     try:
         hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_task)()
     except KeyboardInterrupt:  # Ctrl-C outside a job (during a job sweeps.exit_on_signals turns it into SystemExit(130))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sysconfig
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from torch import Tensor
 from specresearch.errors import SpecResearchError
 
 CORPORA = ("python-stdlib", "mtbench")
-_CORPUS_BYTES = 8_000_000  # enough text for a stable ranking of the top 32k; ~10 s to tokenize once
 
 
 def corpus_texts(corpus: str) -> list[str]:
@@ -27,17 +25,9 @@ def corpus_texts(corpus: str) -> list[str]:
             to 8 MB: code, as our code targets see) or "mtbench" (the 80 MT-Bench questions).
     """
     if corpus == "python-stdlib":
-        root = Path(sysconfig.get_paths()["stdlib"])
-        texts, size = [], 0
-        for path in sorted(root.rglob("*.py")):
-            if "site-packages" in path.parts or "test" in path.parts or "tests" in path.parts:
-                continue
-            text = path.read_text(encoding="utf-8", errors="ignore")
-            texts.append(text)
-            size += len(text)
-            if size >= _CORPUS_BYTES:
-                break
-        return texts
+        from specresearch.data import stdlib_files
+
+        return [text for _, text in stdlib_files()]
     if corpus == "mtbench":
         from specresearch.data import load_prompts
 

@@ -114,3 +114,15 @@ def test_a_refused_run_leaves_no_empty_output_folder(tmp_path):
     kept = cli(tmp_path, *FAST, "model.name=no-such-model", "tracker=none", f"hydra.run.dir={tmp_path}/mine")
     assert kept.returncode == 2 and "unknown model 'no-such-model'" in kept.stderr
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("args", [["drafter=nope"], ["-m", "drafter=pld,nope"], ["+drafter=nope"]])
+def test_an_unknown_option_is_one_line_naming_the_valid_ones(tmp_path, args):
+    """Before Hydra composes (its own message is a dozen lines with the search path)."""
+    from .conftest import CONF_DIR
+
+    result = cli(tmp_path, *FAST, *args)
+    valid = ", ".join(sorted(p.stem for p in (CONF_DIR / "drafter").glob("*.yaml")))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: unknown drafter 'nope': valid are {valid}"]
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
