@@ -101,6 +101,7 @@ class Engine:
         tokens = torch.empty(start + max_new_tokens, dtype=torch.long, device=self.device)
         tokens[:start] = torch.tensor(list(prompt), dtype=torch.long)
         new: list[int] = []  # the same tokens as tokens[start:], on the host, for the stop checks
+        limit = min(max_new_tokens, stop_after or max_new_tokens)  # new tokens out before the loop ends
         stats = SpecStats(prompt_tokens=start)
         forwards_before = self.drafter.draft_forwards
         clock = _Clock(self.device)
@@ -115,7 +116,7 @@ class Engine:
             tokens[at : at + verdict.tokens.numel()] = verdict.tokens
             for tok in verdict.tokens.tolist():
                 new.append(tok)
-                reason = self._stop_reason(new, min(max_new_tokens, stop_after or max_new_tokens), eos_set, stops)
+                reason = self._stop_reason(new, limit, eos_set, stops)
                 if reason:
                     return reason
             return None
@@ -128,7 +129,7 @@ class Engine:
                 self.target.keep_hidden = self.drafter.needs_hidden
                 logits = self.target.prefill(tokens[: start if sample_first else start - 1], reuse_prefill)  # [1, V]
                 if self.drafter.needs_hidden:
-                    hidden = self.target.hidden  # [T, H] the prompt's (but its last token's without sample_first)
+                    hidden = self.target.hidden  # [T, H] the prompt tokens' (all but the last without sample_first)
                 stop_reason = append(self.verifier(_NO_DRAFT, logits_to_probs(logits, self.law), rng)) if sample_first else None
                 if stop_reason is None:
                     self.drafter.prefill(context())
