@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from specresearch.__main__ import CONF_DIR
+from specresearch.__main__ import CONF_DIR, unknown_option
 from specresearch.drafters.eagle import EagleHead, eagle_path
 from specresearch.drafters.medusa import MedusaHeads, checkpoint_path
 from specresearch.errors import SpecResearchError
@@ -451,16 +451,25 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _task(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from specresearch import sweeps
     from specresearch.validate import check_config
 
     try:
         check_config(cfg)
         run(cfg)
     except SpecResearchError as err:
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            sweeps.discard_refused_run()  # nothing trained: leave no empty outputs/DATE/TIME/ behind
         fail(str(err))
 
 
 def main() -> None:
+    problem = unknown_option(sys.argv[1:])
+    if problem:
+        fail(problem)
     hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")(_task)()
 
 

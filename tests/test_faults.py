@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from .conftest import TINY
+from .conftest import CONF_DIR, TINY
 from .test_sweeps import _wait_for_a_measured_prompt
 
 FAST = [*TINY, "dataset.num_prompts=1", "max_new_tokens=4"]
@@ -119,10 +119,23 @@ def test_a_refused_run_leaves_no_empty_output_folder(tmp_path):
 @pytest.mark.parametrize("args", [["drafter=nope"], ["-m", "drafter=pld,nope"], ["+drafter=nope"]])
 def test_an_unknown_option_is_one_line_naming_the_valid_ones(tmp_path, args):
     """Before Hydra composes (its own message is a dozen lines with the search path)."""
-    from .conftest import CONF_DIR
-
     result = cli(tmp_path, *FAST, *args)
     valid = ", ".join(sorted(p.stem for p in (CONF_DIR / "drafter").glob("*.yaml")))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"error: unknown drafter 'nope': valid are {valid}"]
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
+def test_the_train_command_refuses_in_one_line_and_leaves_no_folder(tmp_path):
+    def train(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "specresearch.train", *args], cwd=tmp_path, env=env(),
+                              capture_output=True, text=True, timeout=300)
+
+    refused = train("model=tiny", "drafter=pld", "tracker=none")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error: specresearch.train trains drafters")
+    unknown = train("drafter=nope")
+    assert unknown.returncode == 2 and unknown.stderr.strip().splitlines() == [
+        f"error: unknown drafter 'nope': valid are {', '.join(sorted(p.stem for p in (CONF_DIR / 'drafter').glob('*.yaml')))}"]
+    unwritable = train("model=tiny", "drafter=medusa", "tracker.store=/proc/nope")
+    assert unwritable.returncode == 2 and "cannot write the MLflow store" in unwritable.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "outputs").exists()
