@@ -304,7 +304,8 @@ def discard_refused_run() -> None:
     """After a single run was refused before it measured anything: remove what Hydra made for it
     (the `.hydra/` files and the job log in its output folder, then that folder and the parents Hydra
     made with it, e.g. the day folder of outputs/DATE/TIME/). Only folders that did not exist before
-    the run (`check_destinations`) and hold nothing else are touched."""
+    the run (`check_destinations`) and hold nothing else are touched; nothing in a sweep, whose job
+    folders are its record of each job."""
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()

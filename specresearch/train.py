@@ -451,9 +451,6 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _task(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     from specresearch import sweeps
     from specresearch.validate import check_config
 
@@ -461,8 +458,7 @@ def _task(cfg: DictConfig) -> None:
         check_config(cfg)
         run(cfg)
     except SpecResearchError as err:
-        if HydraConfig.get().mode != RunMode.MULTIRUN:
-            sweeps.discard_refused_run()  # nothing trained: leave no empty outputs/DATE/TIME/ behind
+        sweeps.discard_refused_run()  # nothing trained: leave no empty outputs/DATE/TIME/ behind (a sweep's job folder stays)
         fail(str(err))
 
 
