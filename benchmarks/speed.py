@@ -34,16 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specresearch.__main__ import CONF_DIR
-from specresearch.data import load_prompts
+from specresearch.app import browse_line, build, compose, tracked_run
+from specresearch.conf import options as config_options
+from specresearch.data import encode, load_prompts
 from specresearch.drafters import NoDrafter
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.experiment import build, encode, first_divergence
-from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup
+from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
 from specresearch.models import LoadedModel, load_model
 from specresearch.target import Target
 from specresearch.tracking import MLflowTracker, NullTracker
@@ -99,7 +98,7 @@ def ours(name: str, engine: Engine) -> Method:
 
 
 def drafter_names() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "drafter").glob("*.yaml") if p.stem != "none")
+    return [name for name in config_options("drafter") if name != "none"]
 
 
 def wanted_methods(spec: str) -> list[str]:
@@ -126,11 +125,10 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]
             methods.append(ours(name, Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)))
         else:  # one of our drafters, with options: "independent:vocab=32768:quantize=int8"
             group, *options = name.split(":")
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                node = compose("config", overrides=[f"drafter={group}"]).drafter
-                if "k" in node:  # --k sets drafters that have a draft length (lookahead's is its n-gram size)
-                    options = [f"k={args.k}", *options]
-                node = compose("config", overrides=[f"drafter={group}", *(f"drafter.{o}" for o in options)]).drafter
+            node = compose([f"drafter={group}"]).drafter
+            if "k" in node:  # --k sets drafters that have a draft length (lookahead's is its n-gram size)
+                options = [f"k={args.k}", *options]
+            node = compose([f"drafter={group}", *(f"drafter.{o}" for o in options)]).drafter
             extra = {"model": draft} if "model" in node else {}  # drafters with a draft model share ours
             try:
                 drafter = build(node, target=target, **extra)
@@ -309,16 +307,14 @@ def table(rows: list[dict], header: str) -> str:
     return "\n".join(lines)
 
 
-def log(tracker, rows: list[dict]) -> None:
+def metrics(rows: list[dict]) -> dict[str, float]:
     """Every number of every row as an MLflow metric `<method>.<key>` (names made MLflow-safe)."""
-    tracker.log_metrics(
-        {
-            re.sub(r"[^\w./ -]", "_", f"{r['method']}.{key}"): value
-            for r in rows
-            for key, value in r.items()
-            if isinstance(value, (int, float)) and value == value  # drop NaN
-        }
-    )
+    return {
+        re.sub(r"[^\w./ -]", "_", f"{r['method']}.{key}"): value
+        for r in rows
+        for key, value in r.items()
+        if isinstance(value, (int, float)) and value == value  # drop NaN
+    }
 
 
 def main() -> None:
@@ -357,39 +353,36 @@ def main() -> None:
     except SpecResearchError as err:
         raise SystemExit(f"error: {err}") from None
     tracker = MLflowTracker(args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
-    tracker.start(OmegaConf.create({**vars(args), "json": str(args.json)}), run_name="speed")
-    try:
+    tracker.check()
+    report: dict = {}
+
+    def measured() -> tuple[dict[str, float], dict[str, str]]:
+        """The finished report, or of a failed run the repeats done so far."""
+        if report:
+            rows = report["rows"] + [{"method": f"{name}.profile", **row} for name, row in report["profile"].items()]
+            return metrics(rows), {"speed.json": json.dumps(report, indent=2)}
+        return (metrics(summarize(methods)) if all(m.seconds and m.seconds[0] for m in methods) else {}), {}
+
+    with tracked_run(tracker, OmegaConf.create({**vars(args), "json": str(args.json)}), "speed", measured):
         measure(methods, prompts, args.tokens, args.repeats)
-    except BaseException:  # keep what was measured: the repeats done so far, marked FAILED
-        if all(m.seconds and m.seconds[0] for m in methods):
-            log(tracker, summarize(methods))
-        tracker.end("FAILED")
-        raise
-    v_curve = verify_costs(target, prompts[0], max(args.k, 8))
-    rows = summarize(methods, v_curve)
-    prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
-    header = (
-        f"\n{args.model} <- {args.draft} ({target.dtype}, {target.device}, kernels {args.kernels}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {platform.machine()} {torch.backends.cpu.get_cpu_capability()}): "
-        f"{len(prompts)} HumanEval prompts x {args.tokens} tokens x {args.repeats} repeats, greedy"
-    )
-    report = {
-        "header": header.strip(), "args": {**vars(args), "json": str(args.json)}, "rows": rows,
-        "v_curve": v_curve, "profile": prof,
-    }
-    out = args.json or Path(__file__).parent / "results" / f"speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    log(tracker, rows + [{"method": f"{name}.profile", **row} for name, row in prof.items()])
-    tracker.log_artifact_text(json.dumps(report, indent=2), "speed.json")
-    tracker.end("FINISHED")
+        v_curve = verify_costs(target, prompts[0], max(args.k, 8))
+        rows = summarize(methods, v_curve)
+        prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
+        header = (
+            f"\n{args.model} <- {args.draft} ({target.dtype}, {target.device}, kernels {args.kernels}; torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, {platform.machine()} {torch.backends.cpu.get_cpu_capability()}): "
+            f"{len(prompts)} HumanEval prompts x {args.tokens} tokens x {args.repeats} repeats, greedy"
+        )
+        report.update(header=header.strip(), args={**vars(args), "json": str(args.json)}, rows=rows, v_curve=v_curve, profile=prof)
+        out = args.json or Path(__file__).parent / "results" / f"speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
     print(table(rows, header))
     print("target forward of k+1 tokens / one token, k = 0, 1, ...: " + " ".join(f"{v:.2f}" for v in v_curve))
     if prof:
         print("\n" + profile_table(prof))
     print(f"\nwrote {out}")
-    if tracker.browse_hint():
-        print(f"recorded in MLflow; browse with: {tracker.browse_hint()}")
+    browse_line(tracker)
 
 
 if __name__ == "__main__":

@@ -276,3 +276,15 @@ def prompt_record(sources: list[str], prompts: list[Prompt]) -> dict:
     ids = sorted(p.id for p in prompts)
     return {"sources": list(sources), "split": "train", "split_rule": SPLIT_RULE, "prompts": len(ids),
             "prompts_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(), "ids": ids}
+
+
+def encode(tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt, through the chat template for chat prompts."""
+    if prompt.chat and hasattr(tokenizer, "apply_chat_template"):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=False)
+    else:
+        text = prompt.text
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise SpecResearchError(f"prompt {prompt.id} encodes to no tokens")
+    return list(ids)

@@ -14,12 +14,54 @@ import torch
 from torch import Tensor
 
 from specresearch.drafters.base import Context, Drafter
+from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
 from specresearch.models import LoadedModel
 from specresearch.sampling import logits_to_probs
 from specresearch.target import Target
 from specresearch.types import Draft, GenerationOutput, SamplingParams, Verdict
 from specresearch.verifiers.base import Verifier
+
+K_POLICIES = ("fixed", "heuristic")
+
+
+class DraftLength:
+    """How many tokens a chain drafter proposes each step: the engine's decision, from the drafter's
+    config (`drafter.k`, `drafter.k_policy`, `drafter.k_max`), so drafters keep no draft-length state.
+
+    "fixed": k every step. "heuristic": transformers' assisted generation: k += 2 after a fully
+    accepted draft, k −= 1 otherwise, within [1, k_max]; every sequence starts from k. Lossless
+    either way: k depends on past verdicts only.
+    """
+
+    def __init__(self, k: int, policy: str = "fixed", k_max: int | None = None):
+        """
+        Args:
+            k: draft tokens per step (the first step's under the heuristic).
+            policy: "fixed" or "heuristic".
+            k_max: the largest k the heuristic may reach; None = 4 k.
+        """
+        if policy not in K_POLICIES:
+            raise SpecResearchError(f"unknown drafter.k_policy '{policy}': valid are {', '.join(K_POLICIES)}")
+        if k_max is not None and int(k_max) < int(k):
+            raise SpecResearchError(f"drafter.k_max must be >= drafter.k, got {k_max} < {k}")
+        self.start = self.k = int(k)
+        self.policy = policy
+        self.k_max = int(k_max) if k_max is not None else 4 * int(k)
+
+    @classmethod
+    def of(cls, drafter: Drafter) -> DraftLength | None:
+        """The policy `drafter`'s config asks for; None for drafters without a draft length (k = 0)."""
+        return cls(drafter.k, drafter.k_policy, drafter.k_max) if drafter.k else None
+
+    def reset(self) -> None:
+        """A new sequence starts from the configured k."""
+        self.k = self.start
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """After a verification step: the next step's k (unchanged without a draft)."""
+        if self.policy == "heuristic" and drafted:
+            self.k = min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
 
 class Engine:
@@ -40,6 +82,7 @@ class Engine:
         """
         verifier.check(sampling)
         drafter.check(sampling)
+        self.draft_length = DraftLength.of(drafter)
         self.target = Target(target)
         self.tokenizer = target.tokenizer
         self.drafter = drafter
@@ -50,8 +93,9 @@ class Engine:
 
     @property
     def label(self) -> str:
-        """`drafter(k=K) x verifier`: how runs and progress bars name this engine."""
-        return f"{self.drafter.name}(k={int(getattr(self.drafter, 'k', 0))}) x {self.verifier.name}"
+        """`drafter(k=K) x verifier` (`drafter(depth=D)` for trees): how runs and progress bars name this engine."""
+        size = f"depth={self.drafter.depth}" if self.drafter.depth else f"k={self.drafter.k}"
+        return f"{self.drafter.name}({size}) x {self.verifier.name}"
 
     @torch.inference_mode()
     def generate(
@@ -108,7 +152,9 @@ class Engine:
         hidden: Tensor | None = None  # [R, H] the target's hidden states of the tokens it took in last (needs_hidden)
 
         def context() -> Context:
-            return Context(tokens[: start + len(new)], self.sampling, rng, max_new_tokens - len(new) - 1, reuse_prefill, hidden)
+            room = max_new_tokens - len(new) - 1  # the recovered or bonus token comes on top of the draft
+            max_draft = room if self.draft_length is None else min(room, self.draft_length.k)
+            return Context(tokens[: start + len(new)], self.sampling, rng, max_draft, reuse_prefill, hidden)
 
         def append(verdict: Verdict) -> str | None:
             """Append the verdict's tokens one by one, up to the first stop; return the stop reason."""
@@ -125,6 +171,8 @@ class Engine:
             # The prefill gives the first new token, exactly as plain decoding (and transformers) do;
             # without sample_first it leaves the prompt's last token out of the cache, as a step does.
             with clock.phase(stats, "time_prefill"):
+                if self.draft_length is not None:
+                    self.draft_length.reset()
                 self.target.reset()
                 self.target.keep_hidden = self.drafter.needs_hidden
                 logits = self.target.prefill(tokens[: start if sample_first else start - 1], reuse_prefill)  # [1, V]
@@ -152,7 +200,8 @@ class Engine:
                         hidden = self.target.hidden[rows]  # [R, H] the kept path's: the last gave the added token
                     self.target.keep(cached, rows)
                 stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel())
-                self.drafter.adapt(len(draft), verdict.num_accepted)
+                if self.draft_length is not None:
+                    self.draft_length.update(len(draft), verdict.num_accepted)
                 stop_reason = append(verdict)
                 if stop_reason is None:
                     with clock.phase(stats, "time_draft"):

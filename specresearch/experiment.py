@@ -3,28 +3,25 @@ interleaved prompt by prompt so machine noise hits both alike; results printed a
 
 from __future__ import annotations
 
+import logging
 import json
-import math
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from specresearch.data import Prompt, load_prompts
-from specresearch.drafters.none import NoDrafter
+from specresearch.app import browse_line, build, build_engine, claim_params, machine_tags, tracked_run
+from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup
-from specresearch.models import LoadedModel, load_model
+from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
+from specresearch.records import AA, EQ, Group, PromptStep, SideStats, SpeedRecord, unprefixed
 from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
 from specresearch.target import Target
 from specresearch.types import GenerationOutput, SamplingParams
-from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,9 +75,9 @@ class Results:
         c, v = cost_ratios(base, meth)
         best_k, best_speedup = leviathan_optimal_k(meth.alpha_token, c, v, k) if k else (0, float("nan"))
         n = len(self.records)
-        out = {f"baseline_{key}": value for key, value in base.summary().items() if not key.startswith("acceptance_at")}
-        out.update({f"method_{key}": value for key, value in meth.summary().items()})
-        out.update(
+        record = SpeedRecord(
+            baseline=replace(SideStats.of(base.summary()), acceptance=[]),  # the baseline drafts nothing
+            method=SideStats.of(meth.summary()),
             prompts=n,
             k=k,
             # per token: at T > 0 the method and the baseline stop at different lengths
@@ -94,18 +91,17 @@ class Results:
             identity_rate=self.identical / n if n else float("nan"),
             mean_first_divergence=sum(self.divergences) / len(self.divergences) if self.divergences else float("nan"),
             max_divergence_logit_gap=max(self.gaps) if self.gaps else float("nan"),
+            groups={  # Spec-Bench's per-subtask view (MT-bench categories)
+                category: Group(prompts=sum(r["category"] == category for r in self.records),
+                                speedup=m.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan"),
+                                method_tau=m.tau, method_alpha=m.alpha)
+                for category, (b, m) in self.groups.items()
+            },
+            # `extra` holds the battery's sampling rates (eq_*) and the A/A calibration (aa_*)
+            equivalence={**(self.equivalence.summary() if self.equivalence is not None else {}), **unprefixed(self.extra, EQ)},
+            calibration=unprefixed(self.extra, AA),
         )
-        for category, (b, m) in self.groups.items():  # Spec-Bench's per-subtask view (MT-bench categories)
-            out.update({
-                f"group.{category}.prompts": sum(r["category"] == category for r in self.records),
-                f"group.{category}.speedup": m.tokens_per_s / b.tokens_per_s if b.tokens_per_s else float("nan"),
-                f"group.{category}.method_tau": m.tau,
-                f"group.{category}.method_alpha": m.alpha,
-            })
-        if self.equivalence is not None:
-            out.update({f"eq_{key}": value for key, value in self.equivalence.summary().items()})
-        out.update(self.extra)
-        return out
+        return record.to_metrics()
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -142,8 +138,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
         generate(method, prompt_ids[0], cfg.seed, min(8, cfg.max_new_tokens))
 
     results = Results()
-    tracker.start(cfg, run_name=label, tags={**machine_tags(target), **trained_on}, params=claim_params(method))
-    try:
+    tags = {**machine_tags(target), **trained_on}
+    with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked:
         for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc=label, unit="prompt")):
             seed = cfg.seed + i
             if i % 2 == 0:  # alternate who goes first, so drifts in machine speed cancel
@@ -154,62 +150,19 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 base = generate(baseline, ids, seed, cfg.max_new_tokens)
             gap = divergence_gap(target, ids, base.tokens, meth.tokens) if sampling.greedy else None
             record = results.add(prompt, base, meth, gap)
-            tracker.log_metrics(_step_metrics(record), step=i)
+            tracked.log_metrics(_step_metrics(record), step=i)
         if cfg.stats.samples and not sampling.greedy:
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
-        summary = results.summary(k)
-    except BaseException:
-        _save(tracker, results, cfg, k, status="FAILED")
-        raise
-    _save(tracker, results, cfg, k, status="FINISHED")
-    print(format_table(cfg, label, summary, results, sampling, target))
+    summary = results.summary(k)
+    log.info(format_table(cfg, label, summary, results, sampling, target))
     if results.equivalence is not None:
-        print(results.equivalence.format())
+        log.info(results.equivalence.format())
     if "aa_rate" in summary:
-        print(format_calibration(summary, cfg.stats.alpha))
+        log.info(format_calibration(summary, cfg.stats.alpha))
     elif cfg.stats.samples and sampling.greedy:
-        print("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
-    hint = tracker.browse_hint()
-    if hint:
-        print(f"\nrecorded in MLflow; browse with:\n  {hint}")
+        log.info("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
+    browse_line(tracker)
     return summary
-
-
-def build_engine(cfg: DictConfig, baseline: bool = False, target: LoadedModel | None = None) -> Engine:
-    """The engine a composed config describes, or with `baseline` the target alone: the `none`
-    drafter with a lossless verifier, whatever rule the method is studied with.
-
-    Args:
-        cfg: a composed conf/config.yaml (model, drafter, verifier, sampling).
-        baseline: build the baseline instead of the method.
-        target: the target already loaded (baseline and method share it); None loads `cfg.model`.
-    """
-    sampling = SamplingParams(**cfg.sampling)
-    target = target if target is not None else load_model(**cfg.model)
-    if baseline:
-        return Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling)
-    return Engine(target, build(cfg.drafter, target=target), build(cfg.verifier), sampling)
-
-
-def machine_tags(lm: LoadedModel) -> dict[str, str]:
-    """What a measurement ran on, as the config cannot say (`dtype=auto`, `device=auto`): the
-    resolved dtype and device, the processor or GPU, the cores torch uses, torch's version."""
-    import platform
-
-    if lm.device.type == "cuda":
-        processor = torch.cuda.get_device_name(lm.device)
-    else:
-        processor = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                          if line.startswith("model name")), platform.processor() or platform.machine())
-    return {"specresearch.dtype": str(lm.dtype).removeprefix("torch."), "specresearch.device": str(lm.device),
-            "specresearch.processor": processor, "specresearch.threads": str(torch.get_num_threads()),
-            "specresearch.torch": torch.__version__}
-
-
-def claim_params(engine: Engine) -> dict[str, str]:
-    """What the method claims, as run params (the class may change; the record must not): the
-    verifier's `lossless` claim ("true" / "false"), which tests/test_lossless.py proves for every drafter."""
-    return {"verifier.lossless": str(bool(engine.verifier.lossless)).lower()}
 
 
 def trained_on_tags(drafter, prompts: list[Prompt]) -> dict[str, str]:
@@ -229,26 +182,6 @@ def trained_on_tags(drafter, prompts: list[Prompt]) -> dict[str, str]:
         )
     return {"drafter.trained_on.sources": ",".join(record["sources"]), "drafter.trained_on.split": f"{record['split']} ({record['split_rule']})",
             "drafter.trained_on.prompts": str(record["prompts"]), "drafter.trained_on.prompts_sha256": record["prompts_sha256"]}
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
-def build(node: DictConfig, **objects):
-    """hydra.utils.instantiate, but our own errors come out as themselves, not wrapped, and runtime
-    `objects` (a loaded model) reach the constructor as they are: merged into the config, Hydra
-    would turn a dataclass such as LoadedModel into a config node."""
-    try:
-        return instantiate(node, _partial_=True)(**objects) if objects else instantiate(node)
-    except InstantiationException as err:
-        cause = err.__cause__
-        if isinstance(cause, SpecResearchError):
-            raise cause from None
-        raise
 
 
 def check_stats(sc: DictConfig) -> None:
@@ -304,26 +237,6 @@ def format_calibration(s: dict, alpha: float) -> str:
     )
 
 
-def encode(tokenizer, prompt: Prompt) -> list[int]:
-    """Token ids of a prompt, through the chat template for chat prompts."""
-    if prompt.chat and hasattr(tokenizer, "apply_chat_template"):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=False)
-    else:
-        text = prompt.text
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if not ids:
-        raise SpecResearchError(f"prompt {prompt.id} encodes to no tokens")
-    return list(ids)
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """The first position where two token lists differ (a length difference counts), or None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 @torch.inference_mode()
 def divergence_gap(lm, prompt: list[int], a: list[int], b: list[int]) -> float | None:
     """Where two greedy outputs first differ, how close was the call? The target's logit of one
@@ -340,48 +253,16 @@ def divergence_gap(lm, prompt: list[int], a: list[int], b: list[int]) -> float |
 
 
 def _step_metrics(record: dict) -> dict[str, float]:
-    out = {
-        "prompt_baseline_tokens_per_s": record["baseline"]["tokens_per_s"],
-        "prompt_method_tokens_per_s": record["method"]["tokens_per_s"],
-        "prompt_tau": record["method"]["tau"],
-        "prompt_identical": float(record["identical"]),
-    }
-    return {key: value for key, value in out.items() if not math.isnan(value)}
+    return PromptStep(record["baseline"]["tokens_per_s"], record["method"]["tokens_per_s"], record["method"]["tau"],
+                      float(record["identical"])).to_metrics()
 
 
-def _save(tracker, results: Results, cfg: DictConfig, k: int, status: str) -> None:
-    """Log what was measured (also of a failed run): per-prompt records, the summary, the battery."""
+def _report(results: Results, k: int) -> tuple[dict[str, float], dict[str, str]]:
+    """What was measured so far (also of a failed run): the summary, per-prompt records, the battery."""
     files = {"records.jsonl": "".join(json.dumps(r) + "\n" for r in results.records)}
     if results.equivalence is not None:
         files["equivalence.json"] = json.dumps(results.equivalence.as_dict(), indent=2)
-    record_run(tracker, results.summary(k) if results.records else {}, files, status)
-
-
-def record_run(tracker, summary: dict[str, float], files: dict[str, str], status: str) -> None:
-    """End a tracked run with `status` after logging its finite metrics, `files` (name -> text) and
-    summary.json; write the same files, and the summary with the status, to Hydra's output folder."""
-    finite = {key: value for key, value in summary.items() if isinstance(value, (int, float)) and math.isfinite(value)}
-    try:
-        tracker.log_metrics(finite)
-        for name, text in files.items():
-            tracker.log_artifact_text(text, name)
-        tracker.log_artifact_text(json.dumps(summary, indent=2), "summary.json")
-    finally:
-        tracker.end(status)
-    out_dir = _output_dir()
-    if out_dir is not None:
-        for name, text in files.items():
-            (out_dir / name).write_text(text)
-        (out_dir / "summary.json").write_text(json.dumps({"status": status, **summary}, indent=2))
-
-
-def _output_dir() -> Path | None:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return Path(HydraConfig.get().runtime.output_dir)
-    except ValueError:  # not running under @hydra.main (tests, notebooks)
-        return None
+    return (results.summary(k) if results.records else {}), files
 
 
 def format_table(cfg: DictConfig, label: str, s: dict, results: Results, sampling: SamplingParams, target) -> str:
@@ -424,10 +305,3 @@ def format_table(cfg: DictConfig, label: str, s: dict, results: Results, samplin
         f"greedy identity: {identity}",
     ]
     return "\n".join(lines)
-
-
-def fail(message: str) -> None:
-    """Print a one-line error and exit non-zero (the CLI's way to report a SpecResearchError)."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-

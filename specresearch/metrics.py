@@ -189,3 +189,11 @@ def _grow(counts: list[int], n: int) -> None:
 
 def _at(values: list[int], i: int) -> int:
     return values[i] if i < len(values) else 0
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (a length difference counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

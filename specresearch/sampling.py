@@ -37,6 +37,35 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     return probs
 
 
+def ranking_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """The probabilities a drafter ranks and scores its candidates by: `logits_to_probs` at T > 0; at
+    T = 0, where that law is one-hot, the softmax at temperature 1 (the draft's own confidences).
+
+    Args:
+        logits: [..., V] raw logits.
+        params: the decoding's sampling settings.
+
+    Returns:
+        [..., V] float32 probabilities.
+    """
+    return logits_to_probs(logits, _UNIT if params.greedy else params)
+
+
+def draw(logits: Tensor, params: SamplingParams, rng: torch.Generator | None) -> Tensor:
+    """The next token of each row as decoding picks it: the argmax when greedy (no random draw), else a
+    sample from `logits_to_probs`.
+
+    Args:
+        logits: [..., V] raw logits.
+        params: temperature / top-k / top-p.
+        rng: the generator of the draws.
+
+    Returns:
+        [...] token ids (int64).
+    """
+    return logits.argmax(-1) if params.greedy else sample(logits_to_probs(logits, params), rng)
+
+
 def sample(probs: Tensor, rng: torch.Generator | None) -> Tensor:
     """Draw one token per row.
 
@@ -49,3 +78,6 @@ def sample(probs: Tensor, rng: torch.Generator | None) -> Tensor:
     """
     flat = probs.reshape(-1, probs.shape[-1])  # [N, V]
     return torch.multinomial(flat, 1, generator=rng).reshape(probs.shape[:-1])
+
+
+_UNIT = SamplingParams(temperature=1.0)  # plain softmax: logits / 1.0 is exact

@@ -1,8 +1,8 @@
 """Experiment tracking: MLflow with a local store that needs no server, or nothing (`tracker=none`).
 
-A sweep (`python -m specresearch -m ...`) gets one parent run, opened by `SweepCallback`, with one
-nested run per job, whichever Hydra launcher runs the jobs (basic, joblib, Ray): jobs find the parent
-through the environment. Every job run is tagged with its config's hash (`config_hash`), which is how
+A sweep (`python -m specresearch -m ...`) gets one parent run, opened by specresearch.sweeps'
+`SweepCallback` through `start_parent`, with one nested run per job, whichever Hydra launcher runs
+the jobs (basic, joblib, Ray): jobs find the parent through the environment. Every job run is tagged with its config's hash (`config_hash`), which is how
 `resume` (specresearch.sweeps) finds jobs already measured.
 
 A local store is created (database and experiment) under an flock on `mlflow.db.lock` beside it, so
@@ -12,32 +12,22 @@ in MLflow's schema migration. Where results go is checked before anything runs (
 
 from __future__ import annotations
 
-import atexit
 import fcntl
-import hashlib
 import json
-import math
 import os
-import socket
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
 from specresearch.errors import SpecResearchError
+from specresearch.records import HASH_TAG, config_hash, process_tags
 
 PARENT_RUN_ENV = "SPECRESEARCH_MLFLOW_PARENT_RUN_ID"
 PARENT_URI_ENV = "SPECRESEARCH_MLFLOW_TRACKING_URI"  # the parent run's store: a sweep's jobs record beside it
-HASH_TAG = "specresearch.config_hash"
-STUDY_TAG = "specresearch.study"
-SWEEP_TAG = "specresearch.sweep"  # "true" on a sweep's parent run
-HOST_TAG, PID_TAG = "specresearch.host", "specresearch.pid"  # where a run's process runs: resume tells a killed job from a live one
-HASH_EXCLUDED = ("tracker", "resume")  # where a run is recorded, and whether to skip it, do not change what it measures
 _CREATED: set[str] = set()  # sqlite URIs whose database this process has opened under the store lock (MLflowTracker._mlflow)
 
 
@@ -72,27 +62,6 @@ def file_lock(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the flock
-
-
-def process_tags(cfg: DictConfig) -> dict[str, str]:
-    """The tags of every run we open, job or sweep parent: this process (host, pid) and the study."""
-    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
-    if cfg.get("study") is not None:
-        tags[STUDY_TAG] = str(cfg.study)
-    return tags
-
-
-def config_hash(cfg: DictConfig) -> str:
-    """sha256 of the resolved config (JSON, sorted keys) without the top-level keys `tracker` and
-    `resume`: two runs with the same hash measured the same thing.
-
-    Args:
-        cfg: a composed config (the job's, without the `hydra` node).
-    """
-    tree = OmegaConf.to_container(cfg, resolve=True)
-    for key in HASH_EXCLUDED:
-        tree.pop(key, None)
-    return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class Tracker(Protocol):
@@ -279,151 +248,3 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
         return out
     value = json.dumps(tree) if isinstance(tree, list) else str(tree)
     return {prefix[:-1]: value}
-
-
-try:  # Hydra's callback base class; the callback is configured in conf/config.yaml
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover
-    Callback = object
-
-
-@dataclass
-class JobFailed:
-    """What a sweep job returns when its experiment was refused (a SpecResearchError). Not a number:
-    Optuna's sweeper records the trial as failed and goes on."""
-
-    message: str
-
-
-@dataclass
-class JobSkipped:
-    """What a sweep job returns when `resume` found its config already finished: that run and its
-    objective's value, which Optuna's sweeper reads with float() (no finite value: a failed trial)."""
-
-    run_id: str
-    value: float | None = None
-
-    def __float__(self) -> float:
-        if self.value is None or not math.isfinite(self.value):
-            raise TypeError(f"run {self.run_id} has no finite objective value")
-        return float(self.value)
-
-
-JOB_TAG = "specresearch.job."  # + job number, on the parent run: "finished", "skipped <run id>" or "failed: <why>"
-
-
-def job_outcome(job_return: Any) -> str:
-    """What became of a job, from Hydra's JobReturn: finished, skipped <run id>, or failed: <why>."""
-    from hydra.core.utils import JobStatus
-
-    value = job_return._return_value
-    if job_return.status == JobStatus.FAILED:
-        return f"failed: {type(value).__name__}: {value}"
-    if isinstance(value, JobFailed):
-        return f"failed: {value.message}"
-    if isinstance(value, JobSkipped):
-        return f"skipped {value.run_id}"
-    return "finished"
-
-
-class SweepCallback(Callback):
-    """Opens one MLflow parent run per multirun sweep and closes it at the end: FINISHED when every
-    job finished or was skipped (`resume`), FAILED (and exit code 2) when any failed. The other jobs
-    of a sweep go on after one fails; a parent left open by a crash, or by SIGTERM/SIGHUP, is closed
-    as FAILED when the process exits.
-
-    Jobs may run in other processes (joblib) or on other machines (Ray), where Hydra calls
-    `on_job_end` on a copy of this callback: each job's outcome is therefore written as a tag of the
-    parent run (`specresearch.job.<num>`), which the end of the sweep reads back.
-
-    Before a single run or a sweep starts, it checks that Hydra's output folder and the tracker's
-    store can be written (sweeps.check_destinations): one `error:` line and exit code 2 if not.
-    """
-
-    def __init__(self) -> None:
-        self.tracker: MLflowTracker | None = None
-        self.outcomes: dict[int, str] = {}  # job number -> outcome, of the jobs this process saw end
-        self._signals: dict | None = None
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from specresearch.sweeps import check_destinations
-
-        check_destinations(config, multirun=False)
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydra.utils import instantiate
-
-        from specresearch.sweeps import check_destinations, exit_on_signals, forward_env_to_ray
-
-        check_destinations(config, multirun=True)
-        tracker = instantiate(config.tracker)
-        if isinstance(tracker, MLflowTracker):
-            self.tracker = tracker
-            tags = {SWEEP_TAG: "true", **process_tags(config)}
-            tracker.start_parent(name=f"sweep {Path(config.hydra.sweep.dir).name}", tags=tags)
-            forward_env_to_ray(config, {key: os.environ[key] for key in (PARENT_RUN_ENV, PARENT_URI_ENV)})
-        self._signals = exit_on_signals(before_exit=self._stop_jobs)  # so that atexit closes the parent run on SIGTERM too
-        if self.tracker is not None:
-            atexit.register(self._close, "FAILED")
-
-    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        from hydra.types import RunMode
-
-        if config.hydra.mode != RunMode.MULTIRUN:  # a single run is no sweep's job (and has no job number)
-            return
-        num, outcome = int(config.hydra.job.num), job_outcome(job_return)
-        self.outcomes[num] = outcome
-        parent = os.environ.get(PARENT_RUN_ENV)
-        if self.tracker is not None and parent:
-            try:
-                self.tracker.client().set_tag(parent, f"{JOB_TAG}{num}", outcome[:4000])
-            except Exception as err:  # the job's own run is recorded: its count at the end is what is lost
-                print(f"warning: could not record job {num}'s outcome on the sweep's parent run: {err}", file=sys.stderr)
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from specresearch.sweeps import restore_signals
-
-        outcomes = {**self.outcomes, **self._recorded_outcomes()}
-        failed = sorted(num for num, o in outcomes.items() if o.startswith("failed"))
-        skipped = sum(o.startswith("skipped") for o in outcomes.values())
-        print(f"sweep: {len(outcomes)} job{'s' * (len(outcomes) != 1)}: {len(outcomes) - skipped - len(failed)} ran, {skipped} skipped "
-              f"(identical config already finished), {len(failed)} failed")
-        self._close("FAILED" if failed else "FINISHED")
-        if self._signals is not None:
-            restore_signals(self._signals)
-            self._signals = None
-        if failed:
-            print(f"{len(failed)} of {len(outcomes)} jobs failed (job numbers {failed})", file=sys.stderr)
-            sys.exit(2)
-
-    def _stop_jobs(self, signum: int) -> None:
-        """The sweep's driver got SIGTERM/SIGHUP: let the jobs running in other processes here record
-        their runs FAILED before the launcher kills them (sweeps.stop_local_jobs)."""
-        from specresearch.sweeps import stop_local_jobs
-
-        parent = os.environ.get(PARENT_RUN_ENV)
-        if self.tracker is not None and parent:
-            try:
-                stop_local_jobs(self.tracker, parent, signum)
-            except Exception as err:  # exiting anyway; resume marks what is left RUNNING
-                os.write(2, f"could not stop the sweep's jobs: {err}\n".encode())
-
-    def _recorded_outcomes(self) -> dict[int, str]:
-        """The jobs' outcomes as tagged on the parent run (jobs in other processes or machines)."""
-        parent = os.environ.get(PARENT_RUN_ENV)
-        if self.tracker is None or not parent:
-            return {}
-        try:
-            tags = self.tracker.client().get_run(parent).data.tags
-        except Exception as err:  # the store is unreachable: count what this process saw
-            print(f"warning: could not read the jobs' outcomes from the sweep's parent run: {err}", file=sys.stderr)
-            return {}
-        return {int(key.removeprefix(JOB_TAG)): value for key, value in tags.items()
-                if key.startswith(JOB_TAG) and key.removeprefix(JOB_TAG).isdigit()}
-
-    def _close(self, status: str) -> None:
-        if self.tracker is None:
-            return
-        tracker, self.tracker = self.tracker, None
-        tracker.end_parent(status)
-        print(f"sweep recorded as one parent run ({status}); browse it with: {tracker.browse_hint()}")

@@ -24,6 +24,7 @@ keyed by the target, where `drafter=medusa` (or `eagle`) finds them; the run is 
 
 from __future__ import annotations
 
+import logging
 import hashlib
 import json
 import random
@@ -33,7 +34,6 @@ from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
@@ -41,14 +41,16 @@ from torch import Tensor, nn
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from specresearch.__main__ import CONF_DIR, unknown_option
+from specresearch.app import build, cli, tracked_run
 from specresearch.drafters.eagle import EagleHead, eagle_path
 from specresearch.drafters.medusa import MedusaHeads, checkpoint_path
 from specresearch.errors import SpecResearchError
-from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, prompt_record, train_side
-from specresearch.experiment import build, encode, fail
+from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, prompt_record, train_side
 from specresearch.models import LoadedModel, default_cache_dir, load_model
-from specresearch.target import Target
+from specresearch.target import Target, decode_batch
+from specresearch.types import SamplingParams
+
+log = logging.getLogger(__name__)
 
 DRAFTERS = {"MedusaDrafter": "medusa", "EagleDrafter": "eagle"}  # drafter class → what trains it
 EAGLE_CLS = 0.1  # EAGLE's weight of the token loss beside the feature regression (Li et al., 2024)
@@ -113,21 +115,8 @@ def generate_batch(lm: LoadedModel, prompts: list[list[int]], new: int, temperat
     ids, mask = ids.to(lm.device), mask.to(lm.device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, T]: every prompt starts at position 0
     cache = DynamicCache(config=lm.model.config)
-    lm_head = lm.model.get_output_embeddings()
-    tokens, hidden = [], []
-    for _ in range(new):
-        out = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
-        h = out.last_hidden_state[:, -1]  # [B, H]
-        logits = lm_head(h).float()  # [B, V]
-        if temperature > 0:
-            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)[:, 0]
-        else:
-            nxt = logits.argmax(-1)  # [B]
-        tokens.append(nxt)
-        hidden.append(h)
-        ids, positions = nxt[:, None], positions[:, -1:] + 1
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-    return torch.stack(tokens, 1).cpu(), torch.stack(hidden, 1).cpu()
+    tokens, hidden = decode_batch(lm, cache, ids, new, SamplingParams(temperature=temperature), gen, mask, positions)
+    return tokens.cpu(), hidden.cpu()
 
 
 def self_cache(lm: LoadedModel, prompts: list[list[int]], tokens: int, new: int, heads: int, held_out: float,
@@ -424,22 +413,23 @@ def run(cfg: DictConfig) -> dict:
     out = Path(cfg.train.out) if cfg.train.out else default(lm.name, cfg.model.cache_dir)
     tracker = build(cfg.tracker)
     what = f"medusa x{cfg.train.heads}" if kind == "medusa" else "eagle"
-    tracker.start(cfg, run_name=f"train {what} on {lm.name}")
-    try:
-        module, summary = train(cfg, lm, tracker)
-        module.save(out, {"target": lm.name, **{k: v for k, v in summary.items() if "acc" in k or "top5" in k or k in ("steps", "trained_on")}})
-        tracker.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
-        tracker.log_artifact_text(f"{out}\ntraining data: {summary['data']}\n", "checkpoint.txt")
-        tracker.log_artifact_text(json.dumps(summary["trained_on"], indent=1), "trained_on.json")
-    except BaseException:
-        tracker.end("FAILED")
-        raise
-    tracker.end("FINISHED")
+    summary: dict = {}
+
+    def report() -> tuple[dict[str, float], dict[str, str]]:
+        if not summary:
+            return {}, {}
+        files = {"checkpoint.txt": f"{out}\ntraining data: {summary['data']}\n", "trained_on.json": json.dumps(summary["trained_on"], indent=1)}
+        return {k: float(v) for k, v in summary.items() if isinstance(v, (int, float))}, files
+
+    with tracked_run(tracker, cfg, f"train {what} on {lm.name}", report) as tracking:
+        module, trained = train(cfg, lm, tracking)
+        module.save(out, {"target": lm.name, **{k: v for k, v in trained.items() if "acc" in k or "top5" in k or k in ("steps", "trained_on")}})
+        summary.update(trained)
     acc = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("held_out_acc"))
     fit = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("train_acc"))
     verifier = "typical" if kind == "medusa" else "greedy"
     record = summary["trained_on"]
-    print(
+    log.info(
         f"{what} for {lm.name}: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}, "
         f"held-out top-1 agreement per head: {acc or 'n/a'} (on training positions: {fit})\n"
         f"training data {summary['cache_seconds']:.0f} s ({summary['positions']} positions; {summary['data']}), training {summary['train_seconds']:.0f} s\n"
@@ -450,23 +440,8 @@ def run(cfg: DictConfig) -> dict:
     return summary
 
 
-def _task(cfg: DictConfig) -> None:
-    from specresearch import sweeps
-    from specresearch.validate import check_config
-
-    try:
-        check_config(cfg)
-        run(cfg)
-    except SpecResearchError as err:
-        sweeps.discard_refused_run()  # nothing trained: leave no empty outputs/DATE/TIME/ behind (a sweep's job folder stays)
-        fail(str(err))
-
-
 def main() -> None:
-    problem = unknown_option(sys.argv[1:])
-    if problem:
-        fail(problem)
-    hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")(_task)()
+    cli("train", run, timed=False)
 
 
 if __name__ == "__main__":

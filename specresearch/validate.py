@@ -36,10 +36,10 @@ from typing import Any, Union
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from specresearch.conf import CONF_DIR, groups as config_groups
 from specresearch.errors import SpecResearchError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-INJECTED = ("target",)  # passed by experiment.build at run time (the loaded target), never set in a config
+INJECTED = ("target",)  # passed by app.build at run time (the loaded target), never set in a config
 SKIPPED = ("hydra", "experiment")  # Hydra's own node; experiment presets are merged into the other keys
 
 
@@ -47,12 +47,12 @@ def check_config(cfg: DictConfig) -> None:
     """Refuse an unknown setting or a value of the wrong type anywhere in a composed config.
 
     Args:
-        cfg: a composed conf/config.yaml or conf/train.yaml.
+        cfg: a composed config.yaml or train.yaml of specresearch/conf.
 
     Raises:
         SpecResearchError: one line naming the setting and the valid keys or the expected type.
     """
-    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in SKIPPED)
+    groups = [group for group in config_groups() if group not in SKIPPED]
     top = _references("", (CONF_DIR / "config.yaml", CONF_DIR / "train.yaml"))
     for key in cfg:
         if key in SKIPPED:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
+from specresearch.models import default_cache_dir
 
 CORPORA = ("python-stdlib", "mtbench")
 
@@ -73,24 +75,33 @@ def _counts(tokenizer, corpus: str, cache_dir: Path | None) -> dict[int, int]:
     return dict(counts)
 
 
-def shortlist_head(lm_head: torch.nn.Module, tokenizer, n: int, corpus: str, cache_dir: Path) -> tuple[torch.nn.Linear, Tensor]:
-    """An lm head that scores only the `n` most frequent tokens (FR-Spec) for a drafter that reuses the
-    target's own: a bias-free linear layer holding their rows, and [n] their token ids.
+@dataclass
+class Shortlist:
+    """FR-Spec's vocabulary shortlist for a drafter: the tokens it may propose and a draft lm head that
+    scores only them (the lm head is most of a draft step's cost)."""
 
-    Args:
-        lm_head: the target's output embedding (a linear layer without bias).
-        tokenizer, n, corpus, cache_dir: as for `frequent_tokens`.
-    """
-    if getattr(lm_head, "bias", None) is not None:
-        raise SpecResearchError("drafter.vocab needs an lm head without a bias")
-    weight = lm_head.weight.detach()  # [V, H]
-    ids = frequent_tokens(tokenizer, n, corpus, cache_dir).to(weight.device)
-    head = torch.nn.Linear(weight.shape[1], ids.numel(), bias=False, device=weight.device, dtype=weight.dtype)
-    head.weight = torch.nn.Parameter(weight[ids], requires_grad=False)  # [n, H]
-    return head, ids
+    ids: Tensor  # [N] token ids, most frequent first (the EOS always among them)
+    head: torch.nn.Linear  # N rows of an lm head (a bias-free linear layer): logits over `ids`, in order
+    vocab_size: int  # V: the whole vocabulary, the length of the q rows the verifier compares with p
 
+    @classmethod
+    def load(cls, lm_head: torch.nn.Module, tokenizer, n: int, corpus: str, cache_dir: str | Path | None) -> Shortlist:
+        """The `n` most frequent tokens of `corpus` and their rows of `lm_head`.
 
-def widen(q: Tensor, ids: Tensor, vocab_size: int) -> Tensor:
-    """[..., n] a law over the tokens `ids` → [..., vocab_size], zero elsewhere: the q a drafter
-    restricted to a shortlist drew from, as the verifier compares it with p."""
-    return torch.zeros(*q.shape[:-1], vocab_size, dtype=q.dtype, device=q.device).index_copy_(-1, ids, q)
+        Args:
+            lm_head: the output embedding the draft scores with (a linear layer without bias).
+            tokenizer, n, corpus: as for `frequent_tokens`.
+            cache_dir: the model cache (None = the default one); the counts go to its vocab/ folder.
+        """
+        if getattr(lm_head, "bias", None) is not None:
+            raise SpecResearchError("drafter.vocab needs an lm head without a bias")
+        weight = lm_head.weight.detach()  # [V, H]
+        ids = frequent_tokens(tokenizer, n, corpus, Path(cache_dir or default_cache_dir()) / "vocab").to(weight.device)
+        head = torch.nn.Linear(weight.shape[1], ids.numel(), bias=False, device=weight.device, dtype=weight.dtype)
+        head.weight = torch.nn.Parameter(weight[ids], requires_grad=False)  # [N, H]
+        return cls(ids, head, weight.shape[0])
+
+    def widen(self, q: Tensor) -> Tensor:
+        """[..., N] a law over the shortlist → [..., V], zero elsewhere: the q a shortlisted draft drew
+        from, as the verifier compares it with p."""
+        return torch.zeros(*q.shape[:-1], self.vocab_size, dtype=q.dtype, device=q.device).index_copy_(-1, self.ids, q)

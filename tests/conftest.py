@@ -7,8 +7,9 @@ from hydra import compose, initialize_config_dir
 
 from specresearch.models import load_model
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-ROOT = CONF_DIR.parent
+from specresearch.conf import CONF_DIR
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout
 
 # Tiny models for both target and draft, so composing the default config needs no real model.
 TINY = ["model=tiny", "drafter.model.name=tiny", "+drafter.model.tiny={vocab_size: 320, seed: 0, noise: 0.03}"]

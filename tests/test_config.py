@@ -7,17 +7,15 @@ from omegaconf import OmegaConf
 
 from specresearch.data import load_prompts
 from specresearch.drafters import Drafter
-from specresearch.experiment import build
+from specresearch.app import build
 from specresearch.models import ZOO, load_model
 from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
 from specresearch.verifiers import Verifier
 
+from specresearch.conf import options
+
 from .conftest import CONF_DIR, TINY, drafter_cfg, make_cfg
-
-
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
 def test_groups_have_their_options():
@@ -25,7 +23,7 @@ def test_groups_have_their_options():
     assert {"greedy", "rejection", "typical", "margin", "topk"} <= set(options("verifier"))
     assert {"humaneval", "mtbench"} <= set(options("dataset"))
     assert {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "tiny"} <= set(options("model"))
-    assert {"lossless_vs_lossy"} <= set(options("experiment"))  # conf/experiment links to experiments/
+    assert {"lossless_vs_lossy", "specbench"} <= set(options("experiment"))  # the folders of specresearch/studies
 
 
 @pytest.mark.parametrize("name", options("experiment"))

@@ -20,7 +20,8 @@ import yaml
 
 from specresearch import sweeps
 from specresearch.errors import SpecResearchError
-from specresearch.tracking import HASH_TAG, JobSkipped, config_hash
+from specresearch.records import HASH_TAG, config_hash
+from specresearch.sweeps import JobSkipped
 
 from .conftest import make_cfg
 

@@ -7,16 +7,18 @@ import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
+from specresearch.sampling import logits_to_probs, ranking_probs, sample
 from specresearch.types import Draft, SamplingParams, Verdict
 
-K_POLICIES = ("fixed", "heuristic")
+if TYPE_CHECKING:
+    from specresearch.vocab import Shortlist
 
 
 @dataclass
@@ -26,7 +28,8 @@ class Context:
     tokens: Tensor  # [T] prompt + generated so far (on the target's device)
     sampling: SamplingParams  # the same processing the verifier applies to p
     rng: torch.Generator | None  # for sampled drafts
-    max_draft: int  # propose at most this many tokens (tokens left before max_new_tokens, minus one)
+    max_draft: int  # propose at most this many tokens along any path: the engine's draft length this step (DraftLength),
+    # within the tokens left before max_new_tokens (minus one for the recovered or bonus token)
     reuse_prefill: bool = False  # the prompt may repeat: a drafter may keep and restore its prefill
     hidden: Tensor | None = None  # [R, H] for drafters with needs_hidden: the target's final hidden states of the
     # tokens it took in last (the prompt at prefill; the last token and the accepted ones after a step), one per
@@ -41,11 +44,15 @@ class Drafter(ABC):
     from (transformers issues #32867, #47932).
     """
 
-    k: int  # draft tokens per step (0 for the autoregressive baseline); the current value under k_policy=heuristic
     name: str
+    # The draft length, for drafters that draft a chain of k tokens per step: plain config that the
+    # engine's DraftLength policy is built from (k at the start of every sequence, then fixed or
+    # transformers' heuristic within [1, k_max]). k = 0: no policy (the baseline; trees and n-gram pools,
+    # which size their drafts themselves).
+    k: int = 0
     k_policy: str = "fixed"
-    k_start: int = 0  # k at the start of every sequence
-    k_max: int = 0  # the largest k the heuristic may reach
+    k_max: int | None = None  # None = 4 k
+    depth: int = 0  # trees: the longest path a draft may have (their k stays 0)
     needs_hidden: bool = False  # the engine passes the target's hidden states in Context.hidden
     # Weights trained by specresearch.train: their checkpoint and its record of the prompts that trained
     # them (`checkpoint_record`); None for drafters without trained weights (or weights given in code).
@@ -55,32 +62,16 @@ class Drafter(ABC):
     # covered by naming it here.
     modes: ClassVar[dict[str, tuple[str, ...]]] = {"default": ()}
 
-    def set_k_policy(self, k: int, policy: str = "fixed", k_max: int | None = None) -> None:
-        """How k evolves within a sequence: "fixed", or "heuristic" (transformers' assisted generation:
-        k += 2 after a fully accepted draft, k −= 1 otherwise, within [1, k_max]; k_max None = 4 k)."""
-        if policy not in K_POLICIES:
-            raise SpecResearchError(f"unknown drafter.k_policy '{policy}': valid are {', '.join(K_POLICIES)}")
-        if k_max is not None and int(k_max) < int(k):
-            raise SpecResearchError(f"drafter.k_max must be >= drafter.k, got {k_max} < {k}")
-        self.k = self.k_start = int(k)
-        self.k_policy = policy
-        self.k_max = int(k_max) if k_max is not None else 4 * int(k)
-
-    def adapt(self, drafted: int, accepted: int) -> None:
-        """After a verification step: update k under the heuristic policy (a no-op for "fixed")."""
-        if self.k_policy == "heuristic" and drafted:
-            self.k = min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)
-
     def check(self, sampling: SamplingParams) -> None:
         """Raise SpecResearchError if this drafter cannot run with these sampling settings."""
 
     def prefill(self, ctx: Context) -> None:
-        """Start a new sequence whose tokens are ctx.tokens (subclasses call this first: it resets k)."""
-        self.k = self.k_start or self.k
+        """Start a new sequence whose tokens are ctx.tokens."""
 
     @abstractmethod
     def propose(self, ctx: Context) -> Draft:
-        """Propose up to min(k, ctx.max_draft) tokens to follow ctx.tokens."""
+        """Propose tokens to follow ctx.tokens: at most ctx.max_draft along any path (for a chain
+        drafter, the engine's draft length this step)."""
 
     def observe(self, logits: Tensor) -> None:
         """The target's logits ([S, V]) on the draft's scratch nodes, from the verification forward
@@ -93,6 +84,51 @@ class Drafter(ABC):
     def draft_forwards(self) -> int:
         """Forwards of a draft model so far (for the draft cost ratio c); 0 for model-free drafters."""
         return 0
+
+
+class Chain:
+    """A chain draft built token by token (independent, self_draft, eagle): each token is the draft's
+    argmax when decoding greedily (q = None), else a sample from its q, the draft's logits after the
+    same processing as p (specresearch.sampling), and that q is recorded."""
+
+    def __init__(self, ctx: Context, shortlist: Shortlist | None = None):
+        """
+        Args:
+            ctx: the step's context (sampling settings, generator).
+            shortlist: the tokens the draft's logits score (FR-Spec); None = the whole vocabulary.
+        """
+        self.ctx, self.shortlist = ctx, shortlist
+        self.tokens: list[Tensor] = []  # 0-d token ids
+        self.qs: list[Tensor] = []  # [V] the law each token was drawn from
+        self._last: tuple[Tensor, Tensor, Tensor | None] | None = None  # (logits, index in them, q over them)
+
+    def add(self, logits: Tensor) -> Tensor:
+        """Draw the next token from the draft's logits ([V], or [N] over the shortlist's tokens).
+
+        Returns:
+            The token id (0-d, in the whole vocabulary).
+        """
+        if self.ctx.sampling.greedy:
+            x, q = logits.argmax(-1), None
+        else:
+            q = logits_to_probs(logits, self.ctx.sampling)  # [V] or [N]
+            x = sample(q, self.ctx.rng)
+            self.qs.append(q if self.shortlist is None else self.shortlist.widen(q))  # zero off the shortlist
+        self._last = (logits, x, q)
+        token = x if self.shortlist is None else self.shortlist.ids[x]
+        self.tokens.append(token)
+        return token
+
+    def confidence(self) -> Tensor:
+        """The draft's probability of the last token: its q's when sampled, its softmax's (T = 1) when greedy."""
+        logits, x, q = self._last
+        return (ranking_probs(logits, self.ctx.sampling) if q is None else q)[x]
+
+    def draft(self) -> Draft:
+        """The chain: [K] tokens, [K, V] q (None when greedy)."""
+        if not self.tokens:
+            return Draft.empty(self.ctx.tokens.device)
+        return Draft(tokens=torch.stack(self.tokens), q=torch.stack(self.qs) if self.qs else None)
 
 
 def save_checkpoint(module: torch.nn.Module, path: Path, meta: dict) -> None:

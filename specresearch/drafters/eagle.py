@@ -19,12 +19,11 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
-from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
+from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
-from specresearch.sampling import logits_to_probs, sample
 from specresearch.types import Draft, Verdict
-from specresearch.vocab import shortlist_head, widen
+from specresearch.vocab import Shortlist
 
 
 class EagleHead(nn.Module):
@@ -93,7 +92,7 @@ class EagleDrafter(Drafter):
             target: the target model the head was trained on.
             k: draft tokens per step (a maximum under k_policy=heuristic).
             checkpoint: the head's safetensors file; None = this target's in the model cache.
-            k_policy, k_max: see Drafter.set_k_policy.
+            k_policy, k_max: how k evolves within a sequence (see engine.DraftLength).
             vocab: the head's lm head scores only the `vocab` most frequent tokens (FR-Spec): the
                 lm head is most of a draft step's cost. None = the whole vocabulary. Lossless either way.
             vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
@@ -102,7 +101,7 @@ class EagleDrafter(Drafter):
         """
         if k < 1:
             raise SpecResearchError(f"drafter.k must be >= 1, got {k}")
-        self.set_k_policy(k, k_policy, k_max)
+        self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
         if head is None:
             path = find_checkpoint("eagle", target.name, checkpoint, eagle_path(target.name, cache_dir))
             head, meta = EagleHead.load(path, target.model.config)
@@ -110,11 +109,10 @@ class EagleDrafter(Drafter):
         self.head = head.to(device=target.device, dtype=target.dtype).eval()
         self.embed = target.model.get_input_embeddings()
         self.lm_head = target.model.get_output_embeddings()
-        self.vocab_size = self.lm_head.weight.shape[0]  # V: the length of the q rows the verifier compares with p
-        self.shortlist: Tensor | None = None  # [N] the token ids the head may propose; None = all
+        self.shortlist: Shortlist | None = None  # the tokens the head may propose; None = all
         if vocab is not None:
-            cache = Path(cache_dir or default_cache_dir()) / "vocab"
-            self.lm_head, self.shortlist = shortlist_head(self.lm_head, target.tokenizer, int(vocab), vocab_corpus, cache)
+            self.shortlist = Shortlist.load(self.lm_head, target.tokenizer, int(vocab), vocab_corpus, cache_dir)
+            self.lm_head = self.shortlist.head
         self.cache: DynamicCache | None = None
         self.length = 0  # (feature, token) pairs of the accepted text in the head's cache
         self.feature: Tensor | None = None  # [H] f̂ after the last accepted pair: the head's guess source for the next token
@@ -126,7 +124,6 @@ class EagleDrafter(Drafter):
         return self.head(self.embed(tokens)[None], features[None], self.cache)[0]
 
     def prefill(self, ctx: Context) -> None:
-        super().prefill(ctx)
         if ctx.hidden is None:
             raise SpecResearchError("drafter=eagle needs the target's hidden states (Context.hidden); run it through the Engine")
         self.cache = DynamicCache(config=self.head.layer.config)
@@ -134,26 +131,13 @@ class EagleDrafter(Drafter):
         self.length = self.cache.get_seq_length()
 
     def propose(self, ctx: Context) -> Draft:
-        tokens, qs = [], []
+        chain = Chain(ctx, self.shortlist)
         f = self.feature  # [H]
-        for i in range(min(self.k, ctx.max_draft)):
-            logits = self.lm_head(f).float()  # [V], or [N] over the shortlist
-            if ctx.sampling.greedy:
-                x = logits.argmax(-1)
-            else:
-                q = logits_to_probs(logits, ctx.sampling)
-                x = sample(q, ctx.rng)
-                if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
-                    q = widen(q, self.shortlist, self.vocab_size)
-                qs.append(q)
-            if self.shortlist is not None:
-                x = self.shortlist[x]
-            tokens.append(x)
-            if i + 1 < min(self.k, ctx.max_draft):
+        for i in range(ctx.max_draft):
+            x = chain.add(self.lm_head(f).float())  # from [V] logits, or [N] over the shortlist
+            if i + 1 < ctx.max_draft:
                 f = self._feed(f[None], x[None])[-1]  # the head's own feature stands in for the target's
-        if not tokens:
-            return Draft.empty(ctx.tokens.device)
-        return Draft(tokens=torch.stack(tokens), q=torch.stack(qs) if qs else None)  # [K], [K, V]
+        return chain.draft()
 
     def commit(self, ctx: Context, verdict: Verdict) -> None:
         # Drop the drafted pairs, then feed the target's own features of the tokens it kept, each with

@@ -6,17 +6,15 @@ import copy
 import dataclasses
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
-from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.base import Chain, Context, Drafter
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, check_same_vocab, default_cache_dir, load_model, use_skinny_linear
-from specresearch.sampling import logits_to_probs, sample
+from specresearch.models import LoadedModel, check_same_vocab, load_model, use_skinny_linear
 from specresearch.target import Target
 from specresearch.types import Draft, Verdict
-from specresearch.vocab import frequent_tokens, widen
+from specresearch.vocab import Shortlist
 
 
 class IndependentDrafter(Drafter):
@@ -57,7 +55,7 @@ class IndependentDrafter(Drafter):
             confidence: stop drafting early, after a token whose draft probability is below this
                 (transformers' assistant_confidence_threshold; Leviathan's k becomes a maximum).
                 None = always k tokens. Lossless: the stop depends on the draft alone.
-            k_policy: "fixed", or "heuristic" (transformers' schedule, see Drafter.set_k_policy);
+            k_policy: "fixed", or "heuristic" (transformers' schedule, see engine.DraftLength);
                 combines with `confidence` as in transformers. Lossless: k depends on past verdicts only.
             k_max: the largest k the heuristic may reach (None = 4 k).
         """
@@ -69,58 +67,39 @@ class IndependentDrafter(Drafter):
             raise SpecResearchError(f"unknown drafter.quantize '{quantize}': valid are null (none), int8")
         if confidence is not None and not 0 < float(confidence) < 1:
             raise SpecResearchError(f"drafter.confidence must lie in (0, 1) or be null, got {confidence}")
-        self.set_k_policy(k, k_policy, k_max)
+        self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
         self.confidence = None if confidence is None else float(confidence)
         draft = model if isinstance(model, LoadedModel) else load_model(**dict(model))
         check_same_vocab(target, draft)
         self._forwards = 0
         lm_head = draft.model.get_output_embeddings()
-        self.vocab_size = lm_head.weight.shape[0]  # V: the length of the q rows the verifier compares with p
-        self.shortlist: torch.Tensor | None = None  # [N] token ids the draft may propose; None = all
-        self.head: torch.Tensor | None = None  # [N, H] their rows of the draft's lm head
+        self.shortlist: Shortlist | None = None  # the tokens the draft may propose; None = all
+        self.head: torch.Tensor | None = None  # [N, H] their rows of the draft's lm head (Target.forward's head)
         if vocab is not None:
             if getattr(lm_head, "bias", None) is not None or getattr(draft.model.config, "final_logit_softcapping", None):
                 raise SpecResearchError(f"drafter.vocab needs a plain linear lm head; {draft.name} has a bias or logit softcapping")
             cache = model.get("cache_dir") if isinstance(model, Mapping) else None
-            self.shortlist = frequent_tokens(
-                draft.tokenizer, int(vocab), vocab_corpus, Path(cache or default_cache_dir()) / "vocab"
-            ).to(draft.device)
-            self.head = lm_head.weight.detach()[self.shortlist].contiguous()
+            self.shortlist = Shortlist.load(lm_head, draft.tokenizer, int(vocab), vocab_corpus, cache)
+            self.head = self.shortlist.head.weight
         if quantize is not None:
             draft = quantize_int8(draft)
             self.head = None if self.head is None else self.head.to(draft.dtype)
         self.draft = Target(draft)
 
     def prefill(self, ctx: Context) -> None:
-        super().prefill(ctx)
         self.draft.reset()
         self.draft.prefill(ctx.tokens[:-1], reuse=ctx.reuse_prefill)
 
     def propose(self, ctx: Context) -> Draft:
         pending = ctx.tokens[self.draft.length :]  # [1], or [2] after a fully accepted step
-        tokens, qs = [], []
-        for _ in range(min(self.k, ctx.max_draft)):
+        chain = Chain(ctx, self.shortlist)
+        for _ in range(ctx.max_draft):
             logits = self.draft.forward(pending, head=self.head)[-1]  # [V], or [N] over the shortlist
             self._forwards += 1
-            if ctx.sampling.greedy:
-                x = logits.argmax(-1)
-                sure = self.confidence is None or torch.softmax(logits.float(), -1)[x] >= self.confidence
-            else:
-                q = logits_to_probs(logits, ctx.sampling)  # [V] or [N]
-                x = sample(q, ctx.rng)
-                sure = self.confidence is None or q[x] >= self.confidence
-                if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
-                    q = widen(q, self.shortlist, self.vocab_size)
-                qs.append(q)
-            if self.shortlist is not None:
-                x = self.shortlist[x]
-            tokens.append(x)
-            pending = x[None]
-            if not sure:  # an unlikely draft token: the next ones would likely be wasted
-                break
-        if not tokens:
-            return Draft.empty(ctx.tokens.device)
-        return Draft(tokens=torch.stack(tokens), q=torch.stack(qs) if qs else None)  # [K], [K, V]
+            pending = chain.add(logits)[None]
+            if self.confidence is not None and chain.confidence() < self.confidence:
+                break  # an unlikely draft token: the next ones would likely be wasted
+        return chain.draft()
 
     def commit(self, ctx: Context, verdict: Verdict) -> None:
         # Keep what the draft cache saw of the accepted sequence; everything but its last token.

@@ -51,7 +51,7 @@ class LookaheadDrafter(Drafter):
             )
         self.W, self.N, self.G = int(window), int(ngram), int(guesses)
         self.pool_from_prompt = bool(pool_from_prompt)
-        self.k = self.N - 1  # the longest proposal
+        self.depth = self.N - 1  # the longest proposal
         self.pool: dict[int, list[tuple[int, ...]]] = {}  # first token -> continuations (N − 1 tokens), newest first
         self.levels = torch.zeros(self.N - 1, self.W, dtype=torch.long)  # [N−1, W]
         self.new: Tensor | None = None  # [W] the target's argmax on the top level, from the last forward
@@ -59,7 +59,6 @@ class LookaheadDrafter(Drafter):
         self._top = torch.arange(self.W) + (self.N - 2) * self.W - 1  # [W] the top level's scratch rows
 
     def prefill(self, ctx: Context) -> None:
-        super().prefill(ctx)
         prompt = ctx.tokens.cpu()
         self.pool, self.new = {}, None
         if self.pool_from_prompt:

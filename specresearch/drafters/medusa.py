@@ -18,7 +18,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs
 from specresearch.types import Draft, SamplingParams
-from specresearch.vocab import shortlist_head, widen
+from specresearch.vocab import Shortlist
 
 CHILDREN = ("top", "sample")
 # Medusa's "tree of choices": each path lists, per depth, which of that head's top tokens to take.
@@ -180,14 +180,13 @@ class MedusaDrafter(Drafter):
         self.children = children
         self.heads = heads.to(device=target.device, dtype=target.dtype).eval()
         self.lm_head = target.model.get_output_embeddings()
-        self.vocab_size = self.lm_head.weight.shape[0]  # V: the length of the q rows the verifier compares with p
-        self.shortlist: Tensor | None = None  # [N] the token ids the heads may propose; None = all
+        self.shortlist: Shortlist | None = None  # the tokens the heads may propose; None = all
         if vocab is not None:
             if heads.lm_heads is not None:
                 raise SpecResearchError("drafter.vocab needs heads on the target's own lm head (not train.own_lm_head)")
-            cache = Path(cache_dir or default_cache_dir()) / "vocab"
-            self.lm_head, self.shortlist = shortlist_head(self.lm_head, target.tokenizer, int(vocab), vocab_corpus, cache)
-        self.k = depth  # the longest path
+            self.shortlist = Shortlist.load(self.lm_head, target.tokenizer, int(vocab), vocab_corpus, cache_dir)
+            self.lm_head = self.shortlist.head
+        self.depth = depth  # the longest path
         self._width = [1 + max(c[d] for c in choices if len(c) > d) for d in range(depth)]  # top-k per head
 
     def check(self, sampling: SamplingParams) -> None:
@@ -209,7 +208,7 @@ class MedusaDrafter(Drafter):
             laws = logits_to_probs(logits, ctx.sampling)  # [K, V] or [K, N]
             ranked = [torch.multinomial(laws[d], w, replacement=True, generator=ctx.rng) for d, w in enumerate(self._width)]
         if self.shortlist is not None:
-            ranked = [self.shortlist[r] for r in ranked]
+            ranked = [self.shortlist.ids[r] for r in ranked]
         ranked = [r.tolist() for r in ranked]
         index = {c: i for i, c in enumerate(choices)}
         tokens = [ranked[len(c) - 1][c[-1]] for c in choices]
@@ -217,5 +216,5 @@ class MedusaDrafter(Drafter):
         if laws is not None:
             q = laws[[len(c) - 1 for c in choices]]  # [M, V]: node at depth d was drawn from head d's law
             if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
-                q = widen(q, self.shortlist, self.vocab_size)
+                q = self.shortlist.widen(q)
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents))

@@ -35,7 +35,7 @@ class PromptLookupDrafter(Drafter):
             min_ngram: the shortest suffix looked up (1).
             match: which earlier occurrence to continue: "first" (as the paper and transformers) or
                 "last" (the most recent).
-            k_policy: "fixed", or "heuristic" (see Drafter.set_k_policy).
+            k_policy: "fixed", or "heuristic" (see engine.DraftLength).
             k_max: the largest k the heuristic may reach (None = 4 k).
         """
         if int(k) < 1:
@@ -45,11 +45,11 @@ class PromptLookupDrafter(Drafter):
         if match not in MATCH:
             raise SpecResearchError(f"unknown drafter.match '{match}': valid are {', '.join(MATCH)}")
         self.max_ngram, self.min_ngram, self.match = int(max_ngram), int(min_ngram), match
-        self.set_k_policy(k, k_policy, k_max)
+        self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
 
     def propose(self, ctx: Context) -> Draft:
         tokens = ctx.tokens  # [T]
-        want = min(self.k, ctx.max_draft)
+        want = ctx.max_draft
         if want > 0:
             for n in range(self.max_ngram, self.min_ngram - 1, -1):
                 start = continuation_start(tokens, n, self.match)

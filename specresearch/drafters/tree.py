@@ -12,7 +12,7 @@ from torch import Tensor
 from specresearch.drafters.base import Context, Drafter
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, check_same_vocab, load_model
-from specresearch.sampling import logits_to_probs
+from specresearch.sampling import ranking_probs
 from specresearch.target import Target
 from specresearch.types import Draft, SamplingParams, Trie, Verdict
 
@@ -74,8 +74,7 @@ class TreeDrafter(Drafter):
             raise SpecResearchError(f"a dynamic tree needs topk, depth and nodes >= 1, got {topk}, {depth}, {nodes}")
         self.branching = None if branching is None else [int(b) for b in branching]
         self.topk, self.nodes, self.children = int(topk), int(nodes), children
-        self.depth = len(self.branching) if self.branching is not None else int(depth)
-        self.k = self.depth  # the longest path
+        self.depth = len(self.branching) if self.branching is not None else int(depth)  # the longest path
         self.drafts = []
         for spec in [model, *ensemble]:
             lm = spec if isinstance(spec, LoadedModel) else load_model(**dict(spec))
@@ -88,7 +87,6 @@ class TreeDrafter(Drafter):
             raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; use children=top for greedy decoding")
 
     def prefill(self, ctx: Context) -> None:
-        super().prefill(ctx)
         for draft in self.drafts:
             draft.reset()
             draft.prefill(ctx.tokens[:-1], reuse=ctx.reuse_prefill)
@@ -122,7 +120,7 @@ class TreeDrafter(Drafter):
         fed: dict[int, int] = {}  # node -> its index among the nodes fed to the draft
         frontier = [-1]  # the nodes whose children this level adds (-1 = the root)
         for level in range(depth):
-            laws = logits_to_probs(logits.float(), ctx.sampling) if not ctx.sampling.greedy else torch.softmax(logits.float(), -1)
+            laws = ranking_probs(logits, ctx.sampling)  # [W, V]: q at T > 0; at T = 0 the softmax ranks the top children
             width = self.branching[level] if self.branching is not None else self.topk
             new = []
             for law, parent in zip(laws, frontier):  # law: [V]

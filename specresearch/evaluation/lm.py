@@ -24,6 +24,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from specresearch.app import build_engine, compose
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.types import GenerationOutput, SamplingParams
@@ -57,7 +58,7 @@ class SpecResearchLM(TemplateLM):
             batch_size, max_batch_size: accepted from lm-eval's command line; only 1 is possible.
             device: lm-eval's `--device`: the same as the override `model.device=...` (its default
                 cuda:0 falls back to `auto` where CUDA is missing, as lm-eval's hf model does).
-            overrides: Hydra overrides of conf/config.yaml (`drafter=pld`, `drafter.k=4`, `model=tiny`,
+            overrides: Hydra overrides of specresearch/conf/config.yaml (`drafter=pld`, `drafter.k=4`, `model=tiny`,
                 `sampling=random`, ...), as lm-eval's `--model_args` passes them.
         """
         super().__init__()
@@ -67,8 +68,6 @@ class SpecResearchLM(TemplateLM):
             if device is not None and not (device.startswith("cuda") and not torch.cuda.is_available()):
                 overrides.setdefault("model.device", device)  # lm-eval's default is cuda:0: where there is none, `auto`
             cfg = compose_config(overrides if seed is None else {**overrides, "seed": seed})
-            from specresearch.experiment import build_engine
-
             engine, seed = build_engine(cfg), int(cfg.seed)
         elif overrides:
             raise SpecResearchError(f"give either an engine or config overrides, not both (got {sorted(overrides)})")
@@ -170,17 +169,8 @@ class SpecResearchLM(TemplateLM):
 
 
 def compose_config(overrides: dict[str, Any]) -> DictConfig:
-    """conf/config.yaml composed with `key=value` overrides (values as lm-eval parsed them)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
-    from specresearch.__main__ import CONF_DIR
-
-    def text(value: Any) -> str:
-        return str(value).lower() if isinstance(value, bool) else "null" if value is None else str(value)
-
+    """specresearch/conf/config.yaml composed with `key=value` overrides (values as lm-eval parsed them)."""
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="config", overrides=[f"{key}={text(value)}" for key, value in overrides.items()])
-    except HydraException as err:
+        return compose(overrides)
+    except SpecResearchError as err:
         raise SpecResearchError(f"model_args: {err}") from None

@@ -8,6 +8,7 @@ MLflow, next to the decoding speed measured on the same generations.
 
 from __future__ import annotations
 
+import logging
 import hashlib
 import json
 import math
@@ -18,9 +19,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from scipy.stats import binomtest
 
+from specresearch.app import browse_line, build, build_engine, claim_params, machine_tags, tracked_run
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
+from specresearch.records import EvalRecord, EvalSide
 from specresearch.types import GenerationOutput
+
+log = logging.getLogger(__name__)
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 TASKS = {  # task -> the module that scores it
@@ -68,7 +73,6 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
         The summary metrics (also logged to the tracker and written to Hydra's output folder).
     """
     from specresearch.evaluation.lm import SpecResearchLM
-    from specresearch.experiment import build, build_engine, claim_params, machine_tags
 
     ec = cfg.eval
     check(ec)
@@ -88,29 +92,23 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     baseline = build_engine(cfg, baseline=True, target=method.target.lm) if ec.baseline else None
     label = f"eval {ec.task}: {method.label}"
     sides: dict[str, Side] = {}
-    tracker.start(cfg, run_name=label, tags=machine_tags(method.target.lm), params=claim_params(method))
-    status = "FAILED"
-    try:
+    layer_metrics = {f"sandbox_{layer}": float(on) for layer, on in layers.items()}  # the isolation the code ran under
+    with tracked_run(tracker, cfg, label, lambda: _report(sides, layer_metrics), tags=machine_tags(method.target.lm),
+                     params=claim_params(method)):
         if baseline is not None:
             cache = baseline_cache(cfg, method.target.lm) if ec.reuse_baseline else None
             if cache is not None and cache.is_file():
                 sides["baseline"] = Side.from_json(cache.read_text(), str(cache))
-                print(f"baseline: reusing the scores and generations of an identical earlier run ({cache})")
+                log.info(f"baseline: reusing the scores and generations of an identical earlier run ({cache})")
             else:
                 sides["baseline"] = evaluate(SpecResearchLM(engine=baseline, seed=cfg.seed), ec)
                 if cache is not None:
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     cache.write_text(sides["baseline"].to_json())
         sides["method"] = evaluate(SpecResearchLM(engine=method, seed=cfg.seed), ec)
-        status = "FINISHED"
-    finally:
-        summary = summarise(sides)
-        summary.update({f"sandbox_{layer}": float(on) for layer, on in layers.items()})  # the isolation the code ran under
-        _save(tracker, sides, summary, status)
-    print(format_summary(cfg, label, summary))
-    hint = tracker.browse_hint()
-    if hint:
-        print(f"\nrecorded in MLflow; browse with:\n  {hint}")
+    summary = _report(sides, layer_metrics)[0]
+    log.info(format_summary(cfg, label, summary))
+    browse_line(tracker)
     return summary
 
 
@@ -173,30 +171,27 @@ def baseline_cache(cfg: DictConfig, target) -> Path:
 
 
 def summarise(sides: dict[str, Side]) -> dict[str, float]:
-    """Scores of each side, the method's delta, the paired test, and the decoding speed."""
-    out: dict[str, float] = {}
-    for name, side in sides.items():
-        stats = side.stats.summary()
-        out.update({f"{name}_{metric}": value for metric, value in side.scores.items()})
-        out.update({f"{name}_{key}": stats[key] for key in ("tokens_per_s", "tau", "alpha", "new_tokens")})
-        out["problems"] = len(side.samples)
+    """Scores of each side, the method's delta, the paired test, and the decoding speed: an
+    EvalRecord's metrics."""
+    record = EvalRecord({name: EvalSide.of(side.scores, side.stats.summary()) for name, side in sides.items()},
+                        problems=len(next(reversed(sides.values())).samples) if sides else None)  # the side evaluated last
     if len(sides) == 2 and sides["method"].samples:
         base, meth = sides["baseline"], sides["method"]
-        for metric, value in meth.scores.items():
-            if not metric.endswith("_stderr") and metric in base.scores:
-                out[f"delta_{metric}"] = value - base.scores[metric]
+        record.delta = {metric: value - base.scores[metric] for metric, value in meth.scores.items()
+                        if not metric.endswith("_stderr") and metric in base.scores}
         metric = _primary(meth)
         pairs = [(b[metric], m[metric]) for b, m in zip(base.samples, meth.samples)]
         better = sum(m > b for b, m in pairs)  # problems only the method solves
         worse = sum(b > m for b, m in pairs)  # problems only the baseline solves
-        out.update(method_only=better, baseline_only=worse,
-                   mcnemar_p=binomtest(better, better + worse).pvalue if better + worse else 1.0)
+        record.method_only, record.baseline_only = better, worse
+        record.mcnemar_p = binomtest(better, better + worse).pvalue if better + worse else 1.0
         same = [b["filtered_resps"] == m["filtered_resps"] for b, m in zip(base.samples, meth.samples)]
-        out["identity_rate"] = sum(same) / len(same) if same else math.nan
-        if base.cached is None and out["baseline_tokens_per_s"]:  # speed is only compared within one run
-            out["speedup"] = out["method_tokens_per_s"] / out["baseline_tokens_per_s"]
-        out["baseline_reused"] = float(base.cached is not None)
-    return out
+        record.identity_rate = sum(same) / len(same) if same else math.nan
+        base_speed, meth_speed = record.sides["baseline"].tokens_per_s, record.sides["method"].tokens_per_s
+        if base.cached is None and base_speed:  # speed is only compared within one run
+            record.speedup = meth_speed / base_speed
+        record.baseline_reused = float(base.cached is not None)
+    return record.to_metrics()
 
 
 def _primary(side: Side) -> str:
@@ -224,12 +219,10 @@ def sample_records(sides: dict[str, Side]) -> list[dict]:
     return [records[k] for k in sorted(records)]
 
 
-def _save(tracker, sides: dict[str, Side], summary: dict[str, float], status: str) -> None:
-    """Log what was measured (also of a failed run): per-problem records and the summary."""
-    from specresearch.experiment import record_run
-
+def _report(sides: dict[str, Side], extra: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
+    """What was measured so far (also of a failed run): the summary and per-problem records."""
     records = "".join(json.dumps(r, default=str) + "\n" for r in sample_records(sides))
-    record_run(tracker, summary, {"samples.jsonl": records}, status)
+    return {**summarise(sides), **extra}, {"samples.jsonl": records}
 
 
 def format_summary(cfg: DictConfig, label: str, s: dict[str, float]) -> str:

@@ -19,7 +19,7 @@ from torch import Tensor
 from specresearch.engine import Engine
 from specresearch.models import LoadedModel
 from specresearch.sampling import logits_to_probs, sample
-from specresearch.target import Target
+from specresearch.target import Target, decode_batch
 from specresearch.types import SamplingParams
 
 
@@ -73,14 +73,10 @@ def sample_target(
     p1 = logits_to_probs(first, sampling)  # [1, V]
     out = []
     for b in _chunks(n, batch):
-        step_cache = _expand(cache, b)
-        x = sample(p1.expand(b, -1), rng)  # [b]
-        rows = [x]
-        for _ in range(length - 1):
-            logits = lm.model(input_ids=x[:, None], past_key_values=step_cache, use_cache=True).logits[:, -1]  # [b, V]
-            x = sample(logits_to_probs(logits, sampling), rng)
-            rows.append(x)
-        out.append(torch.stack(rows, 1).cpu())  # [b, L]
+        x = sample(p1.expand(b, -1), rng)[:, None]  # [b, 1]
+        if length > 1:
+            x = torch.cat([x, decode_batch(lm, _expand(cache, b), x, length - 1, sampling, rng)[0]], 1)  # [b, L]
+        out.append(x.cpu())
     tokens = torch.cat(out).numpy()
     return Samples(tokens, np.full(n, prompt_index), time.perf_counter() - t0)
 

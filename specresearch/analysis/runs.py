@@ -13,16 +13,16 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from specresearch.__main__ import CONF_DIR
-from specresearch.sweeps import INTERRUPTED_TAG
-from specresearch.tracking import HASH_EXCLUDED, HASH_TAG, JOB_TAG, PID_TAG, STUDY_TAG, SWEEP_TAG
+from specresearch.conf import CONF_DIR
+from specresearch.records import (
+    HASH_EXCLUDED, HASH_TAG, INTERRUPTED_TAG, JOB_TAG, PARENT_TAG, PID_TAG, STUDY_TAG, SWEEP_TAG, EvalRecord, SpeedRecord,
+)
 
-PARENT_TAG = "mlflow.parentRunId"
 CONTRACT_TAGS = {STUDY_TAG, SWEEP_TAG, HASH_TAG}
 NOT_FACTS = (PID_TAG, JOB_TAG, INTERRUPTED_TAG)  # bookkeeping tags, not the setting
 
@@ -83,16 +83,15 @@ class Run:
         except (TypeError, ValueError):
             return math.nan
 
-    def metric(self, key: str) -> float:
-        return float(self.metrics.get(key, math.nan))
+    @cached_property
+    def speed_record(self) -> SpeedRecord:
+        """The run's metrics as a speed run's record (what `python -m specresearch` logs)."""
+        return SpeedRecord.from_metrics(self.metrics)
 
-    def acceptance(self) -> list[float]:
-        """P(draft token i accepted | proposed) for i = 1, 2, ... (the run's method_acceptance_at_i)."""
-        out, i = [], 1
-        while f"method_acceptance_at_{i}" in self.metrics:
-            out.append(self.metrics[f"method_acceptance_at_{i}"])
-            i += 1
-        return out
+    @cached_property
+    def eval_record(self) -> EvalRecord:
+        """The run's metrics as a quality run's record (what `eval=NAME` logs)."""
+        return EvalRecord.from_metrics(self.metrics)
 
     @property
     def temperature(self) -> float:
@@ -104,7 +103,7 @@ class Run:
 
     @property
     def method(self) -> str:
-        """The drafter's option name (the file stem of conf/drafter/*.yaml with this _target_)."""
+        """The drafter's option name (the file stem of specresearch/conf/drafter/*.yaml with this _target_)."""
         return option_name("drafter", self.param("drafter._target_"))
 
     @property
@@ -135,7 +134,7 @@ class Study:
 
 @cache
 def options(group: str) -> dict[str, str]:
-    """_target_ -> option name for a config group, read from conf/GROUP/*.yaml (the registry)."""
+    """_target_ -> option name for a config group, read from specresearch/conf/GROUP/*.yaml (the registry)."""
     out: dict[str, str] = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         target = OmegaConf.load(path).get("_target_")

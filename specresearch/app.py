@@ -1,0 +1,283 @@
+"""The application layer: what every entry point shares (the CLI's speed and quality runs, training,
+the benchmark, lm-eval's model, a notebook).
+
+- `compose`: a config from specresearch/conf with overrides, as the command line would compose it.
+- `build`, `build_engine`: objects and engines from a composed config.
+- `tracked_run`: a tracked run that ends FINISHED, or FAILED with what it had measured.
+- `cli`: a Hydra entry point with one-line errors, sweeps that survive and the same job handling.
+
+Imports go one way: entry points import this module; it imports the core (engine, models, trackers,
+sweeps) and never an entry point. Heavy imports (torch, the models) happen inside the functions
+that need them, so `--help` and tab completion stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import signal
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
+
+from specresearch.conf import CONF_DIR, groups, options
+from specresearch.errors import SpecResearchError
+
+if TYPE_CHECKING:
+    from specresearch.engine import Engine
+    from specresearch.models import LoadedModel
+    from specresearch.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str = "config") -> DictConfig:
+    """A config of specresearch/conf composed with Hydra overrides, as `python -m specresearch` would
+    compose it (without the `hydra` node).
+
+    Args:
+        overrides: `["drafter=pld", "drafter.k=4"]`, or a mapping `{"drafter": "pld", "drafter.k": 4}`
+            (values as Python gives them: True -> true, None -> null).
+        config_name: "config" (experiments, evaluations) or "train".
+
+    Raises:
+        SpecResearchError: an unknown option (naming the valid ones) or a bad override.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    if isinstance(overrides, Mapping):
+        overrides = [f"{key}={_text(value)}" for key, value in overrides.items()]
+    overrides = list(overrides)
+    problem = unknown_option(overrides)
+    if problem:
+        raise SpecResearchError(problem)
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name=config_name, overrides=overrides)
+    except HydraException as err:
+        raise SpecResearchError(str(err)) from None
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else "null" if value is None else str(value)
+
+
+def build(node: DictConfig, **objects: Any) -> Any:
+    """hydra.utils.instantiate, but our own errors come out as themselves, not wrapped, and runtime
+    `objects` (a loaded model) reach the constructor as they are: merged into the config, Hydra
+    would turn a dataclass such as LoadedModel into a config node."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(node, _partial_=True)(**objects) if objects else instantiate(node)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, SpecResearchError):
+            raise cause from None
+        raise
+
+
+def build_engine(cfg: DictConfig, baseline: bool = False, target: LoadedModel | None = None) -> Engine:
+    """The engine a composed config describes, or with `baseline` the target alone: the `none`
+    drafter with a lossless verifier, whatever rule the method is studied with.
+
+    Args:
+        cfg: a composed config (model, drafter, verifier, sampling).
+        baseline: build the baseline instead of the method.
+        target: the target already loaded (baseline and method share it); None loads `cfg.model`.
+    """
+    from specresearch.drafters.none import NoDrafter
+    from specresearch.engine import Engine
+    from specresearch.models import load_model
+    from specresearch.types import SamplingParams
+    from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+
+    sampling = SamplingParams(**cfg.sampling)
+    target = target if target is not None else load_model(**cfg.model)
+    if baseline:
+        return Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling)
+    return Engine(target, build(cfg.drafter, target=target), build(cfg.verifier), sampling)
+
+
+def machine_tags(lm: LoadedModel) -> dict[str, str]:
+    """What a measurement ran on, as the config cannot say (`dtype=auto`, `device=auto`): the
+    resolved dtype and device, the processor or GPU, the cores torch uses, torch's version."""
+    import platform
+
+    import torch
+
+    if lm.device.type == "cuda":
+        processor = torch.cuda.get_device_name(lm.device)
+    else:
+        processor = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                          if line.startswith("model name")), platform.processor() or platform.machine())
+    return {"specresearch.dtype": str(lm.dtype).removeprefix("torch."), "specresearch.device": str(lm.device),
+            "specresearch.processor": processor, "specresearch.threads": str(torch.get_num_threads()),
+            "specresearch.torch": torch.__version__}
+
+
+def claim_params(engine: Engine) -> dict[str, str]:
+    """What the method claims, as run params (the class may change; the record must not): the
+    verifier's `lossless` claim ("true" / "false"), which tests/test_lossless.py proves for every drafter."""
+    return {"verifier.lossless": str(bool(engine.verifier.lossless)).lower()}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+# --- tracked runs -----------------------------------------------------------------------------------
+
+@contextmanager
+def tracked_run(tracker: Tracker, cfg: DictConfig, name: str, report: Callable[[], tuple[dict[str, float], dict[str, str]]],
+                tags: dict[str, str] | None = None, params: dict[str, Any] | None = None) -> Iterator[Tracker]:
+    """One tracked run, for every entry point: opened with the config, `tags` and `params`; on leaving
+    the block it logs what `report()` returns (the finite summary metrics, the files by name, and
+    summary.json) and ends FINISHED, or FAILED when the block raised anything (an error, Ctrl-C, a
+    signal), after logging what was measured until then. The files and the summary (with its status)
+    go to Hydra's output folder too, when there is one.
+
+    Args:
+        tracker: a Tracker (MLflowTracker or NullTracker), already `check`ed before models loaded.
+        cfg: the composed config, logged as the run's params.
+        name: the run's name.
+        report: what was measured so far: (summary metrics, {file name: text}); read once, at the end.
+        tags, params: extra tags (e.g. `machine_tags`) and params (e.g. `claim_params`).
+
+    Yields:
+        The tracker, to log step metrics as they come.
+    """
+    tracker.start(cfg, run_name=name, tags=tags, params=params)
+    status = "FAILED"
+    try:
+        yield tracker
+        status = "FINISHED"
+    finally:
+        summary, files = report()
+        _record(tracker, summary, files, status)
+
+
+def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], status: str) -> None:
+    """End a tracked run with `status` after logging its finite metrics, `files` (name -> text) and
+    summary.json; write the same files, and the summary with the status, to Hydra's output folder."""
+    finite = {key: value for key, value in summary.items() if isinstance(value, (int, float)) and math.isfinite(value)}
+    try:
+        tracker.log_metrics(finite)
+        for name, text in files.items():
+            tracker.log_artifact_text(text, name)
+        tracker.log_artifact_text(json.dumps(summary, indent=2), "summary.json")
+    finally:
+        tracker.end(status)
+    out_dir = output_dir()
+    if out_dir is not None:
+        for name, text in files.items():
+            (out_dir / name).write_text(text)
+        (out_dir / "summary.json").write_text(json.dumps({"status": status, **summary}, indent=2))
+
+
+def output_dir() -> Path | None:
+    """Hydra's output folder of the running job; None outside `@hydra.main` (tests, notebooks)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:
+        return None
+
+
+def browse_line(tracker: Tracker) -> None:
+    """Say where the run can be browsed (nothing for `tracker=none`)."""
+    hint = tracker.browse_hint()
+    if hint:
+        log.info(f"\nrecorded in MLflow; browse with:\n  {hint}")
+
+
+# --- command-line entry points ------------------------------------------------------------------
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit 2 (how every command reports a SpecResearchError)."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def unknown_option(args: Sequence[str]) -> str | None:
+    """The one-line error for a `group=NAME` (or `+group=a,b` in a sweep) that names no option of a
+    config group, or None. Checked before Hydra composes, whose own message is a dozen lines; values
+    Hydra's sweep grammar writes otherwise (`choice(...)`, globs) are left to Hydra."""
+    known = groups()
+    for arg in args:
+        group, sep, value = arg.lstrip("+").partition("=")
+        if not sep or group not in known or not re.fullmatch(r"[\w.-]+(,[\w.-]+)*", value):
+            continue
+        valid = options(group)
+        for name in value.split(","):
+            if name not in valid and name != "null":
+                return f"unknown {group} '{name}': valid are {', '.join(valid)}"
+    return None
+
+
+def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None], timed: bool = True) -> None:
+    """Run a Hydra command (`python -m specresearch`, `python -m specresearch.train`): every job, single
+    or in a sweep, is checked (validate.check_config) before a run opens, then runs `work(cfg)` inside
+    sweeps.job (signals end its run FAILED, `resume` may skip it, a timed speed job holds the speed lock).
+    A SpecResearchError is one `error:` line and exit 2 for a single run (which leaves no empty output
+    folder); in a sweep the other jobs go on and the sweep's callback counts the failed one.
+
+    Args:
+        config_name: the primary config of specresearch/conf ("config" or "train").
+        work: the job: the composed config in, the summary metrics out.
+        timed: whether the jobs' results are timings (sweeps.job: the speed lock); False for training.
+    """
+    import hydra
+
+    problem = unknown_option(sys.argv[1:])
+    if problem:
+        fail(problem)
+    try:
+        hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(_job(work, timed))()
+    except KeyboardInterrupt:  # Ctrl-C outside a job (during a job sweeps.exit_on_signals turns it into SystemExit(130))
+        print("\ninterrupted by SIGINT", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
+
+
+def _job(work: Callable[[DictConfig], dict[str, float] | None], timed: bool) -> Callable[[DictConfig], Any]:
+    def task(cfg: DictConfig) -> Any:
+        """One job. Returns the summary metric `objective` (a float, for Optuna's sweeper; None when
+        it is not set or not finite), or what SweepCallback counts: JobSkipped, JobFailed."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        from specresearch import sweeps
+        from specresearch.validate import check_config
+
+        hc = HydraConfig.get()
+        multirun = hc.mode == RunMode.MULTIRUN
+        try:
+            check_config(cfg)  # before sweeps.job: a refused config opens no run and takes no lock
+            with sweeps.job(cfg, multirun=multirun, timed=timed) as skipped:
+                if skipped is not None:
+                    return skipped
+                summary = work(cfg)
+        except SpecResearchError as err:
+            if not multirun:
+                sweeps.discard_refused_run()  # nothing measured: leave no empty outputs/DATE/TIME/ behind
+                fail(str(err))
+            # In a sweep the other jobs go on; SweepCallback counts this one and exits non-zero at the end.
+            print(f"error: job {hc.job.num} ({' '.join(hc.overrides.task)}): {err}", file=sys.stderr)
+            return sweeps.JobFailed(str(err))
+        optimizing = "BasicSweeper" not in str(hc.sweeper.get("_target_"))  # Optuna reads the return value
+        return sweeps.objective_value(cfg, summary, warn=optimizing)
+
+    return task

@@ -1,0 +1,63 @@
+"""The package runs anywhere: built as a wheel, installed (not editable) into a folder of its own, and
+run from another folder, it finds its configs and studies and decodes with the tiny model."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "specresearch-lm-eval.pth", "specresearch")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The wheel built from a copy of the sources (the checkout stays clean) and installed with
+    `pip install --target` (its dependencies are this environment's)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src, site = tmp / "src", tmp / "site"
+    src.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / name, src / name)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src)], check=True, timeout=300)
+    wheel = next((tmp / "dist").glob("specresearch-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=300)
+    return site
+
+
+def run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(site)}  # before site-packages, where the editable install is
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_wheel_runs_the_tiny_model_from_another_folder(installed, tmp_path):
+    where = run(installed, tmp_path, "-c", "import specresearch.conf as c; print(c.CONF_DIR)")
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).is_relative_to(installed)  # the wheel's copy, not the checkout's
+    done = run(installed, tmp_path, "-m", "specresearch", "model=tiny", "drafter=pld", "tracker=none", "dataset.num_prompts=1",
+               "max_new_tokens=4", f"hydra.run.dir={tmp_path / 'out'}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "speedup (tokens/s ratio)" in done.stdout
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
+def test_the_wheel_has_the_studies_and_the_python_api(installed, tmp_path):
+    preset = run(installed, tmp_path, "-m", "specresearch", "experiment=lossless_vs_lossy", "--cfg", "job")
+    assert preset.returncode == 0, preset.stderr[-2000:]
+    assert "study: lossless_vs_lossy" in preset.stdout
+    api = run(installed, tmp_path, "-c", "from specresearch import build_engine, compose\n"
+              "engine = build_engine(compose(['model=tiny', 'drafter=pld', 'drafter.k=3']))\n"
+              "out = engine.generate([5, 6, 7, 5, 6], max_new_tokens=6)\n"
+              "print(len(out.tokens), out.stats.tau >= 1)")
+    assert api.returncode == 0, api.stderr[-2000:]
+    assert api.stdout.split() == ["6", "True"]
