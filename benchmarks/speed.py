@@ -137,7 +137,7 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]
                     raise
                 print(f"skipped {group}: {err}")  # every method by default: e.g. medusa before its heads are trained
                 continue
-            label = f"{group}(k={drafter.k})" + "".join(f" {o}" for o in options if not o.startswith("k="))
+            label = f"{group}({drafter.size_label})" + "".join(f" {o}" for o in options if not o.startswith("k="))
             methods.append(ours(label, Engine(target, drafter, GreedyVerifier(), GREEDY)))
     return methods
 

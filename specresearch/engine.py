@@ -94,8 +94,7 @@ class Engine:
     @property
     def label(self) -> str:
         """`drafter(k=K) x verifier` (`drafter(depth=D)` for trees): how runs and progress bars name this engine."""
-        size = f"depth={self.drafter.depth}" if self.drafter.depth else f"k={self.drafter.k}"
-        return f"{self.drafter.name}({size}) x {self.verifier.name}"
+        return f"{self.drafter.name}({self.drafter.size_label}) x {self.verifier.name}"
 
     @torch.inference_mode()
     def generate(

@@ -16,7 +16,7 @@ from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
-from specresearch.records import AA, EQ, Group, PromptStep, SideStats, SpeedRecord, unprefixed
+from specresearch.records import Group, PromptStep, SideStats, SpeedRecord
 from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
 from specresearch.target import Target
 from specresearch.types import GenerationOutput, SamplingParams
@@ -30,7 +30,8 @@ class Results:
 
     records: list[dict] = field(default_factory=list)
     equivalence: Report | None = None  # the distribution battery (stats.samples > 0, temperature > 0)
-    extra: dict[str, float] = field(default_factory=dict)  # sampling rates, A/A calibration
+    rates: dict[str, float] = field(default_factory=dict)  # the battery's sampling speed (samples_per_s_baseline, ..._method)
+    calibration: dict[str, float] = field(default_factory=dict)  # the A/A calibration (stats.calibration), when run
     baseline: SpecStats = field(default_factory=SpecStats)
     method: SpecStats = field(default_factory=SpecStats)
     identical: int = 0  # prompts whose method output equals the baseline's, token for token
@@ -97,9 +98,8 @@ class Results:
                                 method_tau=m.tau, method_alpha=m.alpha)
                 for category, (b, m) in self.groups.items()
             },
-            # `extra` holds the battery's sampling rates (eq_*) and the A/A calibration (aa_*)
-            equivalence={**(self.equivalence.summary() if self.equivalence is not None else {}), **unprefixed(self.extra, EQ)},
-            calibration=unprefixed(self.extra, AA),
+            equivalence={**(self.equivalence.summary() if self.equivalence is not None else {}), **self.rates},
+            calibration=self.calibration,
         )
         return record.to_metrics()
 
@@ -215,14 +215,14 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
     meth = Samples.concat(meth_parts)
     results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000),
                                   alpha=sc.alpha, power=sc.power, seed=seed)
-    results.extra.update(eq_samples_per_s_baseline=base.samples_per_s, eq_samples_per_s_method=meth.samples_per_s)
+    results.rates.update(samples_per_s_baseline=base.samples_per_s, samples_per_s_method=meth.samples_per_s)
     if sc.aa_repeats:
         reports = []
         for r in tqdm(range(sc.aa_repeats), desc="A/A calibration", unit="repeat"):
             a, a_cond = baseline_side(4_000_000 + 2 * r * len(prompts))
             b, b_cond = baseline_side(4_000_000 + (2 * r + 1) * len(prompts))
             reports.append(battery(a, a_cond, b, b_cond, alpha=sc.alpha, power=sc.power, bootstrap=0, seed=seed + r))
-        results.extra.update({f"aa_{key}": value for key, value in calibration(reports, sc.alpha).items()})
+        results.calibration.update(calibration(reports, sc.alpha))
 
 
 def _score(target, prompts: list[list[int]], parts: list[Samples], sampling: SamplingParams, seed: int) -> Conditionals:

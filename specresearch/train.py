@@ -1,5 +1,6 @@
 """`python -m specresearch.train drafter=medusa|eagle [model=...] [train.*=...]`: train Medusa heads
-or an EAGLE head on the target's own predictions, offline, on the CPU.
+or an EAGLE head (any drafter class that implements drafters.training.Trainable) on the target's own
+predictions, offline, on the CPU.
 
 Self-distillation with the target frozen. Two kinds of training data (`train.data`):
 
@@ -30,20 +31,19 @@ import json
 import random
 import sys
 import time
-from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
 import torch
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm import tqdm
 from transformers import DynamicCache
 
 from specresearch.app import build, cli, tracked_run
-from specresearch.drafters.eagle import EagleHead, eagle_path
-from specresearch.drafters.medusa import MedusaHeads, checkpoint_path
+from specresearch.conf import CONF_DIR, options
+from specresearch.drafters.training import Cache, Trainable
 from specresearch.errors import SpecResearchError
 from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, prompt_record, train_side
 from specresearch.models import LoadedModel, default_cache_dir, load_model
@@ -52,37 +52,10 @@ from specresearch.types import SamplingParams
 
 log = logging.getLogger(__name__)
 
-DRAFTERS = {"MedusaDrafter": "medusa", "EagleDrafter": "eagle"}  # drafter class → what trains it
-EAGLE_CLS = 0.1  # EAGLE's weight of the token loss beside the feature regression (Li et al., 2024)
-EAGLE_CLIP = 0.5  # EAGLE's gradient-norm clip
-
-
 DATA = ("self", "text")
 CACHE_FORMAT = 3  # the data cache's fields and prompts (a change makes older caches unused; 3: the train/eval split)
 MAX_HEADS = 8  # labels kept per position in the data cache: any train.heads up to this reuses it
-RANKS = 10  # ranks whose held-out hit rates the checkpoint keeps (drafter=medusa builds its tree from them)
 MAX_PROMPT = 320  # data=self skips longer prompts: one long prompt pads a whole batch to its length
-
-
-@dataclass
-class Cache:
-    """What the target computed once: the inputs and labels of the heads."""
-
-    hidden: Tensor  # [N, H] final-norm hidden states (the target's dtype)
-    labels: Tensor  # [N, K] head i's label at each position (the token t + 2 + i), −100 where there is none
-    held_out: Tensor  # [N] bool: positions of held-out prompts or chunks
-    tokens: Tensor  # [N] the token after each position (t + 1: the target's own with data=self), −100 at a chunk's end
-    seq: Tensor  # [N] the prompt or chunk each position belongs to (positions of one are contiguous, in order)
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file({k: v.contiguous() for k, v in vars(self).items()}, str(tmp))
-        tmp.replace(path)
-
-    @classmethod
-    def load(cls, path: Path) -> Cache:
-        return cls(**load_file(str(path)))
 
 
 def training_prompts(corpora: list[str], seed: int, files: bool = False) -> list[Prompt]:
@@ -225,31 +198,11 @@ def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -
     return cache, path, record
 
 
-def accuracy(heads: MedusaHeads, lm_head: torch.nn.Module, cache: Cache, mask: Tensor, ranks: int = RANKS, batch: int = 256) -> Tensor:
-    """[K, ranks] per head, the share of the positions in `mask` whose label (the target's own token)
-    is the head's rank-r token: column 0 is the top-1 agreement; a row's sum, the top-`ranks` one."""
-    hits = torch.zeros(heads.config["heads"], ranks)
-    counts = torch.zeros(heads.config["heads"])
-    rows = mask.nonzero()[:, 0]
-    with torch.inference_mode():
-        for s in range(0, rows.numel(), batch):
-            r = rows[s : s + batch]
-            logits = heads(cache.hidden[r].to(device=lm_head.weight.device, dtype=torch.float32), lm_head)  # [K, B, V]
-            h, c = _hits(logits.topk(ranks, dim=-1).indices.cpu(), cache.labels[r].T)
-            hits, counts = hits + h, counts + c
-    return hits / counts.clamp_min(1)[:, None]
-
-
-def _hits(pred: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    """[K, B, R] ranked predictions and [K, B] labels (−100 = none) → per head ([K, R] hits at each rank, [K] labelled)."""
-    valid = labels >= 0  # [K, B]
-    return ((pred == labels[..., None]) & valid[..., None]).sum(1), valid.sum(-1)
-
-
 def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[nn.Module, dict]:
-    """Train the drafter `cfg.drafter` names (Medusa heads, or an EAGLE head) for `lm` as `cfg.train`
-    says; return it and a summary (losses, held-out accuracies, times, and `trained_on`: the record of
-    the prompts the data was made from, specresearch.data.prompt_record)."""
+    """Train the drafter `cfg.drafter` names (its class's `fit`, drafters.training.Trainable: Medusa heads,
+    an EAGLE head, ...) for `lm` as `cfg.train` says; return it and a summary (losses, held-out
+    accuracies, times, and `trained_on`: the record of the prompts the data was made from,
+    specresearch.data.prompt_record)."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
@@ -257,8 +210,7 @@ def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[nn.Module, di
     cache_s = time.perf_counter() - t0
     for p in lm.model.parameters():
         p.requires_grad_(False)  # the target (its lm head and embeddings too) is frozen
-    fit = train_eagle if drafter_kind(cfg) == "eagle" else train_medusa
-    module, summary = fit(tc, lm, cache, tracker)
+    module, summary = trainable(cfg).fit(tc, lm, cache, tracker)
     summary.update({
         "positions": int(cache.labels.shape[0]),
         "held_out_positions": int(cache.held_out.sum()),
@@ -270,127 +222,27 @@ def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[nn.Module, di
     return module, summary
 
 
-def train_medusa(tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:
-    """Medusa heads on random batches of `tc.batch` cached positions (cross-entropy on each head's label)."""
-    lm_head = lm.model.get_output_embeddings()
-    heads = MedusaHeads(cache.hidden.shape[1], tc.heads, tc.layers, tc.own_lm_head, lm_head.weight.shape[0])
-    heads.init_lm_heads(lm_head)
-    heads.to(lm.device)
-    train_rows = (~cache.held_out & (cache.labels[:, 0] >= 0)).nonzero()[:, 0]
-    gen = torch.Generator().manual_seed(tc.seed)
-
-    def batch_loss(step: int) -> tuple[Tensor, Tensor]:
-        r = train_rows[torch.randint(train_rows.numel(), (tc.batch,), generator=gen)]  # [B]
-        logits = heads(cache.hidden[r].to(device=lm.device, dtype=torch.float32), lm_head).float()  # [K, B, V]
-        lab = cache.labels[r].T.to(lm.device)  # [K, B]
-        hits, counts = _hits(logits.argmax(-1, keepdim=True), lab)
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100)
-        return loss, hits[:, 0] / counts.clamp_min(1)
-
-    steps = max(1, tc.epochs * train_rows.numel() // tc.batch)
-    first_loss, last_loss = _optimise(heads, steps, batch_loss, tc, tracker, "medusa heads")
-    held = accuracy(heads, lm_head, cache, cache.held_out) if bool(cache.held_out.any()) else None  # [K, RANKS]
-    seen = torch.zeros_like(cache.held_out)  # as many training positions, to show the generalisation gap
-    seen[train_rows[torch.randperm(train_rows.numel(), generator=gen)[: max(1, int(cache.held_out.sum()))]]] = True
-    fit = accuracy(heads, lm_head, cache, seen)[:, 0].tolist()
-    return heads, {
-        "train_positions": int(train_rows.numel()),
-        "steps": steps,
-        "first_loss": first_loss,
-        "last_loss": last_loss,
-        **{f"held_out_acc_head{i + 1}": a for i, a in enumerate([] if held is None else held[:, 0].tolist())},
-        **{f"held_out_top5_head{i + 1}": a for i, a in enumerate([] if held is None else held[:, :5].sum(-1).tolist())},
-        **{f"train_acc_head{i + 1}": a for i, a in enumerate(fit)},
-        "rank_acc": None if held is None else held.tolist(),  # [K][RANKS] held-out hit rate of each head's rank-r token
-    }
+def trainable(cfg: DictConfig) -> type[Trainable]:
+    """The drafter class `cfg.drafter._target_` names, if it implements Trainable (drafters.training)."""
+    cls = _class(cfg.drafter.get("_target_", ""))
+    if cls is None:
+        names = [name for name in options("drafter") if _class(OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml").get("_target_")) is not None]
+        got = cfg.drafter.get("_target_", "").rsplit(".", 1)[-1] or cfg.drafter
+        raise SpecResearchError(f"specresearch.train trains drafters {', '.join(names)}: use drafter={' or drafter='.join(names)} (got {got})")
+    return cls
 
 
-def train_eagle(tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[EagleHead, dict]:
-    """An EAGLE head, one cached sequence (a prompt's continuation, or a text chunk) per step: from each
-    pair (f_t, x_{t+1}) it predicts f_{t+1} (smooth L1) and, through the target's lm head, x_{t+2}
-    (cross-entropy, weight EAGLE_CLS), as in the paper."""
-    lm_head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
-    head = EagleHead(lm.model.config).to(lm.device)
-    ids, counts = torch.unique_consecutive(cache.seq, return_counts=True)
-    spans = [(int(s), int(n)) for s, n in zip(counts.cumsum(0) - counts, counts) if n > 2]  # (start, length)
-    train_spans = [sp for sp in spans if not bool(cache.held_out[sp[0]])]
-    if not train_spans:
-        raise SpecResearchError("drafter=eagle needs training sequences of 3 or more tokens: raise train.tokens or lower train.held_out")
-    gen = torch.Generator().manual_seed(tc.seed)
-
-    def predict(start: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
-        """One sequence → (f̂_{t+1} [M, H], f_{t+1} [M, H], x_{t+2} [M]) at its M valid pairs."""
-        f = cache.hidden[start : start + n].to(device=lm.device, dtype=torch.float32)  # [n, H]
-        x = cache.tokens[start : start + n].to(lm.device)  # [n]: the token after each position
-        valid = (x[:-1] >= 0) & (x[1:] >= 0)  # [n - 1]
-        f_hat = head(embed(x[:-1].clamp_min(0))[None], f[:-1][None])[0]  # [n - 1, H]
-        return f_hat[valid], f[1:][valid], x[1:][valid]
-
-    def batch_loss(step: int) -> tuple[Tensor, Tensor]:
-        f_hat, f_next, label = predict(*train_spans[int(torch.randint(len(train_spans), (1,), generator=gen))])
-        logits = lm_head(f_hat.to(lm_head.weight.dtype)).float()  # [M, V]
-        loss = nn.functional.smooth_l1_loss(f_hat, f_next) + EAGLE_CLS * nn.functional.cross_entropy(logits, label)
-        return loss, (logits.argmax(-1) == label).float().mean()[None]
-
-    def agreement(chosen: list[tuple[int, int]]) -> float:
-        hits = total = 0
-        with torch.inference_mode():
-            for start, n in chosen:
-                f_hat, _, label = predict(start, n)
-                hits += int((lm_head(f_hat.to(lm_head.weight.dtype)).argmax(-1) == label).sum())
-                total += label.numel()
-        return hits / max(1, total)
-
-    steps = max(1, tc.epochs * len(train_spans))
-    first_loss, last_loss = _optimise(head, steps, batch_loss, tc, tracker, "eagle head", clip=EAGLE_CLIP)
-    held_spans = [sp for sp in spans if bool(cache.held_out[sp[0]])]
-    return head, {
-        "train_positions": sum(n for _, n in train_spans),
-        "steps": steps,
-        "first_loss": first_loss,
-        "last_loss": last_loss,
-        **({"held_out_acc_head1": agreement(held_spans)} if held_spans else {}),
-        "train_acc_head1": agreement(train_spans[: max(1, len(held_spans))]),
-    }
-
-
-def _optimise(module: nn.Module, steps: int, batch_loss, tc: DictConfig, tracker, desc: str, clip: float | None = None) -> tuple[float, float]:
-    """AdamW with a one-cycle schedule over `steps` steps of `batch_loss(step) -> (loss, [K] accuracy)`,
-    gradient norms clipped at `clip`, with a progress bar and MLflow curves; returns the first and the last loss."""
-    opt = torch.optim.AdamW(module.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=tc.lr, total_steps=steps, pct_start=0.1)
-    first_loss = last_loss = float("nan")
-    bar = tqdm(range(steps), desc=desc, unit="step")
-    for step in bar:
-        loss, acc = batch_loss(step)
-        opt.zero_grad()
-        loss.backward()
-        if clip is not None:
-            nn.utils.clip_grad_norm_(module.parameters(), clip)
-        opt.step()
-        sched.step()
-        last_loss = loss.item()
-        first_loss = last_loss if step == 0 else first_loss
-        if step % tc.log_every == 0 or step == steps - 1:
-            bar.set_postfix(loss=f"{last_loss:.3f}", acc=" ".join(f"{a:.2f}" for a in acc.tolist()))
-            if tracker is not None:
-                tracker.log_metrics({"loss": last_loss, **{f"train_acc_head{i + 1}": float(a) for i, a in enumerate(acc)}}, step=step)
-    return first_loss, last_loss
-
-
-def drafter_kind(cfg: DictConfig) -> str:
-    """"medusa" or "eagle": the drafter `cfg.drafter` configures, checked."""
-    name = cfg.drafter.get("_target_", "").rsplit(".", 1)[-1]
-    if name not in DRAFTERS:
-        raise SpecResearchError(
-            f"specresearch.train trains drafters {', '.join(DRAFTERS.values())}: use drafter={' or drafter='.join(DRAFTERS.values())} "
-            f"(got {name or cfg.drafter})"
-        )
-    return DRAFTERS[name]
+def _class(path: str | None) -> type[Trainable] | None:
+    """The class at the dotted `path` if it is a trainable drafter, else None."""
+    try:
+        cls = get_class(path)
+    except Exception:  # no such class (or no path): not trainable
+        return None
+    return cls if isinstance(cls, Trainable) else None
 
 
 def check(cfg: DictConfig) -> None:
-    drafter_kind(cfg)
+    trainable(cfg)
     tc = cfg.train
     bad = sorted(set(tc.corpora) - set(TRAIN_SOURCES))
     if bad or not tc.corpora:
@@ -407,12 +259,11 @@ def check(cfg: DictConfig) -> None:
 def run(cfg: DictConfig) -> dict:
     """Train, save the drafter where `drafter=medusa|eagle` looks (or train.out), track the run; return the summary."""
     check(cfg)
-    kind = drafter_kind(cfg)
+    drafter = trainable(cfg)
     lm = load_model(**cfg.model)
-    default = checkpoint_path if kind == "medusa" else eagle_path
-    out = Path(cfg.train.out) if cfg.train.out else default(lm.name, cfg.model.cache_dir)
+    out = Path(cfg.train.out) if cfg.train.out else drafter.default_checkpoint(lm.name, cfg.model.cache_dir)
     tracker = build(cfg.tracker)
-    what = f"medusa x{cfg.train.heads}" if kind == "medusa" else "eagle"
+    what = drafter.run_label(cfg.train)
     summary: dict = {}
 
     def report() -> tuple[dict[str, float], dict[str, str]]:
@@ -427,7 +278,7 @@ def run(cfg: DictConfig) -> dict:
         summary.update(trained)
     acc = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("held_out_acc"))
     fit = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("train_acc"))
-    verifier = "typical" if kind == "medusa" else "greedy"
+    verifier = drafter.suggested_verifier
     record = summary["trained_on"]
     log.info(
         f"{what} for {lm.name}: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}, "
@@ -435,7 +286,7 @@ def run(cfg: DictConfig) -> dict:
         f"training data {summary['cache_seconds']:.0f} s ({summary['positions']} positions; {summary['data']}), training {summary['train_seconds']:.0f} s\n"
         f"trained on {record['prompts']} prompts of {', '.join(record['sources'])} (their train side; ids sha256 {record['prompts_sha256'][:12]}, "
         f"all in {out.with_suffix('.json').name})\n"
-        f"saved {out}; decode with: python -m specresearch drafter={kind} verifier={verifier}"
+        f"saved {out}; decode with: python -m specresearch drafter={drafter.name} verifier={verifier}"
     )
     return summary
 

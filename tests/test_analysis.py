@@ -1,22 +1,26 @@
-"""analysis.tables on real tiny-model sweeps run through the CLI into one temporary MLflow store: the
+"""specresearch.analysis on real tiny-model sweeps run through the CLI into one temporary MLflow store: the
 tables' rows and columns, their values against what MLflow holds, the PNGs, the folder logged to the
-sweep's parent run, re-runs counted once, published numbers kept apart, and the errors."""
+sweep's parent run, re-runs counted once, published numbers kept apart, and the errors; a study
+added as one folder; the typed run records read back."""
 
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
-import types
 
 import pytest
 
-from analysis.format import DASH, Col, Table, latex, latex_escape, markdown
-from analysis.runs import AnalysisError, load_study
-from analysis.tables import analyse, parse, tracker_target
+from specresearch import conf
+from specresearch.analysis import published
+from specresearch.analysis.format import DASH, Col, Table, latex, latex_escape, markdown
+from specresearch.analysis.runs import AnalysisError, load_study
+from specresearch.analysis.studies import builder
+from specresearch.analysis.tables import analyse, parse, tracker_target
 from specresearch.metrics import leviathan_speedup
 
-from .conftest import ROOT, TINY, make_cfg
+from .conftest import TINY, make_cfg
 from .test_cli import cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -36,7 +40,7 @@ def run_cli(store, tmp_path_factory, name: str, *args: str) -> None:
 
 
 def mlflow_jobs(store, study: str) -> list:
-    """The study's job runs, read back independently of analysis.runs."""
+    """The study's job runs, read back independently of specresearch.analysis.runs."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=uri(store))
@@ -184,22 +188,91 @@ def test_leviathan_tables_match_mlflow(leviathan_store, tmp_path):
     assert len(manifest["runs"]) == 8 and manifest["superseded"] == [old.id]
 
 
-def test_published_numbers_may_be_missing(leviathan_store, monkeypatch):
-    """analysis/published.py empty (or not there yet): the measured tables stand alone."""
-    from analysis import studies
+@pytest.fixture
+def studies_dir(tmp_path, monkeypatch):
+    """An empty studies folder in place of specresearch/studies (conf.studies() reads it)."""
+    folder = tmp_path / "studies"
+    folder.mkdir()
+    monkeypatch.setattr(conf, "STUDIES_DIR", folder)
+    return folder
 
-    monkeypatch.setitem(sys.modules, "analysis.published", types.ModuleType("analysis.published"))
-    report = studies.leviathan(load_study("leviathan", uri(leviathan_store), "specresearch"))
+
+def test_published_numbers_may_be_missing(leviathan_store, studies_dir):
+    """A study without published.json: the measured tables stand alone."""
+    shutil.copytree(conf.CONF_DIR.parent / "studies" / "leviathan", studies_dir / "leviathan",
+                    ignore=shutil.ignore_patterns("published.json", "__pycache__"))
+    report = builder("leviathan")(load_study("leviathan", uri(leviathan_store), "specresearch"))
     assert [t.name for t in report.tables] == ["leviathan_alpha", "leviathan_k"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "published.json: not valid JSON"),
+    ('{"tables": {"alpha": {"rows": [{"alpha": 0.5}]}}}', "published.json: table 'alpha', row 1: every row is an object with its 'source'"),
+    ('{"table": {}}', "published.json: unknown key 'table': valid are about, references, tables"),
+])
+def test_a_broken_published_json_is_an_error_that_names_it(studies_dir, content, message):
+    (studies_dir / "leviathan").mkdir()
+    (studies_dir / "leviathan" / "preset.yaml").write_text("study: leviathan\n")
+    (studies_dir / "leviathan" / "published.json").write_text(content)
+    with pytest.raises(AnalysisError, match=message):
+        published.load("leviathan")
+
+
+NEW_STUDY = {  # a whole new study: its folder is all it takes
+    "preset.yaml": "# @package _global_\nstudy: tiny_study\ntracker:\n  experiment: tiny\n",
+    "README.md": "# tiny_study\n",
+    "analysis.py": '''
+from specresearch.analysis.format import Col, Table, num, speed, text
+from specresearch.analysis.published import load, published_table
+from specresearch.analysis.report import Report, caption
+
+
+def report(study):
+    rows = [dict(dataset=r.dataset, speedup=r.speed_record.speedup, tau=r.speed_record.method.tau) for r in study.speed]
+    out = Report(study.name, [Table("tiny", "Tiny", caption("Speedups.", study.speed, study),
+                                    [Col("dataset", "dataset", text, "l"), Col("speedup", "speedup", speed), Col("τ", "tau", num)], rows)])
+    out.tables += [published_table("published_tiny", "Tiny paper", t.rows) for t in load(study.name).values()]
+    return out
+''',
+    "published.json": json.dumps({"tables": {"paper": {"rows": [{"speedup": 2.5, "source": "A paper, Table 1"}]}}}),
+}
+
+
+def test_a_new_study_is_one_folder(studies_dir, tmp_path):
+    import mlflow
+    from hydra.core.config_store import ConfigStore
+
+    from specresearch.records import STUDY_TAG, SideStats, SpeedRecord
+
+    (studies_dir / "tiny_study").mkdir()
+    for name, content in NEW_STUDY.items():
+        (studies_dir / "tiny_study" / name).write_text(content)
+    conf.register_studies()  # what importing specresearch.conf does with the real folder
+    try:
+        assert conf.studies() == {"tiny_study": studies_dir / "tiny_study"} and parse(["experiment=tiny_study"])[0] == "tiny_study"
+        store = tmp_path / "store"
+        target = tracker_target("tiny_study", {"store": str(store)})  # composes experiment=tiny_study, its preset included
+        assert target == (uri(store.resolve()), "tiny")
+        mlflow.set_tracking_uri(target[0])
+        experiment = mlflow.create_experiment("tiny")
+        record = SpeedRecord(SideStats(tau=1.0), SideStats(tau=2.5, acceptance=[0.8, 0.5]), prompts=3, k=2, speedup=1.75)
+        with mlflow.start_run(experiment_id=experiment, tags={STUDY_TAG: "tiny_study"}):  # a synthetic run of the study
+            mlflow.log_params({"study": "tiny_study", "dataset.name": "humaneval"})
+            mlflow.log_metrics({k: v for k, v in record.to_metrics().items() if not math.isnan(v)})
+        study, report, out = analyse("tiny_study", *target, out=tmp_path / "out", log=False)
+        assert report.table("tiny").cells == [["humaneval", "1.75×", "2.50"]]
+        assert report.table("published_tiny").published and "not measured here" in (out / "tables.md").read_text()
+    finally:
+        ConfigStore.instance().repo["experiment"].pop("tiny_study.yaml", None)
 
 
 def test_cli_prints_writes_and_logs_to_the_sweep_parent(leviathan_store, tmp_path):
     import mlflow
 
     out = tmp_path / "cli"
-    result = subprocess.run([sys.executable, "-m", "analysis.tables", "experiment=leviathan", f"tracker.store={leviathan_store}",
-                             f"out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "MPLBACKEND": "Agg"})
+    result = subprocess.run([sys.executable, "-m", "specresearch.analysis", "experiment=leviathan", f"tracker.store={leviathan_store}",
+                             f"out={out}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "MPLBACKEND": "Agg"})  # from any folder: the studies are in the package
     assert result.returncode == 0, result.stderr[-3000:]
     assert "### Leviathan: acceptance rate, cost and best draft length" in result.stdout
     assert "| task | T | k runs | α (pooled) |" in result.stdout
@@ -315,12 +388,13 @@ def test_no_runs_is_an_error_that_says_what_to_run(leviathan_store, tmp_path):
         load_study("leviathan", uri(leviathan_store), "other")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["experiment=nope"], "error: unknown study 'nope': valid are leviathan, lossless_vs_lossy, medusa_typical, specbench"),
-    (["experiment=leviathan", "tracker.store=/nonexistent/store"], "error: no MLflow store at /nonexistent/store/mlflow.db"),
+@pytest.mark.parametrize("module, args, message", [
+    ("specresearch.analysis", ["experiment=nope"], "error: unknown study 'nope': valid are leviathan, lossless_vs_lossy, medusa_typical, specbench"),
+    ("specresearch.analysis.tables", ["experiment=leviathan", "tracker.store=/nonexistent/store"],
+     "error: no MLflow store at /nonexistent/store/mlflow.db"),
 ])
-def test_cli_errors_exit_2_with_one_line(args, message):
-    result = subprocess.run([sys.executable, "-m", "analysis.tables", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+def test_cli_errors_exit_2_with_one_line(module, args, message, tmp_path):
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith(message)
 

@@ -70,12 +70,12 @@ def test_the_head_learns_and_its_drafts_are_accepted(cyclic):
 def test_a_shortlist_vocabulary_drafts_only_its_tokens(tmp_path, cyclic):
     lm, head, _ = cyclic
     drafter = EagleDrafter(lm, k=4, head=head, vocab=64, cache_dir=str(tmp_path))
-    allowed = set(drafter.shortlist.tolist())
+    allowed = set(drafter.shortlist.ids.tolist())
     out = Engine(lm, drafter, GreedyVerifier(), SamplingParams()).generate(CODE[0], 30, eos_token_ids=[])
     assert out.tokens == baseline_tokens(lm, CODE[0]) and out.stats.accepted > 0
     sampling = SamplingParams(temperature=1.0)
     drafter.prefill(Context(torch.tensor(PLAIN + [5]), sampling, None, 10, hidden=torch.randn(len(PLAIN), 64)))
-    draft = drafter.propose(Context(torch.tensor(PLAIN + [5]), sampling, torch.Generator().manual_seed(0), 10))
+    draft = drafter.propose(Context(torch.tensor(PLAIN + [5]), sampling, torch.Generator().manual_seed(0), 4))  # the engine's k
     assert set(draft.tokens.tolist()) <= allowed and draft.q.shape == (4, 320)
     torch.testing.assert_close(draft.q.sum(-1), torch.ones(4))
     assert (draft.q[:, [t for t in range(320) if t not in allowed]] == 0).all()  # q: the law it drew from
@@ -114,7 +114,7 @@ def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target, capsys):
 def test_only_trainable_drafters_are_accepted():
     cfg = train_cfg()
     cfg.drafter = {"_target_": "specresearch.drafters.pld.PromptLookupDrafter"}
-    with pytest.raises(SpecResearchError, match="use drafter=medusa or drafter=eagle"):
+    with pytest.raises(SpecResearchError, match="trains drafters eagle, medusa: use drafter=eagle or drafter=medusa"):
         check(cfg)
 
 

@@ -305,7 +305,7 @@ def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
             draws.append(int(draft.tokens[0]))
             drafter.commit(ctx, None)
     q = draft.q[0].double()  # [V]
-    short = drafter.shortlist
+    short = drafter.shortlist.ids
     with torch.inference_mode():
         full = far_draft.model(prompt[None]).logits[0, -1].double()  # [V]
         p = torch.softmax(target.model(prompt[None]).logits[0, -1].double(), -1)  # [V]

@@ -95,7 +95,7 @@ def uniformity_p(u: np.ndarray) -> float:
 def law_pvalues(engine: Engine, prompt: list[int], n: int = N, seed: int = 0) -> tuple[float, float, dict]:
     """The method's first two tokens, n times: p-values of the first token's law and of the second
     given the first against the target's exact conditionals, and the draft counters."""
-    depth = max(int(getattr(engine.drafter, "k", 0)), 1)  # the first step drafts its full depth
+    depth = max(engine.drafter.k, engine.drafter.depth, 1)  # the first step drafts its full depth (k for chains)
     firsts, seconds, drafted, accepted = [], [], 0, 0
     for i in range(n):
         out = engine.generate(prompt, depth + 1, eos_token_ids=[], seed=seed + i, reuse_prefill=True, sample_first=False, stop_after=2)

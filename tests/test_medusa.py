@@ -179,7 +179,7 @@ def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target):
 
 def test_the_tree_of_choices(target):
     drafter = MedusaDrafter(target, heads=noisy_heads(), choices=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
-    assert drafter.k == 3
+    assert drafter.depth == 3 and drafter.k == 0  # k (draft tokens per step) has no meaning for a tree
     with pytest.raises(SpecResearchError, match="missing"):
         MedusaDrafter(target, heads=noisy_heads(), choices=[[0], [1, 0]])
     with pytest.raises(SpecResearchError, match="heads"):
@@ -243,8 +243,8 @@ def test_greedy_output_equals_the_baseline_with_untrained_heads(target, verifier
 def test_a_shortlist_vocabulary_drafts_only_its_tokens_and_stays_lossless(tmp_path, target):
     heads = noisy_heads()
     drafter = MedusaDrafter(target, heads=heads, vocab=40, cache_dir=str(tmp_path))
-    assert drafter.shortlist.numel() == 40 and (tmp_path / "vocab").is_dir()
-    allowed = set(drafter.shortlist.tolist())
+    assert drafter.shortlist.ids.numel() == 40 and (tmp_path / "vocab").is_dir()
+    allowed = set(drafter.shortlist.ids.tolist())
     ctx = Context(torch.tensor(PLAIN), SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), 100, hidden=torch.randn(1, 64))
     full = MedusaDrafter(target, heads=heads).propose(ctx)
     assert not set(full.tokens.tolist()) <= allowed  # the whole vocabulary proposes others
@@ -287,7 +287,7 @@ def test_train_command_end_to_end(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "greedy identity: 1/1" in done.stdout
     bad = subprocess.run([*cmd[:3], "model=tiny", "drafter=pld", "tracker=none"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "use drafter=medusa" in bad.stderr
+    assert bad.returncode == 2 and "use drafter=eagle or drafter=medusa" in bad.stderr
 
 
 def test_a_run_on_prompts_that_trained_the_heads_is_refused(tmp_path, capsys):

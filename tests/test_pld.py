@@ -6,7 +6,7 @@ import torch
 
 from specresearch.drafters import Context, NoDrafter, PromptLookupDrafter
 from specresearch.drafters.pld import continuation_start
-from specresearch.engine import Engine
+from specresearch.engine import DraftLength, Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
 from specresearch.types import SamplingParams
@@ -43,13 +43,14 @@ def ctx(tokens: torch.Tensor, max_draft: int = 100) -> Context:
 
 
 def test_proposals_prefer_long_ngrams_and_respect_k():
+    """The engine passes the step's k as Context.max_draft (DraftLength)."""
     tokens = t(1, 2, 3, 4, 5, 6, 0, 3, 9, 9, 0, 2, 3)
     # the 2-gram 2 3 (at 1) wins over the 1-gram 3 (first at 2 too, but also at 7)
-    assert PromptLookupDrafter(k=3, max_ngram=2).propose(ctx(tokens)).tokens.tolist() == [4, 5, 6]
-    assert PromptLookupDrafter(k=10, max_ngram=2).propose(ctx(tokens)).tokens.tolist() == [4, 5, 6, 0, 3, 9, 9, 0, 2, 3]
-    assert PromptLookupDrafter(k=10, max_ngram=2).propose(ctx(tokens, max_draft=2)).tokens.tolist() == [4, 5]
-    assert PromptLookupDrafter(k=3, max_ngram=1, match="last").propose(ctx(tokens)).tokens.tolist() == [9, 9, 0]
-    draft = PromptLookupDrafter(k=3, min_ngram=2).propose(ctx(t(1, 2, 3, 7)))
+    assert PromptLookupDrafter(max_ngram=2).propose(ctx(tokens, 3)).tokens.tolist() == [4, 5, 6]
+    assert PromptLookupDrafter(max_ngram=2).propose(ctx(tokens, 10)).tokens.tolist() == [4, 5, 6, 0, 3, 9, 9, 0, 2, 3]
+    assert PromptLookupDrafter(max_ngram=2).propose(ctx(tokens, 2)).tokens.tolist() == [4, 5]
+    assert PromptLookupDrafter(max_ngram=1, match="last").propose(ctx(tokens, 3)).tokens.tolist() == [9, 9, 0]
+    draft = PromptLookupDrafter(min_ngram=2).propose(ctx(t(1, 2, 3, 7), 3))
     assert len(draft) == 0 and draft.q is None
 
 
@@ -100,20 +101,22 @@ def test_rejection_sampling_with_lookup_drafts_follows_the_target(target):
     assert stats.drafted > 0 and stats.accepted < stats.drafted
 
 
-def test_heuristic_k_policy_follows_transformers_schedule():
-    drafter = PromptLookupDrafter(k=4, k_policy="heuristic", k_max=7)
+def test_heuristic_k_policy_follows_transformers_schedule(target):
+    length = DraftLength.of(PromptLookupDrafter(k=4, k_policy="heuristic", k_max=7))
     ks = []
     for drafted, accepted in [(4, 4), (6, 6), (7, 7), (7, 2), (6, 0), (0, 0)]:
-        drafter.adapt(drafted, accepted)
-        ks.append(drafter.k)
+        length.update(drafted, accepted)
+        ks.append(length.k)
     assert ks == [6, 7, 7, 6, 5, 5]  # +2 capped at k_max, −1 after a rejection, unchanged without a draft
-    drafter.prefill(ctx(t(1, 2)))
-    assert drafter.k == 4  # every sequence starts from the configured k
-    fixed = PromptLookupDrafter(k=4)
-    fixed.adapt(4, 4)
-    assert fixed.k == 4
+    length.reset()
+    assert length.k == 4  # every sequence starts from the configured k
+    fixed = DraftLength.of(PromptLookupDrafter(k=4))
+    fixed.update(4, 4)
+    assert fixed.k == 4 and DraftLength.of(NoDrafter()) is None
     with pytest.raises(SpecResearchError, match="valid are fixed, heuristic"):
-        PromptLookupDrafter(k_policy="grow")
+        Engine(target, PromptLookupDrafter(k_policy="grow"), GreedyVerifier(), SamplingParams())
+    with pytest.raises(SpecResearchError, match="drafter.k_max must be >= drafter.k, got 2 < 4"):
+        Engine(target, PromptLookupDrafter(k=4, k_max=2), GreedyVerifier(), SamplingParams())
 
 
 @pytest.mark.parametrize("name", ["pld", "independent"])
@@ -133,4 +136,4 @@ def test_heuristic_k_keeps_greedy_identity(target, name):
         out = engine.generate(prompt, 40, eos_token_ids=[])
         assert out.tokens == baseline.generate(prompt, 40, eos_token_ids=[]).tokens
         longest = max(longest, len(out.stats.drafted_at))
-    assert longest > drafter.k_start  # k grew past its start value
+    assert longest > drafter.k  # k grew past its start value

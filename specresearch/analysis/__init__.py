@@ -1,5 +1,7 @@
 """Tables (markdown, LaTeX) and figures (PNG) of a study, built from its MLflow runs only.
 
-`python -m analysis.tables experiment=NAME` (see analysis/README.md); `analysis.studies.STUDIES`
-holds one builder per study; `analysis.published` the published numbers printed beside ours.
+`python -m specresearch.analysis experiment=NAME` (see README.md here). Each study's own analysis is
+`specresearch/studies/NAME/analysis.py` (found by specresearch.analysis.studies), its published
+numbers `specresearch/studies/NAME/published.json` (read by specresearch.analysis.published); the
+helpers they share are here: report.py, format.py, figures.py, runs.py.
 """

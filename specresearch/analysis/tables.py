@@ -1,12 +1,12 @@
-"""`python -m analysis.tables experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [out=DIR]`
+"""`python -m specresearch.analysis experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [out=DIR]`
 
 Reads the runs of study NAME from MLflow only, writes its tables (markdown and LaTeX) and figures
-(PNG) into DIR (default `analysis/out/NAME` under the working directory), prints the markdown, and
-logs the folder to the study's latest sweep parent run (artifacts under `analysis/`).
+(PNG) into DIR (default `outputs/analysis/NAME` under the working directory), prints the markdown,
+and logs the folder to the study's latest sweep parent run (artifacts under `analysis/`).
 
 `tracker.*` means what it means for `python -m specresearch`: the defaults come from the same
-`conf/` (composed with Hydra, the study's preset included), so `tracker.store` and
-`tracker.experiment` name the same store and MLflow experiment the runs were logged to.
+config (specresearch/conf, composed with Hydra, the study's preset included), so `tracker.store`
+and `tracker.experiment` name the same store and MLflow experiment the runs were logged to.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from analysis.format import latex, markdown
-from analysis.runs import AnalysisError, Study, load_study
-from analysis.studies import STUDIES, Report
+from specresearch.analysis.format import latex, markdown
+from specresearch.analysis.report import Report
+from specresearch.analysis.runs import AnalysisError, Study, load_study
+from specresearch.analysis.studies import analysed, builder
+from specresearch.conf import CONF_DIR, STUDY_GROUP
 
-USAGE = "python -m analysis.tables experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR]"
-OUT_ROOT = Path("analysis") / "out"  # under the working directory, as Hydra's outputs/ and MLflow's mlruns/
+COMMAND = "python -m specresearch.analysis"
+USAGE = f"{COMMAND} experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR]"
+OUT_ROOT = Path("outputs") / "analysis"  # under the working directory, beside Hydra's outputs of the runs
 
 
 def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None]:
@@ -41,14 +44,15 @@ def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None]:
             raise AnalysisError(f"unknown argument '{key}': valid are experiment=NAME, tracker.KEY=VALUE (store, uri, "
                                 f"experiment), out=DIR")
     if study is None:
-        raise AnalysisError(f"name a study: {USAGE}, NAME one of {', '.join(sorted(STUDIES))}")
-    if study not in STUDIES:
-        raise AnalysisError(f"unknown study '{study}': valid are {', '.join(sorted(STUDIES))}")
+        raise AnalysisError(f"name a study: {USAGE}, NAME one of {', '.join(analysed())}")
+    if study not in analysed():
+        raise AnalysisError(f"unknown study '{study}': valid are {', '.join(analysed())}")
     return study, tracker, out
 
 
 def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
-    """(tracking URI, MLflow experiment) from conf/ composed as for the runs, with `tracker.*` overrides.
+    """(tracking URI, MLflow experiment) from the config composed as for the runs (the study's preset
+    included), with `tracker.*` overrides.
 
     `tracker.uri` is taken as it is when the tracker config has no such key (a remote server,
     `sqlite:///...`); any other key the tracker config lacks is an error that lists the valid ones.
@@ -57,11 +61,8 @@ def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf, open_dict
 
-    from specresearch.__main__ import CONF_DIR
-
-    preset = CONF_DIR / "experiment" / f"{study}.yaml"
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"experiment={study}"] if preset.is_file() else [])
+        cfg = compose(config_name="config", overrides=[f"{STUDY_GROUP}={study}"])
     node = cfg.tracker
     if not str(node.get("_target_", "")).endswith("MLflowTracker"):
         raise AnalysisError(f"the analysis reads MLflow, but the config's tracker is {node.get('_target_')}: use tracker=mlflow")
@@ -83,19 +84,20 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
     """Build a study's tables and figures from MLflow, write them to `out`, log them to its sweep parent.
 
     Args:
-        study: the study's name (a key of analysis.studies.STUDIES).
+        study: the study's name (a folder of specresearch/studies with an analysis.py).
         uri: MLflow tracking URI.
         experiment: the MLflow experiment the runs are in.
-        out: output folder; None = analysis/out/STUDY under the working directory.
+        out: output folder; None = outputs/analysis/STUDY under the working directory.
         log: log the folder as artifacts `analysis/` of the study's latest sweep parent run.
 
     Returns:
         (the runs read, the report built, the output folder).
     """
-    from analysis import figures
+    from specresearch.analysis import figures
 
+    build = builder(study)
     runs = load_study(study, uri, experiment)
-    report = STUDIES[study](runs)
+    report = build(runs)
     if runs.superseded:
         report.notes.append(f"{len(runs.superseded)} earlier run(s) of a config that ran again later were left out "
                             f"(the latest counts): {', '.join(r.id for r in runs.superseded)}")
@@ -106,7 +108,7 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
     out.mkdir(parents=True, exist_ok=True)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (f"Study `{study}`: tables from MLflow ({uri}, experiment '{experiment}'), {len(runs.runs)} runs, "
-              f"made {when} by `python -m analysis.tables experiment={study}`.")
+              f"made {when} by `{COMMAND} experiment={study}`.")
     measured = [t for t in report.tables if not t.published]
     published = [t for t in report.tables if t.published]
     md = [f"# {study}", "", header, ""] + [f"> {n}" for n in report.notes] + ([""] if report.notes else [])

@@ -85,6 +85,11 @@ class Drafter(ABC):
         """Forwards of a draft model so far (for the draft cost ratio c); 0 for model-free drafters."""
         return 0
 
+    @property
+    def size_label(self) -> str:
+        """How run names give the draft's size: "k=K" (draft tokens per step), or "depth=D" for trees."""
+        return f"depth={self.depth}" if self.depth else f"k={self.k}"
+
 
 class Chain:
     """A chain draft built token by token (independent, self_draft, eagle): each token is the draft's

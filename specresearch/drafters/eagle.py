@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file
@@ -20,10 +21,17 @@ from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
 from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
+from specresearch.drafters.training import Cache, optimise
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.types import Draft, Verdict
 from specresearch.vocab import Shortlist
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+EAGLE_CLS = 0.1  # EAGLE's weight of the token loss beside the feature regression (Li et al., 2024)
+EAGLE_CLIP = 0.5  # EAGLE's gradient-norm clip
 
 
 class EagleHead(nn.Module):
@@ -74,6 +82,12 @@ class EagleDrafter(Drafter):
 
     name = "eagle"
     needs_hidden = True
+    suggested_verifier = "greedy"  # Trainable: train suggests decoding with it
+    default_checkpoint = staticmethod(eagle_path)
+
+    @classmethod
+    def run_label(cls, tc: DictConfig) -> str:
+        return "eagle"
 
     def __init__(
         self,
@@ -117,6 +131,55 @@ class EagleDrafter(Drafter):
         self.length = 0  # (feature, token) pairs of the accepted text in the head's cache
         self.feature: Tensor | None = None  # [H] f̂ after the last accepted pair: the head's guess source for the next token
         self._forwards = 0
+
+    @classmethod
+    def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[EagleHead, dict]:
+        """An EAGLE head, one cached sequence (a prompt's continuation, or a text chunk) per step: from each
+        pair (f_t, x_{t+1}) it predicts f_{t+1} (smooth L1) and, through the target's lm head, x_{t+2}
+        (cross-entropy, weight EAGLE_CLS), as in the paper."""
+        lm_head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
+        head = EagleHead(lm.model.config).to(lm.device)
+        ids, counts = torch.unique_consecutive(cache.seq, return_counts=True)
+        spans = [(int(s), int(n)) for s, n in zip(counts.cumsum(0) - counts, counts) if n > 2]  # (start, length)
+        train_spans = [sp for sp in spans if not bool(cache.held_out[sp[0]])]
+        if not train_spans:
+            raise SpecResearchError("drafter=eagle needs training sequences of 3 or more tokens: raise train.tokens or lower train.held_out")
+        gen = torch.Generator().manual_seed(tc.seed)
+
+        def predict(start: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
+            """One sequence → (f̂_{t+1} [M, H], f_{t+1} [M, H], x_{t+2} [M]) at its M valid pairs."""
+            f = cache.hidden[start : start + n].to(device=lm.device, dtype=torch.float32)  # [n, H]
+            x = cache.tokens[start : start + n].to(lm.device)  # [n]: the token after each position
+            valid = (x[:-1] >= 0) & (x[1:] >= 0)  # [n - 1]
+            f_hat = head(embed(x[:-1].clamp_min(0))[None], f[:-1][None])[0]  # [n - 1, H]
+            return f_hat[valid], f[1:][valid], x[1:][valid]
+
+        def batch_loss(step: int) -> tuple[Tensor, Tensor]:
+            f_hat, f_next, label = predict(*train_spans[int(torch.randint(len(train_spans), (1,), generator=gen))])
+            logits = lm_head(f_hat.to(lm_head.weight.dtype)).float()  # [M, V]
+            loss = nn.functional.smooth_l1_loss(f_hat, f_next) + EAGLE_CLS * nn.functional.cross_entropy(logits, label)
+            return loss, (logits.argmax(-1) == label).float().mean()[None]
+
+        def agreement(chosen: list[tuple[int, int]]) -> float:
+            hits = total = 0
+            with torch.inference_mode():
+                for start, n in chosen:
+                    f_hat, _, label = predict(start, n)
+                    hits += int((lm_head(f_hat.to(lm_head.weight.dtype)).argmax(-1) == label).sum())
+                    total += label.numel()
+            return hits / max(1, total)
+
+        steps = max(1, tc.epochs * len(train_spans))
+        first_loss, last_loss = optimise(head, steps, batch_loss, tc, tracker, "eagle head", clip=EAGLE_CLIP)
+        held_spans = [sp for sp in spans if bool(cache.held_out[sp[0]])]
+        return head, {
+            "train_positions": sum(n for _, n in train_spans),
+            "steps": steps,
+            "first_loss": first_loss,
+            "last_loss": last_loss,
+            **({"held_out_acc_head1": agreement(held_spans)} if held_spans else {}),
+            "train_acc_head1": agreement(train_spans[: max(1, len(held_spans))]),
+        }
 
     def _feed(self, features: Tensor, tokens: Tensor) -> Tensor:
         """Feed pairs (f_t, x_{t+1}) ([T, H], [T]) after the cached ones; return [T, H] the f̂_{t+1}."""

@@ -8,23 +8,29 @@ import heapq
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
+from specresearch.drafters.training import Cache, hits, optimise
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs
 from specresearch.types import Draft, SamplingParams
 from specresearch.vocab import Shortlist
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 CHILDREN = ("top", "sample")
 # Medusa's "tree of choices": each path lists, per depth, which of that head's top tokens to take.
 # 8 nodes, depth 3 (the default 3 heads): sized for a 2-core CPU, where verifying 9 tokens costs
 # ~2.2 one-token forwards (Medusa's GPU default has 64 nodes over 4 heads).
 DEFAULT_CHOICES = [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 1, 0], [0, 0, 1]]
+RANKS = 10  # ranks whose held-out hit rates the checkpoint keeps (drafter=medusa builds its tree from them)
 
 
 def best_choices(rank_acc: Sequence[Sequence[float]], nodes: int) -> list[tuple[int, ...]]:
@@ -111,6 +117,21 @@ def checkpoint_path(target_name: str, cache_dir: str | Path | None = None) -> Pa
     return Path(cache_dir or default_cache_dir()) / "medusa" / target_name.replace("/", "--") / "heads.safetensors"
 
 
+def accuracy(heads: MedusaHeads, lm_head: torch.nn.Module, cache: Cache, mask: Tensor, ranks: int = RANKS, batch: int = 256) -> Tensor:
+    """[K, ranks] per head, the share of the positions in `mask` whose label (the target's own token)
+    is the head's rank-r token: column 0 is the top-1 agreement; a row's sum, the top-`ranks` one."""
+    found = torch.zeros(heads.config["heads"], ranks)
+    counts = torch.zeros(heads.config["heads"])
+    rows = mask.nonzero()[:, 0]
+    with torch.inference_mode():
+        for s in range(0, rows.numel(), batch):
+            r = rows[s : s + batch]
+            logits = heads(cache.hidden[r].to(device=lm_head.weight.device, dtype=torch.float32), lm_head)  # [K, B, V]
+            h, c = hits(logits.topk(ranks, dim=-1).indices.cpu(), cache.labels[r].T)
+            found, counts = found + h, counts + c
+    return found / counts.clamp_min(1)[:, None]
+
+
 class MedusaDrafter(Drafter):
     """Proposes Medusa's tree of choices from the heads applied to the target's hidden state at the
     position that predicted the newest token: head d's top tokens are the candidates at depth d.
@@ -125,6 +146,12 @@ class MedusaDrafter(Drafter):
     name = "medusa"
     modes = {"top": (), "sample": ("children=sample",)}
     needs_hidden = True
+    suggested_verifier = "typical"  # Trainable: Medusa's own acceptance
+    default_checkpoint = staticmethod(checkpoint_path)
+
+    @classmethod
+    def run_label(cls, tc: DictConfig) -> str:
+        return f"medusa x{tc.heads}"
 
     def __init__(
         self,
@@ -218,3 +245,38 @@ class MedusaDrafter(Drafter):
             if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
                 q = self.shortlist.widen(q)
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents))
+
+    @classmethod
+    def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:
+        """Medusa heads on random batches of `tc.batch` cached positions (cross-entropy on each head's label)."""
+        lm_head = lm.model.get_output_embeddings()
+        heads = MedusaHeads(cache.hidden.shape[1], tc.heads, tc.layers, tc.own_lm_head, lm_head.weight.shape[0])
+        heads.init_lm_heads(lm_head)
+        heads.to(lm.device)
+        train_rows = (~cache.held_out & (cache.labels[:, 0] >= 0)).nonzero()[:, 0]
+        gen = torch.Generator().manual_seed(tc.seed)
+
+        def batch_loss(step: int) -> tuple[Tensor, Tensor]:
+            r = train_rows[torch.randint(train_rows.numel(), (tc.batch,), generator=gen)]  # [B]
+            logits = heads(cache.hidden[r].to(device=lm.device, dtype=torch.float32), lm_head).float()  # [K, B, V]
+            lab = cache.labels[r].T.to(lm.device)  # [K, B]
+            right, counts = hits(logits.argmax(-1, keepdim=True), lab)
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100)
+            return loss, right[:, 0] / counts.clamp_min(1)
+
+        steps = max(1, tc.epochs * train_rows.numel() // tc.batch)
+        first_loss, last_loss = optimise(heads, steps, batch_loss, tc, tracker, "medusa heads")
+        held = accuracy(heads, lm_head, cache, cache.held_out) if bool(cache.held_out.any()) else None  # [K, RANKS]
+        seen = torch.zeros_like(cache.held_out)  # as many training positions, to show the generalisation gap
+        seen[train_rows[torch.randperm(train_rows.numel(), generator=gen)[: max(1, int(cache.held_out.sum()))]]] = True
+        fit = accuracy(heads, lm_head, cache, seen)[:, 0].tolist()
+        return heads, {
+            "train_positions": int(train_rows.numel()),
+            "steps": steps,
+            "first_loss": first_loss,
+            "last_loss": last_loss,
+            **{f"held_out_acc_head{i + 1}": a for i, a in enumerate([] if held is None else held[:, 0].tolist())},
+            **{f"held_out_top5_head{i + 1}": a for i, a in enumerate([] if held is None else held[:, :5].sum(-1).tolist())},
+            **{f"train_acc_head{i + 1}": a for i, a in enumerate(fit)},
+            "rank_acc": None if held is None else held.tolist(),  # [K][RANKS] held-out hit rate of each head's rank-r token
+        }

@@ -191,7 +191,7 @@ def summarise(sides: dict[str, Side]) -> dict[str, float]:
         if base.cached is None and base_speed:  # speed is only compared within one run
             record.speedup = meth_speed / base_speed
         record.baseline_reused = float(base.cached is not None)
-    return record.to_metrics()
+    return record.to_metrics() if sides else {}  # nothing evaluated yet: nothing to record
 
 
 def _primary(side: Side) -> str:

@@ -1,0 +1,99 @@
+"""What trained drafters share: the `Trainable` protocol that `python -m specresearch.train` trains
+by, the data the target computed for them (`Cache`), and the optimiser loop. A new trained drafter
+implements `Trainable` on its class; specresearch.train needs no edit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, ClassVar, Protocol, runtime_checkable
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from specresearch.models import LoadedModel
+
+
+@dataclass
+class Cache:
+    """What the target computed once: the inputs and labels of the heads."""
+
+    hidden: Tensor  # [N, H] final-norm hidden states (the target's dtype)
+    labels: Tensor  # [N, K] head i's label at each position (the token t + 2 + i), −100 where there is none
+    held_out: Tensor  # [N] bool: positions of held-out prompts or chunks
+    tokens: Tensor  # [N] the token after each position (t + 1: the target's own with data=self), −100 at a chunk's end
+    seq: Tensor  # [N] the prompt or chunk each position belongs to (positions of one are contiguous, in order)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        save_file({k: v.contiguous() for k, v in vars(self).items()}, str(tmp))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Cache:
+        return cls(**load_file(str(path)))
+
+
+@runtime_checkable
+class Trainable(Protocol):
+    """A drafter class whose weights `python -m specresearch.train drafter=<name>` trains on the target's
+    own predictions (train.py makes the data, calls `fit`, saves the module, tracks the run). Class-level,
+    as training comes before any checkpoint a drafter instance could load."""
+
+    name: str  # the drafter option: drafter=<name>
+    suggested_verifier: ClassVar[str]  # the verifier the training run's last line suggests decoding with
+
+    @staticmethod
+    def default_checkpoint(target_name: str, cache_dir: str | Path | None = None) -> Path:
+        """Where the weights trained for `target_name` go, and where the drafter looks for them."""
+
+    @classmethod
+    def run_label(cls, tc: DictConfig) -> str:
+        """What the training run is called: `train <label> on <target>` (tc: cfg.train)."""
+
+    @classmethod
+    def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[nn.Module, dict]:
+        """Train on `cache` as `tc` (cfg.train) says, with the target `lm` frozen.
+
+        Returns:
+            The trained module (with `save(path, meta)`) and a summary: "steps", "first_loss",
+            "last_loss", "train_positions", per-head "held_out_acc_head<i>" / "train_acc_head<i>"
+            (train.py saves the accuracies and steps in the checkpoint's meta).
+        """
+
+
+def hits(pred: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """[K, B, R] ranked predictions and [K, B] labels (−100 = none) → per head ([K, R] hits at each rank, [K] labelled)."""
+    valid = labels >= 0  # [K, B]
+    return ((pred == labels[..., None]) & valid[..., None]).sum(1), valid.sum(-1)
+
+
+def optimise(module: nn.Module, steps: int, batch_loss: Callable[[int], tuple[Tensor, Tensor]], tc: DictConfig, tracker,
+             desc: str, clip: float | None = None) -> tuple[float, float]:
+    """AdamW with a one-cycle schedule over `steps` steps of `batch_loss(step) -> (loss, [K] accuracy)`,
+    gradient norms clipped at `clip`, with a progress bar and MLflow curves; returns the first and the last loss."""
+    opt = torch.optim.AdamW(module.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=tc.lr, total_steps=steps, pct_start=0.1)
+    first_loss = last_loss = float("nan")
+    bar = tqdm(range(steps), desc=desc, unit="step")
+    for step in bar:
+        loss, acc = batch_loss(step)
+        opt.zero_grad()
+        loss.backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(module.parameters(), clip)
+        opt.step()
+        sched.step()
+        last_loss = loss.item()
+        first_loss = last_loss if step == 0 else first_loss
+        if step % tc.log_every == 0 or step == steps - 1:
+            bar.set_postfix(loss=f"{last_loss:.3f}", acc=" ".join(f"{a:.2f}" for a in acc.tolist()))
+            if tracker is not None:
+                tracker.log_metrics({"loss": last_loss, **{f"train_acc_head{i + 1}": float(a) for i, a in enumerate(acc)}}, step=step)
+    return first_loss, last_loss
