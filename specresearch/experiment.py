@@ -127,7 +127,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     trained_on = trained_on_tags(drafter, prompts)  # refuses heads trained on any of these prompts
     prompt_ids = [encode(target.tokenizer, p) for p in prompts]
     stops = list(cfg.dataset.get("stop", []) or [])
-    k = int(getattr(drafter, "k", 0))
+    k = int(drafter.k or drafter.depth)  # draft tokens per step; a tree's depth, as the Leviathan prediction's chain length
     label = method.label
 
     def generate(engine: Engine, ids: list[int], seed: int, max_new: int) -> GenerationOutput:
