@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from specresearch.app import browse_line, build, compose, tracked_run
+from specresearch.app import browse_line, build, tracked_run
+from specresearch.conf import compose
 from specresearch.conf import options as config_options
 from specresearch.data import encode, load_prompts
 from specresearch.drafters import NoDrafter

@@ -9,7 +9,7 @@ The Python API (names resolved on first use, so `import specresearch` stays chea
     out = engine.generate(engine.tokenizer.encode("def fib(n):"), max_new_tokens=32)
     print(out.text, out.stats.tau)
 
-- compose, build, build_engine, tracked_run: specresearch.app (the application layer)
+- compose: specresearch.conf (the registry); build, build_engine, tracked_run: specresearch.app
 - Engine: specresearch.engine (the one decode loop); run: specresearch.experiment (a whole
   experiment: baseline and method interleaved, tracked); load_model, SamplingParams, load_prompts.
 """
@@ -17,7 +17,7 @@ The Python API (names resolved on first use, so `import specresearch` stays chea
 __version__ = "0.1.0"
 
 _API = {
-    "compose": "specresearch.app", "build": "specresearch.app", "build_engine": "specresearch.app",
+    "compose": "specresearch.conf", "build": "specresearch.app", "build_engine": "specresearch.app",
     "tracked_run": "specresearch.app", "Engine": "specresearch.engine", "run": "specresearch.experiment",
     "load_model": "specresearch.models", "SamplingParams": "specresearch.types", "load_prompts": "specresearch.data",
 }

@@ -1,7 +1,6 @@
 """The application layer: what every entry point shares (the CLI's speed and quality runs, training,
 the benchmark, lm-eval's model, a notebook).
 
-- `compose`: a config from specresearch/conf with overrides, as the command line would compose it.
 - `build`, `build_engine`: objects and engines from a composed config.
 - `tracked_run`: a tracked run that ends FINISHED, or FAILED with what it had measured.
 - `cli`: a Hydra entry point with one-line errors, sweeps that survive and the same job handling.
@@ -16,17 +15,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from specresearch.conf import CONF_DIR, groups, options
+from specresearch.conf import CONF_DIR, unknown_option
 from specresearch.errors import SpecResearchError
 
 if TYPE_CHECKING:
@@ -35,39 +33,6 @@ if TYPE_CHECKING:
     from specresearch.tracking import Tracker
 
 log = logging.getLogger(__name__)
-
-
-def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str = "config") -> DictConfig:
-    """A config of specresearch/conf composed with Hydra overrides, as `python -m specresearch` would
-    compose it (without the `hydra` node).
-
-    Args:
-        overrides: `["drafter=pld", "drafter.k=4"]`, or a mapping `{"drafter": "pld", "drafter.k": 4}`
-            (values as Python gives them: True -> true, None -> null).
-        config_name: "config" (experiments, evaluations) or "train".
-
-    Raises:
-        SpecResearchError: an unknown option (naming the valid ones) or a bad override.
-    """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-
-    if isinstance(overrides, Mapping):
-        overrides = [f"{key}={_text(value)}" for key, value in overrides.items()]
-    overrides = list(overrides)
-    problem = unknown_option(overrides)
-    if problem:
-        raise SpecResearchError(problem)
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=overrides)
-    except HydraException as err:
-        raise SpecResearchError(str(err)) from None
-
-
-def _text(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else "null" if value is None else str(value)
 
 
 def build(node: DictConfig, **objects: Any) -> Any:
@@ -210,22 +175,6 @@ def fail(message: str) -> None:
     """Print a one-line error and exit 2 (how every command reports a SpecResearchError)."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
-
-
-def unknown_option(args: Sequence[str]) -> str | None:
-    """The one-line error for a `group=NAME` (or `+group=a,b` in a sweep) that names no option of a
-    config group, or None. Checked before Hydra composes, whose own message is a dozen lines; values
-    Hydra's sweep grammar writes otherwise (`choice(...)`, globs) are left to Hydra."""
-    known = groups()
-    for arg in args:
-        group, sep, value = arg.lstrip("+").partition("=")
-        if not sep or group not in known or not re.fullmatch(r"[\w.-]+(,[\w.-]+)*", value):
-            continue
-        valid = options(group)
-        for name in value.split(","):
-            if name not in valid and name != "null":
-                return f"unknown {group} '{name}': valid are {', '.join(valid)}"
-    return None
 
 
 def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None], timed: bool = True) -> None:

@@ -102,3 +102,20 @@ def test_the_root_package_imports_nothing_when_imported():
     """`import specresearch` is cheap and binds nothing: the API is resolved on first use."""
     tree = ast.parse((ROOT / "__init__.py").read_text())
     assert not [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)) and node.module != "__future__"]
+
+
+def test_every_entry_point_opens_its_run_through_tracked_run():
+    """Experiment, eval, training and the benchmark open and end runs only through app.tracked_run
+    (FINISHED, or FAILED with what was measured): no other module starts or ends a tracker's run."""
+    benchmarks = ROOT.parent / "benchmarks"
+    files = [*modules().values(), *(sorted(benchmarks.glob("*.py")) if benchmarks.is_dir() else [])]
+    callers = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("start", "end") \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "tracker":
+                callers.add(path.name)
+    assert callers == {"app.py"}
+    users = {path.name for path in files if "tracked_run(" in path.read_text()} - {"app.py", "__init__.py"}
+    assert {"experiment.py", "runner.py", "train.py"} <= users
+    assert benchmarks.is_dir() is ("speed.py" in users)

@@ -20,7 +20,7 @@ from specresearch.analysis.format import latex, markdown
 from specresearch.analysis.report import Report
 from specresearch.analysis.runs import AnalysisError, Study, load_study
 from specresearch.analysis.studies import analysed, builder
-from specresearch.conf import CONF_DIR, STUDY_GROUP
+from specresearch.conf import STUDY_GROUP, compose
 
 COMMAND = "python -m specresearch.analysis"
 USAGE = f"{COMMAND} experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR]"
@@ -57,12 +57,10 @@ def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
     `tracker.uri` is taken as it is when the tracker config has no such key (a remote server,
     `sqlite:///...`); any other key the tracker config lacks is an error that lists the valid ones.
     """
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
     from omegaconf import OmegaConf, open_dict
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"{STUDY_GROUP}={study}"])
+    cfg = compose([f"{STUDY_GROUP}={study}"])
     node = cfg.tracker
     if not str(node.get("_target_", "")).endswith("MLflowTracker"):
         raise AnalysisError(f"the analysis reads MLflow, but the config's tracker is {node.get('_target_')}: use tracker=mlflow")

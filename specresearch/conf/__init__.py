@@ -6,10 +6,15 @@ and from a wheel.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+
+from specresearch.errors import SpecResearchError
 
 CONF_DIR = Path(__file__).resolve().parent
 STUDIES_DIR = CONF_DIR.parent / "studies"
@@ -42,6 +47,55 @@ def register_studies() -> None:
     for name, folder in studies().items():
         store.store(group=STUDY_GROUP, name=name, node=OmegaConf.load(folder / "preset.yaml"), package="_global_",
                     provider="specresearch")
+
+
+def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str = "config") -> DictConfig:
+    """A config of specresearch/conf composed with Hydra overrides, as `python -m specresearch` would
+    compose it (without the `hydra` node).
+
+    Args:
+        overrides: `["drafter=pld", "drafter.k=4"]`, or a mapping `{"drafter": "pld", "drafter.k": 4}`
+            (values as Python gives them: True -> true, None -> null).
+        config_name: "config" (experiments, evaluations) or "train".
+
+    Raises:
+        SpecResearchError: an unknown option (naming the valid ones) or a bad override.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    if isinstance(overrides, Mapping):
+        overrides = [f"{key}={_text(value)}" for key, value in overrides.items()]
+    overrides = list(overrides)
+    problem = unknown_option(overrides)
+    if problem:
+        raise SpecResearchError(problem)
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name=config_name, overrides=overrides)
+    except HydraException as err:
+        raise SpecResearchError(str(err)) from None
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else "null" if value is None else str(value)
+
+
+def unknown_option(args: Sequence[str]) -> str | None:
+    """The one-line error for a `group=NAME` (or `+group=a,b` in a sweep) that names no option of a
+    config group, or None. Checked before Hydra composes, whose own message is a dozen lines; values
+    Hydra's sweep grammar writes otherwise (`choice(...)`, globs) are left to Hydra."""
+    known = groups()
+    for arg in args:
+        group, sep, value = arg.lstrip("+").partition("=")
+        if not sep or group not in known or not re.fullmatch(r"[\w.-]+(,[\w.-]+)*", value):
+            continue
+        valid = options(group)
+        for name in value.split(","):
+            if name not in valid and name != "null":
+                return f"unknown {group} '{name}': valid are {', '.join(valid)}"
+    return None
 
 
 register_studies()

@@ -24,7 +24,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from specresearch.app import build_engine, compose
+from specresearch.app import build_engine
+from specresearch.conf import compose
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.types import GenerationOutput, SamplingParams
