@@ -18,8 +18,9 @@ SOURCES = ("pyproject.toml", "setup.py", "README.md", "specresearch-lm-eval.pth"
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """The wheel built from a copy of the sources (the checkout stays clean) and installed with
-    `pip install --target` (its dependencies are this environment's)."""
+    """The wheel built by pip (in its own build environment) from a copy of the sources, so the
+    checkout stays clean, and installed with `pip install --target` (the dependencies are this
+    environment's)."""
     tmp = tmp_path_factory.mktemp("wheel")
     src, site = tmp / "src", tmp / "site"
     src.mkdir()
@@ -29,7 +30,7 @@ def installed(tmp_path_factory) -> Path:
         else:
             shutil.copy(ROOT / name, src / name)
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src)], check=True, timeout=300)
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(tmp / "dist"), str(src)], check=True, timeout=300)
     wheel = next((tmp / "dist").glob("specresearch-*.whl"))
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=300)
     return site
