@@ -18,6 +18,7 @@ has α, τ, the measured c and v and the Leviathan prediction.
     python benchmarks/speed.py --methods generate,baseline      # our baseline vs generate only
     python benchmarks/speed.py --methods generate,hf_assisted,baseline,independent,independent:vocab=32768:quantize=int8
     python benchmarks/speed.py --dtype float32 --profile        # and where the time goes, op by op
+    python benchmarks/speed.py --dataset mtbench --prompts 8    # chat: one MT-bench question per category
     python benchmarks/speed.py --quick --tracker none           # tiny random models, seconds
 """
 
@@ -39,7 +40,7 @@ from omegaconf import OmegaConf
 from specresearch.app import browse_line, build, tracked_run
 from specresearch.conf import compose
 from specresearch.conf import options as config_options
-from specresearch.data import encode, load_prompts
+from specresearch.data import MTBENCH_CATEGORIES, Prompt, encode, load_prompts
 from specresearch.drafters import NoDrafter
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
@@ -51,6 +52,7 @@ from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier
 
 GREEDY = SamplingParams()
+DATASETS = {"humaneval": "HumanEval prompts", "mtbench": "MT-bench questions (first turn, chat template)"}
 HF_METHODS = ("generate", "hf_assisted", "hf_prompt_lookup")
 
 
@@ -143,6 +145,15 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]
     return methods
 
 
+def prompt_set(dataset: str, n: int, offset: int) -> list[Prompt]:
+    """HumanEval's prompts from `offset` on, or MT-bench's first turns (chat template; evaluation only, so
+    no head was trained on them): ceil(n / 8) questions of each category after its first `offset`, category
+    after category, the first `n` of them (8 prompts cover all 8 categories)."""
+    if dataset == "mtbench":
+        return load_prompts("mtbench", per_category=-(-n // len(MTBENCH_CATEGORIES)), offset=offset)[:n]
+    return load_prompts("humaneval", n, offset=offset)
+
+
 def load(args) -> tuple[LoadedModel, LoadedModel, list[list[int]]]:
     """Target, draft and prompt token ids: the embedded Qwen pair, or tiny random models (--quick)."""
     if args.quick:
@@ -151,7 +162,7 @@ def load(args) -> tuple[LoadedModel, LoadedModel, list[list[int]]]:
     else:
         target = load_model(args.model, dtype=args.dtype, device=args.device, kernels=args.kernels)
         draft = load_model(args.draft, dtype=args.dtype, device=args.device, kernels=args.kernels)
-    prompts = [encode(target.tokenizer, p) for p in load_prompts("humaneval", args.prompts, offset=args.offset)]
+    prompts = [encode(target.tokenizer, p) for p in prompt_set(args.dataset, args.prompts, args.offset)]
     if args.quick:
         prompts = [ids[-48:] for ids in prompts]
     return target, draft, prompts
@@ -328,8 +339,9 @@ def main() -> None:
         "--kernels", choices=["auto", "torch"], default="auto",
         help="auto: few-row float32 CPU linears as W @ xT (SkinnyLinear), for every method alike; torch: nn.Linear",
     )
-    parser.add_argument("--prompts", type=int, default=4, help="HumanEval prompts")
-    parser.add_argument("--offset", type=int, default=0, help="first HumanEval prompt")
+    parser.add_argument("--dataset", choices=DATASETS, default="humaneval", help="; ".join(f"{k}: {v}" for k, v in DATASETS.items()))
+    parser.add_argument("--prompts", type=int, default=4, help="prompts of the dataset")
+    parser.add_argument("--offset", type=int, default=0, help="HumanEval: the first prompt; MT-bench: the first question of each category")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (EOS ignored)")
     parser.add_argument("--repeats", type=int, default=2, help="times every prompt is decoded by every method")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per step of our drafters")
@@ -372,7 +384,7 @@ def main() -> None:
         header = (
             f"\n{args.model} <- {args.draft} ({target.dtype}, {target.device}, kernels {args.kernels}; torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, {platform.machine()} {torch.backends.cpu.get_cpu_capability()}): "
-            f"{len(prompts)} HumanEval prompts x {args.tokens} tokens x {args.repeats} repeats, greedy"
+            f"{len(prompts)} {DATASETS[args.dataset]} x {args.tokens} tokens x {args.repeats} repeats, greedy"
         )
         report.update(header=header.strip(), args={**vars(args), "json": str(args.json)}, rows=rows, v_curve=v_curve, profile=prof)
         out = args.json or Path(__file__).parent / "results" / f"speed-{time.strftime('%Y%m%d-%H%M%S')}.json"

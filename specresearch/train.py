@@ -274,7 +274,8 @@ def run(cfg: DictConfig) -> dict:
 
     with tracked_run(tracker, cfg, f"train {what} on {lm.name}", report) as tracking:
         module, trained = train(cfg, lm, tracking)
-        module.save(out, {"target": lm.name, **{k: v for k, v in trained.items() if "acc" in k or "top5" in k or k in ("steps", "trained_on")}})
+        kept = {k: v for k, v in trained.items() if "acc" in k or "top5" in k or k in ("steps", "trained_on")}
+        module.save(out, {"target": lm.name, "train": OmegaConf.to_container(cfg.train, resolve=True), **kept})  # how to reproduce it
         summary.update(trained)
     acc = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("held_out_acc"))
     fit = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("train_acc"))

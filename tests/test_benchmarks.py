@@ -70,3 +70,16 @@ def test_table_without_generate_refers_to_the_first_method():
     ]
     text = speed.table(rows, "header")
     assert "vs_baseline" in text and "1.50x" in text
+
+
+def test_speed_quick_on_mtbench_chat(tmp_path):
+    """--dataset mtbench: MT-bench's first turns through the chat template, one per category."""
+    out = tmp_path / "speed.json"
+    result = subprocess.run([sys.executable, SPEED, "--quick", "--dataset", "mtbench", "--prompts", "2", "--json", str(out),
+                             "--tracker", "none", "--methods", "generate,baseline,pld"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert "2 MT-bench questions (first turn, chat template)" in report["header"] and report["args"]["dataset"] == "mtbench"
+    assert [r["method"] for r in report["rows"]] == ["generate", "baseline", "pld(k=4)"]
+    assert all(r["identical_to_reference"] == 2 for r in report["rows"])

@@ -16,6 +16,7 @@ import torch
 
 from specresearch.data import DATASETS, SHAREGPT_EVAL, load_prompts, prompt_record, stdlib_prompts
 from specresearch.drafters import Context, MedusaDrafter, NoDrafter
+from specresearch.drafters import base
 from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
@@ -177,6 +178,17 @@ def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target):
         MedusaDrafter(target, cache_dir=str(tmp_path / "empty"))
 
 
+def test_shipped_heads_load_when_none_were_trained_here(tmp_path, target, monkeypatch):
+    """Heads shipped in the package (specresearch/weights/medusa/<target>/) serve when the cache has none;
+    heads trained here win over them."""
+    monkeypatch.setattr(base, "SHIPPED", tmp_path / "weights")
+    shipped, trained = noisy_heads(seed=1, heads=3), noisy_heads(seed=2, heads=4)
+    shipped.save(tmp_path / "weights" / "medusa" / "tiny" / "heads.safetensors", {"target": "tiny"})
+    assert MedusaDrafter(target, cache_dir=str(tmp_path / "cache")).heads.config == shipped.config
+    trained.save(checkpoint_path("tiny", tmp_path / "cache"), {"target": "tiny"})
+    assert MedusaDrafter(target, cache_dir=str(tmp_path / "cache")).heads.config == trained.config
+
+
 def test_the_tree_of_choices(target):
     drafter = MedusaDrafter(target, heads=noisy_heads(), choices=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
     assert drafter.depth == 3 and drafter.k == 0  # k (draft tokens per step) has no meaning for a tree
@@ -275,6 +287,7 @@ def test_train_command_end_to_end(tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.is_file() and "held-out top-1 agreement per head" in done.stdout
+    assert json.loads(out.with_suffix(".json").read_text())["train"]["tokens"] == 300  # the settings that reproduce it
     record = json.loads(out.with_suffix(".json").read_text())["trained_on"]  # which prompts trained the heads
     assert record["sources"] == ["python-stdlib", "sharegpt"] and record["split"] == "train" and record["prompts"] == 6  # 300 / 50
     assert record["ids"] == sorted(record["ids"]) and len(set(record["ids"])) == 6

@@ -144,11 +144,16 @@ def save_checkpoint(module: torch.nn.Module, path: Path, meta: dict) -> None:
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
 
 
+SHIPPED = Path(__file__).resolve().parent.parent / "weights"  # trained drafters that come with the package
+
+
 def find_checkpoint(drafter: str, target_name: str, checkpoint: str | None, default: Path) -> Path:
     """The weights a trained drafter loads: `checkpoint`, else `default` (where `python -m
-    specresearch.train drafter=<drafter>` saves them). A missing file, or one trained for another
-    target, is an error that says what to do."""
-    path = Path(checkpoint) if checkpoint else default
+    specresearch.train drafter=<drafter>` saves them), else the weights shipped in the package for
+    this target (`specresearch/weights/<drafter>/<target>/`, with their training record beside them).
+    A missing file, or one trained for another target, is an error that says what to do."""
+    shipped = SHIPPED / drafter / target_name / default.name
+    path = Path(checkpoint) if checkpoint else default if default.is_file() or not shipped.is_file() else shipped
     if not path.is_file():
         raise SpecResearchError(
             f"no trained {drafter} drafter for {target_name} at {path}: train it with\n"
