@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -356,6 +358,7 @@ def main() -> None:
     parser.add_argument("--tracker", choices=["mlflow", "none"], default="mlflow")
     parser.add_argument("--store", default="mlruns", help="MLflow store folder")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # the package's messages, as the CLI shows them
     if args.quick:
         args.prompts, args.tokens, args.repeats, args.model, args.draft = min(args.prompts, 2), min(args.tokens, 16), min(args.repeats, 2), "tiny", "tiny"
 
