@@ -6,7 +6,7 @@ Methods, each decoding greedily a fixed number of new tokens (EOS ignored) after
   hf_prompt_lookup   transformers prompt lookup (`prompt_lookup_num_tokens`)
   baseline           our engine with the `none` drafter
   <drafter>          our engine with each drafter of conf/drafter/ and the greedy verifier;
-                     options after colons: independent:vocab=32768:quantize=int8
+                     options after colons: independent:model.vocab=32768:model.quantize=int8
 
 The methods are interleaved prompt by prompt, in an order that rotates every run, after one
 untimed warm-up each, so machine noise hits all alike. Tokens/s are total new tokens / total time;
@@ -16,7 +16,7 @@ has α, τ, the measured c and v and the Leviathan prediction.
     python benchmarks/speed.py                                  # Qwen2.5-Coder 1.5B / 0.5B, bf16
     python benchmarks/speed.py --prompts 6 --tokens 96 --repeats 3 --k 4
     python benchmarks/speed.py --methods generate,baseline      # our baseline vs generate only
-    python benchmarks/speed.py --methods generate,hf_assisted,baseline,independent,independent:vocab=32768:quantize=int8
+    python benchmarks/speed.py --methods generate,hf_assisted,baseline,independent,independent:model.vocab=32768:model.quantize=int8
     python benchmarks/speed.py --dtype float32 --profile        # and where the time goes, op by op
     python benchmarks/speed.py --dataset mtbench --prompts 8    # chat: one MT-bench question per category
     python benchmarks/speed.py --quick --tracker none           # tiny random models, seconds
@@ -44,6 +44,7 @@ from specresearch.conf import compose
 from specresearch.conf import options as config_options
 from specresearch.data import MTBENCH_CATEGORIES, Prompt, encode, load_prompts
 from specresearch.drafters import NoDrafter
+from specresearch.drafters.draft_model import cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
@@ -128,13 +129,16 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]
             methods.append(hf(name, target, prompt_lookup_num_tokens=args.pld_tokens))
         elif name == "baseline":
             methods.append(ours(name, Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)))
-        else:  # one of our drafters, with options: "independent:vocab=32768:quantize=int8"
+        else:  # one of our drafters, with options: "independent:model.vocab=32768:model.quantize=int8"
             group, *options = name.split(":")
             node = compose([f"drafter={group}"]).drafter
             if "k" in node:  # --k sets drafters that have a draft length (lookahead's is its n-gram size)
                 options = [f"k={args.k}", *options]
             node = compose([f"drafter={group}", *(f"drafter.{o}" for o in options)]).drafter
-            extra = {"model": draft} if "model" in node else {}  # drafters with a draft model share ours
+            extra = {}
+            if "model" in node:  # drafters with a draft model share ours, made as cheap as their options say
+                cheaper = {key: node.model[key] for key in ("vocab", "vocab_corpus", "quantize") if key in node.model}
+                extra["model"] = cheapen(draft, target, cache_dir=node.model.get("cache_dir"), **cheaper)
             try:
                 drafter = build(node, target=target, **extra)
             except SpecResearchError as err:

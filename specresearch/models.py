@@ -384,12 +384,27 @@ def _read_hf(path: Path | str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any
 
 
 def _ready(model: torch.nn.Module, tokenizer: Any, name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    model = model.to(device).eval()
+    model = _aligned(model.to(device).eval())
     gen = model.generation_config
     if gen.pad_token_id is None:  # else transformers' generate warns on every call
         eos = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
         gen.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
     return LoadedModel(model, tokenizer, name, device, dtype)
+
+
+@torch.no_grad()
+def _aligned(model: torch.nn.Module) -> torch.nn.Module:
+    """Copy the CPU weights that start off a 64-byte boundary into torch's own (aligned) memory, in place.
+
+    Weights loaded from safetensors stay views of the memory-mapped file, at whatever offset the file
+    puts them; vector loads across cache lines then slow every matmul. Measured on a Xeon with AVX-512
+    and AMX (2 cores, bf16, one-token forward after 200 cached tokens): Qwen2.5-Coder-0.5B 120 -> 80 ms,
+    the 1.5B 186 -> 180 ms. Tied weights stay tied (one Parameter, new storage).
+    """
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.device.type == "cpu" and tensor.data_ptr() % 64:
+            tensor.data = tensor.data.clone()
+    return model
 
 
 def _in_hf_cache(name: str) -> bool:

@@ -62,14 +62,14 @@ class Target:
         return logits
 
     def forward(
-        self, tokens: Tensor, head: Tensor | None = None, parents: Tensor | None = None, tree: int | None = None
+        self, tokens: Tensor, head: torch.nn.Module | None = None, parents: Tensor | None = None, tree: int | None = None
     ) -> Tensor:
         """Feed `tokens` ([K]) after the cached ones: a chain, or a tree under a tree attention mask.
 
         Args:
             tokens: [K] token ids.
-            head: [N, H] rows of the output embedding to score instead of the whole vocabulary (a
-                draft restricted to N tokens); the model must have a plain linear lm head.
+            head: an lm head over N tokens to score with instead of the model's own ([K, H] -> [K, N]:
+                a draft restricted to N tokens, see drafters.draft_model).
             parents: [K] for a tree: each token's parent, an index among the tree's nodes (the
                 tokens fed since cache length `tree`, this call's included), -1 for a token that
                 follows the cache before the tree; parents come before children. Each token then
@@ -84,7 +84,7 @@ class Target:
         extra = {} if parents is None else self._tree_inputs(parents, tree)
         if head is None:
             return self._run(tokens, logits_to_keep=0, **extra)
-        return self._hidden_states(tokens, **extra) @ head.T  # [K, H] @ [H, N]
+        return head(self._hidden_states(tokens, **extra))  # [K, H] -> [K, N]
 
     def rollback(self, length: int) -> None:
         """Drop cached tokens beyond the first `length` (after a rejection)."""

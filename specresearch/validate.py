@@ -9,7 +9,8 @@ Where the types come from, so that a new option needs nothing here:
   that reaches `object` accepts any key). Runtime objects (`target`) are not settings.
 - a model node (`model`, and any mapping a constructor takes as `Mapping | LoadedModel`, such as
   `drafter.model` and `drafter.ensemble`'s items): `load_model`'s signature, which every one of them
-  is passed to.
+  is passed to; a draft model's (`Mapping | LoadedModel | DraftModel`) also `cheapen`'s (vocab,
+  vocab_corpus, quantize).
 - any other node (sampling, dataset, eval, stats, train, the top-level settings): the shipped YAML
   defaults; a value fits if it has the type of the default in one of the group's options (ints pass
   for floats; bools and ints never pass for each other). A default of null accepts anything; a
@@ -94,17 +95,29 @@ def _check_target(node: dict, path: str, group: str | None = None) -> None:
     _check_call(node, obj, path, f"{group}={option}" if option else path)
 
 
-def _check_model(node: Any, path: str) -> None:
-    """A model node, as the keyword arguments of load_model."""
+def _check_model(node: Any, path: str, draft: bool = False) -> None:
+    """A model node, as the keyword arguments of load_model; a draft model's also takes cheapen's
+    (vocab, vocab_corpus, quantize)."""
     from specresearch.models import load_model
 
     if not isinstance(node, dict):
         raise SpecResearchError(f"{path} must be a group of model settings (name, dtype, ...), got {node!r}")
-    _check_call(node, load_model, path, path)
+    if draft:
+        from specresearch.drafters.draft_model import cheapen
+
+        _check_call(node, (load_model, cheapen), path, path)
+    else:
+        _check_call(node, load_model, path, path)
 
 
 def _check_call(node: dict, obj: Any, path: str, label: str) -> None:
-    params, hints, open_ended = _parameters(obj)
+    """`node`'s keys and values against the parameters of `obj` (a class or function, or a tuple of
+    them whose parameters add up)."""
+    params, hints, open_ended = [], {}, False
+    for one in obj if isinstance(obj, tuple) else (obj,):
+        names, own_hints, any_key = _parameters(one)
+        params += [name for name in names if name not in params]
+        hints, open_ended = {**own_hints, **hints}, open_ended or any_key
     valid = [name for name in params if name not in INJECTED and not _runtime_only(hints.get(name, Any))]
     for key, value in node.items():
         if key.startswith("_"):  # _target_, _partial_, _recursive_, ...: Hydra's own
@@ -123,7 +136,7 @@ def _check_value(value: Any, hint: Any, path: str) -> None:
         _check_target(value, path)
         return
     if isinstance(value, dict) and _admits_model(hint):
-        _check_model(value, path)
+        _check_model(value, path, draft=_admits_draft(hint))
         return
     item = _item_hint(hint)
     if isinstance(value, list) and item is not None and _admits_model(item):
@@ -242,6 +255,12 @@ def _admits_model(hint: Any) -> bool:
     from specresearch.models import LoadedModel
 
     return any(member is LoadedModel for member in _members(hint))
+
+
+def _admits_draft(hint: Any) -> bool:
+    from specresearch.drafters.draft_model import DraftModel
+
+    return any(member is DraftModel for member in _members(hint))
 
 
 def _item_hint(hint: Any) -> Any:

@@ -17,14 +17,14 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path):
     result = subprocess.run(
         [
             sys.executable, SPEED, "--quick", "--profile", "--json", str(out), "--store", str(tmp_path / "mlruns"), "--methods",
-            "generate,hf_assisted,hf_prompt_lookup,baseline,independent,independent:vocab=100:vocab_corpus=mtbench:quantize=int8",
+            "generate,hf_assisted,hf_prompt_lookup,baseline,independent,independent:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8",
         ],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = {r["method"]: r for r in report["rows"]}
-    cheap = "independent(k=4) vocab=100 vocab_corpus=mtbench quantize=int8"
+    cheap = "independent(k=4) model.vocab=100 model.vocab_corpus=mtbench model.quantize=int8"
     assert list(rows) == ["generate", "hf_assisted", "hf_prompt_lookup", "baseline", "independent(k=4)", cheap]
     assert 0 < rows[cheap]["alpha"] < 1
     for row in rows.values():

@@ -88,8 +88,11 @@ def test_bool_and_int_do_not_pass_for_each_other():
 
 def test_nested_values():
     assert refused("drafter.model.name=3") == "drafter.model.name must be a string, got 3"
-    assert refused("drafter=tree", "drafter.ensemble=[{name: tiny, vocab: 3}]").startswith(
-        "drafter.ensemble[0] has no setting 'vocab': valid are name, dtype, device")
+    assert refused("drafter=tree", "drafter.ensemble=[{name: tiny, vocabulary: 3}]").startswith(
+        "drafter.ensemble[0] has no setting 'vocabulary': valid are name, dtype, device")
+    assert refused("drafter=tree", "drafter.ensemble=[{name: tiny, vocabulary: 3}]").endswith("vocab, vocab_corpus, quantize")
+    assert refused("drafter.model.vocab=many") == "drafter.model.vocab must be an integer or null, got 'many'"
+    assert refused("+model.quantize=int8").startswith("model has no setting 'quantize'")  # the target's node: no draft options
     assert refused("drafter=tree", "drafter.branching=[2,a]") == "drafter.branching must be a list of integers or null, got [2, 'a']"
     assert refused("eval=humaneval", "eval.sandbox.timeout=long") == "eval.sandbox.timeout must be a number, got 'long'"
     assert refused("dataset.stop=[1]") == "dataset.stop must be a list of strings, got [1]"

@@ -8,6 +8,7 @@ import torch
 from scipy.stats import power_divergence
 
 from specresearch.drafters import Context, IndependentDrafter, NoDrafter
+from specresearch.drafters.draft_model import cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
@@ -280,7 +281,7 @@ def test_frequent_tokens_rank_by_count_and_keep_eos(tmp_path):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_shortlisted_draft_keeps_greedy_identical(target, close_draft, k):
-    drafter = IndependentDrafter(target, k=k, model=close_draft, vocab=200, vocab_corpus="mtbench")
+    drafter = IndependentDrafter(target, k=k, model=cheapen(close_draft, target, vocab=200, vocab_corpus="mtbench"))
     engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
     for i, prompt in enumerate(prompts(4, seed=10 + k)):
         out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
@@ -293,7 +294,7 @@ def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
     elsewhere), the drawn tokens follow q (G-test), and rejection sampling against this q yields
     exactly the target's p."""
     sampling = SamplingParams(temperature=1.0)
-    drafter = IndependentDrafter(target, k=1, model=far_draft, vocab=100, vocab_corpus="mtbench")
+    drafter = IndependentDrafter(target, k=1, model=cheapen(far_draft, target, vocab=100, vocab_corpus="mtbench"))
     prompt = torch.tensor([72, 101, 108, 108, 111, 32])
     rng = torch.Generator().manual_seed(0)
     ctx = Context(prompt, sampling, rng, max_draft=1)
@@ -305,7 +306,7 @@ def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
             draws.append(int(draft.tokens[0]))
             drafter.commit(ctx, None)
     q = draft.q[0].double()  # [V]
-    short = drafter.shortlist.ids
+    short = drafter.draft.shortlist.ids
     with torch.inference_mode():
         full = far_draft.model(prompt[None]).logits[0, -1].double()  # [V]
         p = torch.softmax(target.model(prompt[None]).logits[0, -1].double(), -1)  # [V]
@@ -323,7 +324,7 @@ def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
 
 @pytest.mark.parametrize("options", [{"quantize": "int8"}, {"quantize": "int8", "vocab": 200, "vocab_corpus": "mtbench"}])
 def test_int8_draft_keeps_greedy_identical(target, close_draft, options):
-    drafter = IndependentDrafter(target, k=3, model=close_draft, **options)
+    drafter = IndependentDrafter(target, k=3, model=cheapen(close_draft, target, **options))
     assert close_draft.model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32, "the shared draft is untouched"
     assert not any(isinstance(m, torch.nn.Linear) for m in drafter.draft.model.modules()), "every linear is int8"
     engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
@@ -351,7 +352,7 @@ def test_confidence_stops_drafts_early_and_keeps_greedy_identical(target, close_
 
 
 def test_int8_draft_sampled_step_is_exact(target, far_draft):
-    drafter = IndependentDrafter(target, k=1, model=far_draft, quantize="int8")
+    drafter = IndependentDrafter(target, k=1, model=cheapen(far_draft, target, quantize="int8"))
     prompt = torch.tensor([72, 101, 108, 108, 111])
     ctx = Context(prompt, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), max_draft=1)
     with torch.inference_mode():
@@ -363,4 +364,4 @@ def test_int8_draft_sampled_step_is_exact(target, far_draft):
     assert 0 < (q - full).abs().sum() / 2 < 0.25  # int8 weights move q, but only a little (total variation)
     torch.testing.assert_close(first_token_law(RejectionVerifier(), p, q), p, atol=1e-12, rtol=0)
     with pytest.raises(SpecResearchError, match="valid are null \\(none\\), int8"):
-        IndependentDrafter(target, k=1, model=far_draft, quantize="int4")
+        cheapen(far_draft, target, quantize="int4")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from specresearch.drafters.draft_model import cheapen
 from specresearch.drafters.independent import IndependentDrafter
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
@@ -27,6 +28,7 @@ class SelfDraftDrafter(IndependentDrafter):
     """
 
     name = "self_draft"
+    modes = {"default": (), "cheap draft": ("vocab=200", "vocab_corpus=mtbench", "quantize=int8")}
 
     def __init__(
         self,
@@ -35,6 +37,9 @@ class SelfDraftDrafter(IndependentDrafter):
         skip: Sequence[int] | None = None,
         exit_layer: int | None = None,
         skip_ratio: float | None = 0.5,
+        vocab: int | None = None,
+        vocab_corpus: str = "python-stdlib",
+        quantize: str | None = None,
         **options,
     ):
         """
@@ -44,11 +49,14 @@ class SelfDraftDrafter(IndependentDrafter):
             skip: indices of the decoder layers to skip.
             exit_layer: keep layers [0, exit_layer) only (early exit); instead of `skip`.
             skip_ratio: skip this fraction of the layers, evenly spaced, when neither of the above is set.
-            **options: IndependentDrafter's (confidence, k_policy, k_max, vocab, quantize).
+            vocab, vocab_corpus, quantize: a cheaper draft, as for a draft model's node
+                (drafters.draft_model.cheapen); quantize copies the layers the draft runs.
+            **options: IndependentDrafter's (confidence, k_policy, k_max).
         """
         n = len(decoder_layers(target.model))
         self.skipped = skipped_layers(n, skip, exit_layer, skip_ratio)
-        super().__init__(target, k=k, model=without_layers(target, self.skipped), **options)
+        draft = cheapen(without_layers(target, self.skipped), target, vocab=vocab, vocab_corpus=vocab_corpus, quantize=quantize)
+        super().__init__(target, k=k, model=draft, **options)
 
 
 def skipped_layers(n: int, skip: Sequence[int] | None, exit_layer: int | None, skip_ratio: float | None) -> list[int]:

@@ -10,10 +10,10 @@ import torch
 from torch import Tensor
 
 from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.draft_model import DraftModel
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, check_same_vocab, load_model
+from specresearch.models import LoadedModel
 from specresearch.sampling import ranking_probs
-from specresearch.target import Target
 from specresearch.types import Draft, SamplingParams, Trie, Verdict
 
 CHILDREN = ("top", "sample")
@@ -40,23 +40,26 @@ class TreeDrafter(Drafter):
 
     name = "tree"
     modes = {"static top": (), "static sample": ("children=sample",), "dynamic top": ("branching=null",),
-             "dynamic sample": ("branching=null", "children=sample")}
+             "dynamic sample": ("branching=null", "children=sample"),
+             "dynamic sample, cheap draft": ("branching=null", "children=sample", "model.vocab=200",
+                                             "model.vocab_corpus=mtbench", "model.quantize=int8")}
 
     def __init__(
         self,
         target: LoadedModel,
-        model: Mapping | LoadedModel | None = None,
+        model: Mapping | LoadedModel | DraftModel | None = None,
         branching: Sequence[int] | None = (2, 1, 1, 1),
         topk: int = 4,
         depth: int = 5,
         nodes: int = 24,
         children: str = "top",
-        ensemble: Sequence[Mapping | LoadedModel] = (),
+        ensemble: Sequence[Mapping | LoadedModel | DraftModel] = (),
     ):
         """
         Args:
             target: the target model; every draft must share its vocabulary.
-            model: the draft model: load_model() arguments or a LoadedModel.
+            model: the draft model: load_model() arguments plus the cheaper-draft options `vocab`,
+                `vocab_corpus`, `quantize` (drafters.draft_model), a LoadedModel or a DraftModel.
             branching: children per node at each depth (a static tree); None = dynamic (EAGLE-2).
             topk: dynamic trees: children per expanded node, and nodes expanded per level.
             depth: dynamic trees: levels.
@@ -75,11 +78,7 @@ class TreeDrafter(Drafter):
         self.branching = None if branching is None else [int(b) for b in branching]
         self.topk, self.nodes, self.children = int(topk), int(nodes), children
         self.depth = len(self.branching) if self.branching is not None else int(depth)  # the longest path
-        self.drafts = []
-        for spec in [model, *ensemble]:
-            lm = spec if isinstance(spec, LoadedModel) else load_model(**dict(spec))
-            check_same_vocab(target, lm)
-            self.drafts.append(Target(lm))
+        self.drafts = [DraftModel.load(spec, target) for spec in [model, *ensemble]]
         self._forwards = 0
 
     def check(self, sampling: SamplingParams) -> None:
@@ -110,17 +109,17 @@ class TreeDrafter(Drafter):
             parents=torch.tensor(trie.parents, dtype=torch.long),
         )
 
-    def _grow(self, draft: Target, ctx: Context, depth: int) -> list[tuple[int, int, Tensor | None]]:
+    def _grow(self, draft: DraftModel, ctx: Context, depth: int) -> list[tuple[int, int, Tensor | None]]:
         """One draft model's tree: (token, parent, q or None) per node, parents first."""
         pending = ctx.tokens[draft.length :]  # [P] committed tokens the draft has not seen, the last one included
-        logits = draft.forward(pending)[-1:]  # [1, V] the law after the last token
+        logits = draft.forward(pending)[-1:]  # [1, V] the law after the last token ([1, N] over a shortlist)
         self._forwards += 1
         start = draft.length
         nodes: list[tuple[int, int, Tensor | None, float]] = []  # (token, parent, q, cumulative log q)
         fed: dict[int, int] = {}  # node -> its index among the nodes fed to the draft
         frontier = [-1]  # the nodes whose children this level adds (-1 = the root)
         for level in range(depth):
-            laws = ranking_probs(logits, ctx.sampling)  # [W, V]: q at T > 0; at T = 0 the softmax ranks the top children
+            laws = ranking_probs(logits, ctx.sampling)  # [W, V or N]: q at T > 0; at T = 0 the softmax ranks the top children
             width = self.branching[level] if self.branching is not None else self.topk
             new = []
             for law, parent in zip(laws, frontier):  # law: [V]
@@ -129,11 +128,12 @@ class TreeDrafter(Drafter):
                 else:
                     xs = torch.topk(law, min(width, law.numel())).indices
                 base = nodes[parent][3] if parent >= 0 else 0.0
+                q = draft.widen(law) if self.children == "sample" else None  # [V] the law the children were drawn from
                 for x in xs.tolist():
                     if law[x] <= 0:  # top-k / top-p removed it: the target would never accept it
                         continue
                     new.append(len(nodes))
-                    nodes.append((x, parent, law if self.children == "sample" else None, base + float(torch.log(law[x]))))
+                    nodes.append((draft.token(x), parent, q, base + float(torch.log(law[x]))))
             if level == depth - 1 or not new:
                 break
             if self.branching is None:  # EAGLE-2: expand only the level's best

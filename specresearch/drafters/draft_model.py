@@ -1,0 +1,126 @@
+"""The draft model of the drafters that run one (independent, tree and its ensemble, self_draft), with
+the two ways to make it cheaper that its model node offers. Both change the draft alone, so every
+drafter and verifier stays as lossless as it was:
+
+- `vocab`: FR-Spec's shortlist (Zhao et al., 2025): the draft's lm head scores only the N most
+  frequent tokens of offline text; a sampled draft reports the q it drew from (zero elsewhere);
+- `quantize: int8`: int8 weights for every linear layer, the shortlist's head included (torch's
+  dynamic quantization, CPU only, activations in float32), on a copy of the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from specresearch.errors import SpecResearchError
+from specresearch.models import LoadedModel, check_same_vocab, load_model, use_skinny_linear
+from specresearch.target import Target
+from specresearch.vocab import Shortlist
+
+QUANTIZE = ("int8",)
+
+
+class DraftModel(Target):
+    """A draft model with its own KV cache (the target wrapper) whose forward scores its shortlist, if
+    it has one: logits are then [K, N] over `shortlist.ids`, and `token` / `widen` map them back."""
+
+    def __init__(self, lm: LoadedModel, shortlist: Shortlist | None = None, head: torch.nn.Module | None = None):
+        """
+        Args:
+            lm: the (possibly quantized) draft model.
+            shortlist: the tokens it may propose; None = the whole vocabulary.
+            head: the shortlist's lm head as `lm` runs it (int8 with `lm`); None = shortlist.head.
+        """
+        super().__init__(lm)
+        self.shortlist = shortlist
+        self.head = head if head is not None or shortlist is None else shortlist.head
+
+    @classmethod
+    def load(cls, spec: Mapping | LoadedModel | DraftModel, target: LoadedModel, **cheaper) -> DraftModel:
+        """The draft a drafter runs.
+
+        Args:
+            spec: a model node: load_model()'s settings plus `vocab`, `vocab_corpus`, `quantize` (see
+                `cheapen`); or a LoadedModel (made cheaper by `cheaper`); or a DraftModel (as it is).
+            target: the target model; the draft must share its vocabulary.
+            **cheaper: `cheapen`'s options, for a LoadedModel.
+        """
+        if isinstance(spec, DraftModel):
+            return spec
+        if isinstance(spec, LoadedModel):
+            return cheapen(spec, target, **cheaper)
+        settings = dict(spec)
+        options = {key: settings.pop(key) for key in ("vocab", "vocab_corpus", "quantize") if key in settings}
+        return cheapen(load_model(**settings), target, cache_dir=settings.get("cache_dir"), **options)
+
+    def forward(self, tokens: Tensor, head=None, parents: Tensor | None = None, tree: int | None = None) -> Tensor:
+        """Target.forward, scored by the shortlist's head when there is one: [K, N] logits."""
+        return super().forward(tokens, head=head if head is not None else self.head, parents=parents, tree=tree)
+
+    def token(self, x: int) -> int:
+        """The token id of index `x` of this draft's logits."""
+        return x if self.shortlist is None else int(self.shortlist.ids[x])
+
+    def widen(self, q: Tensor) -> Tensor:
+        """[..., N] a law over this draft's logits → [..., V] over the whole vocabulary."""
+        return q if self.shortlist is None else self.shortlist.widen(q)
+
+
+def cheapen(
+    lm: LoadedModel,
+    target: LoadedModel,
+    vocab: int | None = None,
+    vocab_corpus: str = "python-stdlib",
+    quantize: str | None = None,
+    cache_dir: str | None = None,
+) -> DraftModel:
+    """`lm` as a draft for `target`, made cheaper.
+
+    Args:
+        lm: the draft model (shared, never modified: quantization works on a copy).
+        target: the target model; the draft must share its vocabulary.
+        vocab: draft only over the `vocab` most frequent tokens (FR-Spec): the lm head scores those
+            rows only. None = the whole vocabulary.
+        vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
+        quantize: "int8": int8 weights for the linear layers (CPU only); None = as loaded.
+        cache_dir: the model cache, whose vocab/ folder keeps the token counts (None = the default).
+    """
+    check_same_vocab(target, lm)
+    if quantize not in (None, *QUANTIZE):
+        raise SpecResearchError(f"unknown drafter.model.quantize '{quantize}': valid are null (none), {', '.join(QUANTIZE)}")
+    shortlist = None
+    if vocab is not None:
+        lm_head = lm.model.get_output_embeddings()
+        if getattr(lm_head, "bias", None) is not None or getattr(lm.model.config, "final_logit_softcapping", None):
+            raise SpecResearchError(f"drafter.model.vocab needs a plain linear lm head; {lm.name} has a bias or logit softcapping")
+        shortlist = Shortlist.load(lm_head, lm.tokenizer, int(vocab), vocab_corpus, cache_dir)
+    if quantize is None:
+        return DraftModel(lm, shortlist)
+    lm = quantize_int8(lm)
+    head = None if shortlist is None else quantize_int8_module(torch.nn.Sequential(copy.deepcopy(shortlist.head).float()))[0]
+    return DraftModel(lm, shortlist, head)
+
+
+def quantize_int8(lm: LoadedModel) -> LoadedModel:
+    """A copy of `lm` in float32 whose nn.Linear layers (the lm head included) hold int8 weights, one
+    scale per output channel (per-tensor scales cost the 0.5B Qwen draft 0.1 of α), computed with
+    torch's dynamic quantization kernels (fbgemm/oneDNN on x86, qnnpack on ARM)."""
+    if lm.device.type != "cpu":
+        raise SpecResearchError(f"drafter.model.quantize=int8 runs on the CPU only (torch's dynamic int8 kernels); the draft is on {lm.device}")
+    model = use_skinny_linear(copy.deepcopy(lm.model).float(), False)  # quantize_dynamic swaps plain nn.Linear only
+    return dataclasses.replace(lm, model=quantize_int8_module(model), dtype=torch.float32, name=f"{lm.name} (int8)")
+
+
+def quantize_int8_module(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` (float32) with its nn.Linear children swapped for dynamically quantized int8 ones."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors in favour of torchao
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(module, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
