@@ -2,6 +2,7 @@
 
 Methods, each decoding greedily a fixed number of new tokens (EOS ignored) after each prompt:
   generate           transformers `generate`, plain greedy (the reference for every ratio)
+  generate_compiled  the same with a static KV cache and torch.compile (inductor; compiled in the warm-up)
   hf_assisted        transformers assisted generation with the same draft model, its defaults
   hf_prompt_lookup   transformers prompt lookup (`prompt_lookup_num_tokens`)
   baseline           our engine with the `none` drafter
@@ -11,7 +12,9 @@ Methods, each decoding greedily a fixed number of new tokens (EOS ignored) after
 The methods are interleaved prompt by prompt, in an order that rotates every run, after one
 untimed warm-up each, so machine noise hits all alike. Tokens/s are total new tokens / total time;
 the spread is over repeats (each repeat decodes every prompt once). For our drafters the table also
-has α, τ, the measured c and v and the Leviathan prediction.
+has α, τ, the measured c and v and the Leviathan prediction. `vs_fastest` is each method's speedup
+over the fastest plain decoding it ran beside (generate, generate_compiled or baseline): the honest
+ratio when one of them beats the reference.
 
     python benchmarks/speed.py                                  # Qwen2.5-Coder 1.5B / 0.5B, bf16
     python benchmarks/speed.py --prompts 6 --tokens 96 --repeats 3 --k 4
@@ -56,7 +59,8 @@ from specresearch.verifiers import GreedyVerifier
 
 GREEDY = SamplingParams()
 DATASETS = {"humaneval": "HumanEval prompts", "mtbench": "MT-bench questions (first turn, chat template)"}
-HF_METHODS = ("generate", "hf_assisted", "hf_prompt_lookup")
+HF_METHODS = ("generate", "generate_compiled", "hf_assisted", "hf_prompt_lookup")
+PLAIN = ("generate", "generate_compiled", "baseline")  # plain decoding, one token per target forward
 
 
 @dataclass
@@ -81,18 +85,38 @@ class Method:
 def hf(name: str, lm: LoadedModel, **generate_kwargs) -> Method:
     """A transformers `generate` call with extra arguments (assistant_model, prompt_lookup_num_tokens)."""
 
-    def decode(ids: list[int], n: int) -> Run:
+    def decode(ids: list[int], n: int, **call_kwargs) -> Run:
         x = torch.tensor([ids], device=lm.device)  # [1, T]
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = lm.model.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False, **generate_kwargs
+                x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                **generate_kwargs, **call_kwargs,
             )
         if lm.device.type == "cuda":
             torch.cuda.synchronize()
         return Run(out[0, len(ids) :].tolist(), time.perf_counter() - t0)
 
     return Method(name, decode)
+
+
+def hf_compiled(name: str, lm: LoadedModel, cache_len: int) -> Method:
+    """transformers' `generate` at its fastest on this stack: a static KV cache of `cache_len` tokens (one
+    size for every prompt, so one compilation) and the forward compiled by torch.compile (inductor),
+    which transformers does by itself on GPUs and here on any device. The warm-up compiles it."""
+    from transformers import CompileConfig, StaticCache
+
+    config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
+    config._compile_all_devices = True  # transformers compiles on CUDA only unless told so
+    method = hf(name, lm, compile_config=config)
+    plain = method.decode
+
+    def decode(ids: list[int], n: int) -> Run:
+        cache = StaticCache(config=lm.model.config, max_cache_len=cache_len)
+        return plain(ids, n, past_key_values=cache)
+
+    method.decode = decode
+    return method
 
 
 def ours(name: str, engine: Engine) -> Method:
@@ -117,12 +141,15 @@ def wanted_methods(spec: str) -> list[str]:
     return wanted
 
 
-def build_methods(args, target: LoadedModel, draft: LoadedModel) -> list[Method]:
-    """Every method asked for by --methods, sharing one target and one draft model."""
+def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int) -> list[Method]:
+    """Every method asked for by --methods, sharing one target and one draft model (`cache_len`: the
+    longest prompt plus the new tokens, generate_compiled's cache size)."""
     methods = []
     for name in wanted_methods(args.methods):
         if name == "generate":
             methods.append(hf(name, target))
+        elif name == "generate_compiled":
+            methods.append(hf_compiled(name, target, cache_len))
         elif name == "hf_assisted":
             methods.append(hf(name, target, assistant_model=draft.model))
         elif name == "hf_prompt_lookup":
@@ -264,6 +291,8 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list
     by_name = {m.name: m for m in methods}
     reference = by_name.get("generate", methods[0])
     baseline = by_name.get("baseline")
+    plain = [m for m in methods if m.name in PLAIN]
+    fastest = min(plain, key=lambda m: sum(m.seconds) / sum(m.tokens)) if plain else None
     rows = []
     for m in methods:
         per_repeat = [t / s for t, s in zip(m.tokens, m.seconds)]
@@ -279,6 +308,9 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list
         }
         if baseline is not None:
             row["speedup_vs_baseline"] = sum(baseline.seconds) / sum(m.seconds)
+        if fastest is not None:  # the fastest plain decoding measured: tokens/s over its tokens/s
+            row["fastest_plain"] = fastest.name
+            row["speedup_vs_fastest_plain"] = (sum(m.tokens) / sum(m.seconds)) / (sum(fastest.tokens) / sum(fastest.seconds))
         if m.stats.drafted:
             c, v = cost_ratios(baseline.stats, m.stats) if baseline is not None else (float("nan"),) * 2
             k = len(m.stats.drafted_at)
@@ -302,7 +334,7 @@ def table(rows: list[dict], header: str) -> str:
     w = max(len(r["method"]) for r in rows) + 2
     lines = [
         header,
-        f"{'method':<{w}}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{'(min-max)':>13}{'vs_baseline':>12}"
+        f"{'method':<{w}}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{'(min-max)':>13}{'vs_baseline':>12}{'vs_fastest':>11}"
         f"{'alpha':>7}{'tau':>6}{'c':>7}{'v':>7}{'Leviathan':>10}{'identical':>10}",
     ]
     for r in rows:
@@ -312,9 +344,12 @@ def table(rows: list[dict], header: str) -> str:
         lines.append(
             f"{r['method']:<{w}}{r['tokens_per_s']:>8.2f}{r['tokens_per_s_std']:>6.2f}{r[ref]:>13.2f}x"
             f"{r['speedup_min']:>7.2f}-{r['speedup_max']:<5.2f}{f('speedup_vs_baseline', '.2f', 'x'):>12}"
+            f"{f('speedup_vs_fastest_plain', '.2f', 'x'):>11}"
             f"{f('alpha', '.3f'):>7}{f('tau', '.2f'):>6}{f('c', '.3f'):>7}{f('v', '.2f'):>7}{f('leviathan', '.2f', 'x'):>10}"
             f"{r['identical_to_reference']:>10}"
         )
+    if "fastest_plain" in rows[0]:
+        lines.append(f"vs_fastest: over the fastest plain decoding measured ({rows[0]['fastest_plain']}; plain: {', '.join(PLAIN)})")
     for r in rows:
         if "time_split" in r:
             split = ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items())
@@ -369,7 +404,7 @@ def main() -> None:
     wanted_methods(args.methods)
     target, draft, prompts = load(args)
     try:
-        methods = build_methods(args, target, draft)
+        methods = build_methods(args, target, draft, max(map(len, prompts)) + args.tokens)
     except SpecResearchError as err:
         raise SystemExit(f"error: {err}") from None
     tracker = MLflowTracker(args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()

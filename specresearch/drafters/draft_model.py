@@ -118,9 +118,9 @@ def quantize_int8(lm: LoadedModel) -> LoadedModel:
 
 
 def quantize_int8_module(module: torch.nn.Module) -> torch.nn.Module:
-    """`module` (float32) with its nn.Linear children swapped for dynamically quantized int8 ones."""
+    """`module` (float32) with its nn.Linear children swapped for dynamically quantized int8 ones, in place."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors in favour of torchao
         warnings.simplefilter("ignore")
-        return quantize_dynamic(module, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        return quantize_dynamic(module, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
