@@ -2,6 +2,7 @@
 
 Methods, each decoding greedily a fixed number of new tokens (EOS ignored) after each prompt:
   generate           transformers `generate`, plain greedy (the reference for every ratio)
+  generate_torch     the same on torch's own nn.Linear (as transformers ships it), whatever --kernels says
   generate_compiled  the same with a static KV cache and torch.compile (inductor; compiled in the warm-up)
   hf_assisted        transformers assisted generation with the same draft model, its defaults
   hf_prompt_lookup   transformers prompt lookup (`prompt_lookup_num_tokens`)
@@ -13,7 +14,7 @@ The methods are interleaved prompt by prompt, in an order that rotates every run
 untimed warm-up each, so machine noise hits all alike. Tokens/s are total new tokens / total time;
 the spread is over repeats (each repeat decodes every prompt once). For our drafters the table also
 has α, τ, the measured c and v and the Leviathan prediction. `vs_fastest` is each method's speedup
-over the fastest plain decoding it ran beside (generate, generate_compiled or baseline): the honest
+over the fastest plain decoding it ran beside (generate, generate_torch, generate_compiled or baseline): the honest
 ratio when one of them beats the reference.
 
     python benchmarks/speed.py                                  # Qwen2.5-Coder 1.5B / 0.5B, bf16
@@ -51,7 +52,7 @@ from specresearch.drafters.draft_model import cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
-from specresearch.models import LoadedModel, load_model
+from specresearch.models import LoadedModel, SkinnyLinear, load_model, use_skinny_linear
 from specresearch.target import Target
 from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
@@ -59,8 +60,8 @@ from specresearch.verifiers import GreedyVerifier
 
 GREEDY = SamplingParams()
 DATASETS = {"humaneval": "HumanEval prompts", "mtbench": "MT-bench questions (first turn, chat template)"}
-HF_METHODS = ("generate", "generate_compiled", "hf_assisted", "hf_prompt_lookup")
-PLAIN = ("generate", "generate_compiled", "baseline")  # plain decoding, one token per target forward
+HF_METHODS = ("generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup")
+PLAIN = ("generate", "generate_torch", "generate_compiled", "baseline")  # plain decoding, one token per target forward
 
 
 @dataclass
@@ -98,6 +99,25 @@ def hf(name: str, lm: LoadedModel, **generate_kwargs) -> Method:
         return Run(out[0, len(ids) :].tolist(), time.perf_counter() - t0)
 
     return Method(name, decode)
+
+
+def hf_torch_kernels(name: str, lm: LoadedModel) -> Method:
+    """transformers' `generate` on torch's own nn.Linear, as transformers ships it, whatever --kernels
+    says (the layers' class is swapped back for the call: same weights)."""
+    method = hf(name, lm)
+    plain = method.decode
+
+    def decode(ids: list[int], n: int) -> Run:
+        skinny = [m for m in lm.model.modules() if type(m) is SkinnyLinear]
+        use_skinny_linear(lm.model, False)
+        try:
+            return plain(ids, n)
+        finally:
+            for module in skinny:
+                module.__class__ = SkinnyLinear
+
+    method.decode = decode
+    return method
 
 
 def hf_compiled(name: str, lm: LoadedModel, cache_len: int) -> Method:
@@ -148,6 +168,8 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int)
     for name in wanted_methods(args.methods):
         if name == "generate":
             methods.append(hf(name, target))
+        elif name == "generate_torch":
+            methods.append(hf_torch_kernels(name, target))
         elif name == "generate_compiled":
             methods.append(hf_compiled(name, target, cache_len))
         elif name == "hf_assisted":

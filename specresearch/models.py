@@ -184,8 +184,9 @@ def load_model(
         device: "auto", "cpu", "cuda" or "cuda:N".
         cache_dir: where dequantized GGUF models are cached; default: default_cache_dir().
         tiny: keyword arguments of tiny_model, used when name == "tiny".
-        kernels: "auto": float32 linear layers on the CPU compute inputs of 2 to 64 rows (speculative
-            verification, short prompts) with SkinnyLinear; "torch": torch's nn.Linear everywhere.
+        kernels: "auto": float32 and bfloat16 linear layers on the CPU compute inputs of up to 64 rows
+            (decoding, speculative verification, short prompts; float32 from 2 rows; bfloat16 where
+            the CPU has native bf16) with SkinnyLinear; "torch": torch's nn.Linear everywhere.
 
     Returns:
         The model in eval mode on `device` in `dtype`, and its tokenizer.
@@ -193,7 +194,8 @@ def load_model(
     if kernels not in ("auto", "torch"):
         raise SpecResearchError(f"unknown model.kernels '{kernels}': valid are auto, torch")
     lm = _load(name, dtype, resolve_device(device), cache_dir, tiny)
-    use_skinny_linear(lm.model, kernels == "auto" and lm.device.type == "cpu" and lm.dtype == torch.float32)
+    fast = lm.dtype == torch.float32 or (lm.dtype == torch.bfloat16 and cpu_has_fast_bf16())  # measured on such CPUs only
+    use_skinny_linear(lm.model, kernels == "auto" and lm.device.type == "cpu" and fast)
     return lm
 
 
@@ -232,24 +234,30 @@ def _load(name: str, dtype: str, dev: torch.device, cache_dir: str | None, tiny:
 
 
 class SkinnyLinear(torch.nn.Linear):
-    """nn.Linear that computes an input of 2 to `MAX_ROWS` rows as W @ xᵀ, in float32 on the CPU.
+    """nn.Linear that computes a few rows (up to `MAX_ROWS`) as W @ xᵀ on the CPU, in float32 and bfloat16.
 
     torch's F.linear (x @ Wᵀ) on MKL costs about m times one row for m small, so verifying k + 1
     tokens costs k + 1 decode steps. The same product laid out as W @ xᵀ streams W once: measured on
     this project's AVX2 machine (2 cores, Qwen2.5-Coder-1.5B in float32), a 5-token forward costs 1.8-2x
-    one token instead of 3x. One row (plain decoding) and long prompts keep F.linear, so the
-    autoregressive baseline is exactly torch's. Weights and state dict are those of nn.Linear.
+    one token instead of 3x. In bfloat16 (oneDNN, measured on a 2-core Xeon with AVX-512 and AMX) a
+    one-row F.linear is slower than a two-row W @ xᵀ: one row is computed padded with a zero row, and a
+    one-token forward of the 1.5B takes 141 ms instead of 183 (9 tokens: 155 instead of 185); plain
+    decoding, the baseline and transformers' `generate` on the same model all run this way. One row
+    in float32 and long prompts keep F.linear. Weights and state dict are those of nn.Linear.
     """
 
     MAX_ROWS = 64
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.numel() // x.shape[-1]
-        if not (1 < rows <= self.MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"):
+        half = x.dtype == torch.bfloat16
+        if not (x.device.type == "cpu" and (x.dtype == torch.float32 or half) and (1 < rows or half) and rows <= self.MAX_ROWS):
             return F.linear(x, self.weight, self.bias)
-        xt = x.reshape(rows, x.shape[-1]).T  # [in, rows]
-        y = self.weight @ xt if self.bias is None else torch.addmm(self.bias[:, None], self.weight, xt)  # [out, rows]
-        return y.T.reshape(*x.shape[:-1], -1)  # [..., out]
+        x2 = x.reshape(rows, x.shape[-1])  # [rows, in]
+        if rows == 1:  # bf16: a one-row product takes a slower kernel than a two-row one
+            x2 = torch.cat([x2, torch.zeros_like(x2)])
+        y = self.weight @ x2.T if self.bias is None else torch.addmm(self.bias[:, None], self.weight, x2.T)  # [out, rows]
+        return y[:, :rows].T.reshape(*x.shape[:-1], -1)  # [..., out]
 
 
 def use_skinny_linear(model: torch.nn.Module, on: bool = True) -> torch.nn.Module:

@@ -121,6 +121,10 @@ def test_skinny_linear_computes_what_nn_linear_does(bias):
         got = skinny(x)
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    half, plain_half = copy.deepcopy(skinny).bfloat16(), copy.deepcopy(plain).bfloat16()
+    for shape in [(1, 1, 48), (1, 5, 48), (1, 65, 48)]:  # bf16: one row too (padded to two)
+        x = torch.randn(shape, dtype=torch.bfloat16)
+        torch.testing.assert_close(half(x), plain_half(x), atol=0.05, rtol=0.02)
     x = torch.randn(1, 4, 48, dtype=torch.float64)  # other dtypes take F.linear
     assert torch.equal(skinny.double()(x), plain.double()(x))
     assert type(use_skinny_linear(torch.nn.Sequential(skinny), False)[0]) is torch.nn.Linear
@@ -132,7 +136,8 @@ def test_load_model_kernels():
 
     assert linears(load_model("tiny", device="cpu")) == {SkinnyLinear}
     assert linears(load_model("tiny", device="cpu", kernels="torch")) == {torch.nn.Linear}
-    assert linears(load_model("tiny", device="cpu", dtype="bf16")) == {torch.nn.Linear}  # float32 only
+    bf16 = {SkinnyLinear} if cpu_has_fast_bf16() else {torch.nn.Linear}  # bf16 where the CPU has native bf16 kernels
+    assert linears(load_model("tiny", device="cpu", dtype="bf16")) == bf16
     with pytest.raises(SpecResearchError, match="unknown model.kernels 'mkl': valid are auto, torch"):
         load_model("tiny", kernels="mkl")
 

@@ -126,3 +126,23 @@ def test_bad_settings_name_the_valid_ones(target, draft):
         TreeDrafter(target)
     with pytest.raises(SpecResearchError, match="temperature > 0"):
         Engine(target, TreeDrafter(target, model=draft, children="sample"), GreedyVerifier(), SamplingParams())
+
+
+@torch.inference_mode()
+def test_a_cheap_draft_model_grows_trees_of_its_shortlist(target, draft, tmp_path):
+    """drafter.model.vocab / quantize reach the tree (and each ensemble member): every node is a
+    shortlisted token, every sampled child's q is zero off the shortlist, the draft runs int8 linears,
+    and the tree still holds children the shortlist allows only (the full draft proposes others)."""
+    spec = {"name": "tiny", "device": "cpu", "tiny": {"vocab_size": 320, "seed": 0, "noise": 0.01, "noise_seed": 5},
+            "vocab": 40, "vocab_corpus": "mtbench", "quantize": "int8", "cache_dir": str(tmp_path)}
+    cheap = TreeDrafter(target, model=spec, branching=None, topk=3, depth=3, nodes=10, children="sample", ensemble=[spec])
+    allowed = set(cheap.drafts[0].shortlist.ids.tolist())
+    assert all(not any(type(m) is torch.nn.Linear for m in d.model.modules()) for d in cheap.drafts), "int8 linears"
+    ctx = Context(torch.tensor(REPEATING), SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), 100)
+    cheap.prefill(ctx)
+    tree = cheap.propose(ctx)
+    assert set(tree.tokens.tolist()) <= allowed and tree.q.shape == (len(tree), 320)
+    assert float(tree.q[:, sorted(set(range(320)) - allowed)].abs().sum()) == 0 and torch.allclose(tree.q.sum(-1), torch.ones(len(tree)))
+    full = TreeDrafter(target, model=draft, branching=None, topk=3, depth=3, nodes=10, children="sample")
+    full.prefill(ctx)
+    assert not set(full.propose(ctx).tokens.tolist()) <= allowed

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, check_same_vocab, load_model, use_skinny_linear
+from specresearch.models import LoadedModel, SkinnyLinear, check_same_vocab, load_model, use_skinny_linear
 from specresearch.target import Target
 from specresearch.vocab import Shortlist
 
@@ -100,6 +100,7 @@ def cheapen(
         if getattr(lm_head, "bias", None) is not None or getattr(lm.model.config, "final_logit_softcapping", None):
             raise SpecResearchError(f"drafter.model.vocab needs a plain linear lm head; {lm.name} has a bias or logit softcapping")
         shortlist = Shortlist.load(lm_head, lm.tokenizer, int(vocab), vocab_corpus, cache_dir)
+        use_skinny_linear(torch.nn.Sequential(shortlist.head), isinstance(lm_head, SkinnyLinear))  # the draft's kernels
     if quantize is None:
         return DraftModel(lm, shortlist)
     lm = quantize_int8(lm)
