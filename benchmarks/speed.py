@@ -48,7 +48,7 @@ from specresearch.conf import compose
 from specresearch.conf import options as config_options
 from specresearch.data import MTBENCH_CATEGORIES, Prompt, encode, load_prompts
 from specresearch.drafters import NoDrafter
-from specresearch.drafters.draft_model import cheapen
+from specresearch.drafters.draft_model import DraftModel, cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
@@ -165,6 +165,7 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int)
     """Every method asked for by --methods, sharing one target and one draft model (`cache_len`: the
     longest prompt plus the new tokens, generate_compiled's cache size)."""
     methods = []
+    cheap: dict[tuple, DraftModel] = {}  # the draft made cheaper, by options
     for name in wanted_methods(args.methods):
         if name == "generate":
             methods.append(hf(name, target))
@@ -187,7 +188,11 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int)
             extra = {}
             if "model" in node:  # drafters with a draft model share ours, made as cheap as their options say
                 cheaper = {key: node.model[key] for key in ("vocab", "vocab_corpus", "quantize") if key in node.model}
-                extra["model"] = cheapen(draft, target, cache_dir=node.model.get("cache_dir"), **cheaper)
+                key = tuple(sorted(cheaper.items()))
+                if key not in cheap:  # one int8 copy per set of options (about 1 GB each), not one per method
+                    cheap[key] = cheapen(draft, target, cache_dir=node.model.get("cache_dir"), **cheaper)
+                shared = cheap[key]
+                extra["model"] = DraftModel(shared.lm, shared.shortlist, shared.head)  # its own KV cache
             try:
                 drafter = build(node, target=target, **extra)
             except SpecResearchError as err:

@@ -17,7 +17,8 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path):
     result = subprocess.run(
         [
             sys.executable, SPEED, "--quick", "--profile", "--json", str(out), "--store", str(tmp_path / "mlruns"), "--methods",
-            "generate,generate_torch,generate_compiled,hf_assisted,hf_prompt_lookup,baseline,independent,independent:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8",
+            "generate,generate_torch,generate_compiled,hf_assisted,hf_prompt_lookup,baseline,independent,independent:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8,"
+            "independent:k=2:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8",  # the same options: one int8 copy for both
         ],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
     )
@@ -25,7 +26,8 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path):
     report = json.loads(out.read_text())
     rows = {r["method"]: r for r in report["rows"]}
     cheap = "independent(k=4) model.vocab=100 model.vocab_corpus=mtbench model.quantize=int8"
-    assert list(rows) == ["generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "baseline", "independent(k=4)", cheap]
+    assert list(rows) == ["generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "baseline", "independent(k=4)", cheap,
+                          cheap.replace("k=4", "k=2")]
     plain = {name: rows[name]["tokens_per_s"] for name in ("generate", "generate_torch", "generate_compiled", "baseline")}
     fastest = max(plain, key=plain.get)
     assert {r["fastest_plain"] for r in rows.values()} == {fastest} and rows[fastest]["speedup_vs_fastest_plain"] == 1
