@@ -53,7 +53,7 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
 from specresearch.models import LoadedModel, SkinnyLinear, load_model, use_skinny_linear
-from specresearch.target import Target
+from specresearch.target import cost_curve
 from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier
@@ -256,22 +256,7 @@ def measure(methods: list[Method], prompts: list[list[int]], n: int, repeats: in
 def verify_costs(target: LoadedModel, ids: list[int], k_max: int, repeats: int = 5) -> list[float]:
     """v(k) for k = 0..k_max: seconds of a target forward of k + 1 tokens after `ids` / one token's
     (the fastest of `repeats`, as noise only adds): what the Leviathan-optimal k is chosen with."""
-    model = Target(target)
-    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
-    with torch.inference_mode():
-        model.reset()
-        model.prefill(torch.tensor(ids[:-1]))
-        seconds = []
-        for m in range(1, k_max + 2):
-            runs = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                model.forward(torch.tensor(ids[-1:] * m))
-                sync()
-                runs.append(time.perf_counter() - t0)
-                model.rollback(len(ids) - 1)
-            seconds.append(min(runs))
-    return [t / seconds[0] for t in seconds]
+    return cost_curve(target, ids, list(range(1, k_max + 2)), repeats)
 
 
 OP_GROUPS = {  # --profile: aten op names (fragments) -> where the time goes

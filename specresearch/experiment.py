@@ -3,8 +3,9 @@ interleaved prompt by prompt so machine noise hits both alike; results printed a
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -38,6 +39,7 @@ class Results:
     divergences: list[int] = field(default_factory=list)  # first differing position, per differing prompt
     gaps: list[float] = field(default_factory=list)  # target logit gap at that position, per differing prompt
     groups: dict[str, list[SpecStats]] = field(default_factory=dict)  # prompt category -> [baseline, method] (MT-bench)
+    predicted_speedup: float = float("nan")  # the drafter's own prediction (shape=auto), if it makes one
 
     def add(self, prompt: Prompt, base: GenerationOutput, meth: GenerationOutput, gap: float | None = None) -> dict:
         """Record one prompt; `gap` is the target's logit gap between the two tokens at the first
@@ -89,6 +91,7 @@ class Results:
             leviathan_speedup=leviathan_speedup(meth.alpha_token, k, c, v) if k else 1.0 / v,
             leviathan_optimal_k=best_k,
             leviathan_optimal_speedup=best_speedup,
+            predicted_speedup=self.predicted_speedup,
             identity_rate=self.identical / n if n else float("nan"),
             mean_first_divergence=sum(self.divergences) / len(self.divergences) if self.divergences else float("nan"),
             max_divergence_logit_gap=max(self.gaps) if self.gaps else float("nan"),
@@ -138,6 +141,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
         generate(method, prompt_ids[0], cfg.seed, min(8, cfg.max_new_tokens))
 
     results = Results()
+    if drafter.predicted_speedup is not None:
+        results.predicted_speedup = drafter.predicted_speedup
     tags = {**machine_tags(target), **trained_on}
     with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked:
         for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc=label, unit="prompt")):
@@ -300,6 +305,8 @@ def format_table(cfg: DictConfig, label: str, s: dict, results: Results, samplin
         f"Leviathan prediction            {s['leviathan_speedup']:.2f}x   from alpha per tried token={s['method_alpha_token']:.3f}, "
         f"k={s['k']:.0f}, c={s['draft_cost_ratio_c']:.3f}, v={s['verify_cost_v']:.3f}"
         + (f"; its best k: {s['leviathan_optimal_k']:.0f} ({s['leviathan_optimal_speedup']:.2f}x)" if s["leviathan_optimal_k"] else ""),
+        *([f"Sequoia prediction              {s['predicted_speedup']:.2f}x   (drafter.shape=auto: the tree's size chosen for it)"]
+          if math.isfinite(s.get("predicted_speedup", math.nan)) else []),
         f"tau={s['method_tau']:.2f}  alpha={s['method_alpha']:.3f}  acceptance by draft position: {by_pos}",
         f"method time split: {split}",
         f"greedy identity: {identity}",

@@ -134,6 +134,7 @@ class SpeedRecord:
     leviathan_speedup: float = NAN  # Thm 3.8 from the measured alpha_token, k, c, v
     leviathan_optimal_k: float = NAN
     leviathan_optimal_speedup: float = NAN
+    predicted_speedup: float = NAN  # a drafter's own prediction (shape=auto, Sequoia's sizing); NaN = none
     identity_rate: float = NAN  # share of prompts whose method output equals the baseline's
     mean_first_divergence: float = NAN
     max_divergence_logit_gap: float = NAN
@@ -143,7 +144,7 @@ class SpeedRecord:
     version: int = VERSION
 
     SCALARS = ("prompts", "k", "speedup", "time_ratio", "draft_cost_ratio_c", "verify_cost_v", "leviathan_speedup",
-               "leviathan_optimal_k", "leviathan_optimal_speedup", "identity_rate", "mean_first_divergence",
+               "leviathan_optimal_k", "leviathan_optimal_speedup", "predicted_speedup", "identity_rate", "mean_first_divergence",
                "max_divergence_logit_gap")
 
     def to_metrics(self) -> dict[str, float]:

@@ -5,6 +5,7 @@ wrapper for their own cache."""
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 from torch import Tensor
@@ -148,6 +149,37 @@ class Target:
         )
         self.length += tokens.numel()
         return out.logits[0]  # [K, V]
+
+
+@torch.inference_mode()
+def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int = 3) -> list[float]:
+    """The model's measured cost of a forward of n tokens after `ids`, over one token's, for each n in
+    `sizes` (the fastest of `repeats`: noise only adds): the v(n) that speculative decoding's
+    predictions (Leviathan's k, a tree's size) are made with.
+
+    Args:
+        lm: the model, as it will run (device, dtype, kernels).
+        ids: [T] the context the forwards follow (T >= 2).
+        sizes: numbers of tokens to feed (>= 1).
+        repeats: timings of each size.
+    """
+    model = Target(lm)
+    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
+    model.reset()
+    model.prefill(torch.tensor(ids[:-1]))
+
+    def seconds(n: int) -> float:
+        runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model.forward(torch.tensor(ids[-1:] * n))
+            sync()
+            runs.append(time.perf_counter() - t0)
+            model.rollback(len(ids) - 1)
+        return min(runs)
+
+    one = seconds(1)
+    return [seconds(n) / one for n in sizes]
 
 
 @torch.inference_mode()

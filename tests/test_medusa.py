@@ -17,7 +17,7 @@ import torch
 from specresearch.data import DATASETS, SHAREGPT_EVAL, load_prompts, prompt_record, stdlib_prompts
 from specresearch.drafters import Context, MedusaDrafter, NoDrafter
 from specresearch.drafters import base
-from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path
+from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path, interpolated, sized_choices
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
@@ -323,3 +323,30 @@ def test_a_run_on_prompts_that_trained_the_heads_is_refused(tmp_path, capsys):
     warning = capsys.readouterr().err.strip()
     assert warning.startswith("warning: the medusa weights at") and "may overlap MT-bench" in warning and "\n" not in warning
     assert trained_on_tags(old, load_prompts("mtbench", 2)) == {"drafter.trained_on.sources": "unknown"}
+
+
+def test_sequoia_sizing_trades_the_expected_length_against_the_measured_cost():
+    rank_acc = [[0.6, 0.2, 0.1], [0.4, 0.1, 0.05], [0.3, 0.1, 0.0]]
+    paths = best_choices(rank_acc, 20)
+    flat, flat_speedup = sized_choices(rank_acc, lambda m: 1.0, 20)  # verifying costs nothing extra: take every path
+    assert flat == paths and flat_speedup == pytest.approx(1 + sum(math.prod(rank_acc[d][r] for d, r in enumerate(p)) for p in paths))
+    steep, steep_speedup = sized_choices(rank_acc, lambda m: float(m), 20)  # each token costs a forward: one node at most
+    assert steep == paths[:1] and steep_speedup == pytest.approx(1.6 / 2)
+    knee, _ = sized_choices(rank_acc, interpolated([1, 3, 5, 21], [1.0, 1.0, 1.3, 3.0]), 20)
+    assert 2 <= len(knee) <= 4 and knee == paths[: len(knee)]  # cheap up to 2 nodes, then dear
+    assert interpolated([1, 3], [1.0, 2.0])(2) == 1.5 and interpolated([1, 3], [1.0, 2.0])(9) == 2.0
+
+
+def test_shape_auto_sizes_the_tree_on_this_machine(tmp_path, target):
+    path = tmp_path / "heads.safetensors"
+    rank_acc = [[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.0], [0.1, 0.0, 0.0]]
+    noisy_heads().save(path, {"target": "tiny", "rank_acc": rank_acc})
+    drafter = MedusaDrafter(target, checkpoint=str(path), nodes=12, shape="auto")
+    assert 1 <= len(drafter.choices) <= 12 and sorted(drafter.choices) == sorted(best_choices(rank_acc, len(drafter.choices)))
+    assert drafter.predicted_speedup > 0
+    with pytest.raises(SpecResearchError, match="valid are null \\(nodes as given\\), auto"):
+        MedusaDrafter(target, checkpoint=str(path), shape="optimal")
+    with pytest.raises(SpecResearchError, match="set drafter.choices=null"):
+        MedusaDrafter(target, checkpoint=str(path), shape="auto", choices=[[0]])
+    with pytest.raises(SpecResearchError, match="held-out hit rates"):
+        MedusaDrafter(target, heads=noisy_heads(), shape="auto")

@@ -57,6 +57,9 @@ class Drafter(ABC):
     # Weights trained by specresearch.train: their checkpoint and its record of the prompts that trained
     # them (`checkpoint_record`); None for drafters without trained weights (or weights given in code).
     trained_on: dict | None = None
+    # A drafter that sizes its tree itself (shape=auto) predicts its speedup over plain decoding; the
+    # run prints it beside the measured one.
+    predicted_speedup: float | None = None
     # The ways this drafter drafts whose laws differ, as overrides of its config node: the lossless
     # tests (tests/test_lossless.py) prove every mode with every lossless verifier, so a new mode is
     # covered by naming it here.

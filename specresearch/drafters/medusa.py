@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Sequence
+import logging
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,11 +21,14 @@ from specresearch.drafters.training import Cache, hits, optimise
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs
+from specresearch.target import cost_curve
 from specresearch.types import Draft, SamplingParams
 from specresearch.vocab import Shortlist
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
 
 CHILDREN = ("top", "sample")
 # Medusa's "tree of choices": each path lists, per depth, which of that head's top tokens to take.
@@ -57,6 +62,45 @@ def best_choices(rank_acc: Sequence[Sequence[float]], nodes: int) -> list[tuple[
             for r, a in enumerate(rank_acc[len(path)]):
                 heapq.heappush(frontier, (neg * float(a), (*path, r)))
     return chosen
+
+
+SHAPES = ("auto",)
+COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65, 129)  # tokens per verification forward measured for shape=auto
+
+
+def sized_choices(rank_acc: Sequence[Sequence[float]], cost: Callable[[int], float], nodes: int) -> tuple[list[tuple[int, ...]], float]:
+    """Sequoia's sizing (Chen et al., 2024) of Medusa's tree: of the trees `best_choices` makes (the
+    likeliest paths, which maximise the expected accepted length for their size), the size in
+    1..`nodes` whose predicted speedup τ(n) / v(n + 1) is largest, where τ(n) = 1 + the sum of the
+    n paths' probabilities (the expected tokens per verification, bonus included) and v(m) the
+    measured cost of verifying m tokens over one token's. The heads' own cost is left out (2% of a
+    step here).
+
+    Args:
+        rank_acc: [K][R] the heads' held-out hit rate per rank.
+        cost: v(m), m tokens fed to the target (the root and n nodes) over one token.
+        nodes: the largest tree considered.
+
+    Returns:
+        The chosen paths and the predicted speedup over plain decoding.
+    """
+    paths = best_choices(rank_acc, nodes)
+    tau, best = 1.0, (0.0, 1)
+    for n, path in enumerate(paths, start=1):
+        tau += math.prod(float(rank_acc[d][r]) for d, r in enumerate(path))
+        best = max(best, (tau / cost(n + 1), n), key=lambda b: b[0])
+    return paths[: best[1]], best[0]
+
+
+def interpolated(sizes: Sequence[int], values: Sequence[float]) -> Callable[[int], float]:
+    """A function of m from its values at `sizes` (increasing): linear in between, constant beyond."""
+    def at(m: int) -> float:
+        for (a, va), (b, vb) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
+            if a <= m <= b:
+                return va + (vb - va) * (m - a) / (b - a)
+        return values[0] if m < sizes[0] else values[-1]
+
+    return at
 
 
 class ResBlock(nn.Module):
@@ -159,6 +203,7 @@ class MedusaDrafter(Drafter):
         checkpoint: str | None = None,
         choices: Sequence[Sequence[int]] | None = None,
         nodes: int = 16,
+        shape: str | None = None,
         children: str = "top",
         vocab: int | None = None,
         vocab_corpus: str = "python-stdlib",
@@ -172,7 +217,10 @@ class MedusaDrafter(Drafter):
             choices: the tree of choices (paths of per-depth ranks, e.g. [[0], [0, 0], [1]]); None = the
                 `nodes` likeliest paths by the checkpoint's held-out accuracies (`best_choices`), or
                 DEFAULT_CHOICES for heads without them.
-            nodes: the tree's size when `choices` is None.
+            nodes: the tree's size when `choices` is None (with shape=auto: the largest size considered).
+            shape: "auto": Sequoia's sizing (`sized_choices`): the size in 1..`nodes` with the best
+                predicted speedup, from the checkpoint's hit rates and this target's cost of verifying
+                m tokens, measured here (a few seconds); None = `nodes` (or `choices`) as given.
             children: "top" or "sample" (T > 0 only).
             vocab: the heads score only the `vocab` most frequent tokens (FR-Spec, as drafter=independent's
                 `vocab`): their lm head reads those rows only. None = the whole vocabulary. Lossless either way.
@@ -184,11 +232,24 @@ class MedusaDrafter(Drafter):
             raise SpecResearchError(f"unknown drafter.children '{children}': valid are {', '.join(CHILDREN)}")
         if nodes < 1:
             raise SpecResearchError(f"drafter.nodes must be >= 1, got {nodes}")
+        if shape not in (None, *SHAPES):
+            raise SpecResearchError(f"unknown drafter.shape '{shape}': valid are null (nodes as given), {', '.join(SHAPES)}")
+        if shape is not None and choices is not None:
+            raise SpecResearchError("drafter.shape=auto sizes the tree itself: set drafter.choices=null")
         meta: dict = {}
         if heads is None:
             path = find_checkpoint("medusa", target.name, checkpoint, checkpoint_path(target.name, cache_dir))
             heads, meta = MedusaHeads.load(path)
             self.trained_on = checkpoint_record("medusa", path, meta)
+        if shape == "auto":
+            if not meta.get("rank_acc"):
+                raise SpecResearchError("drafter.shape=auto needs the heads' held-out hit rates (a checkpoint trained by specresearch.train)")
+            sizes = [m for m in COST_SIZES if m <= nodes + 1] + [nodes + 1]
+            sizes = sorted(set(sizes))
+            v = interpolated(sizes, cost_curve(target, list(range(2, 131)), sizes))  # any 129 tokens: costs, not content
+            choices, self.predicted_speedup = sized_choices(meta["rank_acc"], v, nodes)
+            log.info("drafter.shape=auto: a tree of %d nodes, predicted speedup %.2fx (Sequoia sizing, measured v)",
+                     len(choices), self.predicted_speedup)
         if choices is None:
             choices = best_choices(meta["rank_acc"], nodes) if meta.get("rank_acc") else DEFAULT_CHOICES
         choices = [tuple(int(r) for r in c) for c in choices]
