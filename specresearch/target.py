@@ -178,8 +178,8 @@ def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int =
             model.rollback(len(ids) - 1)
         return min(runs)
 
-    one = seconds(1)
-    return [seconds(n) / one for n in sizes]
+    times = {n: seconds(n) for n in sorted({1, *sizes})}
+    return [times[n] / times[1] for n in sizes]
 
 
 @torch.inference_mode()
