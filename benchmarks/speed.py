@@ -48,6 +48,7 @@ from specresearch.conf import compose
 from specresearch.conf import options as config_options
 from specresearch.data import MTBENCH_CATEGORIES, Prompt, encode, load_prompts
 from specresearch.drafters import NoDrafter
+from specresearch.drafters.draft_model import OPTIONS as CHEAPER
 from specresearch.drafters.draft_model import DraftModel, cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
@@ -187,7 +188,7 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int)
             node = compose([f"drafter={group}", *(f"drafter.{o}" for o in options)]).drafter
             extra = {}
             if "model" in node:  # drafters with a draft model share ours, made as cheap as their options say
-                cheaper = {key: node.model[key] for key in ("vocab", "vocab_corpus", "quantize") if key in node.model}
+                cheaper = {key: node.model[key] for key in CHEAPER if key in node.model}
                 key = tuple(sorted(cheaper.items()))
                 if key not in cheap:  # one int8 copy per set of options (about 1 GB each), not one per method
                     cheap[key] = cheapen(draft, target, cache_dir=node.model.get("cache_dir"), **cheaper)

@@ -24,6 +24,7 @@ from specresearch.target import Target
 from specresearch.vocab import Shortlist
 
 QUANTIZE = ("int8",)
+OPTIONS = ("vocab", "vocab_corpus", "quantize")  # the keys a draft model's node adds to load_model's: cheapen's
 
 
 class DraftModel(Target):
@@ -56,7 +57,7 @@ class DraftModel(Target):
         if isinstance(spec, LoadedModel):
             return cheapen(spec, target, **cheaper)
         settings = dict(spec)
-        options = {key: settings.pop(key) for key in ("vocab", "vocab_corpus", "quantize") if key in settings}
+        options = {key: settings.pop(key) for key in OPTIONS if key in settings}
         return cheapen(load_model(**settings), target, cache_dir=settings.get("cache_dir"), **options)
 
     def forward(self, tokens: Tensor, head=None, parents: Tensor | None = None, tree: int | None = None) -> Tensor:
