@@ -115,19 +115,8 @@ class Target:
             known = self._tree[1]
         if known.shape[0] != self.length - start:
             raise ValueError(f"the {self.length - start} tokens cached since {start} are not a tree fed by forward()")
-        n, k = known.shape[0], parents.numel()
-        ancestors = torch.zeros(n + k, n + k, dtype=torch.bool)  # row i marks node i and its ancestors
-        ancestors[:n, :n] = known
-        for i, parent in enumerate(parents.tolist(), start=n):
-            ancestors[i, i] = True
-            if parent >= 0:
-                ancestors[i] |= ancestors[parent]
+        ancestors, mask, positions = tree_attention(known, parents, self.length, start, self.model.dtype)
         self._tree = (start, ancestors)
-        rows = ancestors[n:]  # [K, n + K]
-        dtype = self.model.dtype
-        mask = torch.zeros(1, 1, k, self.length + k, dtype=dtype)  # [1, 1, K, L + K]
-        mask[0, 0, :, start:].masked_fill_(~rows, torch.finfo(dtype).min)
-        positions = start + rows.sum(-1) - 1  # [K]
         return {"attention_mask": mask.to(self.device), "position_ids": positions[None].to(self.device)}
 
     def _hidden_states(self, tokens: Tensor, **extra: Tensor) -> Tensor:
@@ -183,9 +172,36 @@ def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int =
 
 
 @torch.inference_mode()
+def tree_attention(known: Tensor, parents: Tensor, length: int, start: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """The attention of K more tree nodes fed after a cache of `length` tokens whose tree began at `start`.
+
+    Args:
+        known: [n, n] bool ancestry of the n tree nodes cached since `start` (row i: node i and its ancestors).
+        parents: [K] each new node's parent among the tree's nodes (these included), -1 = the token before the tree.
+        length, start: the cache's length (n = length - start) and where the tree began.
+        dtype: the mask's dtype.
+
+    Returns:
+        [n + K, n + K] the ancestry with the new nodes, the [1, 1, K, length + K] additive mask (each
+        new node sees the cache before the tree, its ancestors and itself), and [K] positions
+        (start + depth - 1: a node sits where its path, decoded as a chain, would put it).
+    """
+    n, k = known.shape[0], parents.numel()
+    ancestors = torch.zeros(n + k, n + k, dtype=torch.bool)  # row i marks node i and its ancestors
+    ancestors[:n, :n] = known
+    for i, parent in enumerate(parents.tolist(), start=n):
+        ancestors[i, i] = True
+        if parent >= 0:
+            ancestors[i] |= ancestors[parent]
+    rows = ancestors[n:]  # [K, n + K]
+    mask = torch.zeros(1, 1, k, length + k, dtype=dtype)  # [1, 1, K, L + K]
+    mask[0, 0, :, start:].masked_fill_(~rows, torch.finfo(dtype).min)
+    return ancestors, mask, start + rows.sum(-1) - 1
+
+
 def decode_batch(
     lm: LoadedModel, cache: DynamicCache, ids: Tensor, new: int, sampling: SamplingParams, rng: torch.Generator | None,
-    mask: Tensor | None = None, positions: Tensor | None = None,
+    mask: Tensor | None = None, positions: Tensor | None = None, fed_hidden: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Continue B sequences together, one forward per token: feed `ids` after `cache`, draw the next
     token of each row as decoding does (specresearch.sampling.draw: argmax when greedy, else sampled),
@@ -201,14 +217,18 @@ def decode_batch(
         rng: the generator of the draws.
         mask: [B, cached + T] attention mask, 0 = left padding (one column more per new token); None = none.
         positions: [B, T] position ids of `ids` (left-padded rows start at 0); None = after the cache.
+        fed_hidden: also return the hidden states of `ids` before their last (EAGLE trains on a prompt's features).
 
     Returns:
-        [B, new] the drawn tokens, and [B, new, H] the final-norm hidden state that produced each.
+        [B, new] the drawn tokens, and [B, new, H] the final-norm hidden state that produced each
+        ([B, T - 1 + new, H] with `fed_hidden`: those of ids[:, :-1] first).
     """
     lm_head = lm.model.get_output_embeddings()
     tokens, hidden = [], []
     for _ in range(new):
         out = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        if fed_hidden and not hidden:
+            hidden.extend(out.last_hidden_state[:, :-1].unbind(1))
         h = out.last_hidden_state[:, -1]  # [B, H]
         nxt = draw(lm_head(h).float(), sampling, rng)  # [B]
         tokens.append(nxt)

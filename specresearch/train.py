@@ -53,7 +53,7 @@ from specresearch.types import SamplingParams
 log = logging.getLogger(__name__)
 
 DATA = ("self", "text")
-CACHE_FORMAT = 3  # the data cache's fields and prompts (a change makes older caches unused; 3: the train/eval split)
+CACHE_FORMAT = 4  # the data cache's fields and prompts (a change makes older caches unused; 3: the train/eval split; 4: prompts' positions)
 MAX_HEADS = 8  # labels kept per position in the data cache: any train.heads up to this reuses it
 MAX_PROMPT = 320  # data=self skips longer prompts: one long prompt pads a whole batch to its length
 
@@ -72,12 +72,13 @@ def training_prompts(corpora: list[str], seed: int, files: bool = False) -> list
 
 @torch.inference_mode()
 def generate_batch(lm: LoadedModel, prompts: list[list[int]], new: int, temperature: float = 0.0,
-                   gen: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+                   gen: torch.Generator | None = None, fed_hidden: bool = False) -> tuple[Tensor, Tensor]:
     """Continue `prompts` together (left-padded, one forward per token): greedily, or sampled at
     `temperature`.
 
     Returns:
-        [B, new] the new tokens, and [B, new, H] the final-norm hidden state that produced each.
+        [B, new] the new tokens, and [B, new, H] the final-norm hidden state that produced each (with
+        `fed_hidden`, [B, W - 1 + new, H]: first those of the W - 1 left-padded prompt columns before the last).
     """
     width = max(map(len, prompts))
     ids = torch.zeros(len(prompts), width, dtype=torch.long)  # [B, T]
@@ -88,32 +89,38 @@ def generate_batch(lm: LoadedModel, prompts: list[list[int]], new: int, temperat
     ids, mask = ids.to(lm.device), mask.to(lm.device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, T]: every prompt starts at position 0
     cache = DynamicCache(config=lm.model.config)
-    tokens, hidden = decode_batch(lm, cache, ids, new, SamplingParams(temperature=temperature), gen, mask, positions)
+    tokens, hidden = decode_batch(lm, cache, ids, new, SamplingParams(temperature=temperature), gen, mask, positions, fed_hidden)
     return tokens.cpu(), hidden.cpu()
 
 
 def self_cache(lm: LoadedModel, prompts: list[list[int]], tokens: int, new: int, heads: int, held_out: float,
                batch: int = 32, temperature: float = 0.0, seed: int = 0) -> Cache:
     """The target continues `prompts` (`new` tokens each, as many prompts as give `tokens` tokens;
-    shorter prompts first within the batches, for less padding); keep per generated position the
-    hidden state and the labels of every head: the target's own token t + 2 + i, up to its first EOS.
-    Positions come in prompt order; the last `held_out` share of the prompts taken is held out."""
+    shorter prompts first within the batches, for less padding); keep per position the hidden state,
+    the token after it, and the labels of every head: the target's own token t + 2 + i, up to its
+    first EOS. A prompt's own positions come first (`prompt`: EAGLE attends to their features; no
+    labels), then the generated ones (the first is the prompt's last token, which produced the first new
+    token). Prompts come in order; the last `held_out` share of the prompts taken is held out."""
     prompts = prompts[: max(1, -(-tokens // new))]
     first_held = len(prompts) - max(1, round(held_out * len(prompts))) if held_out > 0 else len(prompts)
     eos = getattr(lm.tokenizer, "eos_token_id", None)
     gen = torch.Generator(device=lm.device).manual_seed(seed)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    parts: dict[int, tuple[Tensor, Tensor, Tensor]] = {}  # prompt → ([n, H] hidden states, [n, K] labels, [n] tokens)
+    parts: dict[int, tuple[Tensor, ...]] = {}  # prompt → ([n, H] hidden states, [n, K] labels, [n] tokens, [n] prompt)
     for s in tqdm(range(0, len(order), batch), desc="target continues the prompts", unit="batch"):
         rows = order[s : s + batch]
-        out, h = generate_batch(lm, [prompts[i] for i in rows], new, temperature, gen)  # [B, new], [B, new, H]
+        out, h = generate_batch(lm, [prompts[i] for i in rows], new, temperature, gen, fed_hidden=True)  # [B, new], [B, W - 1 + new, H]
+        width = h.shape[1] - new + 1
         for b, i in enumerate(rows):
             ends = (out[b] == eos).nonzero()
             last = int(ends[0]) if eos is not None and ends.numel() else new - 1  # the last token of the text
-            lab = torch.full((last + 1, heads), -100, dtype=torch.long)
+            p = len(prompts[i]) - 1  # the prompt's positions before its last
+            lab = torch.full((p + last + 1, heads), -100, dtype=torch.long)
             for k in range(heads):
-                lab[: max(0, last - k), k] = out[b, 1 + k : last + 1]
-            parts[i] = (h[b, : last + 1], lab, out[b, : last + 1])
+                lab[p : p + max(0, last - k), k] = out[b, 1 + k : last + 1]
+            after = torch.cat([torch.tensor(prompts[i][1:], dtype=torch.long), out[b, : last + 1]])  # [p + last + 1]
+            kept = h[b, width - 1 - p : width + last]  # [p + last + 1, H]
+            parts[i] = (kept, lab, after, torch.arange(p + last + 1) < p)
     n = [parts[i][1].shape[0] for i in range(len(prompts))]
     return Cache(
         hidden=torch.cat([parts[i][0] for i in range(len(prompts))]),
@@ -121,13 +128,15 @@ def self_cache(lm: LoadedModel, prompts: list[list[int]], tokens: int, new: int,
         held_out=torch.cat([torch.full((m,), i >= first_held) for i, m in enumerate(n)]),
         tokens=torch.cat([parts[i][2] for i in range(len(prompts))]),
         seq=torch.cat([torch.full((m,), i) for i, m in enumerate(n)]),
+        prompt=torch.cat([parts[i][3] for i in range(len(prompts))]),
     )
 
 
 @torch.inference_mode()
 def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, heads: int, held_out: float) -> Cache:
     """Run the target over `tokens` tokens of `texts`, in chunks of `seq_len`, and keep per position
-    its hidden state and the top-1 labels of every head (the target's top-1 at t + 1 + i)."""
+    its hidden state and the top-1 labels of every head (the target's top-1 at t + 1 + i); no position
+    is a prompt's (every one is labelled)."""
     ids: list[int] = []
     for text in texts:
         ids.extend(lm.tokenizer.encode(text, add_special_tokens=False))
@@ -150,7 +159,7 @@ def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, hea
         for i in range(heads):
             lab[: max(0, n - 1 - i), i] = top1[1 + i :]
         after = torch.tensor(chunk[1:] + [-100])  # [T] the text's next token
-        parts.append((target.hidden.cpu(), lab, torch.full((n,), c >= first_held), after, torch.full((n,), c)))
+        parts.append((target.hidden.cpu(), lab, torch.full((n,), c >= first_held), after, torch.full((n,), c), torch.zeros(n, dtype=torch.bool)))
     return Cache(*(torch.cat(column) for column in zip(*parts)))
 
 
@@ -250,9 +259,11 @@ def check(cfg: DictConfig) -> None:
         raise SpecResearchError(f"unknown train.corpora {bad}{evaluation}: valid are {', '.join(TRAIN_SOURCES)}")
     if tc.data not in DATA:
         raise SpecResearchError(f"unknown train.data '{tc.data}': valid are {', '.join(DATA)}")
-    if min(tc.heads, tc.layers, tc.tokens, tc.new, tc.gen_batch, tc.seq_len, tc.batch, tc.epochs) < 1 or not 0 <= tc.held_out < 1 or tc.temperature < 0:
+    if min(tc.heads, tc.layers, tc.tokens, tc.new, tc.gen_batch, tc.seq_len, tc.batch, tc.epochs, tc.ttt) < 1 or not 0 <= tc.held_out < 1 \
+            or tc.temperature < 0 or tc.noise < 0:
         raise SpecResearchError(
-            "train.heads, layers, tokens, new, gen_batch, seq_len, batch and epochs must be >= 1, 0 <= train.held_out < 1, train.temperature >= 0"
+            "train.heads, layers, tokens, new, gen_batch, seq_len, batch, epochs and ttt must be >= 1, 0 <= train.held_out < 1, "
+            "train.temperature >= 0, train.noise >= 0"
         )
 
 

@@ -31,10 +31,13 @@ def _offline(tmp_path_factory):
 
 
 def train_cfg(**overrides):
-    """A small `train` config for specresearch.train on tiny models (text data unless overridden, no disk cache)."""
+    """A small `train` config for specresearch.train on tiny models (text data unless overridden, no disk cache);
+    the keys not named here keep conf/train.yaml's defaults."""
     from omegaconf import OmegaConf
 
-    base = dict(heads=2, layers=1, own_lm_head=False, data="text", corpora=["python-stdlib"], tokens=1200, new=16, gen_batch=8,
+    from specresearch.conf import CONF_DIR
+
+    base = dict(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "train.yaml").train), heads=2, layers=1, own_lm_head=False, data="text", corpora=["python-stdlib"], tokens=1200, new=16, gen_batch=8,
                 temperature=0.0, seq_len=64, held_out=0.2, cache=False, epochs=3, batch=32, lr=3e-3, weight_decay=0.0, seed=0,
                 log_every=10, out=None)
     return OmegaConf.create({"train": {**base, **overrides}, "drafter": {"_target_": "specresearch.drafters.medusa.MedusaDrafter"}})

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from specresearch.drafters import Context, NoDrafter
-from specresearch.drafters.eagle import EagleDrafter, EagleHead, eagle_path
+from specresearch.drafters.eagle import EagleDrafter, EagleHead, chained, eagle_path, unroll
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
@@ -65,6 +66,28 @@ def test_the_head_learns_and_its_drafts_are_accepted(cyclic):
             out = engine.generate(prompt, 40, eos_token_ids=[])
             assert out.tokens == baseline_tokens(lm, prompt, 40)
             assert out.stats.accepted > out.stats.drafted / 2  # its own features carry it along the chain
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_training_time_test_sees_what_drafting_sees(target, start):
+    """Step l of `unroll` at row i is the head's guess after the target's features up to i - l and l
+    steps of its own chain: the same numbers as feeding them one by one into a KV cache, as drafting does."""
+    torch.manual_seed(0)
+    head = EagleHead(target.model.config).eval()
+    t, h = 12, target.model.config.hidden_size
+    features, embeds = torch.randn(t, h), torch.randn(t, h)
+    with torch.no_grad():
+        steps = unroll(head, embeds, features, 3, start)
+        for l in range(3):
+            rows = torch.arange(t)[chained(torch.arange(t), l, start)].tolist()
+            assert rows == [i for i in range(t) if i >= l and (l == 0 or i - l + 1 >= start)]
+            for i in rows:
+                cache = DynamicCache(config=head.layer.config)
+                f = head(embeds[None, : i - l + 1], features[None, : i - l + 1], cache)[0, -1]  # the real pairs, then the chain
+                for j in range(i - l + 1, i + 1):
+                    f = head(embeds[None, j : j + 1], f[None, None], cache)[0, -1]
+                torch.testing.assert_close(steps[l][i], f, atol=1e-4, rtol=1e-4)
+        assert not torch.allclose(steps[1][6], steps[0][6])  # its own feature is not the target's
 
 
 def test_a_shortlist_vocabulary_drafts_only_its_tokens(tmp_path, cyclic):

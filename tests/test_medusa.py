@@ -22,6 +22,7 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
 from specresearch.experiment import run, trained_on_tags
+from specresearch.target import Target
 from specresearch.train import MAX_HEADS, build_cache, check, generate_batch, self_cache, text_cache, train
 from specresearch.types import SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, MarginVerifier, RejectionVerifier, TypicalVerifier
@@ -74,16 +75,30 @@ def test_batched_continuations_are_the_targets_own_greedy_text(target):
 def test_self_cache_labels_are_the_generated_tokens_after_the_next(target):
     prompts = [[5, 6, 7], list(PLAIN), [1], [9, 8]]
     cache = self_cache(target, prompts, tokens=4 * 10, new=10, heads=3, held_out=0.25, batch=3)
-    assert cache.hidden.shape == (40, 64) and cache.labels.shape == (40, 3)
+    sizes = [len(p) - 1 + 10 for p in prompts]  # a prompt's positions before its last, then the 10 that produced tokens
+    assert cache.hidden.shape == (sum(sizes), 64) and cache.labels.shape == (sum(sizes), 3)
+    assert cache.seq.tolist() == [i for i, n in enumerate(sizes) for _ in range(n)]
     tokens, hidden = generate_batch(target, prompts, 10)
-    torch.testing.assert_close(cache.hidden, hidden.flatten(0, 1))  # in prompt order, though batched by length
-    assert torch.equal(cache.tokens, tokens.flatten()) and cache.seq.tolist() == [i for i in range(4) for _ in range(10)]
-    for i in range(4):
-        lab = cache.labels[i * 10 : (i + 1) * 10]
+    gen = ~cache.prompt
+    torch.testing.assert_close(cache.hidden[gen], hidden.flatten(0, 1))  # in prompt order, though batched by length
+    assert torch.equal(cache.tokens[gen], tokens.flatten())
+    start = 0
+    for i, p in enumerate(prompts):
+        rows = slice(start, start + sizes[i])
+        assert cache.prompt[rows].tolist() == [True] * (len(p) - 1) + [False] * 10
+        assert cache.tokens[rows].tolist() == p[1:] + tokens[i].tolist()  # the token after each position
+        if len(p) > 1:  # a prompt's own features, as the target alone computes them
+            reader = Target(target)
+            reader.keep_hidden = True
+            reader.forward(torch.tensor(p))
+            torch.testing.assert_close(cache.hidden[rows][: len(p) - 1], reader.hidden[:-1], atol=1e-4, rtol=1e-4)
+        lab = cache.labels[rows][len(p) - 1 :]
+        assert (cache.labels[rows][: len(p) - 1] == -100).all()  # no head learns from a prompt's positions
         for k in range(3):
             assert lab[: 9 - k, k].tolist() == tokens[i, 1 + k :].tolist()  # head k at t: token t + 2 + k
             assert (lab[9 - k :, k] == -100).all()
-        assert cache.held_out[i * 10 : (i + 1) * 10].tolist() == [i == 3] * 10  # the last prompt is held out
+        assert cache.held_out[rows].tolist() == [i == 3] * sizes[i]  # the last prompt is held out
+        start += sizes[i]
 
 
 def test_self_cache_stops_at_eos():
@@ -91,9 +106,9 @@ def test_self_cache_stops_at_eos():
     tokens, _ = generate_batch(lm, [[10, 11]], 8)
     lm.tokenizer.eos_token_id = int(tokens[0, 3])  # the fourth new token ends the text (a cycle of 5: no repeat before)
     cache = self_cache(lm, [[10, 11]], tokens=8, new=8, heads=2, held_out=0.0)
-    assert cache.labels.shape == (4, 2)  # the positions that produced tokens 1..4 (the EOS)
-    assert cache.labels[:, 0].tolist() == tokens[0, 1:4].tolist() + [-100]
-    assert cache.labels[:, 1].tolist() == tokens[0, 2:4].tolist() + [-100, -100]
+    assert cache.labels.shape == (1 + 4, 2)  # the prompt's first token, then the positions that produced tokens 1..4 (the EOS)
+    assert cache.labels[1:, 0].tolist() == tokens[0, 1:4].tolist() + [-100]
+    assert cache.labels[1:, 1].tolist() == tokens[0, 2:4].tolist() + [-100, -100]
 
 
 def test_function_prompts_stop_after_the_docstring():

@@ -22,9 +22,11 @@ from transformers import AutoModel, DynamicCache
 
 from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, optimise
+from specresearch.drafters.tree import TreeShape
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
-from specresearch.types import Draft, Verdict
+from specresearch.target import tree_attention
+from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.vocab import Shortlist
 
 if TYPE_CHECKING:
@@ -51,12 +53,15 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * hidden, hidden)
         self.layer = AutoModel.from_config(cfg).float()  # trained in float32 (the config may say bf16); cast when drafting
 
-    def forward(self, embeds: Tensor, features: Tensor, cache: DynamicCache | None = None, mask: Tensor | None = None) -> Tensor:
+    def forward(self, embeds: Tensor, features: Tensor, cache: DynamicCache | None = None, mask: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
         """[B, T, H] token embeddings e(x_{t+1}) and [B, T, H] features f_t → [B, T, H] predicted f̂_{t+1}
-        (after the pairs in `cache`; `mask` [B, past + T]: 0 = padding)."""
+        (after the pairs in `cache`; `mask` [B, past + T]: 0 = padding, or a 4D additive one;
+        `positions` [B, T]: None = after the cache)."""
         dtype = self.fc.weight.dtype
         x = self.fc(torch.cat([embeds.to(dtype), features.to(dtype)], dim=-1))  # [B, T, H]
-        return self.layer(inputs_embeds=x, past_key_values=cache, use_cache=cache is not None, attention_mask=mask).last_hidden_state
+        return self.layer(inputs_embeds=x, past_key_values=cache, use_cache=cache is not None, attention_mask=mask,
+                          position_ids=positions).last_hidden_state
 
     def save(self, path: Path, meta: dict | None = None) -> None:
         """safetensors weights, with `meta` (target, training) in a JSON file beside them."""
@@ -70,17 +75,60 @@ class EagleHead(nn.Module):
         return head, meta
 
 
+def unroll(head: EagleHead, embeds: Tensor, features: Tensor, levels: int, start: int = 0) -> list[Tensor]:
+    """The head drafting `levels` steps from every position of one sequence at once (EAGLE-3's
+    training-time test), one forward per step over a shared KV cache.
+
+    Step 0 reads the pairs (f_i, x_{i+1}) ([T, H] features, [T, H] embeddings of the tokens after them)
+    causally. Step l at index i reads (f̂_i of step l - 1, x_{i+1}) and attends, as drafting would, to
+    the target's features up to i - l and to steps 1..l of its own chain (indices i - l + 1..i). Steps
+    after the first run on rows from `start` on only (a prompt's rows are context, not drafted from).
+    A row whose chain would begin before `start` or before the sequence sees only itself: its output
+    means nothing (`chained` says which do).
+
+    Returns:
+        per step, [T, H]: row i is that step's f̂_{i+1} (zeros before `start` after step 0).
+    """
+    t, h = features.shape
+    dev, dtype = features.device, head.fc.weight.dtype
+    i = torch.arange(t, device=dev)  # [T]
+    rows = i[start:]  # [R] the rows steps 1.. compute
+    cache = DynamicCache(config=head.layer.config)
+    outs = [head(embeds[None], features[None], cache, None, i[None])[0]]  # [T, H]: step 0, causal
+    for l in range(1, levels):
+        f = outs[-1][(rows - 1).clamp_min(0)]  # [R, H] step l - 1's f̂_i (made at i - 1)
+        seen = torch.zeros(rows.numel(), t + l * rows.numel(), dtype=torch.bool, device=dev)  # [R, T + l R] keys: step 0, then steps 1..l
+        seen[:, :t] = i[None, :] <= (rows - l)[:, None]  # the target's features up to where the chain began
+        ok = chained(rows, l, start)  # [R]
+        for m in range(1, l + 1):  # its own chain's steps 1..l, at indices i - l + m
+            seen[ok.nonzero()[:, 0], t + (m - 1) * rows.numel() + rows[ok] - l + m - start] = True
+        seen[(~ok).nonzero()[:, 0], t + (l - 1) * rows.numel() + rows[~ok] - start] = True  # chainless rows: themselves
+        mask = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill_(~seen, torch.finfo(dtype).min)
+        out = head(embeds[None, start:], f[None], cache, mask[None, None], rows[None])[0]  # [R, H]
+        outs.append(torch.cat([out.new_zeros(start, h), out]))
+    return outs
+
+
+def chained(rows: Tensor, step: int, start: int = 0) -> Tensor:
+    """[R] bool: whether step `step` of `unroll` at each of `rows` has its whole chain (rows >= step,
+    and its chain's first drafted index i - step + 1 >= `start` for steps after the first)."""
+    return (rows >= step) & ((rows - step + 1 >= start) | (step == 0))
+
+
 def eagle_path(target_name: str, cache_dir: str | Path | None = None) -> Path:
     """Where the head trained for `target_name` lives: <model cache>/eagle/<target>/head.safetensors."""
     return Path(cache_dir or default_cache_dir()) / "eagle" / target_name.replace("/", "--") / "head.safetensors"
 
 
 class EagleDrafter(Drafter):
-    """Drafts a chain of k tokens with an EAGLE head: its argmax at T = 0 (q = None), samples from its
-    law at T > 0 (q returned). Lossless with greedy and rejection sampling; typical/margin/topk verify
-    it lossily as any chain."""
+    """Drafts with an EAGLE head: a chain of k tokens (its argmax at T = 0, q = None; samples from its
+    law at T > 0, q returned), or with `tree` EAGLE-2's dynamic tree (drafters.tree.TreeShape: the
+    `topk` best children of the level's `topk` best nodes by cumulative draft probability, `depth`
+    levels, the `nodes` best kept), each node's children drawn from the head run on its parent's f̂.
+    Lossless with greedy and rejection sampling; typical/margin/topk verify it lossily."""
 
     name = "eagle"
+    modes = {"chain": (), "dynamic tree": ("tree=true",), "dynamic tree, sampled": ("tree=true", "children=sample")}
     needs_hidden = True
     suggested_verifier = "greedy"  # Trainable: train suggests decoding with it
     default_checkpoint = staticmethod(eagle_path)
@@ -100,6 +148,11 @@ class EagleDrafter(Drafter):
         vocab_corpus: str = "python-stdlib",
         head: EagleHead | None = None,
         cache_dir: str | None = None,
+        tree: bool = False,
+        topk: int = 4,
+        depth: int = 6,
+        nodes: int = 24,
+        children: str = "top",
     ):
         """
         Args:
@@ -112,10 +165,16 @@ class EagleDrafter(Drafter):
             vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
             head: a head to use instead of a checkpoint (tests, a freshly trained head).
             cache_dir: the model cache the default checkpoint lives in (None = the default cache).
+            tree: draft EAGLE-2's dynamic tree instead of a chain (k, k_policy and k_max then unused).
+            topk, depth, nodes, children: the tree's shape (drafters.tree.TreeShape).
         """
         if k < 1:
             raise SpecResearchError(f"drafter.k must be >= 1, got {k}")
-        self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
+        self.shape = TreeShape(None, topk, depth, nodes, children) if tree else None
+        if self.shape is None:
+            self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
+        else:
+            self.depth = self.shape.depth
         if head is None:
             path = find_checkpoint("eagle", target.name, checkpoint, eagle_path(target.name, cache_dir))
             head, meta = EagleHead.load(path, target.model.config)
@@ -134,51 +193,72 @@ class EagleDrafter(Drafter):
 
     @classmethod
     def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[EagleHead, dict]:
-        """An EAGLE head, one cached sequence (a prompt's continuation, or a text chunk) per step: from each
-        pair (f_t, x_{t+1}) it predicts f_{t+1} (smooth L1) and, through the target's lm head, x_{t+2}
-        (cross-entropy, weight EAGLE_CLS), as in the paper."""
+        """An EAGLE head, one cached sequence (a prompt with its continuation, or a text chunk) per step.
+
+        From each pair (f_t, x_{t+1}) the head predicts f_{t+1} (smooth L1) and, through the target's lm
+        head, x_{t+2} (cross-entropy, weight EAGLE_CLS), as in the paper, with uniform noise of half-width
+        `tc.noise` on the target's features (EAGLE-1). With `tc.ttt` = L > 1 it also drafts as it will at
+        decode time (EAGLE-3's training-time test): step l reads its own f̂ of step l - 1 and the true
+        tokens, attending to the target's features up to where the chain began (`unroll`). The loss
+        counts generated positions only; a prompt's positions are context."""
         lm_head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
         head = EagleHead(lm.model.config).to(lm.device)
-        ids, counts = torch.unique_consecutive(cache.seq, return_counts=True)
+        _, counts = torch.unique_consecutive(cache.seq, return_counts=True)
         spans = [(int(s), int(n)) for s, n in zip(counts.cumsum(0) - counts, counts) if n > 2]  # (start, length)
         train_spans = [sp for sp in spans if not bool(cache.held_out[sp[0]])]
         if not train_spans:
             raise SpecResearchError("drafter=eagle needs training sequences of 3 or more tokens: raise train.tokens or lower train.held_out")
         gen = torch.Generator().manual_seed(tc.seed)
+        levels = int(tc.ttt)
 
-        def predict(start: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
-            """One sequence → (f̂_{t+1} [M, H], f_{t+1} [M, H], x_{t+2} [M]) at its M valid pairs."""
+        def predict(start: int, n: int, noise: float = 0.0) -> tuple[list[Tensor], Tensor, Tensor]:
+            """One sequence → per step l ([M_l, H] f̂_{t+1}), and the targets f_{t+1} [M_0, H], x_{t+2} [M_0]
+            at the M_0 scored pairs (M_l: those with a whole chain of l steps before, the last rows of M_0)."""
             f = cache.hidden[start : start + n].to(device=lm.device, dtype=torch.float32)  # [n, H]
             x = cache.tokens[start : start + n].to(lm.device)  # [n]: the token after each position
-            valid = (x[:-1] >= 0) & (x[1:] >= 0)  # [n - 1]
-            f_hat = head(embed(x[:-1].clamp_min(0))[None], f[:-1][None])[0]  # [n - 1, H]
-            return f_hat[valid], f[1:][valid], x[1:][valid]
+            scored = ((x[1:] >= 0) & ~cache.prompt[start + 1 : start + n].to(lm.device)).nonzero()[:, 0]  # [M_0] pairs t → t + 1
+            first = max(0, int(scored[0]) - levels + 1) if scored.numel() else 0  # steps 1.. run from here
+            f_in = f[:-1]
+            if noise > 0:
+                f_in = f_in + (torch.rand(f_in.shape, generator=gen) * 2 - 1).to(f_in) * noise
+            with torch.autocast(lm.device.type, dtype=torch.bfloat16, enabled=lm.dtype == torch.bfloat16):
+                steps = unroll(head, embed(x[:-1].clamp_min(0)), f_in, levels, first)  # levels x [n - 1, H]
+            f_hats = [out[scored[chained(scored, l, first)]].float() for l, out in enumerate(steps)]
+            return f_hats, f[1:][scored], x[1:][scored]
 
         def batch_loss(step: int) -> tuple[Tensor, Tensor]:
-            f_hat, f_next, label = predict(*train_spans[int(torch.randint(len(train_spans), (1,), generator=gen))])
-            logits = lm_head(f_hat.to(lm_head.weight.dtype)).float()  # [M, V]
-            loss = nn.functional.smooth_l1_loss(f_hat, f_next) + EAGLE_CLS * nn.functional.cross_entropy(logits, label)
-            return loss, (logits.argmax(-1) == label).float().mean()[None]
+            f_hats, f_next, label = predict(*train_spans[int(torch.randint(len(train_spans), (1,), generator=gen))], noise=tc.noise)
+            loss, acc = 0.0, []
+            for f_hat in f_hats:
+                m = f_hat.shape[0]
+                logits = lm_head(f_hat.to(lm_head.weight.dtype)).float()  # [M_l, V]
+                loss = loss + nn.functional.smooth_l1_loss(f_hat, f_next[-m:]) + EAGLE_CLS * nn.functional.cross_entropy(logits, label[-m:])
+                acc.append((logits.argmax(-1) == label[-m:]).float().mean())
+            return loss / len(f_hats), torch.stack(acc)
 
-        def agreement(chosen: list[tuple[int, int]]) -> float:
-            hits = total = 0
+        def agreement(chosen: list[tuple[int, int]]) -> list[float]:
+            """Per step l, the share of scored pairs whose top-1 is the target's token (given the true tokens before)."""
+            hits, total = [0] * levels, [0] * levels
             with torch.inference_mode():
                 for start, n in chosen:
-                    f_hat, _, label = predict(start, n)
-                    hits += int((lm_head(f_hat.to(lm_head.weight.dtype)).argmax(-1) == label).sum())
-                    total += label.numel()
-            return hits / max(1, total)
+                    f_hats, _, label = predict(start, n)
+                    for l, f_hat in enumerate(f_hats):
+                        m = f_hat.shape[0]
+                        hits[l] += int((lm_head(f_hat.to(lm_head.weight.dtype)).argmax(-1) == label[-m:]).sum())
+                        total[l] += m
+            return [h / max(1, t) for h, t in zip(hits, total)]
 
         steps = max(1, tc.epochs * len(train_spans))
         first_loss, last_loss = optimise(head, steps, batch_loss, tc, tracker, "eagle head", clip=EAGLE_CLIP)
         held_spans = [sp for sp in spans if bool(cache.held_out[sp[0]])]
+        held = agreement(held_spans) if held_spans else []
         return head, {
-            "train_positions": sum(n for _, n in train_spans),
+            "train_positions": int(sum(int((~cache.prompt[s : s + n]).sum()) for s, n in train_spans)),
             "steps": steps,
             "first_loss": first_loss,
             "last_loss": last_loss,
-            **({"held_out_acc_head1": agreement(held_spans)} if held_spans else {}),
-            "train_acc_head1": agreement(train_spans[: max(1, len(held_spans))]),
+            **{f"held_out_acc_head{l + 1}": a for l, a in enumerate(held)},
+            **{f"train_acc_head{l + 1}": a for l, a in enumerate(agreement(train_spans[: max(1, len(held_spans))]))},
         }
 
     def _feed(self, features: Tensor, tokens: Tensor) -> Tensor:
@@ -193,7 +273,13 @@ class EagleDrafter(Drafter):
         self.feature = self._feed(ctx.hidden, ctx.tokens[1:])[-1]  # the prompt's features, each with the token after it
         self.length = self.cache.get_seq_length()
 
+    def check(self, sampling: SamplingParams) -> None:
+        if self.shape is not None:
+            self.shape.check(sampling)
+
     def propose(self, ctx: Context) -> Draft:
+        if self.shape is not None:
+            return self._tree(ctx)
         chain = Chain(ctx, self.shortlist)
         f = self.feature  # [H]
         for i in range(ctx.max_draft):
@@ -201,6 +287,35 @@ class EagleDrafter(Drafter):
             if i + 1 < ctx.max_draft:
                 f = self._feed(f[None], x[None])[-1]  # the head's own feature stands in for the target's
         return chain.draft()
+
+    def _tree(self, ctx: Context) -> Draft:
+        """EAGLE-2: the tree grows level by level; a level's nodes are fed together under a tree mask,
+        each as the pair (its parent's f̂, its token), and their f̂ score their children."""
+        depth = min(self.depth, ctx.max_draft)
+        if depth <= 0:
+            return Draft.empty(ctx.tokens.device)
+        fed: list[Tensor] = []  # per expanded node, its f̂ [H]
+        ancestry = torch.ones(0, 0, dtype=torch.bool)
+
+        def expand(tokens: Tensor, parents: Tensor) -> Tensor:
+            nonlocal ancestry
+            features = torch.stack([self.feature if p < 0 else fed[p] for p in parents.tolist()])  # [W, H]
+            length = self.cache.get_seq_length()
+            ancestry, mask, positions = tree_attention(ancestry, parents, length, self.length, self.head.fc.weight.dtype)
+            self._forwards += 1
+            out = self.head(self.embed(tokens)[None], features[None], self.cache, mask.to(tokens.device), positions[None].to(tokens.device))[0]
+            fed.extend(out)
+            return self.lm_head(out).float()  # [W, V] or [W, N]
+
+        token = (lambda x: x) if self.shortlist is None else (lambda x: int(self.shortlist.ids[x]))
+        widen = (lambda q: q) if self.shortlist is None else self.shortlist.widen
+        nodes = self.shape.grow(self.lm_head(self.feature)[None].float(), expand, ctx, depth, token, widen)
+        qs = [q for _, _, q in nodes if q is not None]
+        return Draft(
+            tokens=torch.tensor([t for t, _, _ in nodes], dtype=torch.long, device=ctx.tokens.device),
+            q=torch.stack(qs) if qs else None,  # [N, V]
+            parents=torch.tensor([p for _, p, _ in nodes], dtype=torch.long),
+        )
 
     def commit(self, ctx: Context, verdict: Verdict) -> None:
         # Drop the drafted pairs, then feed the target's own features of the tokens it kept, each with

@@ -28,6 +28,7 @@ class Cache:
     held_out: Tensor  # [N] bool: positions of held-out prompts or chunks
     tokens: Tensor  # [N] the token after each position (t + 1: the target's own with data=self), −100 at a chunk's end
     seq: Tensor  # [N] the prompt or chunk each position belongs to (positions of one are contiguous, in order)
+    prompt: Tensor  # [N] bool: a prompt's own position (data=self: context for EAGLE, no labels), before its generated ones
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@ and the target verifies the whole tree in one forward."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -19,12 +20,13 @@ from specresearch.types import Draft, SamplingParams, Trie, Verdict
 CHILDREN = ("top", "sample")
 
 
-class TreeDrafter(Drafter):
-    """Each step, every draft model grows a tree after the last committed token, one draft forward
-    per level (the level's nodes fed together under the tree mask, against the draft's own cache):
+@dataclass
+class TreeShape:
+    """How a token tree grows from a draft's laws, level by level, whatever computes them (a draft
+    model, an EAGLE head):
 
     - static (`branching=[b1, b2, ...]`): every node at depth d gets b_d children;
-    - dynamic (`branching=null`; EAGLE-2): every expanded node gets `topk` children scored by their
+    - dynamic (`branching=None`; EAGLE-2): every expanded node gets `topk` children scored by their
       cumulative draft log-probability; the `topk` best of a level are expanded further, up to
       `depth` levels, and the `nodes` best nodes of all make the tree (parents score at least as
       high as their children, so the set is a tree). With sampled children the budget keeps whole
@@ -33,90 +35,44 @@ class TreeDrafter(Drafter):
 
     Children are the draft's top tokens (`children=top`: deterministic, q = None; lossless with
     greedy and with rejection sampling, which treats them as one-hot) or, at T > 0, drawn
-    independently from the draft's q (`children=sample`, SpecInfer's sampled siblings; q is
-    returned). Several draft models (`ensemble`) make one tree: merged as a trie for top children,
-    side by side for sampled ones (merging sampled siblings would change their law).
+    independently from the draft's q (`children=sample`, SpecInfer's sampled siblings; q is returned).
     """
 
-    name = "tree"
-    modes = {"static top": (), "static sample": ("children=sample",), "dynamic top": ("branching=null",),
-             "dynamic sample": ("branching=null", "children=sample"),
-             "dynamic sample, cheap draft": ("branching=null", "children=sample", "model.vocab=200",
-                                             "model.vocab_corpus=mtbench", "model.quantize=int8")}
+    branching: list[int] | None = None
+    topk: int = 4
+    depth: int = 5
+    nodes: int = 24
+    children: str = "top"
 
-    def __init__(
-        self,
-        target: LoadedModel,
-        model: Mapping | LoadedModel | DraftModel | None = None,
-        branching: Sequence[int] | None = (2, 1, 1, 1),
-        topk: int = 4,
-        depth: int = 5,
-        nodes: int = 24,
-        children: str = "top",
-        ensemble: Sequence[Mapping | LoadedModel | DraftModel] = (),
-    ):
-        """
-        Args:
-            target: the target model; every draft must share its vocabulary.
-            model: the draft model: load_model() arguments plus the cheaper-draft options `vocab`,
-                `vocab_corpus`, `quantize` (drafters.draft_model), a LoadedModel or a DraftModel.
-            branching: children per node at each depth (a static tree); None = dynamic (EAGLE-2).
-            topk: dynamic trees: children per expanded node, and nodes expanded per level.
-            depth: dynamic trees: levels.
-            nodes: dynamic trees: the most nodes kept (the tree's size budget).
-            children: "top" (the draft's most likely tokens) or "sample" (drawn from q; T > 0 only).
-            ensemble: more draft models whose trees are merged with the first's (SpecInfer).
-        """
-        if model is None:
-            raise SpecResearchError("drafter=tree needs a draft model: set drafter.model.name")
-        if children not in CHILDREN:
-            raise SpecResearchError(f"unknown drafter.children '{children}': valid are {', '.join(CHILDREN)}")
-        if branching is not None and (not len(branching) or min(int(b) for b in branching) < 1):
-            raise SpecResearchError(f"drafter.branching needs one or more counts >= 1 (or null: dynamic), got {list(branching)}")
-        if branching is None and min(int(topk), int(depth), int(nodes)) < 1:
-            raise SpecResearchError(f"a dynamic tree needs topk, depth and nodes >= 1, got {topk}, {depth}, {nodes}")
-        self.branching = None if branching is None else [int(b) for b in branching]
-        self.topk, self.nodes, self.children = int(topk), int(nodes), children
-        self.depth = len(self.branching) if self.branching is not None else int(depth)  # the longest path
-        self.drafts = [DraftModel.load(spec, target) for spec in [model, *ensemble]]
-        self._forwards = 0
+    def __post_init__(self):
+        if self.children not in CHILDREN:
+            raise SpecResearchError(f"unknown drafter.children '{self.children}': valid are {', '.join(CHILDREN)}")
+        if self.branching is not None and (not len(self.branching) or min(int(b) for b in self.branching) < 1):
+            raise SpecResearchError(f"drafter.branching needs one or more counts >= 1 (or null: dynamic), got {list(self.branching)}")
+        if self.branching is None and min(int(self.topk), int(self.depth), int(self.nodes)) < 1:
+            raise SpecResearchError(f"a dynamic tree needs topk, depth and nodes >= 1, got {self.topk}, {self.depth}, {self.nodes}")
+        self.branching = None if self.branching is None else [int(b) for b in self.branching]
+        self.topk, self.nodes = int(self.topk), int(self.nodes)
+        self.depth = len(self.branching) if self.branching is not None else int(self.depth)  # the longest path
 
     def check(self, sampling: SamplingParams) -> None:
         if self.children == "sample" and sampling.greedy:
             raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; use children=top for greedy decoding")
 
-    def prefill(self, ctx: Context) -> None:
-        for draft in self.drafts:
-            draft.reset()
-            draft.prefill(ctx.tokens[:-1], reuse=ctx.reuse_prefill)
+    def grow(self, logits: Tensor, expand: Callable[[Tensor, Tensor], Tensor], ctx: Context, depth: int,
+             token: Callable[[int], int] = int, widen: Callable[[Tensor], Tensor] = lambda q: q) -> list[tuple[int, int, Tensor | None]]:
+        """One tree: (token, parent, q or None) per node, parents first.
 
-    def propose(self, ctx: Context) -> Draft:
-        depth = min(self.depth, ctx.max_draft)
-        device = ctx.tokens.device
-        if depth <= 0:
-            return Draft.empty(device)
-        trie = Trie()  # the drafts' trees merged: top children as a trie, sampled ones side by side
-        qs: list[Tensor] = []
-        for draft in self.drafts:
-            local: list[int] = []  # this tree's node -> merged node
-            for token, parent, q in self._grow(draft, ctx, depth):
-                local.append(trie.add(-1 if parent < 0 else local[parent], token, merge=self.children == "top"))
-                if q is not None:  # sampled children: every one is a new node
-                    qs.append(q)
-        return Draft(
-            tokens=torch.tensor(trie.tokens, dtype=torch.long, device=device),
-            q=torch.stack(qs) if qs else None,  # [N, V]: row i is the law node i was drawn from
-            parents=torch.tensor(trie.parents, dtype=torch.long),
-        )
-
-    def _grow(self, draft: DraftModel, ctx: Context, depth: int) -> list[tuple[int, int, Tensor | None]]:
-        """One draft model's tree: (token, parent, q or None) per node, parents first."""
-        pending = ctx.tokens[draft.length :]  # [P] committed tokens the draft has not seen, the last one included
-        logits = draft.forward(pending)[-1:]  # [1, V] the law after the last token ([1, N] over a shortlist)
-        self._forwards += 1
-        start = draft.length
+        Args:
+            logits: [1, V] (or [1, N] over a shortlist) the draft's logits after the last committed token.
+            expand: (tokens [W], parents [W]) → [W, V] the draft's logits after each of a level's nodes
+                to expand (parents: indices among the nodes expanded before, -1 = the root).
+            ctx: the step (sampling, rng).
+            depth: the most levels (the step's draft budget allowing).
+            token, widen: a shortlisted draft's index → token id, and [N] law → [V] (see DraftModel).
+        """
         nodes: list[tuple[int, int, Tensor | None, float]] = []  # (token, parent, q, cumulative log q)
-        fed: dict[int, int] = {}  # node -> its index among the nodes fed to the draft
+        fed: dict[int, int] = {}  # node -> its index among the nodes expanded
         frontier = [-1]  # the nodes whose children this level adds (-1 = the root)
         for level in range(depth):
             laws = ranking_probs(logits, ctx.sampling)  # [W, V or N]: q at T > 0; at T = 0 the softmax ranks the top children
@@ -128,12 +84,12 @@ class TreeDrafter(Drafter):
                 else:
                     xs = torch.topk(law, min(width, law.numel())).indices
                 base = nodes[parent][3] if parent >= 0 else 0.0
-                q = draft.widen(law) if self.children == "sample" else None  # [V] the law the children were drawn from
+                q = widen(law) if self.children == "sample" else None  # [V] the law the children were drawn from
                 for x in xs.tolist():
                     if law[x] <= 0:  # top-k / top-p removed it: the target would never accept it
                         continue
                     new.append(len(nodes))
-                    nodes.append((draft.token(x), parent, q, base + float(torch.log(law[x]))))
+                    nodes.append((token(x), parent, q, base + float(torch.log(law[x]))))
             if level == depth - 1 or not new:
                 break
             if self.branching is None:  # EAGLE-2: expand only the level's best
@@ -141,19 +97,13 @@ class TreeDrafter(Drafter):
             for i in new:
                 fed[i] = len(fed)
             frontier = new
-            logits = draft.forward(
-                torch.tensor([nodes[i][0] for i in new], device=ctx.tokens.device),
-                parents=torch.tensor([fed.get(nodes[i][1], -1) for i in new]),
-                tree=start,
-            )  # [W, V]
-            self._forwards += 1
-        draft.rollback(start)
+            logits = expand(torch.tensor([nodes[i][0] for i in new], device=ctx.tokens.device),
+                            torch.tensor([fed.get(nodes[i][1], -1) for i in new]))  # [W, V]
         if self.branching is None and len(nodes) > self.nodes:
             keep = self._budget_sampled(nodes) if self.children == "sample" else self._budget_top(nodes)
             new_index = {old: new for new, old in enumerate(keep)}
             nodes = [(t, new_index.get(p, -1), q, s) for t, p, q, s in (nodes[i] for i in keep)]
         return [(t, p, q) for t, p, q, _ in nodes]
-
     def _budget_top(self, nodes: list) -> list[int]:
         """EAGLE-2's reranking: the `nodes` best by cumulative draft log-probability (a parent scores
         at least as high as its children, so the set is a tree). Lossless for top children: they are
@@ -185,6 +135,90 @@ class TreeDrafter(Drafter):
             if room <= len(groups[parent]):
                 break
         return sorted(kept)
+
+class TreeDrafter(Drafter):
+    """Each step, every draft model grows a tree (`TreeShape`: static, or EAGLE-2's dynamic one) after
+    the last committed token, one draft forward per level (the level's nodes fed together under the
+    tree mask, against the draft's own cache). Several draft models (`ensemble`) make one tree: merged
+    as a trie for top children, side by side for sampled ones (merging sampled siblings would change
+    their law)."""
+
+    name = "tree"
+    modes = {"static top": (), "static sample": ("children=sample",), "dynamic top": ("branching=null",),
+             "dynamic sample": ("branching=null", "children=sample"),
+             "dynamic sample, cheap draft": ("branching=null", "children=sample", "model.vocab=200",
+                                             "model.vocab_corpus=mtbench", "model.quantize=int8")}
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        model: Mapping | LoadedModel | DraftModel | None = None,
+        branching: Sequence[int] | None = (2, 1, 1, 1),
+        topk: int = 4,
+        depth: int = 5,
+        nodes: int = 24,
+        children: str = "top",
+        ensemble: Sequence[Mapping | LoadedModel | DraftModel] = (),
+    ):
+        """
+        Args:
+            target: the target model; every draft must share its vocabulary.
+            model: the draft model: load_model() arguments plus the cheaper-draft options `vocab`,
+                `vocab_corpus`, `quantize` (drafters.draft_model), a LoadedModel or a DraftModel.
+            branching, topk, depth, nodes, children: the tree's shape (see TreeShape): `branching`
+                children per node at each depth (static), or None: dynamic (EAGLE-2) with `topk`
+                children per expanded node and nodes expanded per level, `depth` levels, at most
+                `nodes` nodes; children "top" (the draft's most likely tokens) or "sample" (T > 0 only).
+            ensemble: more draft models whose trees are merged with the first's (SpecInfer).
+        """
+        if model is None:
+            raise SpecResearchError("drafter=tree needs a draft model: set drafter.model.name")
+        self.shape = TreeShape(None if branching is None else list(branching), topk, depth, nodes, children)
+        self.depth = self.shape.depth
+        self.drafts = [DraftModel.load(spec, target) for spec in [model, *ensemble]]
+        self._forwards = 0
+
+    def check(self, sampling: SamplingParams) -> None:
+        self.shape.check(sampling)
+
+    def prefill(self, ctx: Context) -> None:
+        for draft in self.drafts:
+            draft.reset()
+            draft.prefill(ctx.tokens[:-1], reuse=ctx.reuse_prefill)
+
+    def propose(self, ctx: Context) -> Draft:
+        depth = min(self.depth, ctx.max_draft)
+        device = ctx.tokens.device
+        if depth <= 0:
+            return Draft.empty(device)
+        trie = Trie()  # the drafts' trees merged: top children as a trie, sampled ones side by side
+        qs: list[Tensor] = []
+        for draft in self.drafts:
+            local: list[int] = []  # this tree's node -> merged node
+            for token, parent, q in self._grow(draft, ctx, depth):
+                local.append(trie.add(-1 if parent < 0 else local[parent], token, merge=self.shape.children == "top"))
+                if q is not None:  # sampled children: every one is a new node
+                    qs.append(q)
+        return Draft(
+            tokens=torch.tensor(trie.tokens, dtype=torch.long, device=device),
+            q=torch.stack(qs) if qs else None,  # [N, V]: row i is the law node i was drawn from
+            parents=torch.tensor(trie.parents, dtype=torch.long),
+        )
+
+    def _grow(self, draft: DraftModel, ctx: Context, depth: int) -> list[tuple[int, int, Tensor | None]]:
+        """One draft model's tree: (token, parent, q or None) per node, parents first."""
+        pending = ctx.tokens[draft.length :]  # [P] committed tokens the draft has not seen, the last one included
+        logits = draft.forward(pending)[-1:]  # [1, V] the law after the last token ([1, N] over a shortlist)
+        start = draft.length
+
+        def expand(tokens: Tensor, parents: Tensor) -> Tensor:
+            self._forwards += 1
+            return draft.forward(tokens, parents=parents, tree=start)  # [W, V]
+
+        self._forwards += 1
+        nodes = self.shape.grow(logits, expand, ctx, depth, draft.token, draft.widen)
+        draft.rollback(start)
+        return nodes
 
     def commit(self, ctx: Context, verdict: Verdict) -> None:
         for draft in self.drafts:  # each draft cache holds the accepted sequence but its last token
