@@ -149,7 +149,8 @@ def _sharegpt(n: int | None) -> list[Prompt]:
                 if SHAREGPT_CHARS[0] <= len(first) <= SHAREGPT_CHARS[1]:
                     # a long chat is cut into records <id>_0, <id>_1, ...: "conversation" ties them together
                     conversation = record["id"].rsplit("_", 1)[0]
-                    prompts.append(Prompt(id=f"sharegpt/{record['id']}", text=first, chat=True, meta={"conversation": conversation}))
+                    reply = turns[1]["value"] if len(turns) > 1 and turns[1].get("from") == "gpt" else ""  # the answer it got
+                    prompts.append(Prompt(id=f"sharegpt/{record['id']}", text=first, chat=True, meta={"conversation": conversation, "reply": reply}))
     return prompts
 
 

@@ -260,10 +260,10 @@ def check(cfg: DictConfig) -> None:
     if tc.data not in DATA:
         raise SpecResearchError(f"unknown train.data '{tc.data}': valid are {', '.join(DATA)}")
     if min(tc.heads, tc.layers, tc.tokens, tc.new, tc.gen_batch, tc.seq_len, tc.batch, tc.epochs, tc.ttt) < 1 or not 0 <= tc.held_out < 1 \
-            or tc.temperature < 0 or tc.noise < 0:
+            or tc.temperature < 0 or tc.noise < 0 or tc.token_loss < 0:
         raise SpecResearchError(
             "train.heads, layers, tokens, new, gen_batch, seq_len, batch, epochs and ttt must be >= 1, 0 <= train.held_out < 1, "
-            "train.temperature >= 0, train.noise >= 0"
+            "train.temperature, noise and token_loss >= 0"
         )
 
 

@@ -15,7 +15,8 @@ from torch import Tensor
 from specresearch.errors import SpecResearchError
 from specresearch.models import default_cache_dir
 
-CORPORA = ("python-stdlib", "mtbench")
+CORPORA = ("python-stdlib", "sharegpt", "mtbench")
+SHAREGPT_BYTES = 8 << 20  # the sharegpt corpus: this much of the training side's chats
 
 
 def corpus_texts(corpus: str) -> list[str]:
@@ -24,17 +25,32 @@ def corpus_texts(corpus: str) -> list[str]:
 
     Args:
         corpus: "python-stdlib" (the .py files of this Python's standard library, in path order, up
-            to 8 MB: code, as our code targets see) or "mtbench" (the 80 MT-Bench questions).
+            to 8 MB: code, as our code targets see), "sharegpt" (the training side's ShareGPT first turns
+            with the answers they got, up to 8 MB: chat, markdown and fenced code, as chat targets write
+            it), "mtbench" (the 80 MT-Bench questions: evaluation prompts, for tests only), or several
+            joined by "+" ("python-stdlib+sharegpt": their counts added).
     """
+    if "+" in corpus:
+        return [text for part in corpus.split("+") for text in corpus_texts(part)]
     if corpus == "python-stdlib":
         from specresearch.data import stdlib_files
 
         return [text for _, text in stdlib_files()]
+    if corpus == "sharegpt":
+        from specresearch.data import train_side
+
+        texts, size = [], 0
+        for p in train_side("sharegpt"):
+            texts.append(f"{p.text}\n{p.meta['reply']}")
+            size += len(texts[-1])
+            if size >= SHAREGPT_BYTES:
+                break
+        return texts
     if corpus == "mtbench":
         from specresearch.data import load_prompts
 
         return [p.text for p in load_prompts("mtbench", None)]
-    raise SpecResearchError(f"unknown vocabulary corpus '{corpus}': valid are {', '.join(CORPORA)}")
+    raise SpecResearchError(f"unknown vocabulary corpus '{corpus}': valid are {', '.join(CORPORA)}, or several joined by '+'")
 
 
 def frequent_tokens(tokenizer, n: int, corpus: str = "python-stdlib", cache_dir: Path | None = None) -> Tensor:

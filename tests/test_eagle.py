@@ -90,6 +90,33 @@ def test_training_time_test_sees_what_drafting_sees(target, start):
         assert not torch.allclose(steps[1][6], steps[0][6])  # its own feature is not the target's
 
 
+def test_the_dynamic_tree_scores_each_node_after_its_path_drafted_as_a_chain(target):
+    """EAGLE-2 over the head: a node's children are the head's top tokens after its path, the numbers
+    a chain drafted along that path gives (the tree mask and positions are right)."""
+    torch.manual_seed(0)
+    head = EagleHead(target.model.config)
+    prompt, hidden = torch.tensor(PLAIN + [5]), torch.randn(len(PLAIN), 64)
+    tree, chain = (EagleDrafter(target, head=head, **kw) for kw in ({"tree": True, "topk": 3, "depth": 3, "nodes": 100}, {}))
+    with torch.no_grad():  # as the engine drafts
+        for drafter in (tree, chain):
+            drafter.prefill(Context(prompt, SamplingParams(), None, 10, hidden=hidden))
+        draft = tree.propose(Context(prompt, SamplingParams(), None, 10))
+        tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+        assert len(tokens) == 3 + 9 + 9  # 3 children of the root, of the 3 best of each level
+        for node in [-1, *range(len(tokens))]:
+            children = {t for t, p in zip(tokens, parents) if p == node}
+            if not children:
+                continue
+            path, i = [], node
+            while i >= 0:
+                path, i = [tokens[i], *path], parents[i]
+            f = chain.feature
+            for x in path:
+                f = chain._feed(f[None], torch.tensor([x]))[-1]
+            chain.cache.crop(chain.length - chain.cache.get_seq_length())
+            assert children == set(torch.topk(chain.lm_head(f), 3).indices.tolist())
+
+
 def test_a_shortlist_vocabulary_drafts_only_its_tokens(tmp_path, cyclic):
     lm, head, _ = cyclic
     drafter = EagleDrafter(lm, k=4, head=head, vocab=64, cache_dir=str(tmp_path))

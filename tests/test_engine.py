@@ -275,8 +275,21 @@ def test_frequent_tokens_rank_by_count_and_keep_eos(tmp_path):
     assert torch.equal(frequent_tokens(tok, 8, "mtbench", cache_dir=tmp_path), top)
     code = frequent_tokens(tok, 40, "python-stdlib").tolist()  # Python source: indentation, names, colons
     assert code[0] == ord(" ") and {ord("\n"), ord("("), ord(":"), ord("_")} <= set(code)
-    with pytest.raises(SpecResearchError, match="unknown vocabulary corpus 'wiki': valid are python-stdlib, mtbench"):
+    with pytest.raises(SpecResearchError, match="unknown vocabulary corpus .wiki.: valid are python-stdlib, sharegpt, mtbench"):
         frequent_tokens(tok, 8, "wiki")
+
+
+def test_the_sharegpt_corpus_is_chat_from_the_training_side_and_corpora_add_up():
+    from specresearch.data import train_side
+    from specresearch.vocab import SHAREGPT_BYTES, corpus_texts
+
+    chats = corpus_texts("sharegpt")
+    assert SHAREGPT_BYTES <= sum(map(len, chats)) < SHAREGPT_BYTES + 100_000
+    assert sum("```" in text for text in chats) > 100  # answers with fenced code: what chat targets write
+    train = train_side("sharegpt")[: len(chats)]  # the training side (test_data: no evaluation prompt in it), in order
+    assert chats == [f"{p.text}\n{p.meta['reply']}" for p in train] and all(p.meta["reply"] for p in train[:100])
+    both = corpus_texts("python-stdlib+sharegpt")
+    assert both == corpus_texts("python-stdlib") + chats
 
 
 @pytest.mark.parametrize("k", [1, 3])

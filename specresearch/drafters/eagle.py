@@ -32,7 +32,6 @@ from specresearch.vocab import Shortlist
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-EAGLE_CLS = 0.1  # EAGLE's weight of the token loss beside the feature regression (Li et al., 2024)
 EAGLE_CLIP = 0.5  # EAGLE's gradient-norm clip
 
 
@@ -196,13 +195,17 @@ class EagleDrafter(Drafter):
         """An EAGLE head, one cached sequence (a prompt with its continuation, or a text chunk) per step.
 
         From each pair (f_t, x_{t+1}) the head predicts f_{t+1} (smooth L1) and, through the target's lm
-        head, x_{t+2} (cross-entropy, weight EAGLE_CLS), as in the paper, with uniform noise of half-width
+        head, x_{t+2} (cross-entropy, weight `tc.token_loss`; the paper's 0.1), with uniform noise of half-width
         `tc.noise` on the target's features (EAGLE-1). With `tc.ttt` = L > 1 it also drafts as it will at
         decode time (EAGLE-3's training-time test): step l reads its own f̂ of step l - 1 and the true
         tokens, attending to the target's features up to where the chain began (`unroll`). The loss
         counts generated positions only; a prompt's positions are context."""
         lm_head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
         head = EagleHead(lm.model.config).to(lm.device)
+        norm = getattr(lm.model.base_model, "norm", None)  # the target's final norm: its features' scale
+        if norm is not None and getattr(head.layer, "norm", None) is not None and norm.weight.shape == head.layer.norm.weight.shape:
+            with torch.no_grad():  # start the head's own final norm at the target's (Qwen2.5: weights about 4.6, not 1)
+                head.layer.norm.weight.copy_(norm.weight.float())
         _, counts = torch.unique_consecutive(cache.seq, return_counts=True)
         spans = [(int(s), int(n)) for s, n in zip(counts.cumsum(0) - counts, counts) if n > 2]  # (start, length)
         train_spans = [sp for sp in spans if not bool(cache.held_out[sp[0]])]
@@ -232,7 +235,7 @@ class EagleDrafter(Drafter):
             for f_hat in f_hats:
                 m = f_hat.shape[0]
                 logits = lm_head(f_hat.to(lm_head.weight.dtype)).float()  # [M_l, V]
-                loss = loss + nn.functional.smooth_l1_loss(f_hat, f_next[-m:]) + EAGLE_CLS * nn.functional.cross_entropy(logits, label[-m:])
+                loss = loss + nn.functional.smooth_l1_loss(f_hat, f_next[-m:]) + tc.token_loss * nn.functional.cross_entropy(logits, label[-m:])
                 acc.append((logits.argmax(-1) == label[-m:]).float().mean())
             return loss / len(f_hats), torch.stack(acc)
 
