@@ -22,7 +22,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 from scipy import stats as st
 
-from specresearch.drafters.tree import TreeDrafter
+from specresearch.drafters.tree import TreeDrafter, TreeShape
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.app import build_engine
@@ -139,7 +139,7 @@ def test_the_law_test_detects_a_biased_tree_budget(monkeypatch):
     """The control: the old dynamic-tree budget, which kept the likeliest sampled children (draft =
     target, topk 4, depth 2, nodes 4: the target's top token 0.63 of the time where p = 0.42 here)."""
     target = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
-    monkeypatch.setattr(TreeDrafter, "_budget_sampled", TreeDrafter._budget_top)
+    monkeypatch.setattr(TreeShape, "_budget_sampled", TreeShape._budget_top)
     drafter = TreeDrafter(target, model=target, branching=None, topk=4, depth=2, nodes=4, children="sample")
     p_first, _, _ = law_pvalues(Engine(target, drafter, RejectionVerifier(), T1), REPEATING, n=N // 4)
     assert p_first < ALPHA
