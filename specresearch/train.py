@@ -221,8 +221,9 @@ def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[nn.Module, di
         p.requires_grad_(False)  # the target (its lm head and embeddings too) is frozen
     module, summary = trainable(cfg).fit(tc, lm, cache, tracker)
     summary.update({
-        "positions": int(cache.labels.shape[0]),
-        "held_out_positions": int(cache.held_out.sum()),
+        "positions": int((~cache.prompt).sum()),  # generated (or read) positions: what the heads learn from
+        "held_out_positions": int((cache.held_out & ~cache.prompt).sum()),
+        "prompt_positions": int(cache.prompt.sum()),  # context only (EAGLE reads their features)
         "cache_seconds": cache_s,
         "data": str(cache_path) if cache_path else "not cached",
         "train_seconds": time.perf_counter() - t0 - cache_s,
@@ -263,7 +264,7 @@ def check(cfg: DictConfig) -> None:
             or tc.temperature < 0 or tc.noise < 0 or tc.token_loss < 0:
         raise SpecResearchError(
             "train.heads, layers, tokens, new, gen_batch, seq_len, batch, epochs and ttt must be >= 1, 0 <= train.held_out < 1, "
-            "train.temperature, noise and token_loss >= 0"
+            "train.temperature >= 0, train.noise >= 0, train.token_loss >= 0"
         )
 
 

@@ -144,7 +144,9 @@ def test_data_is_cached_once_and_reused_for_other_heads(tmp_path, target, monkey
 
 @pytest.mark.parametrize("bad, match", [({"data": "web"}, "valid are self, text"), ({"corpora": ["wiki"]}, "valid are python-stdlib, sharegpt"),
                                         ({"corpora": ["mtbench"]}, "evaluation only"), ({"corpora": ["python-stdlib", "humaneval"]}, "evaluation only"),
-                                        ({"new": 0}, "must be >= 1"), ({"temperature": -1.0}, "temperature >= 0")])
+                                        ({"new": 0}, "must be >= 1"), ({"temperature": -1.0}, "temperature >= 0"),
+                                        ({"ttt": 0}, "epochs and ttt must be >= 1"), ({"noise": -0.1}, "noise >= 0"),
+                                        ({"token_loss": -1.0}, "token_loss >= 0")])
 def test_bad_training_settings_are_refused(bad, match):
     cfg = train_cfg(**bad)
     with pytest.raises(SpecResearchError, match=match):
