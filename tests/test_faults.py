@@ -64,11 +64,12 @@ def test_an_unwritable_hydra_output_dir_is_one_line(tmp_path, mode):
 
 def test_ctrl_c_records_the_run_failed_and_exits_130(tmp_path):
     store = tmp_path / "mlruns"
-    # every HumanEval prompt and long outputs: the interrupt must come while it decodes, however late the
-    # first per-prompt metric reaches the store (a 60-prompt run once finished in 7 s before it did)
-    args = ["model=tiny", "drafter=pld", "drafter.k=2", "dataset.num_prompts=164", "max_new_tokens=128",
+    args = ["model=tiny", "drafter=pld", "drafter.k=2", "dataset.num_prompts=60", "max_new_tokens=64",
             f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out"]
-    proc = subprocess.Popen(spec(*args), cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as from a terminal: a job started in the background by a shell without job control inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler (the test would hang on to the end)
+    proc = subprocess.Popen(spec(*args), cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for_a_measured_prompt(store / "mlflow.db", proc)
         proc.send_signal(signal.SIGINT)
@@ -84,7 +85,7 @@ def test_ctrl_c_records_the_run_failed_and_exits_130(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("specresearch").experiment_id])
     assert run.info.status == "FAILED"
-    assert run.data.metrics["prompt_tau"] >= 1 and 1 <= run.data.metrics["prompts"] < 164  # what it had measured is kept
+    assert run.data.metrics["prompt_tau"] >= 1 and 1 <= run.data.metrics["prompts"] < 60  # what it had measured is kept
 
 
 def test_two_runs_starting_at_once_on_a_new_store_both_record(tmp_path):
