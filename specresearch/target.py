@@ -171,7 +171,6 @@ def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int =
     return [times[n] / times[1] for n in sizes]
 
 
-@torch.inference_mode()
 def tree_attention(known: Tensor, parents: Tensor, length: int, start: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     """The attention of K more tree nodes fed after a cache of `length` tokens whose tree began at `start`.
 
@@ -199,6 +198,7 @@ def tree_attention(known: Tensor, parents: Tensor, length: int, start: int, dtyp
     return ancestors, mask, start + rows.sum(-1) - 1
 
 
+@torch.inference_mode()
 def decode_batch(
     lm: LoadedModel, cache: DynamicCache, ids: Tensor, new: int, sampling: SamplingParams, rng: torch.Generator | None,
     mask: Tensor | None = None, positions: Tensor | None = None, fed_hidden: bool = False,
