@@ -91,8 +91,10 @@ def hf(name: str, lm: LoadedModel, **generate_kwargs) -> Method:
         x = torch.tensor([ids], device=lm.device)  # [1, T]
         t0 = time.perf_counter()
         with torch.inference_mode():
+            # EOS ignored as our engine's eos_token_ids=[] does (no EOS ends it; min_new_tokens would mask EOS out
+            # instead, and its processor, given to the assistant too, makes assisted generation warn)
             out = lm.model.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                x, attention_mask=torch.ones_like(x), max_new_tokens=n, eos_token_id=[], do_sample=False,
                 **generate_kwargs, **call_kwargs,
             )
         if lm.device.type == "cuda":
@@ -134,7 +136,7 @@ def hf_compiled(name: str, lm: LoadedModel, cache_len: int) -> Method:
 
     def decode(ids: list[int], n: int) -> Run:
         cache = StaticCache(config=lm.model.config, max_cache_len=cache_len)
-        return plain(ids, n, past_key_values=cache)
+        return plain(ids, n, cache=cache)
 
     method.decode = decode
     return method

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from specresearch.conf import CONF_DIR, unknown_option
 from specresearch.errors import SpecResearchError
+from specresearch.records import OVERRIDES_TAG
 
 if TYPE_CHECKING:
     from specresearch.engine import Engine
@@ -91,9 +92,16 @@ def machine_tags(lm: LoadedModel) -> dict[str, str]:
 
 
 def claim_params(engine: Engine) -> dict[str, str]:
-    """What the method claims, as run params (the class may change; the record must not): the
-    verifier's `lossless` claim ("true" / "false"), which tests/test_lossless.py proves for every drafter."""
-    return {"verifier.lossless": str(bool(engine.verifier.lossless)).lower()}
+    """What the method claims and what it ran as, as run params (the class may change; the record
+    must not): the verifier's `lossless` claim ("true" / "false"), which tests/test_lossless.py
+    proves for every drafter, and the target's dtype and device actually used (`resolved_params`)."""
+    return {"verifier.lossless": str(bool(engine.verifier.lossless)).lower(), **resolved_params(engine.target.lm)}
+
+
+def resolved_params(lm: LoadedModel) -> dict[str, str]:
+    """The dtype and device a model actually runs in, beside the config's `model.dtype=auto`:
+    `model.dtype_used`, `model.device_used` (run params)."""
+    return {"model.dtype_used": str(lm.dtype).removeprefix("torch."), "model.device_used": str(lm.device)}
 
 
 def _read(path: str) -> str:
@@ -124,6 +132,8 @@ def tracked_run(tracker: Tracker, cfg: DictConfig, name: str, report: Callable[[
     Yields:
         The tracker, to log step metrics as they come.
     """
+    overrides = hydra_overrides()
+    tags = {**(tags or {}), **({OVERRIDES_TAG: json.dumps(overrides)} if overrides is not None else {})}
     tracker.start(cfg, run_name=name, tags=tags, params=params)
     status = "FAILED"
     try:
@@ -135,21 +145,52 @@ def tracked_run(tracker: Tracker, cfg: DictConfig, name: str, report: Callable[[
 
 
 def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], status: str) -> None:
-    """End a tracked run with `status` after logging its finite metrics, `files` (name -> text) and
-    summary.json; write the same files, and the summary with the status, to Hydra's output folder."""
+    """End a tracked run with `status` after logging its finite metrics (the HEADLINE ones first),
+    `files` (name -> text), summary.json (strict JSON: null for NaN) and a speed run's figures
+    (analysis.figures.speed_run); write the same files, and the summary with the status, to Hydra's
+    output folder."""
+    from specresearch.records import HEADLINE, json_text
+
     finite = {key: value for key, value in summary.items() if isinstance(value, (int, float)) and math.isfinite(value)}
+    first = sorted(finite, key=lambda key: HEADLINE.index(key.replace("@", "_at_")) if key.replace("@", "_at_") in HEADLINE else len(HEADLINE))
     try:
-        tracker.log_metrics(finite)
+        tracker.log_metrics({key: finite[key] for key in first})  # MLflow lists metrics in the order they were logged
         for name, text in files.items():
             tracker.log_artifact_text(text, name)
-        tracker.log_artifact_text(json.dumps(summary, indent=2), "summary.json")
+        tracker.log_artifact_text(json_text(summary), "summary.json")
+        _log_figures(tracker, summary)
     finally:
         tracker.end(status)
     out_dir = output_dir()
     if out_dir is not None:
         for name, text in files.items():
             (out_dir / name).write_text(text)
-        (out_dir / "summary.json").write_text(json.dumps({"status": status, **summary}, indent=2))
+        (out_dir / "summary.json").write_text(json_text({"status": status, **summary}))
+
+
+def _log_figures(tracker: Tracker, summary: dict[str, float]) -> None:
+    """A speed run's figures as PNG artifacts (nothing for other runs, or for `tracker=none`)."""
+    from specresearch.tracking import NullTracker
+
+    if isinstance(tracker, NullTracker):
+        return
+    from specresearch.analysis import figures
+
+    for name, figure in figures.speed_run(summary).items():
+        try:
+            tracker.log_figure(figure, name)
+        finally:
+            figures.close(figure)
+
+
+def hydra_overrides() -> list[str] | None:
+    """The running Hydra job's command-line overrides (a sweep job's own values); None outside one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return None
 
 
 def output_dir() -> Path | None:

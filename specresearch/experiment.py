@@ -3,7 +3,6 @@ interleaved prompt by prompt so machine noise hits both alike; results printed a
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field, replace
@@ -17,7 +16,7 @@ from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
-from specresearch.records import Group, PromptStep, SideStats, SpeedRecord
+from specresearch.records import Group, PromptStep, SideStats, SpeedRecord, json_text
 from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
 from specresearch.target import Target
 from specresearch.types import GenerationOutput, SamplingParams
@@ -209,14 +208,19 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
     also the A/A calibration (baseline against baseline, fresh seeds each time). Fills `results`."""
     prompts = prompt_ids[: sc.prompts]
 
-    def baseline_side(offset: int) -> tuple[Samples, Conditionals]:
-        parts = [sample_target(target, ids, sc.samples, sc.length, sampling, seed + offset + i, sc.batch, i) for i, ids in enumerate(prompts)]
+    def baseline_side(offset: int, progress=None) -> tuple[Samples, Conditionals]:
+        parts = [sample_target(target, ids, sc.samples, sc.length, sampling, seed + offset + i, sc.batch, i, progress)
+                 for i, ids in enumerate(prompts)]
         return Samples.concat(parts), _score(target, prompts, parts, sampling, seed + offset)
 
-    base, base_cond = baseline_side(1_000_000)
-    meth_parts = []
-    for i, ids in enumerate(tqdm(prompts, desc="equivalence samples", unit="prompt")):
-        meth_parts.append(sample_engine(method, ids, sc.samples, sc.length, seed + 2_000_000 + i * sc.samples, i))
+    def bar(side: str) -> tqdm:
+        return tqdm(total=sc.samples * len(prompts), desc=f"equivalence samples: {side}", unit="sample")
+
+    with bar("baseline") as b:
+        base, base_cond = baseline_side(1_000_000, b.update)
+    with bar("method") as b:
+        meth_parts = [sample_engine(method, ids, sc.samples, sc.length, seed + 2_000_000 + i * sc.samples, i, b.update)
+                      for i, ids in enumerate(prompts)]
     meth = Samples.concat(meth_parts)
     results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000),
                                   alpha=sc.alpha, power=sc.power, seed=seed)
@@ -264,9 +268,9 @@ def _step_metrics(record: dict) -> dict[str, float]:
 
 def _report(results: Results, k: int) -> tuple[dict[str, float], dict[str, str]]:
     """What was measured so far (also of a failed run): the summary, per-prompt records, the battery."""
-    files = {"records.jsonl": "".join(json.dumps(r) + "\n" for r in results.records)}
+    files = {"records.jsonl": "".join(json_text(r, indent=None) + "\n" for r in results.records)}
     if results.equivalence is not None:
-        files["equivalence.json"] = json.dumps(results.equivalence.as_dict(), indent=2)
+        files["equivalence.json"] = json_text(results.equivalence.as_dict())
     return (results.summary(k) if results.records else {}), files
 
 

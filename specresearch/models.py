@@ -19,6 +19,8 @@ import secrets
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -380,15 +382,45 @@ def tiny_model(
 
 
 def _load_hf(path: Path | str, name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    return _ready(*_read_hf(path, dtype), name, dtype, device)
+    return _ready(*_read_hf(path, name, dtype), name, dtype, device)
 
 
-def _read_hf(path: Path | str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+def _read_hf(path: Path | str, name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    with _loading_bar(name):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model, tokenizer
+
+
+@contextmanager
+def _loading_bar(name: str) -> Iterator[None]:
+    """One progress bar on stderr, "loading NAME", for a model read with from_pretrained: transformers'
+    own "Loading weights" bar (via its tqdm hook) counts into it instead of drawing itself; its time
+    includes the model's set-up before the weights and the tokenizer after them."""
+    from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
+
+    def counted(items: Iterable, bar: tqdm) -> Iterator:
+        for item in items:
+            yield item
+            bar.update()
+
+    with tqdm(desc=f"loading {name}", unit="tensor") as bar:
+        def hook(factory, args, kwargs):
+            if kwargs.get("desc") != "Loading weights":  # other bars of transformers stay its own
+                return factory(*args, **kwargs)
+            items = args[0] if args else kwargs["iterable"]
+            bar.total = (bar.total or 0) + len(items)
+            bar.refresh()
+            return counted(items, bar)
+
+        previous = hf_logging.set_tqdm_hook(hook)
+        try:
+            yield
+        finally:
+            hf_logging.set_tqdm_hook(previous)
 
 
 def _ready(model: torch.nn.Module, tokenizer: Any, name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
@@ -524,7 +556,7 @@ def _load_cache_entry(
         damage = _entry_damage(cached)
         if damage is None:
             try:
-                model, tokenizer = _read_hf(cached, dtype)
+                model, tokenizer = _read_hf(cached, name, dtype)
             except Exception as err:  # a cut or rewritten file fails deep inside safetensors/transformers
                 damage = _entry_damage(cached, sha256=True) or f"it does not load: {_one_line(err)}"
             else:
@@ -533,7 +565,7 @@ def _load_cache_entry(
         _discard(cached)
     build()
     try:
-        model, tokenizer = _read_hf(cached, dtype)
+        model, tokenizer = _read_hf(cached, name, dtype)
     except Exception as err:
         raise SpecResearchError(f"the cache entry at {cached}, just built, does not load: {_one_line(err)}") from err
     return _ready(model, tokenizer, name, dtype, device)

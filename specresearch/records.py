@@ -23,6 +23,8 @@ HOST_TAG, PID_TAG = "specresearch.host", "specresearch.pid"  # where a run's pro
 JOB_TAG = "specresearch.job."  # + job number, on the parent run: "finished", "skipped <run id>" or "failed: <why>"
 INTERRUPTED_TAG = "specresearch.interrupted"  # "true" on a RUNNING run that resume found with its process gone
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: a sweep's job run names its parent
+NOTE_TAG = "mlflow.note.content"  # MLflow's own: the run's description (markdown), shown first on its page
+OVERRIDES_TAG = "specresearch.overrides"  # a job's command-line overrides: what a sweep's summary tabulates it by
 HASH_EXCLUDED = ("tracker", "resume")  # where a run is recorded, and whether to skip it, do not change what it measures
 
 
@@ -32,6 +34,23 @@ def process_tags(cfg: DictConfig) -> dict[str, str]:
     if cfg.get("study") is not None:
         tags[STUDY_TAG] = str(cfg.study)
     return tags
+
+
+def json_text(value, indent: int | None = 2, default=None) -> str:
+    """`value` as strict JSON: NaN and ±inf (a rate of nothing, an absent metric) become null, which
+    every parser reads (Python's json would write bare NaN, which strict parsers reject); `default`
+    as json.dumps's (what to write for an object JSON has no type for)."""
+
+    def strict(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: strict(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [strict(v) for v in x]
+        return x
+
+    return json.dumps(strict(value), indent=indent, allow_nan=False, default=default and (lambda x: strict(default(x))))
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -56,7 +75,12 @@ VERSION_KEY = "record_version"
 BASELINE, METHOD = "baseline", "method"  # the two sides: `baseline_*` and `method_*` metrics
 GROUP, EQ, AA, DELTA = "group.", "eq_", "aa_", "delta_"  # prefixes of per-category, battery, A/A and delta metrics
 ACCEPTANCE_AT = "acceptance_at_"  # + draft position 1, 2, ...
+PROMPT = "prompt/"  # + PromptStep's names: one prompt's values, logged as step i
 NAN = float("nan")
+# The headline metrics, logged first so that MLflow lists them first (its tables keep the order of
+# logging); the per-prompt curves are `prompt/*` (PromptStep), a chart section of their own.
+HEADLINE = ("speedup", "method_tau", "method_alpha", "method_tokens_per_s", "baseline_tokens_per_s", "identity_rate",
+            "method_pass_at_1", "delta_pass_at_1")
 
 
 def prefixed(values: dict[str, float], prefix: str) -> dict[str, float]:
@@ -198,8 +222,8 @@ class PromptStep:
     identical: float
 
     def to_metrics(self) -> dict[str, float]:
-        """`prompt_*` metrics; NaN ones (a prompt with no new token) left out."""
-        return {f"prompt_{k}": float(v) for k, v in asdict(self).items() if not math.isnan(v)}
+        """`prompt/*` metrics; NaN ones (a prompt with no new token) left out."""
+        return {f"{PROMPT}{k}": float(v) for k, v in asdict(self).items() if not math.isnan(v)}
 
 
 @dataclass

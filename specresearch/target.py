@@ -121,7 +121,7 @@ class Target:
 
     def _hidden_states(self, tokens: Tensor, **extra: Tensor) -> Tensor:
         """[K, H] the base model's final (normed) hidden states of `tokens`, fed after the cache."""
-        out = self.model.base_model(input_ids=tokens.to(self.device)[None], past_key_values=self.cache, use_cache=True, **extra)
+        out = self.model.base_model(input_ids=tokens.to(self.device)[None], cache=self.cache, use_cache=True, **extra)
         self.length += tokens.numel()
         return out.last_hidden_state[0]
 
@@ -131,7 +131,7 @@ class Target:
             return self.model.get_output_embeddings()(self.hidden[-logits_to_keep:])  # [K or 1, V]
         out = self.model(
             input_ids=tokens.to(self.device)[None],  # [1, K]
-            past_key_values=self.cache,
+            cache=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
             **extra,
@@ -226,7 +226,7 @@ def decode_batch(
     lm_head = lm.model.get_output_embeddings()
     tokens, hidden = [], []
     for _ in range(new):
-        out = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        out = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
         if fed_hidden and not hidden:
             hidden.extend(out.last_hidden_state[:, :-1].unbind(1))
         h = out.last_hidden_state[:, -1]  # [B, H]

@@ -71,6 +71,7 @@ class Tracker(Protocol):
               params: dict[str, Any] | None = None) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def log_artifact_text(self, text: str, name: str) -> None: ...
+    def log_figure(self, figure: Any, name: str) -> None: ...  # a matplotlib figure, as a PNG artifact
     def end(self, status: str = "FINISHED") -> None: ...
     def browse_hint(self) -> str | None: ...
     def check(self) -> None: ...  # raise SpecResearchError when results could not be recorded (before anything runs)
@@ -90,6 +91,9 @@ class NullTracker:
         pass
 
     def log_artifact_text(self, text: str, name: str) -> None:
+        pass
+
+    def log_figure(self, figure: Any, name: str) -> None:
         pass
 
     def end(self, status: str = "FINISHED") -> None:
@@ -145,6 +149,7 @@ class MLflowTracker:
     def _mlflow(self):
         import mlflow  # ~2 s: only when a run is really tracked
 
+        quiet_mlflow()
         mlflow.set_tracking_uri(self.uri)
         db = self._database()
         if db is not None and self.uri not in _CREATED:
@@ -210,6 +215,11 @@ class MLflowTracker:
 
         mlflow.log_text(text, name)
 
+    def log_figure(self, figure: Any, name: str) -> None:
+        import mlflow
+
+        mlflow.log_figure(figure, name)
+
     def end(self, status: str = "FINISHED") -> None:
         import mlflow
 
@@ -237,6 +247,15 @@ class MLflowTracker:
         mlflow.MlflowClient().set_terminated(run_id, status=status)
         if mlflow.active_run() is not None and mlflow.active_run().info.run_id == run_id:
             mlflow.end_run(status=status)
+
+
+def quiet_mlflow() -> None:
+    """Keep MLflow's INFO lines (database creation, migrations) off the console: a run prints its
+    progress, its table and the browse line. Its warnings and errors still show."""
+    import logging
+
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, str]:

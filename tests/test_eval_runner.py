@@ -28,6 +28,9 @@ def test_code_execution_needs_an_explicit_opt_in(tmp_path, monkeypatch):
     cfg = make_cfg(*TINY_EVAL, f"tracker.store={tmp_path}/mlruns")
     with pytest.raises(SpecResearchError, match="eval.allow_code_execution=true"):
         run_eval(cfg)
+    monkeypatch.setenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", "0")  # our switch forbids it, whatever opts in
+    with pytest.raises(SpecResearchError, match="SPECRESEARCH_ALLOW_CODE_EXECUTION=0 forbids"):
+        run_eval(make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", f"tracker.store={tmp_path}/mlruns"))
     assert not (tmp_path / "mlruns").exists()  # refused before anything was recorded
 
 

@@ -85,7 +85,7 @@ def test_ctrl_c_records_the_run_failed_and_exits_130(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("specresearch").experiment_id])
     assert run.info.status == "FAILED"
-    assert run.data.metrics["prompt_tau"] >= 1 and 1 <= run.data.metrics["prompts"] < 60  # what it had measured is kept
+    assert run.data.metrics["prompt/tau"] >= 1 and 1 <= run.data.metrics["prompts"] < 60  # what it had measured is kept
 
 
 def test_two_runs_starting_at_once_on_a_new_store_both_record(tmp_path):

@@ -92,10 +92,10 @@ def test_tiny_incremental_forward_with_cache_matches_full_forward():
     full = logits(lm, IDS)
     cache = DynamicCache(config=lm.model.config)
     with torch.no_grad():
-        a = lm.model(IDS[None, :10], past_key_values=cache, use_cache=True).logits[0]
-        b = lm.model(IDS[None, 10:17], past_key_values=cache, use_cache=True).logits[0]
+        a = lm.model(IDS[None, :10], cache=cache, use_cache=True).logits[0]
+        b = lm.model(IDS[None, 10:17], cache=cache, use_cache=True).logits[0]
         cache.crop(-3)  # drop the last 3 tokens, as after a rejection
-        c = lm.model(IDS[None, 14:], past_key_values=cache, use_cache=True).logits[0]
+        c = lm.model(IDS[None, 14:], cache=cache, use_cache=True).logits[0]
     torch.testing.assert_close(torch.cat([a, b[:4], c]), full, atol=1e-4, rtol=1e-4)
 
 

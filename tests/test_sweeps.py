@@ -156,7 +156,7 @@ def _wait_for_a_measured_prompt(db, proc, timeout=300.0) -> None:
         assert proc.poll() is None, "the job ended before it could be interrupted"
         try:
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
-                if con.execute("select count(*) from metrics where key = 'prompt_tau'").fetchone()[0]:
+                if con.execute("select count(*) from metrics where key = 'prompt/tau'").fetchone()[0]:
                     return
         except sqlite3.Error:  # not created yet, or locked for a moment
             pass
@@ -179,7 +179,7 @@ def test_sigterm_records_failed_and_resume_completes_the_job(tmp_path):
     assert "interrupted by SIGTERM" in err
     (job,), (parent,) = runs(tmp_path)
     assert job.info.status == "FAILED" and parent.info.status == "FAILED"
-    assert job.data.metrics["prompt_tau"] >= 1  # what it had measured is kept
+    assert job.data.metrics["prompt/tau"] >= 1  # what it had measured is kept
 
     rerun = cli(tmp_path, *args)
     assert "1 ran, 0 skipped" in rerun.stdout

@@ -57,6 +57,93 @@ def acceptance(groups: dict[str, dict[str, Sequence[float]]], title: str, pooled
     return fig
 
 
+def time_split(sides: dict[str, dict[str, float]], title: str) -> Figure:
+    """Where each side's time went: one stacked bar per side, in seconds, by phase.
+
+    Args:
+        sides: side name -> {phase: seconds}, phases in order (SpecStats.TIME_SPLIT).
+        title: the figure's title.
+    """
+    fig, (ax,) = panels(1, width=6.4, height=0.9 + 0.6 * max(len(sides), 1))
+    left = dict.fromkeys(sides, 0.0)
+    phases = list(dict.fromkeys(phase for split in sides.values() for phase in split))
+    for phase in phases:
+        widths = [sides[name].get(phase, 0.0) for name in sides]
+        ax.barh(list(sides), widths, left=list(left.values()), label=phase)
+        left = {name: start + width for (name, start), width in zip(left.items(), widths)}
+    for y, total in enumerate(left.values()):
+        ax.text(total, y, f" {total:.2f} s", va="center", fontsize=8)
+    ax.set_xlabel("seconds")
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, ncols=len(phases), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.suptitle(title, fontsize=11, y=1.0)
+    fig.tight_layout()
+    return fig
+
+
+def speed_run(summary: dict[str, float]) -> dict[str, Figure]:
+    """A speed run's own figures, from its summary metrics (`baseline_*`, `method_*`): acceptance by
+    draft position (with Leviathan's α^i) and the time split of both sides; {} for a run that has
+    neither (quality, training). Keys are artifact names."""
+    from specresearch.metrics import SpecStats
+    from specresearch.records import ACCEPTANCE_AT, BASELINE, METHOD, unprefixed
+
+    figures = {}
+    method = unprefixed(summary, f"{METHOD}_")
+    rates = [method[f"{ACCEPTANCE_AT}{i}"] for i in range(1, 1 + sum(k.startswith(ACCEPTANCE_AT) for k in method))]
+    if rates:
+        figures["figures/acceptance_by_position.png"] = acceptance(
+            {"method": {"P(accepted | proposed)": rates}}, "acceptance by draft position", {"method": method.get("alpha_token", math.nan)})
+    sides = {side: {phase: unprefixed(summary, f"{side}_").get(f"time_{phase}", math.nan) for phase in SpecStats.TIME_SPLIT}
+             for side in (BASELINE, METHOD)}
+    sides = {side: split for side, split in sides.items() if all(map(math.isfinite, split.values()))}
+    if sides:
+        figures["figures/time_split.png"] = time_split(sides, "time split (all prompts)")
+    return figures
+
+
+def sweep(table: list[dict], swept: list[str], metrics: list[str]) -> Figure:
+    """A sweep's jobs: one panel per metric against the first swept knob, one line per value of the
+    other swept knobs (numeric knobs on a numeric axis, others as categories).
+
+    Args:
+        table: one row per job: {"run": name, knob: value (str), ..., metric: value}.
+        swept: the knobs that differ between jobs (none: one point per run).
+        metrics: the metrics to draw, one panel each.
+    """
+    x_key, others = (swept[0], swept[1:]) if swept else ("run", [])
+    xs = list(dict.fromkeys(str(row[x_key]) for row in table))
+    numeric = all(_is_number(x) for x in xs)
+    xs = sorted(xs, key=float) if numeric else xs
+    series: dict[str, list[dict]] = {}
+    for row in table:
+        series.setdefault(", ".join(f"{k}={row[k]}" for k in others), []).append(row)
+    fig, axes = panels(len(metrics))
+    for ax, metric in zip(axes, metrics):
+        for label, rows in series.items():
+            points = sorted((xs.index(str(r[x_key])), r.get(metric, math.nan)) for r in rows)
+            ax.plot([float(xs[i]) if numeric else i for i, _ in points], [v for _, v in points], marker="o", label=label or None)
+        if not numeric:
+            ax.set_xticks(range(len(xs)), xs, rotation=30 if max(map(len, xs)) > 8 else 0, ha="right" if max(map(len, xs)) > 8 else "center",
+                          fontsize=8)
+        if metric == "speedup":
+            ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel(x_key)
+        ax.set_title(metric, fontsize=10)
+        if others:
+            ax.legend(fontsize=7)
+    fig.suptitle(f"sweep: {', '.join(metrics)} by {x_key}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 def empty(ax, message: str) -> None:
     """Say on the axes why there is nothing to plot (rather than failing or drawing a blank)."""
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")

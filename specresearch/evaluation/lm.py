@@ -4,15 +4,17 @@
 generation task; `loglikelihood` scores with the target alone (speculation never changes the
 target's probabilities, so the method and the baseline give the same numbers there).
 
-From the lm-eval command line the model arguments are our Hydra overrides:
+From the lm-eval command line the model arguments are our Hydra overrides, and lm-eval's usual
+`pretrained=NAME` names the target (as `model=NAME` or `model.name=NAME` would):
 
-    lm_eval --model specresearch --model_args drafter=independent,verifier=greedy,drafter.k=4 ...
+    lm-eval run --model specresearch --model_args pretrained=qwen2.5-coder-1.5b,drafter=pld,drafter.k=4 ...
 
 From Python, hand it an engine: `SpecResearchLM(engine=Engine(...), seed=0)`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -21,11 +23,11 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specresearch.app import build_engine
-from specresearch.conf import compose
+from specresearch.conf import compose, options
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.types import GenerationOutput, SamplingParams
@@ -48,7 +50,7 @@ class SpecResearchLM(TemplateLM):
 
     def __init__(self, engine: Engine | None = None, seed: int | None = None, max_length: int | None = None,
                  batch_size: int | str | None = None, max_batch_size: int | None = None, device: str | None = None,
-                 **overrides: Any):
+                 pretrained: str | None = None, **overrides: Any):
         """
         Args:
             engine: the engine to decode with; None builds one from `overrides`.
@@ -59,12 +61,18 @@ class SpecResearchLM(TemplateLM):
             batch_size, max_batch_size: accepted from lm-eval's command line; only 1 is possible.
             device: lm-eval's `--device`: the same as the override `model.device=...` (its default
                 cuda:0 falls back to `auto` where CUDA is missing, as lm-eval's hf model does).
+            pretrained: lm-eval's name for the target model: a preset of specresearch/conf/model
+                (`qwen2.5-coder-1.5b`, `tiny`, ...) as `model=NAME`, else (a Hugging Face id, a local
+                directory, a .gguf file) as `model.name=NAME`. Given with a different `model` or
+                `model.name`, it is refused.
             overrides: Hydra overrides of specresearch/conf/config.yaml (`drafter=pld`, `drafter.k=4`, `model=tiny`,
                 `sampling=random`, ...), as lm-eval's `--model_args` passes them.
         """
         super().__init__()
         if batch_size not in (None, 1, "1", "auto") or max_batch_size not in (None, 1):
             raise SpecResearchError(f"model specresearch decodes one prompt at a time: batch_size must be 1, got {batch_size}")
+        if pretrained is not None:
+            overrides = target_overrides(str(pretrained), overrides)
         if engine is None:
             if device is not None and not (device.startswith("cuda") and not torch.cuda.is_available()):
                 overrides.setdefault("model.device", device)  # lm-eval's default is cuda:0: where there is none, `auto`
@@ -169,9 +177,39 @@ class SpecResearchLM(TemplateLM):
         return float(logp.gather(-1, target[:, None]).sum()), bool((logits.argmax(-1) == target).all())
 
 
+def target_overrides(pretrained: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` with lm-eval's `pretrained=NAME` as our target key: `model=NAME` for a preset of
+    specresearch/conf/model, else `model.name=NAME`.
+
+    Raises:
+        SpecResearchError: `model` or `model.name` is given too and names another model.
+    """
+    for key in ("model", "model.name"):
+        if key in overrides and str(overrides[key]) != pretrained:
+            raise SpecResearchError(f"model_args: pretrained={pretrained} and {key}={overrides[key]} both name the "
+                                    "target model and differ: give one of them")
+    key = "model" if pretrained in options("model") else "model.name"
+    return {key: pretrained, **overrides}
+
+
 def compose_config(overrides: dict[str, Any]) -> DictConfig:
     """specresearch/conf/config.yaml composed with `key=value` overrides (values as lm-eval parsed them)."""
     try:
         return compose(overrides)
     except SpecResearchError as err:
-        raise SpecResearchError(f"model_args: {err}") from None
+        unknown = re.match(r"Could not override '([^']+)'", str(err))  # Hydra's advice (`+key=...`) would be ignored
+        raise SpecResearchError(f"model_args: {_unknown_key(unknown[1], overrides) if unknown else err}") from None
+
+
+def _unknown_key(key: str, overrides: dict[str, Any]) -> str:
+    parent = key.rpartition(".")[0]
+    try:
+        node = compose({k: v for k, v in overrides.items() if k != key})
+        node = OmegaConf.select(node, parent) if parent else node
+    except SpecResearchError:
+        node = None
+    valid = [k for k in node if not str(k).startswith("_")] if isinstance(node, DictConfig) else []
+    if parent:
+        return f"unknown key '{key}': valid under {parent} are {', '.join(sorted(valid))}"
+    valid += ["pretrained", "device", "batch_size", "max_length"]  # the constructor's own
+    return f"unknown key '{key}': valid are {', '.join(sorted(valid))}, and their keys (model.dtype=float32, drafter.k=4)"

@@ -21,13 +21,13 @@ from scipy.stats import binomtest
 
 from specresearch.app import browse_line, build, build_engine, claim_params, machine_tags, tracked_run
 from specresearch.errors import SpecResearchError
+from specresearch.evaluation.plugin import TASKS_DIR
 from specresearch.metrics import SpecStats
-from specresearch.records import EvalRecord, EvalSide
+from specresearch.records import EvalRecord, EvalSide, json_text
 from specresearch.types import GenerationOutput
 
 log = logging.getLogger(__name__)
 
-TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 TASKS = {  # task -> the module that scores it
     "humaneval_offline": "specresearch.evaluation.humaneval",
     "stdlib_doctest": "specresearch.evaluation.stdlib_doctest",
@@ -118,6 +118,10 @@ def check(ec: DictConfig) -> None:
         raise SpecResearchError(f"unknown eval.task '{ec.task}': valid are {', '.join(TASKS)}")
     if ec.limit is not None and int(ec.limit) < 1:
         raise SpecResearchError(f"eval.limit must be >= 1 (or null: all), got {ec.limit}")
+    if ec.task in UNSAFE:
+        from specresearch.evaluation.sandbox import check_allowed
+
+        check_allowed(confirmed=True)  # only SPECRESEARCH_ALLOW_CODE_EXECUTION=0 (or a bad value) refuses here
     if ec.task in UNSAFE and not (ec.allow_code_execution or os.environ.get("SPECRESEARCH_ALLOW_CODE_EXECUTION") == "1"):
         raise SpecResearchError(
             f"eval.task={ec.task} executes model-written code (in a sandbox: a separate process with time and memory "
@@ -221,7 +225,7 @@ def sample_records(sides: dict[str, Side]) -> list[dict]:
 
 def _report(sides: dict[str, Side], extra: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
     """What was measured so far (also of a failed run): the summary and per-problem records."""
-    records = "".join(json.dumps(r, default=str) + "\n" for r in sample_records(sides))
+    records = "".join(json_text(r, indent=None, default=str) + "\n" for r in sample_records(sides))
     return {**summarise(sides), **extra}, {"samples.jsonl": records}
 
 

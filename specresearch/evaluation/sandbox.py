@@ -1,9 +1,11 @@
 """Run model-written Python (HumanEval completions) in a separate, isolated process.
 
-Nothing runs unless SPECRESEARCH_ALLOW_CODE_EXECUTION=1 (the Hydra runner sets it for
-eval.allow_code_execution=true). Each program gets a fresh temporary folder and a launcher process
-(_sandbox_child.py, started without preexec_fn so that several programs can run from threads) that,
-before it runs the program with `python -I -S` and a minimal environment:
+Nothing runs without an opt-in (check_allowed): SPECRESEARCH_ALLOW_CODE_EXECUTION=1 (the Hydra runner
+sets it for eval.allow_code_execution=true), or, for our lm-eval code tasks, lm-eval's own
+--confirm_run_unsafe_code; SPECRESEARCH_ALLOW_CODE_EXECUTION=0 forbids it whatever opts in.
+Each program gets a fresh temporary folder and a launcher process (_sandbox_child.py, started without
+preexec_fn so that several programs can run from threads) that, before it runs the program with
+`python -I -S` and a minimal environment:
   - time: wall-clock timeout, then SIGKILL to its process group; RLIMIT_CPU as a backstop;
   - resources: RLIMIT_AS (memory), RLIMIT_FSIZE (file size, also bounds the captured output),
     RLIMIT_NOFILE, RLIMIT_NPROC (fork bombs; counted per uid), no core dumps;
@@ -56,7 +58,7 @@ REQUIRED = ("network_namespace", "pid_namespace", "unprivileged_uid", "landlock_
 
 
 class CodeExecutionNotAllowed(SpecResearchError):
-    """Code execution was not opted into (SPECRESEARCH_ALLOW_CODE_EXECUTION=1)."""
+    """Code execution was not opted into, or SPECRESEARCH_ALLOW_CODE_EXECUTION forbids it (see check_allowed)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,48 @@ def check_isolation(require_isolation: bool | None = None) -> dict[str, bool]:
     return layers
 
 
-def run_program(source: str, limits: Limits | None = None, require_isolation: bool | None = None) -> Outcome:
+def check_allowed(confirmed: bool = False) -> None:
+    """Raise unless running model-written code is opted into: ALLOW_ENV=1, or `confirmed` with ALLOW_ENV
+    unset. ALLOW_ENV=0 forbids it whatever opts in: the switch for a machine or a CI job that must never
+    run model code.
+
+    Args:
+        confirmed: the user consented by other means: lm-eval's --confirm_run_unsafe_code, without which
+            lm-eval runs no task marked `unsafe_code: true`, or the Hydra runner's eval.allow_code_execution.
+
+    Raises:
+        CodeExecutionNotAllowed: not opted into, or forbidden.
+    """
+    value = os.environ.get(ALLOW_ENV) or None
+    if value == "1" or (confirmed and value is None):
+        return
+    if value == "0":
+        raise CodeExecutionNotAllowed(
+            f"{ALLOW_ENV}=0 forbids running model-written code here, whatever else opts in (lm-eval's "
+            "--confirm_run_unsafe_code, eval.allow_code_execution=true): unset it, or set it to 1"
+        )
+    if value is not None:
+        raise CodeExecutionNotAllowed(f"{ALLOW_ENV} must be 1 (allow), 0 (forbid) or unset, got '{value}'")
+    raise CodeExecutionNotAllowed(
+        "running model-written code (e.g. HumanEval completions) is off by default: it executes arbitrary "
+        f"Python, in a sandbox that is defence in depth, not a VM. Opt in with {ALLOW_ENV}=1 (or "
+        "eval.allow_code_execution=true in the Hydra runner, --confirm_run_unsafe_code with lm-eval)"
+    )
+
+
+def preflight() -> dict[str, bool]:
+    """What `score` would refuse after a code task's generations, refused before them: our lm-eval tasks
+    call it when lm-eval builds them (lm-eval itself refuses them without --confirm_run_unsafe_code).
+
+    Returns:
+        check_isolation(), the layers this machine gives.
+    """
+    check_allowed(confirmed=True)  # only ALLOW_ENV=0 refuses here; the confirmation is lm-eval's to check
+    return check_isolation()
+
+
+def run_program(source: str, limits: Limits | None = None, require_isolation: bool | None = None,
+                confirmed: bool = False) -> Outcome:
     """Run one Python program in the sandbox.
 
     Args:
@@ -154,20 +197,16 @@ def run_program(source: str, limits: Limits | None = None, require_isolation: bo
         limits: time and resource limits; None = the configured default (Limits() unless configure() changed it).
         require_isolation: refuse (SpecResearchError) if a REQUIRED layer is missing on this machine; False
             runs with whatever layers are available. None = the configured default (True).
+        confirmed: the user opted in by other means (see check_allowed); else ALLOW_ENV=1 must be set.
 
     Returns:
         The Outcome: passed, status ("passed" | "failed" | "timeout") and detail (the tail of stderr).
 
     Raises:
-        CodeExecutionNotAllowed: SPECRESEARCH_ALLOW_CODE_EXECUTION is not 1.
+        CodeExecutionNotAllowed: not opted into (check_allowed).
         SpecResearchError: require_isolation and a layer is missing.
     """
-    if os.environ.get(ALLOW_ENV) != "1":
-        raise CodeExecutionNotAllowed(
-            "running model-written code (e.g. HumanEval completions) is off by default: it executes arbitrary "
-            f"Python, in a sandbox that is defence in depth, not a VM. Opt in with {ALLOW_ENV}=1 (or "
-            "eval.allow_code_execution=true in the Hydra runner, which sets it for you)"
-        )
+    check_allowed(confirmed)
     limits = _defaults["limits"] if limits is None else limits
     required = _defaults["require_isolation"] if require_isolation is None else require_isolation
     check_isolation(required)
@@ -203,11 +242,14 @@ OUTCOMES: dict[str, Outcome] = {}  # key -> the last outcome `score` saw: the ev
 def score(key: str, source: str) -> dict[str, float]:
     """A code task's lm-eval metrics for one completion: pass@1 (its program passes) and timeout.
 
+    Only our lm-eval task files call it, and they are all marked `unsafe_code: true`: lm-eval scores them
+    only with --confirm_run_unsafe_code (confirm_run_unsafe_code=True), which is the opt-in here.
+
     Args:
         key: the problem's id; its Outcome (status, error) is kept in OUTCOMES[key].
         source: the program that tests the completion (e.g. humaneval_program).
     """
-    outcome = run_program(source)
+    outcome = run_program(source, confirmed=True)
     OUTCOMES[key] = outcome
     return {"pass@1": float(outcome.passed), "timeout": float(outcome.status == "timeout")}
 

@@ -73,9 +73,11 @@ sys.exit(1 if failed or not attempted else 0)
 
 
 def load(**_):
-    """The problems as a datasets.DatasetDict with one `test` split (lm-eval's `custom_dataset`)."""
+    """The problems as a datasets.DatasetDict with one `test` split (lm-eval's `custom_dataset`).
+    lm-eval calls it when it builds the task, before any generation: the sandbox's refusals come now."""
     import datasets
 
+    sandbox.preflight()
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(problems())})
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,10 +60,12 @@ class Conditionals:
 
 @torch.inference_mode()
 def sample_target(
-    lm: LoadedModel, prompt: list[int], n: int, length: int, sampling: SamplingParams, seed: int, batch: int = 64, prompt_index: int = 0
+    lm: LoadedModel, prompt: list[int], n: int, length: int, sampling: SamplingParams, seed: int, batch: int = 64, prompt_index: int = 0,
+    progress: Callable[[int], None] | None = None,
 ) -> Samples:
     """Draw `n` continuations of `length` tokens from the target alone, `batch` at a time, after one
     prefill of the prompt (EOS does not stop a sequence: every method is sampled the same way).
+    `progress`, if given, is called with the number of sequences drawn after each batch (a bar's update).
 
     Returns:
         The tokens ([n, length]) and the wall time, prefill included.
@@ -77,21 +80,27 @@ def sample_target(
         if length > 1:
             x = torch.cat([x, decode_batch(lm, _expand(cache, b), x, length - 1, sampling, rng)[0]], 1)  # [b, L]
         out.append(x.cpu())
+        if progress is not None:
+            progress(b)
     tokens = torch.cat(out).numpy()
     return Samples(tokens, np.full(n, prompt_index), time.perf_counter() - t0)
 
 
-def sample_engine(engine: Engine, prompt: list[int], n: int, length: int, seed: int, prompt_index: int = 0) -> Samples:
+def sample_engine(
+    engine: Engine, prompt: list[int], n: int, length: int, seed: int, prompt_index: int = 0, progress: Callable[[int], None] | None = None
+) -> Samples:
     """Draw `n` continuations of `length` tokens through a speculative engine (seeds seed .. seed + n − 1;
     no EOS or stop string ends them). Every token comes from the method's own draft-and-verify steps
     (Engine.generate's sample_first=False: the prompt's last token stands for the newest one sampled),
     so the first position tests the method too, not the plain prefill; a one-token prompt cannot, and
-    gets its first token from the prefill."""
+    gets its first token from the prefill. `progress`, if given, is called with 1 after each sequence."""
     t0 = time.perf_counter()
     rows = []
     for i in range(n):
         out = engine.generate(prompt, length, eos_token_ids=[], seed=seed + i, reuse_prefill=True, sample_first=len(prompt) < 2)
         rows.append(out.tokens)
+        if progress is not None:
+            progress(1)
     return Samples(np.asarray(rows, dtype=np.int64), np.full(n, prompt_index), time.perf_counter() - t0)
 
 
@@ -117,7 +126,7 @@ def teacher_force(
         x = torch.as_tensor(tokens[start : start + b], device=lm.device)  # [b, L]
         logits = first.expand(b, 1, -1)  # [b, 1, V]
         if x.shape[1] > 1:
-            more = lm.model(input_ids=x[:, :-1], past_key_values=_expand(cache, b), use_cache=True).logits  # [b, L-1, V]
+            more = lm.model(input_ids=x[:, :-1], cache=_expand(cache, b), use_cache=True).logits  # [b, L-1, V]
             logits = torch.cat([logits, more], 1)  # [b, L, V]
         parts.append(_reduce(logits_to_probs(logits, sampling), x, rng))
     return Conditionals.concat(parts)

@@ -16,6 +16,7 @@ from specresearch.sweeps.destinations import check_destinations
 from specresearch.sweeps.outcomes import job_outcome
 from specresearch.sweeps.resume import stop_local_jobs
 from specresearch.sweeps.signals import exit_on_signals, restore_signals
+from specresearch.sweeps.summary import summarize
 from specresearch.tracking import PARENT_RUN_ENV, PARENT_URI_ENV, MLflowTracker
 
 try:  # Hydra's callback base class
@@ -33,6 +34,9 @@ class SweepCallback(Callback):
     Jobs may run in other processes (joblib) or on other machines (Ray), where Hydra calls
     `on_job_end` on a copy of this callback: each job's outcome is therefore written as a tag of the
     parent run (`specresearch.job.<num>`), which the end of the sweep reads back.
+
+    At the end the parent gets the sweep's summary (sweeps.summary: the best job's headline metrics,
+    a table of the jobs, a figure against the swept knob).
 
     Before a single run or a sweep starts, it checks that Hydra's output folder and the tracker's
     store can be written (sweeps.check_destinations): one `error:` line and exit code 2 if not.
@@ -81,6 +85,7 @@ class SweepCallback(Callback):
         skipped = sum(o.startswith("skipped") for o in outcomes.values())
         print(f"sweep: {len(outcomes)} job{'s' * (len(outcomes) != 1)}: {len(outcomes) - skipped - len(failed)} ran, {skipped} skipped "
               f"(identical config already finished), {len(failed)} failed")
+        self._summarize(outcomes, config.get("objective"))
         self._close("FAILED" if failed else "FINISHED")
         if self._signals is not None:
             restore_signals(self._signals)
@@ -111,6 +116,16 @@ class SweepCallback(Callback):
             return {}
         return {int(key.removeprefix(JOB_TAG)): value for key, value in tags.items()
                 if key.startswith(JOB_TAG) and key.removeprefix(JOB_TAG).isdigit()}
+
+    def _summarize(self, outcomes: dict[int, str], objective: str | None) -> None:
+        """Give the parent run its jobs' summary (sweeps.summary); a failure there loses no job."""
+        parent = os.environ.get(PARENT_RUN_ENV)
+        if self.tracker is None or not parent:
+            return
+        try:
+            summarize(self.tracker.client(), parent, outcomes, objective)
+        except Exception as err:
+            print(f"warning: could not summarize the sweep on its parent run: {err}", file=sys.stderr)
 
     def _close(self, status: str) -> None:
         if self.tracker is None:

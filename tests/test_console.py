@@ -1,0 +1,79 @@
+"""A quiet console: a run and the speed benchmark print on stderr nothing but their progress bars (no
+warning of transformers or torch), and the slow steps have one bar each: a model load ("loading NAME")
+and each side of the equivalence battery's sampling."""
+
+import os
+import re
+import subprocess
+import sys
+
+from specresearch.models import ZOO, Part, ZooEntry, load_model
+
+from .conftest import ROOT
+from .test_models import sha256_of, write_tiny_gguf
+
+# a whole tqdm line: "desc:  40%|████      | 2/5 [00:01<00:01, 2.0it/s]", or without a total "desc: 0it [00:00, ?it/s]"
+BAR = re.compile(r"(?P<desc>.*?): +(?:\d+%\|[^|]*\| *\d+/\d+|\d+\w*) \[[^\]]*\]")
+
+
+def bars(stderr: str) -> dict[str, str]:
+    """Each bar's description -> its last state drawn (tqdm redraws a bar in place with \\r)."""
+    return {m["desc"]: line for line in re.split(r"[\r\n]", stderr) if (m := BAR.fullmatch(line.strip()))}
+
+
+def not_bars(stderr: str) -> list[str]:
+    """What stderr holds besides the progress bars."""
+    return [line for line in re.split(r"[\r\n]", stderr) if line.strip() and not BAR.fullmatch(line.strip())]
+
+
+def run(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # the warnings a user would see
+    return subprocess.run([sys.executable, *args], cwd=cwd, env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=600)
+
+
+def test_a_plain_run_prints_no_warning(tmp_path):
+    result = run("-m", "specresearch", "model=tiny", "drafter=pld", "verifier=greedy", "tracker=none", "dataset.num_prompts=1",
+                 "max_new_tokens=8", f"hydra.run.dir={tmp_path}/out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "greedy identity" in result.stdout
+    assert not_bars(result.stderr) == [], result.stderr[-3000:]
+    assert "pld(k=10) x greedy" in bars(result.stderr)
+
+
+def test_the_battery_has_one_bar_per_side(tmp_path):
+    result = run("-m", "specresearch", "model=tiny", "drafter=pld", "verifier=rejection", "sampling.temperature=1", "stats.samples=20",
+                 "stats.length=3", "tracker=none", "dataset.num_prompts=1", "max_new_tokens=4", f"hydra.run.dir={tmp_path}/out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not_bars(result.stderr) == [], result.stderr[-3000:]
+    drawn = bars(result.stderr)
+    for side in ("baseline", "method"):
+        assert "| 20/20 [" in drawn[f"equivalence samples: {side}"]  # every sample counted, once
+
+
+def test_the_benchmark_prints_no_warning(tmp_path):
+    """transformers' generate (plain, with a static cache, with prompt lookup) beside our baseline. Not
+    hf_assisted: transformers 5.24's assistant always warns of itself (its candidate generator passes
+    max_new_tokens and min_new_tokens with a generation_config)."""
+    result = run(str(ROOT / "benchmarks" / "speed.py"), "--quick", "--tracker", "none", "--methods",
+                 "generate,generate_compiled,hf_prompt_lookup,baseline", "--prompts", "1", "--tokens", "4", "--repeats", "1",
+                 "--json", str(tmp_path / "speed.json"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not_bars(result.stderr) == [], result.stderr[-3000:]
+    assert "wrote" in result.stdout
+
+
+def test_a_model_load_has_one_bar_named_after_the_model(tmp_path, monkeypatch, capsys):
+    """A tiny GGUF as a zoo model: its cache entry is built on the first load; the second reads it, with
+    one bar that counts every tensor of the entry, and no bar of transformers' own."""
+    from safetensors import safe_open
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setitem(ZOO, "tiny-gguf", ZooEntry("Tiny GGUF", (Part(file=str(gguf)),), sha256_of(gguf)))
+    load_model("tiny-gguf", cache_dir=tmp_path / "cache", device="cpu")
+    capsys.readouterr()
+    load_model("tiny-gguf", cache_dir=tmp_path / "cache", device="cpu")
+    err = capsys.readouterr().err
+    with safe_open(tmp_path / "cache" / "tiny-gguf" / "model.safetensors", "pt") as f:
+        n = len(list(f.keys()))
+    assert list(bars(err)) == ["loading tiny-gguf"] and not_bars(err) == [], err
+    assert f"| {n}/{n} [" in bars(err)["loading tiny-gguf"]

@@ -1,0 +1,187 @@
+"""What a user who knows lm-eval expects of `--model specresearch`: `pretrained=NAME`, the
+`--confirm_run_unsafe_code` opt-in, our tasks found by name without `--include_path` (and listed by
+`lm-eval ls tasks`), and no "fatal: not a git repository" outside a checkout."""
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from lm_eval.api.model import LM
+
+from specresearch.errors import SpecResearchError
+from specresearch.evaluation import sandbox
+from specresearch.evaluation.lm import SpecResearchLM
+from specresearch.evaluation.runner import TASKS, TASKS_DIR
+from specresearch.evaluation.sandbox import ALLOW_ENV, CodeExecutionNotAllowed
+
+from .conftest import ROOT
+
+
+def _lm_eval(*args: str, cwd, env_drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """The installed lm-eval command line (`python -m lm_eval`, the same entry as `lm-eval`), run from `cwd`."""
+    env = {k: v for k, v in os.environ.items() if k not in env_drop}
+    return subprocess.run([sys.executable, "-m", "lm_eval", *args], cwd=cwd, env={**env, "HF_DATASETS_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def isolated():
+    """Our code tasks refuse to start where the sandbox lacks a required layer (before lm-eval's own checks)."""
+    missing = [layer for layer in sandbox.REQUIRED if not sandbox.isolation()[layer]]
+    if missing:
+        pytest.skip(f"this machine lacks sandbox layers {missing}")
+
+
+class _Canonical(LM):
+    """Answers each problem with its own canonical solution: what scores it is the execution."""
+
+    def generate_until(self, requests, disable_tqdm=False):
+        return [r.doc["canonical_solution"] for r in requests]
+
+    def loglikelihood(self, requests, disable_tqdm=False):
+        raise NotImplementedError
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        raise NotImplementedError
+
+
+def _simple_evaluate(lm, task: str, **kwargs) -> dict:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    return simple_evaluate(model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False), limit=1,
+                           bootstrap_iters=0, **kwargs)
+
+
+def _request(context: str):
+    from lm_eval.api.instance import Instance
+
+    return Instance("generate_until", {}, (context, {"until": ["\n\n"], "max_gen_toks": 8}), 0)
+
+
+# -- 1. pretrained=NAME ------------------------------------------------------------------------------
+
+def test_pretrained_names_the_target_as_our_own_keys_do():
+    lm = SpecResearchLM(pretrained="tiny", drafter="pld")
+    same = SpecResearchLM(model="tiny", drafter="pld")
+    assert lm.engine.target.lm.name == same.engine.target.lm.name == "tiny"
+    assert lm.generate_until([_request("def f(x):")], disable_tqdm=True) == \
+        same.generate_until([_request("def f(x):")], disable_tqdm=True)
+    SpecResearchLM(pretrained="tiny", model="tiny", drafter="pld")  # both, naming the same model: fine
+
+
+def test_pretrained_not_a_preset_is_the_model_name(tmp_path):
+    missing = tmp_path / "nothing.gguf"
+    with pytest.raises(SpecResearchError, match=f"unknown model '{re.escape(str(missing))}'.*choices: .*tiny"):
+        SpecResearchLM(pretrained=str(missing), drafter="pld")
+
+
+@pytest.mark.parametrize("ours", ["model=qwen2.5-coder-0.5b", "model.name=/models/other.gguf"])
+def test_pretrained_and_our_key_differing_is_refused_naming_both(ours):
+    key, value = ours.split("=")
+    with pytest.raises(SpecResearchError, match=f"pretrained=tiny and {key}={value} both name the target model"):
+        SpecResearchLM(pretrained="tiny", **{key: value})
+
+
+def test_an_unknown_model_arg_names_the_valid_ones():
+    with pytest.raises(SpecResearchError, match=r"unknown key 'dtype': valid are .*pretrained.*model\.dtype=float32"):
+        SpecResearchLM(pretrained="tiny", dtype="float32")
+    with pytest.raises(SpecResearchError, match="unknown key 'drafter.kk': valid under drafter are k, k_max"):
+        SpecResearchLM(pretrained="tiny", drafter="pld", **{"drafter.kk": 3})
+
+
+# -- 2. the code-execution opt-in ---------------------------------------------------------------------
+
+def test_the_cli_with_confirm_run_unsafe_code_runs_a_code_task_from_any_folder(tmp_path, isolated):
+    """Items 1-4 at once, as a user types it: `pretrained=`, our task by name without --include_path,
+    lm-eval's flag as the only opt-in (SPECRESEARCH_ALLOW_CODE_EXECUTION unset), run outside any
+    checkout without git's complaint."""
+    out = tmp_path / "out"
+    run = _lm_eval("run", "--model", "specresearch", "--model_args", "pretrained=tiny,drafter=pld",
+                   "--tasks", "stdlib_doctest", "--limit", "1", "--confirm_run_unsafe_code", "--log_samples",
+                   "--output_path", str(out), cwd=tmp_path, env_drop=(ALLOW_ENV,))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "fatal" not in run.stderr
+    (result,) = out.rglob("results_*.json")
+    data = json.loads(result.read_text())
+    assert data["results"]["stdlib_doctest"]["sample_len"] == 1 and "pass@1,none" in data["results"]["stdlib_doctest"]
+    assert data["git_hash"] is None  # lm-eval still asked; there is no checkout here
+    (samples,) = out.rglob("samples_stdlib_doctest_*.jsonl")
+    (sample,) = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert sample["pass@1"] == 0.0 and sample["timeout"] == 0.0  # scored: a random model's text fails the doctests
+
+
+def test_the_flag_alone_opts_in(monkeypatch, isolated):
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
+    results = _simple_evaluate(_Canonical(), "stdlib_doctest", confirm_run_unsafe_code=True)
+    assert results["results"]["stdlib_doctest"]["pass@1,none"] == 1.0  # the solution's doctests ran, and passed
+
+
+def test_without_the_flag_lm_eval_refuses_before_generating(isolated):
+    lm = SpecResearchLM(pretrained="tiny", drafter="pld")
+    with pytest.raises(ValueError, match="humaneval_offline which is marked as unsafe. Set confirm_run_unsafe_code=True"):
+        _simple_evaluate(lm, "humaneval_offline")
+    assert lm.outputs == []  # nothing was decoded, nothing executed
+
+
+@pytest.mark.parametrize("value, message", [("0", f"{ALLOW_ENV}=0 forbids running model-written code"),
+                                            ("yes", f"{ALLOW_ENV} must be 1 .allow., 0 .forbid. or unset, got 'yes'")])
+def test_our_switch_still_forbids_even_with_the_flag(monkeypatch, value, message):
+    """SPECRESEARCH_ALLOW_CODE_EXECUTION=0 wins over lm-eval's flag, and says so before any decoding."""
+    monkeypatch.setenv(ALLOW_ENV, value)
+    lm = SpecResearchLM(pretrained="tiny", drafter="pld")
+    with pytest.raises(CodeExecutionNotAllowed, match=message):
+        _simple_evaluate(lm, "stdlib_doctest", confirm_run_unsafe_code=True)
+    assert lm.outputs == []
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_code_task_is_marked_unsafe(task):
+    """The sandbox takes lm-eval's --confirm_run_unsafe_code as the opt-in because lm-eval asks for it
+    before scoring a task marked `unsafe_code: true`: each of our task files must be."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    assert load_yaml(TASKS_DIR / f"{task}.yaml", resolve_func=False)["unsafe_code"] is True
+
+
+# -- 3. our tasks, registered ------------------------------------------------------------------------
+
+def test_lm_eval_ls_tasks_lists_ours_from_any_folder(tmp_path):
+    run = _lm_eval("ls", "tasks", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    cells = [line.split("|") for line in run.stdout.splitlines() if line.count("|") >= 3]  # | name | location |...
+    rows = {row[1].strip(): row[2].strip() for row in cells}
+    assert {task: rows.get(task) for task in TASKS} == {task: str(TASKS_DIR / f"{task}.yaml") for task in TASKS}
+    assert "hellaswag" in rows  # lm-eval's own are all still there
+
+
+def test_every_task_manager_knows_our_tasks_and_a_users_own_wins(tmp_path, caplog):
+    from lm_eval.tasks import TaskManager
+
+    assert set(TASKS) <= set(TaskManager(include_defaults=False).all_subtasks)
+    with caplog.at_level(logging.WARNING):
+        TaskManager(include_path=str(TASKS_DIR), include_defaults=False)  # the old way still works, silently
+        assert "overrides" not in caplog.text
+        (tmp_path / "mine.yaml").write_text("task: stdlib_doctest\ndataset_path: json\noutput_type: generate_until\n")
+        mine = TaskManager(include_path=tmp_path, include_defaults=False)
+        assert "Task 'stdlib_doctest'" in caplog.text and "overrides existing task" in caplog.text
+    assert mine.task_index["stdlib_doctest"].yaml_path == tmp_path / "mine.yaml"
+
+
+# -- 4. git -----------------------------------------------------------------------------------------
+
+GIT_HASH = "import lm_eval.evaluator as e; print(e.get_git_commit_hash())"
+
+
+def test_no_git_complaint_outside_a_checkout_and_the_same_hash_inside(tmp_path):
+    outside = subprocess.run([sys.executable, "-c", GIT_HASH], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert "fatal" not in outside.stderr and outside.stdout.strip() == "None"
+    described = subprocess.run(["git", "describe", "--always"], cwd=ROOT, capture_output=True, text=True)
+    if described.returncode != 0:
+        pytest.skip("the tests do not run from a git checkout")
+    inside = subprocess.run([sys.executable, "-c", GIT_HASH], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert inside.stdout.strip() == described.stdout.strip()  # lm-eval still records the checkout's hash

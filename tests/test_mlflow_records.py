@@ -1,0 +1,101 @@
+"""What MLflow shows of a run and of a sweep (the UI itself: tests/ui/mlflow_screenshots.py): the sweep's
+parent run carries its jobs' summary, job runs their figures, artifacts are strict JSON, the console
+has no MLflow chatter."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import pytest
+
+from specresearch.records import HEADLINE, NOTE_TAG, json_text
+from specresearch.sweeps.summary import swept_keys
+
+from .test_sweeps import FAST, command, env_for, runs
+
+
+def strict(text: str):
+    """json.loads that refuses NaN and Infinity, as strict parsers (JavaScript's JSON.parse) do."""
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def artifact(client, run, path: str) -> bytes:
+    local = client.download_artifacts(run.info.run_id, path)
+    with open(local, "rb") as f:
+        return f.read()
+
+
+def test_json_text_writes_null_for_nan_and_infinity():
+    value = {"a": math.nan, "b": [1.0, math.inf, {"c": -math.inf}], "d": "NaN", "e": 2}
+    assert strict(json_text(value)) == {"a": None, "b": [1.0, None, {"c": None}], "d": "NaN", "e": 2}
+    assert "NaN" not in json.dumps(strict(json_text(value, indent=None))["a"])
+
+
+def test_swept_keys_are_those_that_differ_between_jobs():
+    jobs = [{"model": "tiny", "drafter.k": "2", "verifier": "greedy"}, {"model": "tiny", "drafter.k": "4", "verifier": "typical"},
+            {"model": "tiny", "drafter.k": "4"}]
+    assert swept_keys(jobs) == ["drafter.k", "verifier"]
+    assert swept_keys([{"model": "tiny"}]) == []
+
+
+def test_a_sweeps_parent_run_summarizes_its_jobs_and_each_job_has_its_figures(tmp_path):
+    from mlflow import MlflowClient
+
+    run = subprocess.run(command(tmp_path, "-m", *FAST, "max_new_tokens=12", "drafter.k=1,3,-1"), cwd=tmp_path, env=env_for(tmp_path),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2, run.stderr[-3000:]  # the k=-1 job is refused; the others go on
+    assert "INFO mlflow" not in run.stdout + run.stderr and "alembic" not in run.stdout + run.stderr  # a quiet console
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    jobs, (parent,) = runs(tmp_path)
+    assert sorted(j.data.params["drafter.k"] for j in jobs) == ["1", "3"]
+    best = max(jobs, key=lambda j: j.data.metrics["speedup"])
+
+    # the parent: the best job's headline metrics, what was swept, a table of jobs, a figure, a description
+    metrics, params = parent.data.metrics, parent.data.params
+    assert metrics["speedup"] == best.data.metrics["speedup"] and metrics["method_tau"] == best.data.metrics["method_tau"]
+    assert metrics["jobs"] == 3 and metrics["jobs_failed"] == 1
+    assert params["swept.drafter.k"] == "1,3" and params["best.run"] == best.info.run_name
+    assert f"drafter.k={best.data.params['drafter.k']}" in params["best.overrides"]
+    table = strict(artifact(client, parent, "jobs.json").decode())
+    assert table["columns"][:2] == ["drafter.k", "status"] and "speedup" in table["columns"]
+    rows = {row[0]: dict(zip(table["columns"], row)) for row in table["data"]}
+    assert set(rows) == {"1", "3"} and all(row["status"] == "FINISHED" for row in rows.values())
+    assert all(rows[j.data.params["drafter.k"]]["speedup"] == pytest.approx(j.data.metrics["speedup"]) for j in jobs)
+    assert artifact(client, parent, "figures/sweep.png").startswith(b"\x89PNG")
+    note = parent.data.tags[NOTE_TAG]
+    assert f"Best speedup: {best.data.metrics['speedup']:.3f}" in note and "| drafter.k | status | speedup |" in note
+
+    # each job: its figures, the dtype it ran in, headline metrics first, strict JSON artifacts
+    for job in jobs:
+        assert artifact(client, job, "figures/acceptance_by_position.png").startswith(b"\x89PNG")
+        assert artifact(client, job, "figures/time_split.png").startswith(b"\x89PNG")
+        assert job.data.params["model.dtype"] == "auto" and job.data.params["model.dtype_used"] == "float32"
+        assert job.data.params["model.device_used"] == "cpu"
+        assert f"drafter.k={job.data.params['drafter.k']}" in json.loads(job.data.tags["specresearch.overrides"])
+        summary = strict(artifact(client, job, "summary.json").decode())
+        assert summary["speedup"] == pytest.approx(job.data.metrics["speedup"]) and summary["predicted_speedup"] is None
+        for line in artifact(client, job, "records.jsonl").decode().splitlines():
+            strict(line)
+        summary_metrics = [key for key in client.get_run(job.info.run_id).data.metrics if not key.startswith("prompt/")]
+        assert summary_metrics[:3] == [m for m in HEADLINE if m in job.data.metrics][:3]  # MLflow lists them in logging order
+        assert {"prompt/tau", "prompt/method_tokens_per_s"} <= set(job.data.metrics)  # per-prompt curves: their own section
+
+
+def test_a_resumed_sweeps_table_shows_the_reused_runs(tmp_path):
+    from mlflow import MlflowClient
+
+    for _ in range(2):
+        run = subprocess.run(command(tmp_path, "-m", *FAST, "drafter.k=1,2"), cwd=tmp_path, env=env_for(tmp_path),
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    jobs, parents = runs(tmp_path)
+    second = max(parents, key=lambda p: p.info.start_time)
+    table = strict(artifact(client, second, "jobs.json").decode())
+    assert len(jobs) == 2 and [row[1] for row in table["data"]] == ["FINISHED (reused)"] * 2
+    assert second.data.metrics["speedup"] == max(j.data.metrics["speedup"] for j in jobs)
