@@ -149,12 +149,11 @@ def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], 
     `files` (name -> text), summary.json (strict JSON: null for NaN) and a speed run's figures
     (analysis.figures.speed_run); write the same files, and the summary with the status, to Hydra's
     output folder."""
-    from specresearch.records import HEADLINE, json_text
+    from specresearch.records import headline, json_text
 
     finite = {key: value for key, value in summary.items() if isinstance(value, (int, float)) and math.isfinite(value)}
-    first = sorted(finite, key=lambda key: HEADLINE.index(key.replace("@", "_at_")) if key.replace("@", "_at_") in HEADLINE else len(HEADLINE))
     try:
-        tracker.log_metrics({key: finite[key] for key in first})  # MLflow lists metrics in the order they were logged
+        tracker.log_metrics({**headline(finite), **finite})  # MLflow lists a run's metrics in logging order
         for name, text in files.items():
             tracker.log_artifact_text(text, name)
         tracker.log_artifact_text(json_text(summary), "summary.json")

@@ -16,7 +16,7 @@ from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
-from specresearch.records import Group, PromptStep, SideStats, SpeedRecord, json_text
+from specresearch.records import HEADLINE_SECTION, Group, PromptStep, SideStats, SpeedRecord, headline, json_text, prefixed
 from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
 from specresearch.target import Target
 from specresearch.types import GenerationOutput, SamplingParams
@@ -154,7 +154,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 base = generate(baseline, ids, seed, cfg.max_new_tokens)
             gap = divergence_gap(target, ids, base.tokens, meth.tokens) if sampling.greedy else None
             record = results.add(prompt, base, meth, gap)
-            tracked.log_metrics(_step_metrics(record), step=i)
+            tracked.log_metrics({**prefixed(headline(results.summary(k)), HEADLINE_SECTION), **_step_metrics(record)}, step=i)
         if cfg.stats.samples and not sampling.greedy:
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
     summary = results.summary(k)

@@ -76,11 +76,21 @@ BASELINE, METHOD = "baseline", "method"  # the two sides: `baseline_*` and `meth
 GROUP, EQ, AA, DELTA = "group.", "eq_", "aa_", "delta_"  # prefixes of per-category, battery, A/A and delta metrics
 ACCEPTANCE_AT = "acceptance_at_"  # + draft position 1, 2, ...
 PROMPT = "prompt/"  # + PromptStep's names: one prompt's values, logged as step i
+HEADLINE_SECTION = "headline/"  # + a HEADLINE name: its value over the prompts so far, logged as step i
 NAN = float("nan")
-# The headline metrics, logged first so that MLflow lists them first (its tables keep the order of
-# logging); the per-prompt curves are `prompt/*` (PromptStep), a chart section of their own.
+# The headline metrics. A run logs them first (MLflow lists a run's metrics, and picks the compare
+# page's default axis, in logging order); a speed run also logs them as they stand after each prompt
+# (step i) as `headline/NAME` (HEADLINE_SECTION), a chart section that sorts before the per-prompt
+# values `prompt/*` (PromptStep) and the rest (MLflow's chart view puts "/" sections first, by name).
 HEADLINE = ("speedup", "method_tau", "method_alpha", "method_tokens_per_s", "baseline_tokens_per_s", "identity_rate",
             "method_pass_at_1", "delta_pass_at_1")
+
+
+def headline(summary: dict[str, float]) -> dict[str, float]:
+    """The HEADLINE metrics of `summary` that are finite, in HEADLINE's order (names as in `summary`)."""
+    keys = {key.replace("@", "_at_"): key for key in summary}
+    return {keys[name]: summary[keys[name]] for name in HEADLINE
+            if name in keys and isinstance(summary[keys[name]], (int, float)) and math.isfinite(summary[keys[name]])}
 
 
 def prefixed(values: dict[str, float], prefix: str) -> dict[str, float]:

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from specresearch.records import HEADLINE, NOTE_TAG, json_text
+from specresearch.records import NOTE_TAG, headline, json_text
 from specresearch.sweeps.summary import swept_keys
 
 from .test_sweeps import FAST, command, env_for, runs
@@ -36,6 +36,11 @@ def test_json_text_writes_null_for_nan_and_infinity():
     assert "NaN" not in json.dumps(strict(json_text(value, indent=None))["a"])
 
 
+def test_headline_picks_the_finite_headline_metrics_in_order():
+    summary = {"baseline_tau": 1.0, "method_tau": 2.5, "speedup": 1.7, "method_alpha": math.nan, "method_pass@1": 0.5}
+    assert list(headline(summary).items()) == [("speedup", 1.7), ("method_tau", 2.5), ("method_pass@1", 0.5)]
+
+
 def test_swept_keys_are_those_that_differ_between_jobs():
     jobs = [{"model": "tiny", "drafter.k": "2", "verifier": "greedy"}, {"model": "tiny", "drafter.k": "4", "verifier": "typical"},
             {"model": "tiny", "drafter.k": "4"}]
@@ -46,7 +51,8 @@ def test_swept_keys_are_those_that_differ_between_jobs():
 def test_a_sweeps_parent_run_summarizes_its_jobs_and_each_job_has_its_figures(tmp_path):
     from mlflow import MlflowClient
 
-    run = subprocess.run(command(tmp_path, "-m", *FAST, "max_new_tokens=12", "drafter.k=1,3,-1"), cwd=tmp_path, env=env_for(tmp_path),
+    two_prompts = [o for o in FAST if not o.startswith("dataset.num_prompts=")] + ["dataset.num_prompts=2"]
+    run = subprocess.run(command(tmp_path, "-m", *two_prompts, "max_new_tokens=12", "drafter.k=1,3,-1"), cwd=tmp_path, env=env_for(tmp_path),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 2, run.stderr[-3000:]  # the k=-1 job is refused; the others go on
     assert "INFO mlflow" not in run.stdout + run.stderr and "alembic" not in run.stdout + run.stderr  # a quiet console
@@ -81,9 +87,14 @@ def test_a_sweeps_parent_run_summarizes_its_jobs_and_each_job_has_its_figures(tm
         assert summary["speedup"] == pytest.approx(job.data.metrics["speedup"]) and summary["predicted_speedup"] is None
         for line in artifact(client, job, "records.jsonl").decode().splitlines():
             strict(line)
-        summary_metrics = [key for key in client.get_run(job.info.run_id).data.metrics if not key.startswith("prompt/")]
-        assert summary_metrics[:3] == [m for m in HEADLINE if m in job.data.metrics][:3]  # MLflow lists them in logging order
-        assert {"prompt/tau", "prompt/method_tokens_per_s"} <= set(job.data.metrics)  # per-prompt curves: their own section
+        # MLflow lists metrics (and picks the compare page's default axis) in logging order: the headline first,
+        # as it stands after each prompt (a chart section of its own, first in the chart view), then per prompt
+        metrics = list(client.get_run(job.info.run_id).data.metrics)
+        assert metrics[:3] == ["headline/speedup", "headline/method_tau", "headline/method_alpha"]
+        assert {"prompt/tau", "prompt/method_tokens_per_s"} <= set(metrics)
+        curve = sorted((m.step, m.value) for m in client.get_metric_history(job.info.run_id, "headline/speedup"))
+        assert [step for step, _ in curve] == [0, 1] and curve[-1][1] == pytest.approx(job.data.metrics["speedup"])
+        assert summary["speedup"] == pytest.approx(job.data.metrics["speedup"])
 
 
 def test_a_resumed_sweeps_table_shows_the_reused_runs(tmp_path):

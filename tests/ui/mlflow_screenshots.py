@@ -5,19 +5,22 @@ into a fresh store, serves it with `mlflow ui`, and takes screenshots with headl
     apt-get install chromium && pip install playwright
     python tests/ui/mlflow_screenshots.py [OUT_DIR]     # default: docs/mlflow
 
-Screenshots: the runs table (the sweep's parent collapsed, with its best job's metrics), the chart
-view, the parent run's page (description = table of jobs), its sweep figure, and a job's
+Screenshots: the runs table (the sweep's parent expanded, the headline metrics as columns), the
+chart view, the parent run's page (description = table of jobs), the compare page of the jobs (its
+default axis is the first metric logged: speedup), the parent's sweep figure, and a job's
 acceptance-by-position and time-split figures.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -112,6 +115,8 @@ def screenshots(url: str, store: Path, out: Path) -> list[Path]:
         taken.append(out / "runs.png")
         shot("charts.png", f"{base}/runs?compareRunsMode=CHART")
         shot("parent.png", f"{base}/runs/{parent.info.run_id}", full=True)
+        jobs = json.dumps([r.info.run_id for r in runs if "mlflow.parentRunId" in r.data.tags])
+        shot("compare.png", f"{url}/#/compare-runs?runs={urllib.parse.quote(jobs)}&experiments={urllib.parse.quote(json.dumps([experiment]))}")
         shot("parent_figure.png", f"{base}/runs/{parent.info.run_id}/artifacts", artifact="figures/sweep.png")
         shot("job_acceptance.png", f"{base}/runs/{job.info.run_id}/artifacts", artifact="figures/acceptance_by_position.png")
         shot("job_time_split.png", f"{base}/runs/{job.info.run_id}/artifacts", artifact="figures/time_split.png")
