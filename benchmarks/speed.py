@@ -104,6 +104,20 @@ def hf(name: str, lm: LoadedModel, **generate_kwargs) -> Method:
     return Method(name, decode)
 
 
+def quiet_assistant_warning() -> None:
+    """Drop the one warning transformers' assisted generation gives of itself: its candidate generator
+    (transformers 5.24, `_prepare_generation_args`) calls `generate` with a generation_config and
+    max/min_new_tokens together, which `generate` then calls deprecated. Nothing the caller passes
+    avoids it; every other message of that logger still shows."""
+
+    def keep(record) -> bool:
+        return not record.getMessage().startswith("Passing `generation_config` together with generation-related")
+
+    logger = logging.getLogger("transformers.generation.utils")
+    if not any(getattr(f, "__name__", "") == keep.__name__ for f in logger.filters):
+        logger.addFilter(keep)
+
+
 def hf_torch_kernels(name: str, lm: LoadedModel) -> Method:
     """transformers' `generate` on torch's own nn.Linear, as transformers ships it, whatever --kernels
     says (the layers' class is swapped back for the call: same weights)."""
@@ -177,6 +191,7 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int)
         elif name == "generate_compiled":
             methods.append(hf_compiled(name, target, cache_len))
         elif name == "hf_assisted":
+            quiet_assistant_warning()
             methods.append(hf(name, target, assistant_model=draft.model))
         elif name == "hf_prompt_lookup":
             methods.append(hf(name, target, prompt_lookup_num_tokens=args.pld_tokens))

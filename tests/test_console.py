@@ -51,11 +51,9 @@ def test_the_battery_has_one_bar_per_side(tmp_path):
 
 
 def test_the_benchmark_prints_no_warning(tmp_path):
-    """transformers' generate (plain, with a static cache, with prompt lookup) beside our baseline. Not
-    hf_assisted: transformers 5.24's assistant always warns of itself (its candidate generator passes
-    max_new_tokens and min_new_tokens with a generation_config)."""
+    """transformers' generate (plain, with a static cache, assisted, with prompt lookup) beside our baseline."""
     result = run(str(ROOT / "benchmarks" / "speed.py"), "--quick", "--tracker", "none", "--methods",
-                 "generate,generate_compiled,hf_prompt_lookup,baseline", "--prompts", "1", "--tokens", "4", "--repeats", "1",
+                 "generate,generate_compiled,hf_assisted,hf_prompt_lookup,baseline", "--prompts", "1", "--tokens", "4", "--repeats", "1",
                  "--json", str(tmp_path / "speed.json"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not_bars(result.stderr) == [], result.stderr[-3000:]
