@@ -202,6 +202,18 @@ def output_dir() -> Path | None:
         return None
 
 
+class OwnMessages(logging.Filter):
+    """The console's filter (conf/hydra/job_logging): our own loggers' messages at every level, the
+    libraries' warnings and errors only (lm-eval's and MLflow's INFO lines go to the job's log file),
+    less lm-eval's advice on `--metadata`, which it gives as a warning for every task that builds its
+    own data (ours do) and which asks nothing of our user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "lm_eval.api.task" and "Custom kwargs can be passed to `--metadata`" in record.getMessage():
+            return False
+        return record.name.split(".")[0] in ("specresearch", "__main__") or record.levelno >= logging.WARNING
+
+
 def browse_line(tracker: Tracker) -> None:
     """Say where the run can be browsed (nothing for `tracker=none`)."""
     hint = tracker.browse_hint()

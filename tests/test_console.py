@@ -75,3 +75,17 @@ def test_a_model_load_has_one_bar_named_after_the_model(tmp_path, monkeypatch, c
         n = len(list(f.keys()))
     assert list(bars(err)) == ["loading tiny-gguf"] and not_bars(err) == [], err
     assert f"| {n}/{n} [" in bars(err)["loading tiny-gguf"]
+
+
+def test_a_quality_run_shows_our_lines_and_keeps_lm_evals_in_the_log_file(tmp_path):
+    """lm-eval's INFO lines (seeds, contexts, requests) and its --metadata advice go to the job's log
+    file, not to the console; the results table and the browse line stay."""
+    result = run("-m", "specresearch", "eval=stdlib_doctest", "model=tiny", "drafter=pld", "eval.limit=1", "eval.baseline=false",
+                 "eval.allow_code_execution=true", "max_new_tokens=8", f"tracker.store={tmp_path}/mlruns",
+                 f"hydra.run.dir={tmp_path}/out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pass@1" in result.stdout and "browse with" in result.stdout
+    for chatter in ("Setting random seed", "Building contexts", "Running generate_until", "Custom kwargs"):
+        assert chatter not in result.stdout + result.stderr
+    log = (tmp_path / "out" / "specresearch.log").read_text()
+    assert "Building contexts" in log and "pass@1" in log  # the job's own record keeps everything
