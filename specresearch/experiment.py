@@ -140,8 +140,6 @@ def run(cfg: DictConfig) -> dict[str, float]:
         generate(method, prompt_ids[0], cfg.seed, min(8, cfg.max_new_tokens))
 
     results = Results()
-    if drafter.predicted_speedup is not None:
-        results.predicted_speedup = drafter.predicted_speedup
     tags = {**machine_tags(target), **trained_on}
     with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked:
         for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc=label, unit="prompt")):
@@ -154,6 +152,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 base = generate(baseline, ids, seed, cfg.max_new_tokens)
             gap = divergence_gap(target, ids, base.tokens, meth.tokens) if sampling.greedy else None
             record = results.add(prompt, base, meth, gap)
+            if drafter.predicted_speedup is not None:  # shape=auto: fixed (Medusa) or over the steps so far (dynamic trees)
+                results.predicted_speedup = drafter.predicted_speedup
             tracked.log_metrics({**prefixed(headline(results.summary(k)), HEADLINE_SECTION), **_step_metrics(record)}, step=i)
         if cfg.stats.samples and not sampling.greedy:
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -140,11 +141,13 @@ class Target:
         return out.logits[0]  # [K, V]
 
 
+COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65, 129)  # tokens per verification forward measured for a tree's sizing (shape=auto)
+
+
 @torch.inference_mode()
-def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int = 3) -> list[float]:
-    """The model's measured cost of a forward of n tokens after `ids`, over one token's, for each n in
-    `sizes` (the fastest of `repeats`: noise only adds): the v(n) that speculative decoding's
-    predictions (Leviathan's k, a tree's size) are made with.
+def forward_seconds(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int = 3) -> list[float]:
+    """The model's measured seconds for a forward of n tokens after `ids`, for each n in `sizes` (the
+    fastest of `repeats`: noise only adds).
 
     Args:
         lm: the model, as it will run (device, dtype, kernels).
@@ -167,8 +170,27 @@ def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int =
             model.rollback(len(ids) - 1)
         return min(runs)
 
-    times = {n: seconds(n) for n in sorted({1, *sizes})}
-    return [times[n] / times[1] for n in sizes]
+    times = {n: seconds(n) for n in sorted(set(sizes))}
+    return [times[n] for n in sizes]
+
+
+def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int = 3) -> list[float]:
+    """The model's measured cost of a forward of n tokens after `ids`, over one token's, for each n in
+    `sizes` (see `forward_seconds`): the v(n) that speculative decoding's predictions (Leviathan's k,
+    a tree's size) are made with."""
+    one, *times = forward_seconds(lm, ids, [1, *sizes], repeats)
+    return [t / one for t in times]
+
+
+def interpolated(sizes: Sequence[int], values: Sequence[float]) -> Callable[[int], float]:
+    """A function of m from its values at `sizes` (increasing): linear in between, constant beyond."""
+    def at(m: int) -> float:
+        for (a, va), (b, vb) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
+            if a <= m <= b:
+                return va + (vb - va) * (m - a) / (b - a)
+        return values[0] if m < sizes[0] else values[-1]
+
+    return at
 
 
 def tree_attention(known: Tensor, parents: Tensor, length: int, start: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:

@@ -159,6 +159,10 @@ def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target, capsys):
         EagleDrafter(target, checkpoint=str(tmp_path / "other.safetensors"))
     with pytest.raises(SpecResearchError, match="k must be >= 1"):
         EagleDrafter(target, k=0, cache_dir=str(tmp_path))
+    with pytest.raises(SpecResearchError, match="set drafter.tree=true"):
+        EagleDrafter(target, shape="auto", cache_dir=str(tmp_path))
+    with pytest.raises(SpecResearchError, match="use drafter.children=top"):
+        EagleDrafter(target, tree=True, children="sample", shape="auto", cache_dir=str(tmp_path))
 
 
 def test_only_trainable_drafters_are_accepted():

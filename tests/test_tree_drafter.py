@@ -2,14 +2,17 @@
 with the baseline (static, dynamic, ensemble), the target's law under multi-step speculative
 sampling at T = 1 (top and sampled children), typical acceptance on trees, and errors."""
 
+import math
+
 import pytest
 import torch
 
 from specresearch.drafters import Context, NoDrafter, TreeDrafter
+from specresearch.drafters.tree import Sizer
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
-from specresearch.target import Target
+from specresearch.target import Target, interpolated
 from specresearch.types import Draft, SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
 
@@ -126,6 +129,41 @@ def test_bad_settings_name_the_valid_ones(target, draft):
         TreeDrafter(target)
     with pytest.raises(SpecResearchError, match="temperature > 0"):
         Engine(target, TreeDrafter(target, model=draft, children="sample"), GreedyVerifier(), SamplingParams())
+    with pytest.raises(SpecResearchError, match="valid are null .*, auto"):
+        TreeDrafter(target, model=draft, branching=None, shape="best")
+    with pytest.raises(SpecResearchError, match="set drafter.branching=null"):
+        TreeDrafter(target, model=draft, shape="auto")
+    with pytest.raises(SpecResearchError, match="use drafter.children=top"):
+        TreeDrafter(target, model=draft, branching=None, children="sample", shape="auto")
+
+
+def test_auto_size_keeps_the_nodes_with_the_best_predicted_speedup():
+    """τ̂(n) = 1 + the n best q(path); v flat up to 5 tokens, then steep: the knee is 4 nodes (root + 4 = 5
+    tokens); a long drafting time makes verification relatively cheap, so the whole tree pays."""
+    v = interpolated([1, 5, 9], [1.0, 1.0, 3.0])
+    scores = [math.log(p) for p in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)]
+
+    def best(d: float) -> int:  # the predicted speedup of every size, by brute force
+        return max(range(1, 9), key=lambda n: (1 + sum(math.exp(x) for x in scores[:n])) / (d + v(n + 1)))
+
+    sizer = Sizer(v, unit=0.5)
+    assert sizer.size(scores, drafting=0.0) == best(0.0) == 4
+    assert sizer.size(scores, drafting=50.0) == best(100.0) == 8  # 50 s = 100 target forwards
+    assert sizer.predicted_speedup == pytest.approx((4.0 + 5.4) / (1.0 + 100.0 + 3.0))
+
+
+@torch.inference_mode()
+def test_an_auto_sized_tree_keeps_at_most_its_nodes_and_predicts_its_speedup(target, draft):
+    ctx = Context(torch.tensor(REPEATING), SamplingParams(), torch.Generator().manual_seed(0), 100)
+    auto = TreeDrafter(target, model=draft, branching=None, topk=3, depth=4, nodes=7, shape="auto")
+    assert auto.predicted_speedup is None  # nothing sized yet
+    sizes = []
+    for _ in range(3):
+        auto.prefill(ctx)
+        tree = auto.propose(ctx)
+        sizes.append(len(tree))
+        assert all(p < i for i, p in enumerate(tree.parents.tolist()))  # a tree, parents first
+    assert all(1 <= n <= 7 for n in sizes) and auto.predicted_speedup > 0
 
 
 @torch.inference_mode()

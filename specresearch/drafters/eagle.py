@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ from transformers import AutoModel, DynamicCache
 
 from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, optimise
-from specresearch.drafters.tree import TreeShape
+from specresearch.drafters.tree import TreeShape, sizer
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.target import tree_attention
@@ -127,7 +128,8 @@ class EagleDrafter(Drafter):
     Lossless with greedy and rejection sampling; typical/margin/topk verify it lossily."""
 
     name = "eagle"
-    modes = {"chain": (), "dynamic tree": ("tree=true",), "dynamic tree, sampled": ("tree=true", "children=sample")}
+    modes = {"chain": (), "dynamic tree": ("tree=true",), "dynamic tree, auto size": ("tree=true", "shape=auto"),
+             "dynamic tree, sampled": ("tree=true", "children=sample")}
     needs_hidden = True
     suggested_verifier = "greedy"  # Trainable: train suggests decoding with it
     default_checkpoint = staticmethod(eagle_path)
@@ -152,6 +154,7 @@ class EagleDrafter(Drafter):
         depth: int = 6,
         nodes: int = 24,
         children: str = "top",
+        shape: str | None = None,
     ):
         """
         Args:
@@ -166,10 +169,15 @@ class EagleDrafter(Drafter):
             cache_dir: the model cache the default checkpoint lives in (None = the default cache).
             tree: draft EAGLE-2's dynamic tree instead of a chain (k, k_policy and k_max then unused).
             topk, depth, nodes, children: the tree's shape (drafters.tree.TreeShape).
+            shape: "auto": each step keeps the tree size with the best predicted speedup (drafters.tree.Sizer).
         """
         if k < 1:
             raise SpecResearchError(f"drafter.k must be >= 1, got {k}")
         self.shape = TreeShape(None, topk, depth, nodes, children) if tree else None
+        if shape is not None and self.shape is None:
+            raise SpecResearchError("drafter.shape=auto sizes EAGLE-2's tree: set drafter.tree=true")
+        if self.shape is not None:
+            self.shape.sizer = sizer(shape, target, self.shape)
         if self.shape is None:
             self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
         else:
@@ -294,6 +302,7 @@ class EagleDrafter(Drafter):
     def _tree(self, ctx: Context) -> Draft:
         """EAGLE-2: the tree grows level by level; a level's nodes are fed together under a tree mask,
         each as the pair (its parent's f̂, its token), and their f̂ score their children."""
+        started = time.perf_counter()
         depth = min(self.depth, ctx.max_draft)
         if depth <= 0:
             return Draft.empty(ctx.tokens.device)
@@ -312,7 +321,7 @@ class EagleDrafter(Drafter):
 
         token = (lambda x: x) if self.shortlist is None else (lambda x: int(self.shortlist.ids[x]))
         widen = (lambda q: q) if self.shortlist is None else self.shortlist.widen
-        nodes = self.shape.grow(self.lm_head(self.feature)[None].float(), expand, ctx, depth, token, widen)
+        nodes = self.shape.grow(self.lm_head(self.feature)[None].float(), expand, ctx, depth, token, widen, started)
         qs = [q for _, _, q in nodes if q is not None]
         return Draft(
             tokens=torch.tensor([t for t, _, _ in nodes], dtype=torch.long, device=ctx.tokens.device),
@@ -333,3 +342,8 @@ class EagleDrafter(Drafter):
     @property
     def draft_forwards(self) -> int:
         return self._forwards
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """shape=auto's predicted speedup over the steps so far (None without it)."""
+        return None if self.shape is None or self.shape.sizer is None else self.shape.sizer.predicted_speedup

@@ -21,7 +21,7 @@ from specresearch.drafters.training import Cache, hits, optimise
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs
-from specresearch.target import cost_curve
+from specresearch.target import COST_SIZES, cost_curve, interpolated
 from specresearch.types import Draft, SamplingParams
 from specresearch.vocab import Shortlist
 
@@ -65,7 +65,6 @@ def best_choices(rank_acc: Sequence[Sequence[float]], nodes: int) -> list[tuple[
 
 
 SHAPES = ("auto",)
-COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65, 129)  # tokens per verification forward measured for shape=auto
 
 
 def sized_choices(rank_acc: Sequence[Sequence[float]], cost: Callable[[int], float], nodes: int) -> tuple[list[tuple[int, ...]], float]:
@@ -90,17 +89,6 @@ def sized_choices(rank_acc: Sequence[Sequence[float]], cost: Callable[[int], flo
         tau += math.prod(float(rank_acc[d][r]) for d, r in enumerate(path))
         best = max(best, (tau / cost(n + 1), n), key=lambda b: b[0])
     return paths[: best[1]], best[0]
-
-
-def interpolated(sizes: Sequence[int], values: Sequence[float]) -> Callable[[int], float]:
-    """A function of m from its values at `sizes` (increasing): linear in between, constant beyond."""
-    def at(m: int) -> float:
-        for (a, va), (b, vb) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
-            if a <= m <= b:
-                return va + (vb - va) * (m - a) / (b - a)
-        return values[0] if m < sizes[0] else values[-1]
-
-    return at
 
 
 class ResBlock(nn.Module):

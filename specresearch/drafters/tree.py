@@ -4,6 +4,8 @@ and the target verifies the whole tree in one forward."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -15,9 +17,73 @@ from specresearch.drafters.draft_model import DraftModel
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
 from specresearch.sampling import ranking_probs
+from specresearch.target import COST_SIZES, forward_seconds, interpolated
 from specresearch.types import Draft, SamplingParams, Trie, Verdict
 
 CHILDREN = ("top", "sample")
+SHAPES = ("auto",)
+
+
+class Sizer:
+    """`drafter.shape=auto` for a dynamic tree: Sequoia's hardware-aware sizing (Chen et al., 2024),
+    made per step from the draft's own confidence as EAGLE-2 ranks nodes. Of the nodes a step grew,
+    ranked by cumulative draft probability q(path), it keeps the n whose predicted speedup
+    τ̂(n) / (d + v(n + 1)) is largest: τ̂(n) = 1 + the n best q(path) (the expected accepted length,
+    bonus token included, if the draft is calibrated), d the step's drafting time and v(m) the target's
+    measured time to verify m tokens, both over the target's time for one token.
+    """
+
+    def __init__(self, v: Callable[[int], float], unit: float):
+        """
+        Args:
+            v: the target's time to verify m tokens over its time for one.
+            unit: the target's seconds for one token.
+        """
+        self.v, self.unit = v, unit
+        self.tokens = self.cost = 0.0  # predicted tokens and target-forward costs, summed over steps
+
+    @classmethod
+    def measure(cls, target: LoadedModel, most: int) -> Sizer:
+        """A Sizer with the target's v(m) measured for m up to `most` + 1 (the root and `most` nodes)."""
+        sizes = sorted({*(m for m in COST_SIZES if m <= most + 1), most + 1})
+        one, *seconds = forward_seconds(target, list(range(2, 131)), [1, *sizes])  # any 129 tokens: costs, not content
+        return cls(interpolated(sizes, [t / one for t in seconds]), one)
+
+    def size(self, scores: Sequence[float], drafting: float) -> int:
+        """How many of the nodes to keep (>= 1).
+
+        Args:
+            scores: the nodes' cumulative draft log-probabilities, best first.
+            drafting: the step's drafting seconds so far.
+        """
+        d = drafting / self.unit
+        tau, best = 1.0, (0.0, 1, 1.0)  # (predicted speedup, n, τ̂(n))
+        for n, score in enumerate(scores, start=1):
+            tau += math.exp(score)
+            best = max(best, (tau / (d + self.v(n + 1)), n, tau))
+        self.tokens += best[2]
+        self.cost += d + self.v(best[1] + 1)
+        return best[1]
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """Predicted tokens per time over plain decoding's, over the steps sized so far."""
+        return self.tokens / self.cost if self.cost else None
+
+
+def sizer(shape: str | None, target: LoadedModel, tree: TreeShape) -> Sizer | None:
+    """The Sizer `drafter.shape` asks for (None: the tree keeps up to `nodes` nodes), refused where it
+    cannot be lossless or has nothing to size."""
+    if shape not in (None, *SHAPES):
+        raise SpecResearchError(f"unknown drafter.shape '{shape}': valid are null (nodes as given), {', '.join(SHAPES)}")
+    if shape is None:
+        return None
+    if tree.branching is not None:
+        raise SpecResearchError("drafter.shape=auto sizes a dynamic tree: set drafter.branching=null")
+    if tree.children != "top":
+        raise SpecResearchError("drafter.shape=auto keeps the likeliest nodes, which sampled children cannot be chosen by "
+                                "(their law would change): use drafter.children=top")
+    return Sizer.measure(target, tree.nodes)
 
 
 @dataclass
@@ -43,6 +109,7 @@ class TreeShape:
     depth: int = 5
     nodes: int = 24
     children: str = "top"
+    sizer: Sizer | None = None  # shape=auto: how many of the (at most `nodes`) best nodes each step keeps
 
     def __post_init__(self):
         if self.children not in CHILDREN:
@@ -60,7 +127,8 @@ class TreeShape:
             raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; use children=top for greedy decoding")
 
     def grow(self, logits: Tensor, expand: Callable[[Tensor, Tensor], Tensor], ctx: Context, depth: int,
-             token: Callable[[int], int] = int, widen: Callable[[Tensor], Tensor] = lambda q: q) -> list[tuple[int, int, Tensor | None]]:
+             token: Callable[[int], int] = int, widen: Callable[[Tensor], Tensor] = lambda q: q,
+             started: float | None = None) -> list[tuple[int, int, Tensor | None]]:
         """One tree: (token, parent, q or None) per node, parents first.
 
         Args:
@@ -70,7 +138,9 @@ class TreeShape:
             ctx: the step (sampling, rng).
             depth: the most levels (the step's draft budget allowing).
             token, widen: a shortlisted draft's index → token id, and [N] law → [V] (see DraftModel).
+            started: when the step's drafting began (time.perf_counter; the sizer counts it); None = now.
         """
+        started = time.perf_counter() if started is None else started
         nodes: list[tuple[int, int, Tensor | None, float]] = []  # (token, parent, q, cumulative log q)
         fed: dict[int, int] = {}  # node -> its index among the nodes expanded
         frontier = [-1]  # the nodes whose children this level adds (-1 = the root)
@@ -99,16 +169,20 @@ class TreeShape:
             frontier = new
             logits = expand(torch.tensor([nodes[i][0] for i in new], device=ctx.tokens.device),
                             torch.tensor([fed.get(nodes[i][1], -1) for i in new]))  # [W, V]
-        if self.branching is None and len(nodes) > self.nodes:
-            keep = self._budget_sampled(nodes) if self.children == "sample" else self._budget_top(nodes)
+        if self.branching is None and (len(nodes) > self.nodes or self.sizer is not None):
+            budget = min(self.nodes, len(nodes))
+            if self.sizer is not None:  # children are top here (shape=auto refuses sampled ones)
+                best = sorted((s for *_, s in nodes), reverse=True)[:budget]
+                budget = self.sizer.size(best, time.perf_counter() - started)
+            keep = self._budget_sampled(nodes) if self.children == "sample" else self._budget_top(nodes, budget)
             new_index = {old: new for new, old in enumerate(keep)}
             nodes = [(t, new_index.get(p, -1), q, s) for t, p, q, s in (nodes[i] for i in keep)]
         return [(t, p, q) for t, p, q, _ in nodes]
-    def _budget_top(self, nodes: list) -> list[int]:
-        """EAGLE-2's reranking: the `nodes` best by cumulative draft log-probability (a parent scores
-        at least as high as its children, so the set is a tree). Lossless for top children: they are
-        deterministic, and any choice of them is."""
-        return sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i][3], i))[: self.nodes])
+    def _budget_top(self, nodes: list, budget: int | None = None) -> list[int]:
+        """EAGLE-2's reranking: the `budget` (default `nodes`) best by cumulative draft log-probability
+        (a parent scores at least as high as its children, so the set is a tree). Lossless for top
+        children: they are deterministic, and any choice of them is."""
+        return sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i][3], i))[: self.nodes if budget is None else budget])
 
     def _budget_sampled(self, nodes: list) -> list[int]:
         """The budget for sampled children, kept lossless: whole sibling groups, breadth first (by the
@@ -145,6 +219,7 @@ class TreeDrafter(Drafter):
 
     name = "tree"
     modes = {"static top": (), "static sample": ("children=sample",), "dynamic top": ("branching=null",),
+             "dynamic top, auto size": ("branching=null", "shape=auto"),
              "dynamic sample": ("branching=null", "children=sample"),
              "dynamic sample, cheap draft": ("branching=null", "children=sample", "model.vocab=200",
                                              "model.vocab_corpus=mtbench", "model.quantize=int8")}
@@ -159,6 +234,7 @@ class TreeDrafter(Drafter):
         nodes: int = 24,
         children: str = "top",
         ensemble: Sequence[Mapping | LoadedModel | DraftModel] = (),
+        shape: str | None = None,
     ):
         """
         Args:
@@ -170,10 +246,14 @@ class TreeDrafter(Drafter):
                 children per expanded node and nodes expanded per level, `depth` levels, at most
                 `nodes` nodes; children "top" (the draft's most likely tokens) or "sample" (T > 0 only).
             ensemble: more draft models whose trees are merged with the first's (SpecInfer).
+            shape: "auto": each step keeps the number of nodes (up to `nodes`) with the best predicted
+                speedup (`Sizer`: the draft's confidence, the step's drafting time, the target's
+                measured verification cost); dynamic trees with top children only. None = `nodes`.
         """
         if model is None:
             raise SpecResearchError("drafter=tree needs a draft model: set drafter.model.name")
         self.shape = TreeShape(None if branching is None else list(branching), topk, depth, nodes, children)
+        self.shape.sizer = sizer(shape, target, self.shape)
         self.depth = self.shape.depth
         self.drafts = [DraftModel.load(spec, target) for spec in [model, *ensemble]]
         self._forwards = 0
@@ -207,6 +287,7 @@ class TreeDrafter(Drafter):
 
     def _grow(self, draft: DraftModel, ctx: Context, depth: int) -> list[tuple[int, int, Tensor | None]]:
         """One draft model's tree: (token, parent, q or None) per node, parents first."""
+        started = time.perf_counter()
         pending = ctx.tokens[draft.length :]  # [P] committed tokens the draft has not seen, the last one included
         logits = draft.forward(pending)[-1:]  # [1, V] the law after the last token ([1, N] over a shortlist)
         start = draft.length
@@ -216,7 +297,7 @@ class TreeDrafter(Drafter):
             return draft.forward(tokens, parents=parents, tree=start)  # [W, V]
 
         self._forwards += 1
-        nodes = self.shape.grow(logits, expand, ctx, depth, draft.token, draft.widen)
+        nodes = self.shape.grow(logits, expand, ctx, depth, draft.token, draft.widen, started)
         draft.rollback(start)
         return nodes
 
@@ -227,3 +308,8 @@ class TreeDrafter(Drafter):
     @property
     def draft_forwards(self) -> int:
         return self._forwards
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """shape=auto's predicted speedup over the steps so far (None without it)."""
+        return None if self.shape.sizer is None else self.shape.sizer.predicted_speedup
