@@ -17,12 +17,12 @@ import torch
 from specresearch.data import DATASETS, SHAREGPT_EVAL, load_prompts, prompt_record, stdlib_prompts
 from specresearch.drafters import Context, MedusaDrafter, NoDrafter
 from specresearch.drafters import base
-from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path, interpolated, sized_choices
+from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path, sized_choices
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
 from specresearch.experiment import run, trained_on_tags
-from specresearch.target import Target
+from specresearch.target import Target, interpolated
 from specresearch.train import MAX_HEADS, build_cache, check, generate_batch, self_cache, text_cache, train
 from specresearch.types import SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, MarginVerifier, RejectionVerifier, TypicalVerifier

@@ -2,8 +2,6 @@
 with the baseline (static, dynamic, ensemble), the target's law under multi-step speculative
 sampling at T = 1 (top and sampled children), typical acceptance on trees, and errors."""
 
-import math
-
 import pytest
 import torch
 
@@ -141,14 +139,14 @@ def test_auto_size_keeps_the_nodes_with_the_best_predicted_speedup():
     """τ̂(n) = 1 + the n best q(path); v flat up to 5 tokens, then steep: the knee is 4 nodes (root + 4 = 5
     tokens); a long drafting time makes verification relatively cheap, so the whole tree pays."""
     v = interpolated([1, 5, 9], [1.0, 1.0, 3.0])
-    scores = [math.log(p) for p in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)]
+    probs = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
 
     def best(d: float) -> int:  # the predicted speedup of every size, by brute force
-        return max(range(1, 9), key=lambda n: (1 + sum(math.exp(x) for x in scores[:n])) / (d + v(n + 1)))
+        return max(range(1, 9), key=lambda n: (1 + sum(probs[:n])) / (d + v(n + 1)))
 
     sizer = Sizer(v, unit=0.5)
-    assert sizer.size(scores, drafting=0.0) == best(0.0) == 4
-    assert sizer.size(scores, drafting=50.0) == best(100.0) == 8  # 50 s = 100 target forwards
+    assert sizer.size(probs, drafting=0.0) == best(0.0) == 4
+    assert sizer.size(probs, drafting=50.0) == best(100.0) == 8  # 50 s = 100 target forwards
     assert sizer.predicted_speedup == pytest.approx((4.0 + 5.4) / (1.0 + 100.0 + 3.0))
 
 

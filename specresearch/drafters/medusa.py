@@ -18,10 +18,10 @@ from torch import Tensor, nn
 
 from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, hits, optimise
+from specresearch.drafters.tree import SHAPES, Sizer
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs
-from specresearch.target import COST_SIZES, cost_curve, interpolated
 from specresearch.types import Draft, SamplingParams
 from specresearch.vocab import Shortlist
 
@@ -64,16 +64,14 @@ def best_choices(rank_acc: Sequence[Sequence[float]], nodes: int) -> list[tuple[
     return chosen
 
 
-SHAPES = ("auto",)
-
-
 def sized_choices(rank_acc: Sequence[Sequence[float]], cost: Callable[[int], float], nodes: int) -> tuple[list[tuple[int, ...]], float]:
     """Sequoia's sizing (Chen et al., 2024) of Medusa's tree: of the trees `best_choices` makes (the
     likeliest paths, which maximise the expected accepted length for their size), the size in
     1..`nodes` whose predicted speedup τ(n) / v(n + 1) is largest, where τ(n) = 1 + the sum of the
     n paths' probabilities (the expected tokens per verification, bonus included) and v(m) the
-    measured cost of verifying m tokens over one token's. The heads' own cost, the prefill and the
-    acceptance step are left out (9%, 14% and 4% of the README's shape=auto run).
+    measured cost of verifying m tokens over one token's (drafters.tree.Sizer, with no drafting
+    time). The heads' own cost, the prefill and the acceptance step are left out (9%, 14% and 4% of
+    the README's shape=auto run).
 
     Args:
         rank_acc: [K][R] the heads' held-out hit rate per rank.
@@ -84,11 +82,9 @@ def sized_choices(rank_acc: Sequence[Sequence[float]], cost: Callable[[int], flo
         The chosen paths and the predicted speedup over plain decoding.
     """
     paths = best_choices(rank_acc, nodes)
-    tau, best = 1.0, (0.0, 1)
-    for n, path in enumerate(paths, start=1):
-        tau += math.prod(float(rank_acc[d][r]) for d, r in enumerate(path))
-        best = max(best, (tau / cost(n + 1), n), key=lambda b: b[0])
-    return paths[: best[1]], best[0]
+    sizer = Sizer(cost, unit=1.0)
+    n = sizer.size([math.prod(float(rank_acc[d][r]) for d, r in enumerate(path)) for path in paths], drafting=0.0)
+    return paths[:n], sizer.predicted_speedup
 
 
 class ResBlock(nn.Module):
@@ -232,9 +228,7 @@ class MedusaDrafter(Drafter):
         if shape == "auto":
             if not meta.get("rank_acc"):
                 raise SpecResearchError("drafter.shape=auto needs the heads' held-out hit rates (a checkpoint trained by specresearch.train)")
-            sizes = sorted({*(m for m in COST_SIZES if m <= nodes), nodes + 1})
-            v = interpolated(sizes, cost_curve(target, list(range(2, 131)), sizes))  # any 129 tokens: costs, not content
-            choices, self.predicted_speedup = sized_choices(meta["rank_acc"], v, nodes)
+            choices, self.predicted_speedup = sized_choices(meta["rank_acc"], Sizer.measure(target, nodes).v, nodes)
             log.info("drafter.shape=auto: a tree of %d nodes, predicted speedup %.2fx (Sequoia sizing, measured v)",
                      len(choices), self.predicted_speedup)
         if choices is None:

@@ -49,18 +49,19 @@ class Sizer:
         one, *seconds = forward_seconds(target, list(range(2, 131)), [1, *sizes])  # any 129 tokens: costs, not content
         return cls(interpolated(sizes, [t / one for t in seconds]), one)
 
-    def size(self, scores: Sequence[float], drafting: float) -> int:
-        """How many of the nodes to keep (>= 1).
+    def size(self, probs: Sequence[float], drafting: float) -> int:
+        """How many of the nodes to keep (>= 1; the smallest of equally good sizes).
 
         Args:
-            scores: the nodes' cumulative draft log-probabilities, best first.
+            probs: the nodes' path probabilities (the chance each is accepted with all its ancestors), best first.
             drafting: the step's drafting seconds so far.
         """
         d = drafting / self.unit
         tau, best = 1.0, (0.0, 1, 1.0)  # (predicted speedup, n, τ̂(n))
-        for n, score in enumerate(scores, start=1):
-            tau += math.exp(score)
-            best = max(best, (tau / (d + self.v(n + 1)), n, tau))
+        for n, p in enumerate(probs, start=1):
+            tau += p
+            if tau / (d + self.v(n + 1)) > best[0]:
+                best = (tau / (d + self.v(n + 1)), n, tau)
         self.tokens += best[2]
         self.cost += d + self.v(best[1] + 1)
         return best[1]
@@ -173,7 +174,7 @@ class TreeShape:
             budget = min(self.nodes, len(nodes))
             if self.sizer is not None:  # children are top here (shape=auto refuses sampled ones)
                 best = sorted((s for *_, s in nodes), reverse=True)[:budget]
-                budget = self.sizer.size(best, time.perf_counter() - started)
+                budget = self.sizer.size([math.exp(s) for s in best], time.perf_counter() - started)
             keep = self._budget_sampled(nodes) if self.children == "sample" else self._budget_top(nodes, budget)
             new_index = {old: new for new, old in enumerate(keep)}
             nodes = [(t, new_index.get(p, -1), q, s) for t, p, q, s in (nodes[i] for i in keep)]

@@ -47,7 +47,7 @@ def summarize(client: Any, parent_id: str, outcomes: dict[int, str], objective: 
     client.log_batch(parent_id, metrics=[_metric(k, v) for k, v in logged.items() if math.isfinite(v)])
     params = {f"swept.{key}": ",".join(dict.fromkeys(row["_overrides"].get(key, "-") for row in rows)) for key in swept}
     if best:
-        params.update({"best.run": best["run"], "best.overrides": " ".join(f"{k}={v}" for k, v in best["_overrides"].items())})
+        params.update({"best.run": best["run"], "best.overrides": overrides_text(best)})
     for key, value in params.items():
         client.log_param(parent_id, key, value[:6000])
     client.log_text(parent_id, json_text({"columns": list(table[0]) if table else [], "data": [list(r.values()) for r in table]}),
@@ -74,6 +74,11 @@ def job_row(run: Any, reused: bool) -> dict[str, Any]:
             **{m: v for m, v in run.data.metrics.items() if m in HEADLINE}}
 
 
+def overrides_text(row: dict[str, Any]) -> str:
+    """A job row's overrides as on the command line: "key=value key=value"."""
+    return " ".join(f"{k}={v}" for k, v in row["_overrides"].items())
+
+
 def swept_keys(overrides: list[dict[str, str]]) -> list[str]:
     """The override keys whose values differ between jobs (whatever sweeper chose them), in order."""
     keys = list(dict.fromkeys(key for job in overrides for key in job))
@@ -85,7 +90,7 @@ def describe(table: list[dict[str, Any]], best: dict[str, Any] | None, objective
     if not table:
         return "No job of this sweep recorded a run."
     head = (f"**Best {objective}: {best[objective]:.3f}**, run `{best['run']}` "
-            f"({' '.join(f'{k}={v}' for k, v in best['_overrides'].items()) or 'no overrides'})\n\n" if best else "")
+            f"({overrides_text(best) or 'no overrides'})\n\n" if best else "")
     cells = [[_cell(v) for v in row.values()] for row in table]
     lines = ["| " + " | ".join(table[0]) + " |", "|" + "---|" * len(table[0]), *("| " + " | ".join(c) + " |" for c in cells)]
     return head + "\n".join(lines)
