@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
+from torch import Tensor
+
 from specresearch.drafters.base import Chain, Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
+from specresearch.drafters.pld import lookup
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
 from specresearch.types import Draft, Verdict
@@ -18,10 +22,18 @@ class IndependentDrafter(Drafter):
     Its KV cache holds every accepted token but the last, like the target's. When all k draft
     tokens are accepted it has not yet seen the k-th one (gpt-fast's subtlety): the next proposal
     feeds the two missing tokens in one forward.
+
+    With `lookup`, the draft itself is sped up by prompt lookup (a vertical cascade, as in Cascade
+    Speculative Drafting, Chen et al. 2023, whose lowest level is also an n-gram model): each draft
+    forward also feeds the up to `lookup` tokens that continued an earlier occurrence of the chain's
+    last n-gram, and the chain goes on through those rows while the draft's own token (its argmax,
+    or its sample from q) equals the guess. Every token is still drawn from the draft's q given the
+    chain before it, once per token from the same generator: the chain is the one drafted without
+    lookup, in fewer forwards.
     """
 
     name = "independent"
-    modes = {"default": (), "cheap draft": ("model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8")}
+    modes = {"default": (), "cheap draft": ("model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8"), "lookup": ("lookup=4",)}
 
     def __init__(
         self,
@@ -31,6 +43,7 @@ class IndependentDrafter(Drafter):
         confidence: float | None = None,
         k_policy: str = "fixed",
         k_max: int | None = None,
+        lookup: int = 0,
     ):
         """
         Args:
@@ -45,15 +58,20 @@ class IndependentDrafter(Drafter):
             k_policy: "fixed", or "heuristic" (transformers' schedule, see engine.DraftLength);
                 combines with `confidence` as in transformers. Lossless: k depends on past verdicts only.
             k_max: the largest k the heuristic may reach (None = 4 k).
+            lookup: the most prompt-lookup guesses fed with each draft forward (0 = none; see above).
+                Lossless: the chain is the draft's own.
         """
         if int(k) < 1:
             raise SpecResearchError(f"drafter=independent needs k >= 1, got k={k} (use drafter=none for plain decoding)")
         if model is None:
             raise SpecResearchError("drafter=independent needs a draft model: set drafter.model.name")
+        if int(lookup) < 0:
+            raise SpecResearchError(f"drafter.lookup must be >= 0 (0 = off), got {lookup}")
         if confidence is not None and not 0 < float(confidence) < 1:
             raise SpecResearchError(f"drafter.confidence must lie in (0, 1) or be null, got {confidence}")
         self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
         self.confidence = None if confidence is None else float(confidence)
+        self.lookup = int(lookup)
         self.draft = DraftModel.load(model, target)
         self._forwards = 0
 
@@ -64,13 +82,28 @@ class IndependentDrafter(Drafter):
     def propose(self, ctx: Context) -> Draft:
         pending = ctx.tokens[self.draft.length :]  # [1], or [2] after a fully accepted step
         chain = Chain(ctx, self.draft.shortlist)
-        for _ in range(ctx.max_draft):
-            logits = self.draft.forward(pending)[-1]  # [V], or [N] over the shortlist
+        done = ctx.max_draft <= 0
+        while not done:
+            guess = self._guess(ctx, chain)  # [G], G <= lookup
+            fed = self.draft.length + pending.numel()  # the cache's length once `pending` is in
+            logits = self.draft.forward(torch.cat([pending, guess]))[pending.numel() - 1 :]  # [G + 1, V or N]
             self._forwards += 1
-            pending = chain.add(logits)[None]
-            if self.confidence is not None and chain.confidence() < self.confidence:
-                break  # an unlikely draft token: the next ones would likely be wasted
+            for i, row in enumerate(logits):  # row i: the draft's law after the pending tokens and guess[:i]
+                x = chain.add(row)
+                done = len(chain.tokens) == ctx.max_draft or (self.confidence is not None and chain.confidence() < self.confidence)
+                if done or i == guess.numel() or x != guess[i]:
+                    break
+            self.draft.rollback(fed + i)  # keep the guesses that became the chain's (x itself is pending)
+            pending = x[None]
         return chain.draft()
+
+    def _guess(self, ctx: Context, chain: Chain) -> Tensor:
+        """[G] prompt lookup's continuation of the context and the chain so far (G < what is left to draft)."""
+        want = min(self.lookup, ctx.max_draft - len(chain.tokens) - 1)
+        if want <= 0:
+            return ctx.tokens[:0]
+        tokens = torch.cat([ctx.tokens, *[x[None] for x in chain.tokens]])  # [T + chain]
+        return lookup(tokens, want, match="last").to(ctx.tokens.device)
 
     def commit(self, ctx: Context, verdict: Verdict) -> None:
         # Keep what the draft cache saw of the accepted sequence; everything but its last token.

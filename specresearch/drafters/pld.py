@@ -48,14 +48,28 @@ class PromptLookupDrafter(Drafter):
         self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
 
     def propose(self, ctx: Context) -> Draft:
-        tokens = ctx.tokens  # [T]
-        want = ctx.max_draft
-        if want > 0:
-            for n in range(self.max_ngram, self.min_ngram - 1, -1):
-                start = continuation_start(tokens, n, self.match)
-                if start is not None:
-                    return Draft(tokens=tokens[start : start + want].clone())
-        return Draft.empty(tokens.device)
+        return Draft(tokens=lookup(ctx.tokens, ctx.max_draft, self.max_ngram, self.min_ngram, self.match))
+
+
+def lookup(tokens: Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1, match: str = "first") -> Tensor:
+    """Prompt lookup: the up to `k` tokens that followed an earlier occurrence of the context's last
+    n-gram, n from `max_ngram` down to `min_ngram` (longer first).
+
+    Args:
+        tokens: [T] the context.
+        k: the most tokens returned.
+        max_ngram, min_ngram: the suffix lengths looked up.
+        match: which occurrence to continue: "first" or "last".
+
+    Returns:
+        [G] the continuation (G <= k; empty when nothing matches or k <= 0).
+    """
+    if k > 0:
+        for n in range(max_ngram, min_ngram - 1, -1):
+            start = continuation_start(tokens, n, match)
+            if start is not None:
+                return tokens[start : start + k].clone()
+    return tokens[:0].clone()
 
 
 def continuation_start(tokens: Tensor, n: int, match: str = "first") -> int | None:
