@@ -52,7 +52,7 @@ from specresearch.drafters.draft_model import OPTIONS as CHEAPER
 from specresearch.drafters.draft_model import DraftModel, cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
+from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup, per_token
 from specresearch.models import LoadedModel, SkinnyLinear, load_model, use_skinny_linear
 from specresearch.target import cost_curve
 from specresearch.tracking import MLflowTracker, NullTracker
@@ -344,10 +344,10 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list
         if m.stats.drafted:
             c, v = cost_ratios(baseline.stats, m.stats) if baseline is not None else (float("nan"),) * 2
             k = len(m.stats.drafted_at)
-            best_k, best = leviathan_optimal_k(m.stats.alpha_token, c, v, k, v_curve=v_curve)
+            best_k, best = leviathan_optimal_k(m.stats.alpha_token, per_token(c, m.stats), v, k, v_curve=v_curve)
             row.update(
                 alpha=m.stats.alpha, tau=m.stats.tau, k=k, c=c, v=v,
-                leviathan=leviathan_speedup(m.stats.alpha_token, k, c, v),
+                leviathan=leviathan_speedup(m.stats.alpha_token, k, per_token(c, m.stats), v),
                 leviathan_optimal_k=best_k,
                 leviathan_optimal=best,
                 time_split={

@@ -15,7 +15,7 @@ from specresearch.app import browse_line, build, build_engine, claim_params, mac
 from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup
+from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup, per_token
 from specresearch.records import HEADLINE_SECTION, Group, PromptStep, SideStats, SpeedRecord, headline, json_text, prefixed
 from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
 from specresearch.target import Target
@@ -75,7 +75,7 @@ class Results:
         measured α, draft cost ratio c and verification cost v (both relative to one baseline forward)."""
         base, meth = self.baseline, self.method
         c, v = cost_ratios(base, meth)
-        best_k, best_speedup = leviathan_optimal_k(meth.alpha_token, c, v, k) if k else (0, float("nan"))
+        best_k, best_speedup = leviathan_optimal_k(meth.alpha_token, per_token(c, meth), v, k) if k else (0, float("nan"))
         n = len(self.records)
         record = SpeedRecord(
             baseline=replace(SideStats.of(base.summary()), acceptance=[]),  # the baseline drafts nothing
@@ -87,7 +87,7 @@ class Results:
             time_ratio=base.time_total / meth.time_total if meth.time_total else float("nan"),
             draft_cost_ratio_c=c,
             verify_cost_v=v,
-            leviathan_speedup=leviathan_speedup(meth.alpha_token, k, c, v) if k else 1.0 / v,
+            leviathan_speedup=leviathan_speedup(meth.alpha_token, k, per_token(c, meth), v) if k else 1.0 / v,
             leviathan_optimal_k=best_k,
             leviathan_optimal_speedup=best_speedup,
             predicted_speedup=self.predicted_speedup,

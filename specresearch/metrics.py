@@ -183,6 +183,13 @@ def cost_ratios(baseline: SpecStats, method: SpecStats) -> tuple[float, float]:
     return c, v
 
 
+def per_token(c: float, stats: SpecStats) -> float:
+    """Leviathan's c: the draft cost c (per draft forward) per drafted token (a tree's: per level of
+    its depth). A forward drafts one, except with prompt lookup inside the draft (`lookup`), where
+    one forward may draft several."""
+    return c * stats.draft_forwards / stats.drafted if stats.drafted else c
+
+
 def _grow(counts: list[int], n: int) -> None:
     counts.extend([0] * (n - len(counts)))
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup
+from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup, per_token
 from specresearch.sampling import logits_to_probs, sample
 from specresearch.types import SamplingParams
 
@@ -87,6 +87,9 @@ def test_cost_ratios_relative_to_one_baseline_forward():
     c, v = cost_ratios(base, meth)
     assert c == pytest.approx(0.25) and v == pytest.approx(1.5)
     assert cost_ratios(base, SpecStats(steps=2, time_verify=0.4))[0] == 0.0  # a model-free drafter costs nothing
+    assert per_token(c, SpecStats(drafted=8, draft_forwards=8)) == pytest.approx(0.25)  # one token per forward
+    assert per_token(c, SpecStats(drafted=12, draft_forwards=8)) == pytest.approx(0.25 * 8 / 12)  # lookup: 1.5 per forward
+    assert per_token(c, SpecStats()) == c
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])

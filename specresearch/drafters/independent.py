@@ -28,8 +28,9 @@ class IndependentDrafter(Drafter):
     forward also feeds the up to `lookup` tokens that continued an earlier occurrence of the chain's
     last n-gram, and the chain goes on through those rows while the draft's own token (its argmax,
     or its sample from q) equals the guess. Every token is still drawn from the draft's q given the
-    chain before it, once per token from the same generator: the chain is the one drafted without
-    lookup, in fewer forwards.
+    chain before it, once per token from the same generator, and that q is the one reported: in
+    exact arithmetic the chain drafted without lookup, in fewer forwards (an int8 draft quantizes a
+    forward's rows together, so its q moves slightly with the guesses beside it).
     """
 
     name = "independent"
