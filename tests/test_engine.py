@@ -342,6 +342,7 @@ def test_int8_draft_keeps_greedy_identical(target, close_draft, options):
     drafter = IndependentDrafter(target, k=3, model=cheapen(close_draft, target, **options))
     assert close_draft.model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32, "the shared draft is untouched"
     assert not any(isinstance(m, torch.nn.Linear) for m in drafter.draft.model.modules()), "every linear is int8"
+    assert not isinstance(drafter.draft.head, torch.nn.Linear), "the shortlist's head too"
     engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
     for i, prompt in enumerate(prompts(3, seed=20)):
         out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)

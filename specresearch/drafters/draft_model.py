@@ -105,7 +105,7 @@ def cheapen(
     if quantize is None:
         return DraftModel(lm, shortlist)
     lm = quantize_int8(lm)
-    head = None if shortlist is None else quantize_int8_module(torch.nn.Sequential(copy.deepcopy(shortlist.head).float()))[0]
+    head = None if shortlist is None else quantize_int8_module(use_skinny_linear(torch.nn.Sequential(copy.deepcopy(shortlist.head).float()), False))[0]
     return DraftModel(lm, shortlist, head)
 
 
