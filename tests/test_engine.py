@@ -367,6 +367,27 @@ def test_confidence_stops_drafts_early_and_keeps_greedy_identical(target, close_
         IndependentDrafter(target, k=2, model=close_draft, confidence=1.5)
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
+def test_chain_confidence_stops_where_the_chains_probability_falls_below(target, far_draft, sampling):
+    """Each chain runs while the product of its tokens' draft probabilities stays >= the threshold:
+    it stops at the first token that takes it below, or at k."""
+    k, threshold, stopped = 12, 0.3, 0
+    drafter = IndependentDrafter(target, k=k, model=far_draft, chain_confidence=threshold)
+    for seed, prompt in enumerate(prompts(8, seed=40)):
+        ctx = Context(torch.tensor(prompt), sampling, torch.Generator().manual_seed(seed), max_draft=k)
+        with torch.inference_mode():
+            drafter.prefill(ctx)
+            draft = drafter.propose(ctx)
+            logits = far_draft.model(torch.cat([ctx.tokens, draft.tokens])[None]).logits[0, len(prompt) - 1 : -1]  # [K, V]
+        path = torch.softmax(logits.double(), -1).gather(-1, draft.tokens[:, None])[:, 0].cumprod(0)  # [K]
+        assert (path[:-1] >= threshold).all()
+        assert path[-1] < threshold or len(draft) == k
+        stopped += len(draft) < k
+    assert stopped >= 2, "some chains stop before k"
+    with pytest.raises(SpecResearchError, match="chain_confidence must lie in \\(0, 1\\)"):
+        IndependentDrafter(target, k=2, model=far_draft, chain_confidence=0)
+
+
 def test_int8_draft_sampled_step_is_exact(target, far_draft):
     drafter = IndependentDrafter(target, k=1, model=cheapen(far_draft, target, quantize="int8"))
     prompt = torch.tensor([72, 101, 108, 108, 111])

@@ -34,7 +34,8 @@ class IndependentDrafter(Drafter):
     """
 
     name = "independent"
-    modes = {"default": (), "cheap draft": ("model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8"), "lookup": ("lookup=4",)}
+    modes = {"default": (), "cheap draft": ("model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8"), "lookup": ("lookup=4",),
+             "chain confidence": ("k=8", "chain_confidence=0.3")}
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class IndependentDrafter(Drafter):
         k_policy: str = "fixed",
         k_max: int | None = None,
         lookup: int = 0,
+        chain_confidence: float | None = None,
     ):
         """
         Args:
@@ -61,6 +63,10 @@ class IndependentDrafter(Drafter):
             k_max: the largest k the heuristic may reach (None = 4 k).
             lookup: the most prompt-lookup guesses fed with each draft forward (0 = none; see above).
                 Lossless: the chain is the draft's own.
+            chain_confidence: stop drafting once the product of the chain's token probabilities
+                (`confidence`'s, over the chain so far: the draft's estimate that the target keeps it
+                all, EAGLE-2's cumulative confidence) falls below this. None = no such stop.
+                Lossless: the stop depends on the draft alone.
         """
         if int(k) < 1:
             raise SpecResearchError(f"drafter=independent needs k >= 1, got k={k} (use drafter=none for plain decoding)")
@@ -68,11 +74,13 @@ class IndependentDrafter(Drafter):
             raise SpecResearchError("drafter=independent needs a draft model: set drafter.model.name")
         if int(lookup) < 0:
             raise SpecResearchError(f"drafter.lookup must be >= 0 (0 = off), got {lookup}")
-        if confidence is not None and not 0 < float(confidence) < 1:
-            raise SpecResearchError(f"drafter.confidence must lie in (0, 1) or be null, got {confidence}")
+        for key, value in (("confidence", confidence), ("chain_confidence", chain_confidence)):
+            if value is not None and not 0 < float(value) < 1:
+                raise SpecResearchError(f"drafter.{key} must lie in (0, 1) or be null, got {value}")
         self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
         self.confidence = None if confidence is None else float(confidence)
         self.lookup = int(lookup)
+        self.chain_confidence = None if chain_confidence is None else float(chain_confidence)
         self.draft = DraftModel.load(model, target)
         self._forwards = 0
 
@@ -83,7 +91,7 @@ class IndependentDrafter(Drafter):
     def propose(self, ctx: Context) -> Draft:
         pending = ctx.tokens[self.draft.length :]  # [1], or [2] after a fully accepted step
         chain = Chain(ctx, self.draft.shortlist)
-        done = ctx.max_draft <= 0
+        done, path = ctx.max_draft <= 0, 1.0  # path: the product of the chain's confidences
         while not done:
             guess = self._guess(ctx, chain)  # [G], G <= lookup
             fed = self.draft.length + pending.numel()  # the cache's length once `pending` is in
@@ -91,7 +99,11 @@ class IndependentDrafter(Drafter):
             self._forwards += 1
             for i, row in enumerate(logits):  # row i: the draft's law after the pending tokens and guess[:i]
                 x = chain.add(row)
-                done = len(chain.tokens) == ctx.max_draft or (self.confidence is not None and chain.confidence() < self.confidence)
+                done = len(chain.tokens) == ctx.max_draft
+                if self.confidence is not None or self.chain_confidence is not None:
+                    confidence = float(chain.confidence())
+                    path *= confidence
+                    done = done or confidence < (self.confidence or 0.0) or path < (self.chain_confidence or 0.0)
                 if done or i == guess.numel() or x != guess[i]:
                     break
             self.draft.rollback(fed + i)  # keep the guesses that became the chain's (x itself is pending)
