@@ -344,10 +344,11 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list
         if m.stats.drafted:
             c, v = cost_ratios(baseline.stats, m.stats) if baseline is not None else (float("nan"),) * 2
             k = len(m.stats.drafted_at)
-            best_k, best = leviathan_optimal_k(m.stats.alpha_token, per_token(c, m.stats), v, k, v_curve=v_curve)
+            c_token = per_token(c, m.stats)  # Leviathan's c
+            best_k, best = leviathan_optimal_k(m.stats.alpha_token, c_token, v, k, v_curve=v_curve)
             row.update(
                 alpha=m.stats.alpha, tau=m.stats.tau, k=k, c=c, v=v,
-                leviathan=leviathan_speedup(m.stats.alpha_token, k, per_token(c, m.stats), v),
+                leviathan=leviathan_speedup(m.stats.alpha_token, k, c_token, v),
                 leviathan_optimal_k=best_k,
                 leviathan_optimal=best,
                 time_split={

@@ -75,7 +75,8 @@ class Results:
         measured α, draft cost ratio c and verification cost v (both relative to one baseline forward)."""
         base, meth = self.baseline, self.method
         c, v = cost_ratios(base, meth)
-        best_k, best_speedup = leviathan_optimal_k(meth.alpha_token, per_token(c, meth), v, k) if k else (0, float("nan"))
+        c_token = per_token(c, meth)  # Leviathan's c
+        best_k, best_speedup = leviathan_optimal_k(meth.alpha_token, c_token, v, k) if k else (0, float("nan"))
         n = len(self.records)
         record = SpeedRecord(
             baseline=replace(SideStats.of(base.summary()), acceptance=[]),  # the baseline drafts nothing
@@ -87,7 +88,7 @@ class Results:
             time_ratio=base.time_total / meth.time_total if meth.time_total else float("nan"),
             draft_cost_ratio_c=c,
             verify_cost_v=v,
-            leviathan_speedup=leviathan_speedup(meth.alpha_token, k, per_token(c, meth), v) if k else 1.0 / v,
+            leviathan_speedup=leviathan_speedup(meth.alpha_token, k, c_token, v) if k else 1.0 / v,
             leviathan_optimal_k=best_k,
             leviathan_optimal_speedup=best_speedup,
             predicted_speedup=self.predicted_speedup,

@@ -105,7 +105,7 @@ def cheapen(
     if quantize is None:
         return DraftModel(lm, shortlist)
     lm = quantize_int8(lm)
-    head = None if shortlist is None else quantize_int8_module(use_skinny_linear(torch.nn.Sequential(copy.deepcopy(shortlist.head).float()), False))[0]
+    head = None if shortlist is None else quantize_int8_module(torch.nn.Sequential(copy.deepcopy(shortlist.head).float()))[0]
     return DraftModel(lm, shortlist, head)
 
 
@@ -115,13 +115,16 @@ def quantize_int8(lm: LoadedModel) -> LoadedModel:
     torch's dynamic quantization kernels (fbgemm/oneDNN on x86, qnnpack on ARM)."""
     if lm.device.type != "cpu":
         raise SpecResearchError(f"drafter.model.quantize=int8 runs on the CPU only (torch's dynamic int8 kernels); the draft is on {lm.device}")
-    model = use_skinny_linear(copy.deepcopy(lm.model).float(), False)  # quantize_dynamic swaps plain nn.Linear only
-    return dataclasses.replace(lm, model=quantize_int8_module(model), dtype=torch.float32, name=f"{lm.name} (int8)")
+    model = quantize_int8_module(copy.deepcopy(lm.model).float())
+    return dataclasses.replace(lm, model=model, dtype=torch.float32, name=f"{lm.name} (int8)")
 
 
 def quantize_int8_module(module: torch.nn.Module) -> torch.nn.Module:
-    """`module` (float32) with its nn.Linear children swapped for dynamically quantized int8 ones, in place."""
+    """`module` (float32) with its nn.Linear children (SkinnyLinear ones included) swapped for
+    dynamically quantized int8 ones, in place."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    use_skinny_linear(module, False)  # quantize_dynamic swaps plain nn.Linear only
 
     with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors in favour of torchao
         warnings.simplefilter("ignore")

@@ -60,8 +60,9 @@ class Sizer:
         tau, best = 1.0, (0.0, 1, 1.0)  # (predicted speedup, n, τ̂(n))
         for n, p in enumerate(probs, start=1):
             tau += p
-            if tau / (d + self.v(n + 1)) > best[0]:
-                best = (tau / (d + self.v(n + 1)), n, tau)
+            speedup = tau / (d + self.v(n + 1))
+            if speedup > best[0]:
+                best = (speedup, n, tau)
         self.tokens += best[2]
         self.cost += d + self.v(best[1] + 1)
         return best[1]
