@@ -60,7 +60,8 @@ from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier
 
 GREEDY = SamplingParams()
-DATASETS = {"humaneval": "HumanEval prompts", "mtbench": "MT-bench questions (first turn, chat template)"}
+DATASETS = {"humaneval": "HumanEval prompts", "mtbench": "MT-bench questions (first turn, chat template)",
+            "sharegpt": "ShareGPT first turns (evaluation side, chat template)"}
 HF_METHODS = ("generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup")
 PLAIN = ("generate", "generate_torch", "generate_compiled", "baseline")  # plain decoding, one token per target forward
 
@@ -224,12 +225,13 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int)
 
 
 def prompt_set(dataset: str, n: int, offset: int) -> list[Prompt]:
-    """HumanEval's prompts from `offset` on, or MT-bench's first turns (chat template; evaluation only, so
+    """HumanEval's prompts from `offset` on; MT-bench's first turns (chat template; evaluation only, so
     no head was trained on them): ceil(n / 8) questions of each category after its first `offset`, category
-    after category, the first `n` of them (8 prompts cover all 8 categories)."""
+    after category, the first `n` of them (8 prompts cover all 8 categories); or ShareGPT's first turns from
+    `offset` on (the evaluation side, chat template: a chat set to choose settings on, MT-bench to report)."""
     if dataset == "mtbench":
         return load_prompts("mtbench", per_category=-(-n // len(MTBENCH_CATEGORIES)), offset=offset)[:n]
-    return load_prompts("humaneval", n, offset=offset)
+    return load_prompts(dataset, n, offset=offset)
 
 
 def load(args) -> tuple[LoadedModel, LoadedModel, list[list[int]]]:

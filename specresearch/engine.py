@@ -200,7 +200,7 @@ class Engine:
                     self.target.keep(cached, rows)
                 stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel())
                 if self.draft_length is not None:
-                    self.draft_length.update(len(draft), verdict.num_accepted)
+                    self.draft_length.update(draft.depth, verdict.num_accepted)
                 stop_reason = append(verdict)
                 if stop_reason is None:
                     with clock.phase(stats, "time_draft"):

@@ -14,7 +14,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
 from specresearch.models import SkinnyLinear, load_model
 from specresearch.stats import first_token_law
-from specresearch.types import Draft, SamplingParams
+from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
 from .conftest import PLAIN, REPEATING, cyclic_tiny
@@ -319,7 +319,7 @@ def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
         for _ in range(3000):
             draft = drafter.propose(ctx)
             draws.append(int(draft.tokens[0]))
-            drafter.commit(ctx, None)
+            drafter.commit(ctx, Verdict(tokens=draft.tokens[:1], num_accepted=0))  # nothing kept: the same context again
     q = draft.q[0].double()  # [V]
     short = drafter.draft.shortlist.ids
     with torch.inference_mode():
@@ -427,3 +427,59 @@ def test_lookup_drafts_the_same_chain_in_fewer_forwards(sampling, confidence):
         assert runs[4][0][0] == baseline(target).generate(REPEATING, 40, eos_token_ids=[]).tokens
     with pytest.raises(SpecResearchError, match="lookup must be >= 0"):
         IndependentDrafter(target, k=2, model=draft, lookup=-1)
+
+
+def test_siblings_are_the_drafts_next_likeliest_tokens_beside_the_chain(target, far_draft):
+    """Each chain token is followed by its siblings: the draft's next likeliest tokens at its
+    position (a fresh forward's ranking), leaves under the chain token's parent."""
+    drafter = IndependentDrafter(target, k=5, model=far_draft, siblings=2)
+    prompt = torch.tensor(prompts(1, seed=50)[0])
+    ctx = Context(prompt, GREEDY, None, max_draft=5)
+    with torch.inference_mode():
+        drafter.prefill(ctx)
+        draft = drafter.propose(ctx)
+    spine = [i for i in range(len(draft)) if i % 3 == 0]
+    chain = draft.tokens[spine]  # [5]
+    with torch.inference_mode():
+        logits = far_draft.model(torch.cat([prompt, chain])[None]).logits[0, len(prompt) - 1 : -1]  # [5, V]
+    assert draft.tokens.tolist() == logits.topk(3).indices.flatten().tolist()  # the chain's token first, then two siblings
+    assert draft.parents.tolist() == [-1, -1, -1, 0, 0, 0, 3, 3, 3, 6, 6, 6, 9, 9, 9]
+    assert draft.depth == 5 and draft.q is None
+    with pytest.raises(SpecResearchError, match="siblings must be >= 0"):
+        IndependentDrafter(target, k=2, model=far_draft, siblings=-1)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
+def test_a_sibling_taken_drops_the_chain_after_it_from_the_draft_cache(target, far_draft, sampling):
+    """When the target takes a sibling in place of a chain token, the draft forgets the rest of its
+    chain: each next proposal is the one a fresh drafter makes from the same context and seed. At
+    T = 1 the siblings' laws are one-hot rows beside the chain's sampled q."""
+    taken = 0
+
+    class Checked(IndependentDrafter):
+        def propose(self, ctx):
+            fresh = IndependentDrafter(target, k=4, model=far_draft, siblings=1)
+            state = None if ctx.rng is None else ctx.rng.get_state()
+            fresh.prefill(ctx)
+            expected = fresh.propose(ctx)
+            if state is not None:
+                ctx.rng.set_state(state)
+            draft = super().propose(ctx)
+            assert draft.tokens.tolist() == expected.tokens.tolist()
+            if draft.q is not None:
+                siblings = draft.parents[1:] == draft.parents[:-1]  # [N - 1] a node beside the one before it
+                assert (draft.q[1:][siblings].max(-1).values == 1).all()
+            return draft
+
+        def commit(self, ctx, verdict):
+            nonlocal taken
+            taken += self._chain[1].accepted(verdict) < verdict.num_accepted
+            super().commit(ctx, verdict)
+
+    engine = Engine(target, Checked(target, k=4, model=far_draft, siblings=1), RejectionVerifier(), sampling)
+    for i, prompt in enumerate(prompts(4, seed=60)):
+        with torch.inference_mode():
+            out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
+        if sampling.greedy:
+            assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
+    assert taken >= 2, "the target took a sibling now and then"

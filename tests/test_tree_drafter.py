@@ -71,6 +71,35 @@ def test_static_and_dynamic_shapes(target, draft):
     assert short.depth <= 2  # never deeper than the tokens left
 
 
+@torch.inference_mode()
+def test_chain_confidence_stops_a_tree_after_a_level_without_a_likely_path(target):
+    """A level is grown only below a level with a path the draft gives at least the threshold (its
+    probabilities multiplied down the path, from fresh forwards); trees stop before `depth` then."""
+    draft, threshold, depth, stopped = tiny(noise=0.03, noise_seed=5), 0.3, 8, 0
+    drafter = TreeDrafter(target, model=draft, branching=None, topk=2, depth=depth, nodes=64, chain_confidence=threshold)
+    for seed in range(6):
+        prompt = torch.randint(0, 256, (6,), generator=torch.Generator().manual_seed(seed))
+        ctx = Context(prompt, SamplingParams(), None, 100)
+        drafter.prefill(ctx)
+        tree = drafter.propose(ctx)
+        parents, tokens, levels = tree.parents.tolist(), tree.tokens.tolist(), node_depths(tree.parents)
+        path = []
+        for i, parent in enumerate(parents):
+            ids = [tokens[i]]
+            while parent >= 0:
+                ids.insert(0, tokens[parent])
+                parent = parents[parent]
+            logits = draft.model(torch.cat([prompt, torch.tensor(ids[:-1], dtype=torch.long)])[None]).logits[0, len(prompt) - 1 :]
+            path.append(float(torch.softmax(logits.double(), -1).gather(-1, torch.tensor(ids)[:, None]).prod()))
+        best = [max(p for p, level in zip(path, levels) if level == d) for d in range(1, tree.depth + 1)]
+        assert min(best[:-1], default=1.0) >= threshold - 1e-6  # every level but the last was grown further
+        assert best[-1] < threshold + 1e-6 or tree.depth == depth
+        stopped += tree.depth < depth
+    assert stopped >= 2, "some trees stop before their depth"
+    with pytest.raises(SpecResearchError, match="chain_confidence must lie in \\(0, 1\\)"):
+        TreeDrafter(target, model=draft, branching=None, chain_confidence=1.0)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("shape", ["static", "dynamic", "ensemble"])
 def test_greedy_output_equals_the_baseline(target, draft, seed, shape):

@@ -99,15 +99,18 @@ class Chain:
     argmax when decoding greedily (q = None), else a sample from its q, the draft's logits after the
     same processing as p (specresearch.sampling), and that q is recorded."""
 
-    def __init__(self, ctx: Context, shortlist: Shortlist | None = None):
+    def __init__(self, ctx: Context, shortlist: Shortlist | None = None, siblings: int = 0):
         """
         Args:
             ctx: the step's context (sampling settings, generator).
             shortlist: the tokens the draft's logits score (FR-Spec); None = the whole vocabulary.
+            siblings: beside each chain token, the draft's next `siblings` likeliest tokens at its
+                position as leaves (see `draft`); 0 = a plain chain.
         """
-        self.ctx, self.shortlist = ctx, shortlist
+        self.ctx, self.shortlist, self.siblings = ctx, shortlist, siblings
         self.tokens: list[Tensor] = []  # 0-d token ids
         self.qs: list[Tensor] = []  # [V] the law each token was drawn from
+        self.others: list[Tensor] = []  # [S] each token's siblings (token ids), likeliest first
         self._last: tuple[Tensor, Tensor, Tensor | None] | None = None  # (logits, index in them, q over them)
 
     def add(self, logits: Tensor) -> Tensor:
@@ -125,6 +128,12 @@ class Chain:
         self._last = (logits, x, q)
         token = x if self.shortlist is None else self.shortlist.ids[x]
         self.tokens.append(token)
+        if self.siblings:
+            law = ranking_probs(logits, self.ctx.sampling) if q is None else q  # [V or N]
+            law = law.index_fill(-1, x.reshape(1), 0.0)  # the chain's own token is not its sibling
+            top = torch.topk(law, min(self.siblings, law.numel()))
+            others = top.indices[top.values > 0]  # top-k / top-p removed the rest: the target never accepts them
+            self.others.append(others if self.shortlist is None else self.shortlist.ids[others])
         return token
 
     def confidence(self) -> Tensor:
@@ -133,10 +142,35 @@ class Chain:
         return (ranking_probs(logits, self.ctx.sampling) if q is None else q)[x]
 
     def draft(self) -> Draft:
-        """The chain: [K] tokens, [K, V] q (None when greedy)."""
+        """The chain: [K] tokens, [K, V] q (None when greedy).
+
+        With siblings, a tree whose spine is the chain: each chain token is followed by its siblings,
+        leaves under the same parent, tried after it (multi-step speculative sampling). A sibling is
+        deterministic given the chain above and beside it, so its law is one-hot (sampled: its q row;
+        greedy: q = None as for the chain): after the chain's token is rejected, the target's residual
+        accepts it with its own probability, which keeps rejection sampling exact. The siblings cost
+        no draft forward, only target rows.
+        """
         if not self.tokens:
             return Draft.empty(self.ctx.tokens.device)
-        return Draft(tokens=torch.stack(self.tokens), q=torch.stack(self.qs) if self.qs else None)
+        if not self.siblings:
+            return Draft(tokens=torch.stack(self.tokens), q=torch.stack(self.qs) if self.qs else None)
+        tokens, parents, qs, parent = [], [], [], -1
+        for i, (x, others) in enumerate(zip(self.tokens, self.others)):
+            spine = len(tokens)
+            tokens += [x, *others]
+            parents += [parent] * (1 + len(others))
+            if self.qs:
+                qs += [self.qs[i], *torch.nn.functional.one_hot(others, self.qs[i].numel()).to(self.qs[i].dtype)]
+            parent = spine
+        return Draft(tokens=torch.stack(tokens), q=torch.stack(qs) if qs else None, parents=torch.tensor(parents))
+
+    def accepted(self, verdict: Verdict) -> int:
+        """How many of the chain's own tokens `verdict` kept (a sibling ends the run of them)."""
+        if verdict.path is None:
+            return verdict.num_accepted
+        spine = {i + sum(len(o) for o in self.others[:i]) for i in range(len(self.tokens))}  # each chain token's node
+        return next((n for n, node in enumerate(verdict.path) if node not in spine), len(verdict.path))
 
 
 def save_checkpoint(module: torch.nn.Module, path: Path, meta: dict) -> None:

@@ -35,7 +35,8 @@ class IndependentDrafter(Drafter):
 
     name = "independent"
     modes = {"default": (), "cheap draft": ("model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8"), "lookup": ("lookup=4",),
-             "chain confidence": ("k=8", "chain_confidence=0.3")}
+             "chain confidence": ("k=8", "chain_confidence=0.3"), "siblings": ("siblings=2",),
+             "siblings, lookup, chain confidence": ("k=8", "siblings=1", "lookup=4", "chain_confidence=0.3")}
 
     def __init__(
         self,
@@ -47,6 +48,7 @@ class IndependentDrafter(Drafter):
         k_max: int | None = None,
         lookup: int = 0,
         chain_confidence: float | None = None,
+        siblings: int = 0,
     ):
         """
         Args:
@@ -67,6 +69,11 @@ class IndependentDrafter(Drafter):
                 (`confidence`'s, over the chain so far: the draft's estimate that the target keeps it
                 all, EAGLE-2's cumulative confidence) falls below this. None = no such stop.
                 Lossless: the stop depends on the draft alone.
+            siblings: beside each chain token, the draft's next `siblings` likeliest tokens at its
+                position, as leaves of a tree whose spine is the chain (`Chain.draft`): when the target
+                refuses the chain's token it may take a sibling, one more token per step, at the price
+                of target rows but no draft forward. 0 = a plain chain. Lossless: a sibling is
+                deterministic given the chain, and verified against the target's residual.
         """
         if int(k) < 1:
             raise SpecResearchError(f"drafter=independent needs k >= 1, got k={k} (use drafter=none for plain decoding)")
@@ -74,6 +81,8 @@ class IndependentDrafter(Drafter):
             raise SpecResearchError("drafter=independent needs a draft model: set drafter.model.name")
         if int(lookup) < 0:
             raise SpecResearchError(f"drafter.lookup must be >= 0 (0 = off), got {lookup}")
+        if int(siblings) < 0:
+            raise SpecResearchError(f"drafter.siblings must be >= 0 (0 = a plain chain), got {siblings}")
         for key, value in (("confidence", confidence), ("chain_confidence", chain_confidence)):
             if value is not None and not 0 < float(value) < 1:
                 raise SpecResearchError(f"drafter.{key} must lie in (0, 1) or be null, got {value}")
@@ -81,6 +90,8 @@ class IndependentDrafter(Drafter):
         self.confidence = None if confidence is None else float(confidence)
         self.lookup = int(lookup)
         self.chain_confidence = None if chain_confidence is None else float(chain_confidence)
+        self.siblings = int(siblings)
+        self._chain: tuple[int, Chain] | None = None  # the last step's (context length, chain)
         self.draft = DraftModel.load(model, target)
         self._forwards = 0
 
@@ -90,7 +101,8 @@ class IndependentDrafter(Drafter):
 
     def propose(self, ctx: Context) -> Draft:
         pending = ctx.tokens[self.draft.length :]  # [1], or [2] after a fully accepted step
-        chain = Chain(ctx, self.draft.shortlist)
+        chain = Chain(ctx, self.draft.shortlist, self.siblings)
+        self._chain = (ctx.tokens.numel(), chain)
         done, path = ctx.max_draft <= 0, 1.0  # path: the product of the chain's confidences
         while not done:
             guess = self._guess(ctx, chain)  # [G], G <= lookup
@@ -119,8 +131,10 @@ class IndependentDrafter(Drafter):
         return lookup(tokens, want, match="last").to(ctx.tokens.device)
 
     def commit(self, ctx: Context, verdict: Verdict) -> None:
-        # Keep what the draft cache saw of the accepted sequence; everything but its last token.
-        self.draft.rollback(min(self.draft.length, ctx.tokens.numel() - 1))
+        # Keep what the draft cache saw of the accepted sequence (everything but its last token), and
+        # none of the chain after a sibling the target took in its place.
+        start, chain = self._chain
+        self.draft.rollback(min(self.draft.length, ctx.tokens.numel() - 1, start + chain.accepted(verdict)))
 
     @property
     def draft_forwards(self) -> int:

@@ -104,6 +104,11 @@ class TreeShape:
     Children are the draft's top tokens (`children=top`: deterministic, q = None; lossless with
     greedy and with rejection sampling, which treats them as one-hot) or, at T > 0, drawn
     independently from the draft's q (`children=sample`, SpecInfer's sampled siblings; q is returned).
+
+    With `chain_confidence`, the tree stops growing after a level none of whose nodes has a path
+    probability (the product of the draft's probabilities down to it, its cumulative confidence) of
+    at least that: the chain drafters' stop, per path. It saves the draft forwards of levels the target
+    would hardly reach. Lossless: whether a level is expanded depends on the nodes above it only.
     """
 
     branching: list[int] | None = None
@@ -111,6 +116,7 @@ class TreeShape:
     depth: int = 5
     nodes: int = 24
     children: str = "top"
+    chain_confidence: float | None = None  # stop growing after a level whose every path probability is below this
     sizer: Sizer | None = None  # shape=auto: how many of the (at most `nodes`) best nodes each step keeps
 
     def __post_init__(self):
@@ -120,6 +126,8 @@ class TreeShape:
             raise SpecResearchError(f"drafter.branching needs one or more counts >= 1 (or null: dynamic), got {list(self.branching)}")
         if self.branching is None and min(int(self.topk), int(self.depth), int(self.nodes)) < 1:
             raise SpecResearchError(f"a dynamic tree needs topk, depth and nodes >= 1, got {self.topk}, {self.depth}, {self.nodes}")
+        if self.chain_confidence is not None and not 0 < float(self.chain_confidence) < 1:
+            raise SpecResearchError(f"drafter.chain_confidence must lie in (0, 1) or be null, got {self.chain_confidence}")
         self.branching = None if self.branching is None else [int(b) for b in self.branching]
         self.topk, self.nodes = int(self.topk), int(self.nodes)
         self.depth = len(self.branching) if self.branching is not None else int(self.depth)  # the longest path
@@ -164,6 +172,8 @@ class TreeShape:
                     nodes.append((token(x), parent, q, base + float(torch.log(law[x]))))
             if level == depth - 1 or not new:
                 break
+            if self.chain_confidence is not None and max(nodes[i][3] for i in new) < math.log(self.chain_confidence):
+                break  # no path of this level is likely enough to grow further
             if self.branching is None:  # EAGLE-2: expand only the level's best
                 new = sorted(new, key=lambda i: -nodes[i][3])[: self.topk]
             for i in new:
@@ -223,6 +233,8 @@ class TreeDrafter(Drafter):
     modes = {"static top": (), "static sample": ("children=sample",), "dynamic top": ("branching=null",),
              "dynamic top, auto size": ("branching=null", "shape=auto"),
              "dynamic sample": ("branching=null", "children=sample"),
+             "dynamic, confidence stop": ("branching=null", "chain_confidence=0.2"),
+             "dynamic sample, confidence stop": ("branching=null", "children=sample", "chain_confidence=0.2"),
              "dynamic sample, cheap draft": ("branching=null", "children=sample", "model.vocab=200",
                                              "model.vocab_corpus=mtbench", "model.quantize=int8")}
 
@@ -237,6 +249,7 @@ class TreeDrafter(Drafter):
         children: str = "top",
         ensemble: Sequence[Mapping | LoadedModel | DraftModel] = (),
         shape: str | None = None,
+        chain_confidence: float | None = None,
     ):
         """
         Args:
@@ -251,10 +264,12 @@ class TreeDrafter(Drafter):
             shape: "auto": each step keeps the number of nodes (up to `nodes`) with the best predicted
                 speedup (`Sizer`: the draft's confidence, the step's drafting time, the target's
                 measured verification cost); dynamic trees with top children only. None = `nodes`.
+            chain_confidence: stop growing after a level whose every node's path probability is below
+                this (see TreeShape); None = always `depth` levels.
         """
         if model is None:
             raise SpecResearchError("drafter=tree needs a draft model: set drafter.model.name")
-        self.shape = TreeShape(None if branching is None else list(branching), topk, depth, nodes, children)
+        self.shape = TreeShape(None if branching is None else list(branching), topk, depth, nodes, children, chain_confidence)
         self.shape.sizer = sizer(shape, target, self.shape)
         self.depth = self.shape.depth
         self.drafts = [DraftModel.load(spec, target) for spec in [model, *ensemble]]
