@@ -445,8 +445,22 @@ def test_siblings_are_the_drafts_next_likeliest_tokens_beside_the_chain(target, 
     assert draft.tokens.tolist() == logits.topk(3).indices.flatten().tolist()  # the chain's token first, then two siblings
     assert draft.parents.tolist() == [-1, -1, -1, 0, 0, 0, 3, 3, 3, 6, 6, 6, 9, 9, 9]
     assert draft.depth == 5 and draft.q is None
+    # sibling_confidence keeps the siblings whose path probability reaches it, and only those
+    probs = torch.softmax(logits.double(), -1)  # [5, V]
+    path = torch.cat([torch.ones(1, dtype=torch.double), probs.gather(-1, chain[:, None])[:, 0].cumprod(0)[:-1]])  # [5] down to each parent
+    threshold = 0.05
+    sure = IndependentDrafter(target, k=5, model=far_draft, siblings=2, sibling_confidence=threshold)
+    with torch.inference_mode():
+        sure.prefill(ctx)
+        pruned = sure.propose(ctx)
+    expected = [x for j in range(5) for r, x in enumerate(logits[j].topk(3).indices.tolist())
+                if r == 0 or float(path[j] * probs[j, x]) >= threshold]
+    assert pruned.tokens.tolist() == expected and pruned.depth == 5
+    assert len(draft) > len(pruned) > 5, "some siblings kept, some dropped"
     with pytest.raises(SpecResearchError, match="siblings must be >= 0"):
         IndependentDrafter(target, k=2, model=far_draft, siblings=-1)
+    with pytest.raises(SpecResearchError, match="sibling_confidence must lie in \\[0, 1\\)"):
+        IndependentDrafter(target, k=2, model=far_draft, siblings=1, sibling_confidence=1.0)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])

@@ -99,15 +99,19 @@ class Chain:
     argmax when decoding greedily (q = None), else a sample from its q, the draft's logits after the
     same processing as p (specresearch.sampling), and that q is recorded."""
 
-    def __init__(self, ctx: Context, shortlist: Shortlist | None = None, siblings: int = 0):
+    def __init__(self, ctx: Context, shortlist: Shortlist | None = None, siblings: int = 0, sibling_confidence: float = 0.0):
         """
         Args:
             ctx: the step's context (sampling settings, generator).
             shortlist: the tokens the draft's logits score (FR-Spec); None = the whole vocabulary.
             siblings: beside each chain token, the draft's next `siblings` likeliest tokens at its
                 position as leaves (see `draft`); 0 = a plain chain.
+            sibling_confidence: keep a sibling only where its path probability (the draft's chance
+                that the target takes it: the chain's token probabilities down to its parent, times
+                its own) is at least this.
         """
-        self.ctx, self.shortlist, self.siblings = ctx, shortlist, siblings
+        self.ctx, self.shortlist, self.siblings, self.sibling_confidence = ctx, shortlist, siblings, sibling_confidence
+        self.path = 1.0  # the product of the chain's token probabilities so far (kept with siblings)
         self.tokens: list[Tensor] = []  # 0-d token ids
         self.qs: list[Tensor] = []  # [V] the law each token was drawn from
         self.others: list[Tensor] = []  # [S] each token's siblings (token ids), likeliest first
@@ -130,10 +134,11 @@ class Chain:
         self.tokens.append(token)
         if self.siblings:
             law = ranking_probs(logits, self.ctx.sampling) if q is None else q  # [V or N]
-            law = law.index_fill(-1, x.reshape(1), 0.0)  # the chain's own token is not its sibling
-            top = torch.topk(law, min(self.siblings, law.numel()))
-            others = top.indices[top.values > 0]  # top-k / top-p removed the rest: the target never accepts them
+            top = torch.topk(law.index_fill(-1, x.reshape(1), 0.0), min(self.siblings, law.numel()))  # the chain's token is no sibling
+            # top-k / top-p removed the zeros (the target never accepts them); the rest by their path probability
+            others = top.indices[(top.values > 0) & (top.values * self.path >= self.sibling_confidence)]
             self.others.append(others if self.shortlist is None else self.shortlist.ids[others])
+            self.path *= float(law[x])
         return token
 
     def confidence(self) -> Tensor:

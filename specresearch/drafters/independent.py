@@ -36,6 +36,7 @@ class IndependentDrafter(Drafter):
     name = "independent"
     modes = {"default": (), "cheap draft": ("model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8"), "lookup": ("lookup=4",),
              "chain confidence": ("k=8", "chain_confidence=0.3"), "siblings": ("siblings=2",),
+             "siblings by confidence": ("siblings=3", "sibling_confidence=0.05"),
              "siblings, lookup, chain confidence": ("k=8", "siblings=1", "lookup=4", "chain_confidence=0.3")}
 
     def __init__(
@@ -49,6 +50,7 @@ class IndependentDrafter(Drafter):
         lookup: int = 0,
         chain_confidence: float | None = None,
         siblings: int = 0,
+        sibling_confidence: float = 0.0,
     ):
         """
         Args:
@@ -74,6 +76,9 @@ class IndependentDrafter(Drafter):
                 refuses the chain's token it may take a sibling, one more token per step, at the price
                 of target rows but no draft forward. 0 = a plain chain. Lossless: a sibling is
                 deterministic given the chain, and verified against the target's residual.
+            sibling_confidence: keep a sibling only where its path probability (the chain's draft
+                probabilities down to its parent times its own: the draft's chance that the target
+                takes it) is at least this; 0 = every one of the `siblings`. Lossless: the draft alone decides.
         """
         if int(k) < 1:
             raise SpecResearchError(f"drafter=independent needs k >= 1, got k={k} (use drafter=none for plain decoding)")
@@ -83,6 +88,8 @@ class IndependentDrafter(Drafter):
             raise SpecResearchError(f"drafter.lookup must be >= 0 (0 = off), got {lookup}")
         if int(siblings) < 0:
             raise SpecResearchError(f"drafter.siblings must be >= 0 (0 = a plain chain), got {siblings}")
+        if not 0 <= float(sibling_confidence) < 1:
+            raise SpecResearchError(f"drafter.sibling_confidence must lie in [0, 1) (0 = keep every sibling), got {sibling_confidence}")
         for key, value in (("confidence", confidence), ("chain_confidence", chain_confidence)):
             if value is not None and not 0 < float(value) < 1:
                 raise SpecResearchError(f"drafter.{key} must lie in (0, 1) or be null, got {value}")
@@ -90,7 +97,7 @@ class IndependentDrafter(Drafter):
         self.confidence = None if confidence is None else float(confidence)
         self.lookup = int(lookup)
         self.chain_confidence = None if chain_confidence is None else float(chain_confidence)
-        self.siblings = int(siblings)
+        self.siblings, self.sibling_confidence = int(siblings), float(sibling_confidence)
         self._chain: tuple[int, Chain] | None = None  # the last step's (context length, chain)
         self.draft = DraftModel.load(model, target)
         self._forwards = 0
@@ -101,7 +108,7 @@ class IndependentDrafter(Drafter):
 
     def propose(self, ctx: Context) -> Draft:
         pending = ctx.tokens[self.draft.length :]  # [1], or [2] after a fully accepted step
-        chain = Chain(ctx, self.draft.shortlist, self.siblings)
+        chain = Chain(ctx, self.draft.shortlist, self.siblings, self.sibling_confidence)
         self._chain = (ctx.tokens.numel(), chain)
         done, path = ctx.max_draft <= 0, 1.0  # path: the product of the chain's confidences
         while not done:
