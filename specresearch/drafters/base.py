@@ -99,7 +99,8 @@ class Chain:
     argmax when decoding greedily (q = None), else a sample from its q, the draft's logits after the
     same processing as p (specresearch.sampling), and that q is recorded."""
 
-    def __init__(self, ctx: Context, shortlist: Shortlist | None = None, siblings: int = 0, sibling_confidence: float = 0.0):
+    def __init__(self, ctx: Context, shortlist: Shortlist | None = None, siblings: int = 0, sibling_confidence: float = 0.0,
+                 scored: bool = False):
         """
         Args:
             ctx: the step's context (sampling settings, generator).
@@ -109,13 +110,15 @@ class Chain:
             sibling_confidence: keep a sibling only where its path probability (the draft's chance
                 that the target takes it: the chain's token probabilities down to its parent, times
                 its own) is at least this.
+            scored: keep `confidence` and `path` (a drafter that stops on them); with siblings always.
         """
         self.ctx, self.shortlist, self.siblings, self.sibling_confidence = ctx, shortlist, siblings, sibling_confidence
-        self.path = 1.0  # the product of the chain's token probabilities so far (kept with siblings)
+        self.scored = scored or siblings > 0
+        self.confidence = 1.0  # the draft's probability of the last token: its q's when sampled, its softmax's (T = 1) when greedy
+        self.path = 1.0  # the product of the chain's token probabilities so far (EAGLE-2's cumulative confidence)
         self.tokens: list[Tensor] = []  # 0-d token ids
         self.qs: list[Tensor] = []  # [V] the law each token was drawn from
         self.others: list[Tensor] = []  # [S] each token's siblings (token ids), likeliest first
-        self._last: tuple[Tensor, Tensor, Tensor | None] | None = None  # (logits, index in them, q over them)
 
     def add(self, logits: Tensor) -> Tensor:
         """Draw the next token from the draft's logits ([V], or [N] over the shortlist's tokens).
@@ -129,22 +132,18 @@ class Chain:
             q = logits_to_probs(logits, self.ctx.sampling)  # [V] or [N]
             x = sample(q, self.ctx.rng)
             self.qs.append(q if self.shortlist is None else self.shortlist.widen(q))  # zero off the shortlist
-        self._last = (logits, x, q)
         token = x if self.shortlist is None else self.shortlist.ids[x]
         self.tokens.append(token)
-        if self.siblings:
+        if self.scored:
             law = ranking_probs(logits, self.ctx.sampling) if q is None else q  # [V or N]
-            top = torch.topk(law.index_fill(-1, x.reshape(1), 0.0), min(self.siblings, law.numel()))  # the chain's token is no sibling
-            # top-k / top-p removed the zeros (the target never accepts them); the rest by their path probability
-            others = top.indices[(top.values > 0) & (top.values * self.path >= self.sibling_confidence)]
-            self.others.append(others if self.shortlist is None else self.shortlist.ids[others])
-            self.path *= float(law[x])
+            if self.siblings:
+                top = torch.topk(law.index_fill(-1, x.reshape(1), 0.0), min(self.siblings, law.numel()))  # the chain's token is no sibling
+                # top-k / top-p removed the zeros (the target never accepts them); the rest by their path probability
+                others = top.indices[(top.values > 0) & (top.values * self.path >= self.sibling_confidence)]
+                self.others.append(others if self.shortlist is None else self.shortlist.ids[others])
+            self.confidence = float(law[x])
+            self.path *= self.confidence
         return token
-
-    def confidence(self) -> Tensor:
-        """The draft's probability of the last token: its q's when sampled, its softmax's (T = 1) when greedy."""
-        logits, x, q = self._last
-        return (ranking_probs(logits, self.ctx.sampling) if q is None else q)[x]
 
     def draft(self) -> Draft:
         """The chain: [K] tokens, [K, V] q (None when greedy).

@@ -108,9 +108,10 @@ class IndependentDrafter(Drafter):
 
     def propose(self, ctx: Context) -> Draft:
         pending = ctx.tokens[self.draft.length :]  # [1], or [2] after a fully accepted step
-        chain = Chain(ctx, self.draft.shortlist, self.siblings, self.sibling_confidence)
+        scored = self.confidence is not None or self.chain_confidence is not None
+        chain = Chain(ctx, self.draft.shortlist, self.siblings, self.sibling_confidence, scored)
         self._chain = (ctx.tokens.numel(), chain)
-        done, path = ctx.max_draft <= 0, 1.0  # path: the product of the chain's confidences
+        done = ctx.max_draft <= 0
         while not done:
             guess = self._guess(ctx, chain)  # [G], G <= lookup
             fed = self.draft.length + pending.numel()  # the cache's length once `pending` is in
@@ -119,10 +120,8 @@ class IndependentDrafter(Drafter):
             for i, row in enumerate(logits):  # row i: the draft's law after the pending tokens and guess[:i]
                 x = chain.add(row)
                 done = len(chain.tokens) == ctx.max_draft
-                if self.confidence is not None or self.chain_confidence is not None:
-                    confidence = float(chain.confidence())
-                    path *= confidence
-                    done = done or confidence < (self.confidence or 0.0) or path < (self.chain_confidence or 0.0)
+                if scored:
+                    done = done or chain.confidence < (self.confidence or 0.0) or chain.path < (self.chain_confidence or 0.0)
                 if done or i == guess.numel() or x != guess[i]:
                     break
             self.draft.rollback(fed + i)  # keep the guesses that became the chain's (x itself is pending)
