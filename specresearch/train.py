@@ -49,6 +49,7 @@ from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encod
 from specresearch.models import LoadedModel, default_cache_dir, load_model
 from specresearch.target import Target, decode_batch
 from specresearch.types import SamplingParams
+from specresearch.vocab import CORPORA
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +259,10 @@ def check(cfg: DictConfig) -> None:
     if bad or not tc.corpora:
         evaluation = " (evaluation only: training never reads the prompts a run measures)" if set(bad) & set(DATASETS) else ""
         raise SpecResearchError(f"unknown train.corpora {bad}{evaluation}: valid are {', '.join(TRAIN_SOURCES)}")
+    if tc.get("vocab") is not None and (not isinstance(tc.vocab, int) or tc.vocab < 1):
+        raise SpecResearchError(f"train.vocab must be null or a number of tokens >= 1 (e.g. 32768), got {tc.vocab}")
+    if tc.get("vocab") is not None and not set(str(tc.vocab_corpus).split("+")) <= set(CORPORA):
+        raise SpecResearchError(f"unknown train.vocab_corpus '{tc.vocab_corpus}': valid are {', '.join(CORPORA)}, or several joined by '+'")
     if tc.data not in DATA:
         raise SpecResearchError(f"unknown train.data '{tc.data}': valid are {', '.join(DATA)}")
     if min(tc.heads, tc.layers, tc.tokens, tc.new, tc.gen_batch, tc.seq_len, tc.batch, tc.epochs, tc.ttt) < 1 or not 0 <= tc.held_out < 1 \

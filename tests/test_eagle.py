@@ -12,13 +12,15 @@ import torch
 from transformers import DynamicCache
 
 from specresearch.drafters import Context, NoDrafter
+from specresearch.drafters.base import save_checkpoint
 from specresearch.drafters.eagle import EagleDrafter, EagleHead, chained, eagle_path, unroll
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
-from specresearch.train import MAX_PROMPT, check, train, training_prompts
+from specresearch.train import MAX_PROMPT, build_cache, check, train, training_prompts
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
+from specresearch.vocab import Shortlist
 
 from .conftest import PLAIN, REPEATING, ROOT, cyclic_tiny, equivalence_report, train_cfg
 
@@ -36,7 +38,7 @@ def target():
 def cyclic():
     """A tiny model whose greedy text cycles, and an EAGLE head trained on its own continuations."""
     lm = cyclic_tiny(0)
-    cfg = train_cfg(data="self", corpora=["python-stdlib", "sharegpt"], tokens=48 * 24, new=24, epochs=4, lr=3e-3)
+    cfg = train_cfg(data="self", corpora=["python-stdlib", "sharegpt"], tokens=96 * 24, new=24, epochs=6, lr=1e-2)
     cfg.drafter = {"_target_": EAGLE}
     head, summary = train(cfg, lm)
     return lm, head, summary
@@ -131,6 +133,32 @@ def test_a_shortlist_vocabulary_drafts_only_its_tokens(tmp_path, cyclic):
     assert (draft.q[:, [t for t in range(320) if t not in allowed]] == 0).all()  # q: the law it drew from
 
 
+def test_on_text_the_head_learns_the_targets_token_not_the_texts():
+    """data=text: the head's label is the target's top-1 after the text's next token, not the text's own
+    token after it (the cyclic model's top-1 follows its cycle, which python's text never does)."""
+    lm = cyclic_tiny(0)
+    cfg = train_cfg(data="text", corpora=["python-stdlib"], tokens=64 * 60, seq_len=64, epochs=6, lr=1e-2)
+    cfg.drafter = {"_target_": EAGLE}
+    _, summary = train(cfg, lm)
+    assert summary["held_out_acc_head1"] > 0.6  # the text's own next byte: well under 0.1
+
+
+def test_a_training_shortlist_counts_a_label_outside_it_as_a_miss(cyclic):
+    """train.vocab: the token loss runs over the shortlist only; the reported agreement is still over
+    every label, so it cannot exceed the share of labels the shortlist holds, and it learns within it."""
+    lm = cyclic[0]
+    cfg = train_cfg(data="self", corpora=["python-stdlib", "sharegpt"], tokens=96 * 24, new=24, epochs=6, lr=1e-2,
+                    vocab=64, vocab_corpus="python-stdlib")
+    cfg.drafter = {"_target_": EAGLE}
+    _, summary = train(cfg, lm)
+    cache, _, _ = build_cache(lm, cfg.train)
+    shortlist = Shortlist.load(lm.model.get_output_embeddings(), lm.tokenizer, 64, "python-stdlib", None)
+    labels = cache.labels[:, 0][(cache.labels[:, 0] >= 0) & cache.held_out]  # every held-out label
+    inside = torch.isin(labels, shortlist.ids).float().mean().item()
+    assert 0.1 < inside < 0.9  # the cycles lead out of the shortlist as well as through it
+    assert inside / 3 < summary["held_out_acc_head1"] <= inside
+
+
 @pytest.mark.parametrize("which", ["untrained", "trained"])
 def test_rejection_sampling_with_eagle_follows_the_target(target, cyclic, which):
     lm, head = (target, EagleHead(target.model.config)) if which == "untrained" else cyclic[:2]
@@ -154,6 +182,10 @@ def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target, capsys):
     assert "warning: the eagle weights at" in capsys.readouterr().err
     with pytest.raises(SpecResearchError, match="python -m specresearch.train drafter=eagle model.name=tiny"):
         EagleDrafter(target, cache_dir=str(tmp_path / "empty"))
+    old = tmp_path / "old.safetensors"  # a head saved before it normed its inputs
+    save_checkpoint(torch.nn.ModuleDict({"fc": head.fc, "layer": head.layer}), old, {"target": "tiny"})
+    with pytest.raises(SpecResearchError, match="lacks embed_norm.weight, feature_norm.weight .*train it again"):
+        EagleDrafter(target, checkpoint=str(old))
     head.save(tmp_path / "other.safetensors", {"target": "another-model"})
     with pytest.raises(SpecResearchError, match="trained for another-model, not tiny"):
         EagleDrafter(target, checkpoint=str(tmp_path / "other.safetensors"))
@@ -169,6 +201,17 @@ def test_only_trainable_drafters_are_accepted():
     cfg = train_cfg()
     cfg.drafter = {"_target_": "specresearch.drafters.pld.PromptLookupDrafter"}
     with pytest.raises(SpecResearchError, match="trains drafters eagle, medusa: use drafter=eagle or drafter=medusa"):
+        check(cfg)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"vocab": 0}, "train.vocab must be null or a number of tokens >= 1"),
+    ({"vocab": 64, "vocab_corpus": "humaneval"}, "unknown train.vocab_corpus 'humaneval': valid are python-stdlib, sharegpt, mtbench"),
+])
+def test_bad_training_vocabularies_are_refused(bad, message):
+    cfg = train_cfg(**bad)
+    cfg.drafter = {"_target_": EAGLE}
+    with pytest.raises(SpecResearchError, match=message):
         check(cfg)
 
 

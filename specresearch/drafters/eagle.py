@@ -37,8 +37,12 @@ EAGLE_CLIP = 0.5  # EAGLE's gradient-norm clip
 
 
 class EagleHead(nn.Module):
-    """fc([e(x); f]) → one decoder layer (the target's architecture and sizes, its own final norm)
-    → the next feature. The token embedding e and the lm head are the target's, frozen, not saved."""
+    """fc([norm(e(x)); norm(f)]) → one decoder layer (the target's architecture and sizes, its own final
+    norm) → the next feature. The token embedding e and the lm head are the target's, frozen, not saved.
+
+    Both inputs pass an RMS norm of their own first (EAGLE-3): a token's embedding is two hundred times
+    smaller than a feature (Qwen2.5-Coder-1.5B: RMS 0.017 against 3.8), so without them the head starts
+    blind to the token it drafts from and learns to read it only slowly."""
 
     def __init__(self, config):
         super().__init__()
@@ -50,6 +54,8 @@ class EagleHead(nn.Module):
             cfg.layer_types = cfg.layer_types[:1]
         hidden = cfg.hidden_size
         self.config = {"hidden": int(hidden)}
+        eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
+        self.embed_norm, self.feature_norm = nn.RMSNorm(hidden, eps=eps), nn.RMSNorm(hidden, eps=eps)
         self.fc = nn.Linear(2 * hidden, hidden)
         self.layer = AutoModel.from_config(cfg).float()  # trained in float32 (the config may say bf16); cast when drafting
 
@@ -59,7 +65,7 @@ class EagleHead(nn.Module):
         (after the pairs in `cache`; `mask` [B, past + T]: 0 = padding, or a 4D additive one;
         `positions` [B, T]: None = after the cache)."""
         dtype = self.fc.weight.dtype
-        x = self.fc(torch.cat([embeds.to(dtype), features.to(dtype)], dim=-1))  # [B, T, H]
+        x = self.fc(torch.cat([self.embed_norm(embeds.to(dtype)), self.feature_norm(features.to(dtype))], dim=-1))  # [B, T, H]
         return self.layer(inputs_embeds=x, cache=cache, use_cache=cache is not None, attention_mask=mask,
                           position_ids=positions).last_hidden_state
 
@@ -71,7 +77,13 @@ class EagleHead(nn.Module):
     def load(cls, path: Path, config) -> tuple[EagleHead, dict]:
         meta = json.loads(path.with_suffix(".json").read_text())
         head = cls(config)
-        head.load_state_dict(load_file(str(path)))
+        weights = load_file(str(path))
+        missing = sorted(set(head.state_dict()) - set(weights))
+        if missing:
+            raise SpecResearchError(
+                f"the eagle head at {path} lacks {', '.join(missing)} (trained before the head normed its inputs, "
+                f"EAGLE-3's input norms): train it again with python -m specresearch.train drafter=eagle")
+        head.load_state_dict(weights)
         return head, meta
 
 
@@ -203,12 +215,19 @@ class EagleDrafter(Drafter):
         """An EAGLE head, one cached sequence (a prompt with its continuation, or a text chunk) per step.
 
         From each pair (f_t, x_{t+1}) the head predicts f_{t+1} (smooth L1) and, through the target's lm
-        head, x_{t+2} (cross-entropy, weight `tc.token_loss`; the paper's 0.1), with uniform noise of half-width
+        head, the target's token x_{t+2} (its own with data=self, its top-1 on the text with data=text;
+        cross-entropy, weight `tc.token_loss`; the paper's 0.1; over the `tc.vocab` most frequent tokens
+        of `tc.vocab_corpus` only if set, FR-Spec, a label outside them counting a miss), with uniform noise of half-width
         `tc.noise` on the target's features (EAGLE-1). With `tc.ttt` = L > 1 it also drafts as it will at
         decode time (EAGLE-3's training-time test): step l reads its own f̂ of step l - 1 and the true
         tokens, attending to the target's features up to where the chain began (`unroll`). The loss
         counts generated positions only; a prompt's positions are context."""
         lm_head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
+        short = torch.arange(lm_head.weight.shape[0], device=lm.device)  # token id → its row of the lm head trained through
+        if tc.get("vocab"):  # the token loss over the shortlist only (FR-Spec): the lm head is most of a step's cost
+            shortlist = Shortlist.load(lm_head, lm.tokenizer, int(tc.vocab), tc.vocab_corpus, None)
+            lm_head = shortlist.head
+            short = torch.full_like(short, -100).index_copy_(0, shortlist.ids, torch.arange(shortlist.ids.numel(), device=lm.device))
         head = EagleHead(lm.model.config).to(lm.device)
         norm = getattr(lm.model.base_model, "norm", None)  # the target's final norm: its features' scale
         if norm is not None and getattr(head.layer, "norm", None) is not None and norm.weight.shape == head.layer.norm.weight.shape:
@@ -227,7 +246,8 @@ class EagleDrafter(Drafter):
             at the M_0 scored pairs (M_l: those with a whole chain of l steps before, the last rows of M_0)."""
             f = cache.hidden[start : start + n].to(device=lm.device, dtype=torch.float32)  # [n, H]
             x = cache.tokens[start : start + n].to(lm.device)  # [n]: the token after each position
-            scored = ((x[1:] >= 0) & ~cache.prompt[start + 1 : start + n].to(lm.device)).nonzero()[:, 0]  # [M_0] pairs t → t + 1
+            y = cache.labels[start : start + n - 1, 0].to(lm.device)  # [n - 1]: the target's token t + 2 after the pair t → t + 1
+            scored = ((x[1:] >= 0) & (y >= 0) & ~cache.prompt[start + 1 : start + n].to(lm.device)).nonzero()[:, 0]  # [M_0]
             first = max(0, int(scored[0]) - levels + 1) if scored.numel() else 0  # steps 1.. run from here
             f_in = f[:-1]
             if noise > 0:
@@ -235,15 +255,17 @@ class EagleDrafter(Drafter):
             with torch.autocast(lm.device.type, dtype=torch.bfloat16, enabled=lm.dtype == torch.bfloat16):
                 steps = unroll(head, embed(x[:-1].clamp_min(0)), f_in, levels, first)  # levels x [n - 1, H]
             f_hats = [out[scored[chained(scored, l, first)]].float() for l, out in enumerate(steps)]
-            return f_hats, f[1:][scored], x[1:][scored]
+            return f_hats, f[1:][scored], y[scored]
 
         def batch_loss(step: int) -> tuple[Tensor, Tensor]:
             f_hats, f_next, label = predict(*train_spans[int(torch.randint(len(train_spans), (1,), generator=gen))], noise=tc.noise)
             loss, acc = 0.0, []
+            label = short[label]  # [M_0] its index in the shortlist, -100 outside it
             for f_hat in f_hats:
                 m = f_hat.shape[0]
-                logits = lm_head(f_hat.to(lm_head.weight.dtype)).float()  # [M_l, V]
-                loss = loss + nn.functional.smooth_l1_loss(f_hat, f_next[-m:]) + tc.token_loss * nn.functional.cross_entropy(logits, label[-m:])
+                logits = lm_head(f_hat.to(lm_head.weight.dtype)).float()  # [M_l, V] or [M_l, N]
+                token = nn.functional.cross_entropy(logits, label[-m:]) if bool((label[-m:] >= 0).any()) else logits.sum() * 0
+                loss = loss + nn.functional.smooth_l1_loss(f_hat, f_next[-m:]) + tc.token_loss * token
                 acc.append((logits.argmax(-1) == label[-m:]).float().mean())
             return loss / len(f_hats), torch.stack(acc)
 
@@ -255,7 +277,7 @@ class EagleDrafter(Drafter):
                     f_hats, _, label = predict(start, n)
                     for l, f_hat in enumerate(f_hats):
                         m = f_hat.shape[0]
-                        hits[l] += int((lm_head(f_hat.to(lm_head.weight.dtype)).argmax(-1) == label[-m:]).sum())
+                        hits[l] += int((lm_head(f_hat.to(lm_head.weight.dtype)).argmax(-1) == short[label[-m:]]).sum())
                         total[l] += m
             return [h / max(1, t) for h, t in zip(hits, total)]
 
