@@ -263,6 +263,8 @@ def check(cfg: DictConfig) -> None:
         raise SpecResearchError(f"train.vocab must be null or a number of tokens >= 1 (e.g. 32768), got {tc.vocab}")
     if tc.get("vocab") is not None and not set(str(tc.vocab_corpus).split("+")) <= set(CORPORA):
         raise SpecResearchError(f"unknown train.vocab_corpus '{tc.vocab_corpus}': valid are {', '.join(CORPORA)}, or several joined by '+'")
+    if tc.get("init") is not None and not Path(tc.init).is_file():
+        raise SpecResearchError(f"train.init: no head at {tc.init} (a head.safetensors that specresearch.train saved)")
     if tc.data not in DATA:
         raise SpecResearchError(f"unknown train.data '{tc.data}': valid are {', '.join(DATA)}")
     if min(tc.heads, tc.layers, tc.tokens, tc.new, tc.gen_batch, tc.seq_len, tc.batch, tc.epochs, tc.ttt) < 1 or not 0 <= tc.held_out < 1 \

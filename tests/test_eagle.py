@@ -204,11 +204,24 @@ def test_only_trainable_drafters_are_accepted():
         check(cfg)
 
 
+def test_training_goes_on_from_a_head(tmp_path, cyclic):
+    """train.init: a second run starts from the trained head's loss, not a fresh head's."""
+    lm, head, summary = cyclic
+    head.save(tmp_path / "head.safetensors", {"target": "tiny"})
+    cfg = train_cfg(data="self", corpora=["python-stdlib", "sharegpt"], tokens=96 * 24, new=24, epochs=1, lr=1e-4,
+                    init=str(tmp_path / "head.safetensors"))
+    cfg.drafter = {"_target_": EAGLE}
+    _, again = train(cfg, lm)
+    assert again["first_loss"] < summary["first_loss"] / 10
+    assert again["held_out_acc_head1"] >= summary["held_out_acc_head1"] - 0.05
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"vocab": 0}, "train.vocab must be null or a number of tokens >= 1"),
     ({"vocab": 64, "vocab_corpus": "humaneval"}, "unknown train.vocab_corpus 'humaneval': valid are python-stdlib, sharegpt, mtbench"),
+    ({"init": "/nowhere/head.safetensors"}, "train.init: no head at /nowhere/head.safetensors"),
 ])
-def test_bad_training_vocabularies_are_refused(bad, message):
+def test_bad_training_settings_are_refused(bad, message):
     cfg = train_cfg(**bad)
     cfg.drafter = {"_target_": EAGLE}
     with pytest.raises(SpecResearchError, match=message):

@@ -221,7 +221,8 @@ class EagleDrafter(Drafter):
         `tc.noise` on the target's features (EAGLE-1). With `tc.ttt` = L > 1 it also drafts as it will at
         decode time (EAGLE-3's training-time test): step l reads its own f̂ of step l - 1 and the true
         tokens, attending to the target's features up to where the chain began (`unroll`). The loss
-        counts generated positions only; a prompt's positions are context."""
+        counts generated positions only; a prompt's positions are context. With `tc.init` (a head's
+        safetensors file) training goes on from that head instead of a fresh one."""
         lm_head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
         short = torch.arange(lm_head.weight.shape[0], device=lm.device)  # token id → its row of the lm head trained through
         if tc.get("vocab"):  # the token loss over the shortlist only (FR-Spec): the lm head is most of a step's cost
@@ -233,6 +234,8 @@ class EagleDrafter(Drafter):
         if norm is not None and getattr(head.layer, "norm", None) is not None and norm.weight.shape == head.layer.norm.weight.shape:
             with torch.no_grad():  # start the head's own final norm at the target's (Qwen2.5: weights about 4.6, not 1)
                 head.layer.norm.weight.copy_(norm.weight.float())
+        if tc.get("init"):  # go on training a head trained before
+            head.load_state_dict(EagleHead.load(Path(tc.init), lm.model.config)[0].state_dict())
         _, counts = torch.unique_consecutive(cache.seq, return_counts=True)
         spans = [(int(s), int(n)) for s, n in zip(counts.cumsum(0) - counts, counts) if n > 2]  # (start, length)
         train_spans = [sp for sp in spans if not bool(cache.held_out[sp[0]])]
