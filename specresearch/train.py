@@ -49,7 +49,7 @@ from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encod
 from specresearch.models import LoadedModel, default_cache_dir, load_model
 from specresearch.target import Target, decode_batch
 from specresearch.types import SamplingParams
-from specresearch.vocab import CORPORA
+from specresearch.vocab import check_corpus
 
 log = logging.getLogger(__name__)
 
@@ -261,8 +261,8 @@ def check(cfg: DictConfig) -> None:
         raise SpecResearchError(f"unknown train.corpora {bad}{evaluation}: valid are {', '.join(TRAIN_SOURCES)}")
     if tc.get("vocab") is not None and (not isinstance(tc.vocab, int) or tc.vocab < 1):
         raise SpecResearchError(f"train.vocab must be null or a number of tokens >= 1 (e.g. 32768), got {tc.vocab}")
-    if tc.get("vocab") is not None and not set(str(tc.vocab_corpus).split("+")) <= set(CORPORA):
-        raise SpecResearchError(f"unknown train.vocab_corpus '{tc.vocab_corpus}': valid are {', '.join(CORPORA)}, or several joined by '+'")
+    if tc.get("vocab") is not None:
+        check_corpus(str(tc.vocab_corpus), "train.vocab_corpus")
     if tc.get("init") is not None and not Path(tc.init).is_file():
         raise SpecResearchError(f"train.init: no head at {tc.init} (a head.safetensors that specresearch.train saved)")
     if tc.data not in DATA:

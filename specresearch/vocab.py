@@ -19,6 +19,12 @@ CORPORA = ("python-stdlib", "sharegpt", "mtbench")
 SHAREGPT_BYTES = 8 << 20  # the sharegpt corpus: this much of the training side's chats
 
 
+def check_corpus(corpus: str, what: str = "vocabulary corpus") -> None:
+    """Refuse a `corpus` that `corpus_texts` does not know (`what`: the setting's name in the message)."""
+    if not set(corpus.split("+")) <= set(CORPORA):
+        raise SpecResearchError(f"unknown {what} '{corpus}': valid are {', '.join(CORPORA)}, or several joined by '+'")
+
+
 def corpus_texts(corpus: str) -> list[str]:
     """Offline text to count tokens on. Never the evaluation prompts (HumanEval): ranking on them would
     leak the test set into the draft.
@@ -30,6 +36,7 @@ def corpus_texts(corpus: str) -> list[str]:
             it), "mtbench" (the 80 MT-Bench questions: evaluation prompts, for tests only), or several
             joined by "+" ("python-stdlib+sharegpt": their counts added).
     """
+    check_corpus(corpus)
     if "+" in corpus:
         return [text for part in corpus.split("+") for text in corpus_texts(part)]
     if corpus == "python-stdlib":
@@ -46,11 +53,9 @@ def corpus_texts(corpus: str) -> list[str]:
             if size >= SHAREGPT_BYTES:
                 break
         return texts
-    if corpus == "mtbench":
-        from specresearch.data import load_prompts
+    from specresearch.data import load_prompts  # mtbench
 
-        return [p.text for p in load_prompts("mtbench", None)]
-    raise SpecResearchError(f"unknown vocabulary corpus '{corpus}': valid are {', '.join(CORPORA)}, or several joined by '+'")
+    return [p.text for p in load_prompts("mtbench", None)]
 
 
 def frequent_tokens(tokenizer, n: int, corpus: str = "python-stdlib", cache_dir: Path | None = None) -> Tensor:
