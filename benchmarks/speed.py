@@ -347,10 +347,11 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list
             c, v = cost_ratios(baseline.stats, m.stats) if baseline is not None else (float("nan"),) * 2
             k = len(m.stats.drafted_at)
             c_token = per_token(c, m.stats)  # Leviathan's c
-            best_k, best = leviathan_optimal_k(m.stats.alpha_token, c_token, v, k, v_curve=v_curve)
+            chains = not m.stats.off_chain  # Leviathan's model: every step a chain of k draft tokens (not a tree, no early stop)
+            best_k, best = leviathan_optimal_k(m.stats.alpha_token, c_token, v, k, v_curve=v_curve) if chains else (0, float("nan"))
             row.update(
                 alpha=m.stats.alpha, tau=m.stats.tau, k=k, c=c, v=v,
-                leviathan=leviathan_speedup(m.stats.alpha_token, k, c_token, v),
+                leviathan=leviathan_speedup(m.stats.alpha_token, k, c_token, v) if chains else float("nan"),
                 leviathan_optimal_k=best_k,
                 leviathan_optimal=best,
                 time_split={
@@ -372,7 +373,7 @@ def table(rows: list[dict], header: str) -> str:
     ]
     for r in rows:
         def f(key, fmt, unit=""):
-            return format(r[key], fmt) + unit if key in r else "-"
+            return "-" if key not in r else "n/a" if r[key] != r[key] else format(r[key], fmt) + unit  # NaN: not applicable
 
         lines.append(
             f"{r['method']:<{w}}{r['tokens_per_s']:>8.2f}{r['tokens_per_s_std']:>6.2f}{r[ref]:>13.2f}x"
@@ -387,8 +388,9 @@ def table(rows: list[dict], header: str) -> str:
         if "time_split" in r:
             split = ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items())
             lines.append(
-                f"{r['method']}: time split {split}; Leviathan-optimal k {r['leviathan_optimal_k']} "
-                f"(predicted {r['leviathan_optimal']:.2f}x over our baseline)"
+                f"{r['method']}: time split {split}"
+                + (f"; Leviathan-optimal k {r['leviathan_optimal_k']} (predicted {r['leviathan_optimal']:.2f}x over our baseline)"
+                   if r["leviathan_optimal_k"] else "")
             )
     return "\n".join(lines)
 

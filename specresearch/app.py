@@ -243,7 +243,7 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
     """
     import hydra
 
-    problem = unknown_option(sys.argv[1:])
+    problem = unknown_option(sys.argv[1:], config_name)
     if problem:
         fail(problem)
     try:

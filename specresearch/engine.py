@@ -198,7 +198,8 @@ class Engine:
                     if self.drafter.needs_hidden:
                         hidden = self.target.hidden[rows]  # [R, H] the kept path's: the last gave the added token
                     self.target.keep(cached, rows)
-                stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel())
+                chain = self.drafter.k > 0 and draft.parents is None and draft.depth == min(self.drafter.k, max_new_tokens - len(new) - 1)
+                stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel(), off_chain=not chain)
                 if self.draft_length is not None:
                     self.draft_length.update(draft.depth, verdict.num_accepted)
                 stop_reason = append(verdict)

@@ -76,7 +76,8 @@ class Results:
         base, meth = self.baseline, self.method
         c, v = cost_ratios(base, meth)
         c_token = per_token(c, meth)  # Leviathan's c
-        best_k, best_speedup = leviathan_optimal_k(meth.alpha_token, c_token, v, k) if k else (0, float("nan"))
+        chains = k and not meth.off_chain  # Leviathan's model: every step a chain of k draft tokens
+        best_k, best_speedup = leviathan_optimal_k(meth.alpha_token, c_token, v, k) if chains else (0, float("nan"))
         n = len(self.records)
         record = SpeedRecord(
             baseline=replace(SideStats.of(base.summary()), acceptance=[]),  # the baseline drafts nothing
@@ -88,7 +89,7 @@ class Results:
             time_ratio=base.time_total / meth.time_total if meth.time_total else float("nan"),
             draft_cost_ratio_c=c,
             verify_cost_v=v,
-            leviathan_speedup=leviathan_speedup(meth.alpha_token, k, c_token, v) if k else 1.0 / v,
+            leviathan_speedup=leviathan_speedup(meth.alpha_token, k, c_token, v) if chains else 1.0 / v if not k else float("nan"),
             leviathan_optimal_k=best_k,
             leviathan_optimal_speedup=best_speedup,
             predicted_speedup=self.predicted_speedup,
@@ -307,9 +308,12 @@ def format_table(cfg: DictConfig, label: str, s: dict, results: Results, samplin
         *(f"{name:{width}}  {b:>10}  {mt:>10}" for name, b, mt in rows),
         "",
         f"speedup (tokens/s ratio)        {s['speedup']:.2f}x   [ratio of total times {s['time_ratio']:.2f}x]",
-        f"Leviathan prediction            {s['leviathan_speedup']:.2f}x   from alpha per tried token={s['method_alpha_token']:.3f}, "
-        f"k={s['k']:.0f}, c={s['draft_cost_ratio_c']:.3f}, v={s['verify_cost_v']:.3f}"
-        + (f"; its best k: {s['leviathan_optimal_k']:.0f} ({s['leviathan_optimal_speedup']:.2f}x)" if s["leviathan_optimal_k"] else ""),
+        (f"Leviathan prediction            {s['leviathan_speedup']:.2f}x   from alpha per tried token={s['method_alpha_token']:.3f}, "
+         f"k={s['k']:.0f}, c={s['draft_cost_ratio_c']:.3f}, v={s['verify_cost_v']:.3f}"
+         + (f"; its best k: {s['leviathan_optimal_k']:.0f} ({s['leviathan_optimal_speedup']:.2f}x)" if s["leviathan_optimal_k"] else "")
+         if math.isfinite(s["leviathan_speedup"]) else
+         "Leviathan prediction            n/a     (its model is a chain of k draft tokens every step; this drafter's steps "
+         "drafted trees or chains of other lengths)"),
         *([f"Sequoia prediction              {s['predicted_speedup']:.2f}x   (drafter.shape=auto: the tree's size chosen for it)"]
           if math.isfinite(s.get("predicted_speedup", math.nan)) else []),
         f"tau={s['method_tau']:.2f}  alpha={s['method_alpha']:.3f}  acceptance by draft position: {by_pos}",

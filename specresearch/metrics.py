@@ -26,6 +26,8 @@ class SpecStats:
     rejected: int = 0  # steps that rejected a draft token (kept fewer than they drafted)
     draft_forwards: int = 0  # forwards of a draft model (0 for model-free drafters)
     nodes: int = 0  # tokens fed to verification forwards after the last committed one (chain: = drafted)
+    off_chain: int = 0  # steps whose draft was not a chain of the run's k tokens (a tree, a confidence stop, no n-gram
+    # match, a k the policy changed); steps cut short by max_new_tokens are not counted. Leviathan's model needs 0.
     drafted_at: list[int] = field(default_factory=list)  # [K] steps that proposed a token at position i
     accepted_at: list[int] = field(default_factory=list)  # [K] steps that accepted the token at position i
     time_prefill: float = 0.0  # seconds: target and drafter prefill
@@ -34,10 +36,12 @@ class SpecStats:
     time_accept: float = 0.0  # seconds in logits -> probabilities, the verification rule and the target's rollback
     time_total: float = 0.0  # seconds wall clock for the whole generation
 
-    def observe(self, num_drafted: int, num_accepted: int, nodes: int | None = None) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, nodes: int | None = None, off_chain: bool = False) -> None:
         """Count one verification step that kept `num_accepted` of `num_drafted` draft tokens (a tree:
-        of its depth) and fed `nodes` tokens after the last committed one (default: num_drafted)."""
+        of its depth) and fed `nodes` tokens after the last committed one (default: num_drafted);
+        `off_chain`: its draft was not the run's chain of k tokens."""
         self.steps += 1
+        self.off_chain += off_chain
         self.nodes += num_drafted if nodes is None else nodes
         self.drafted += num_drafted
         self.accepted += num_accepted

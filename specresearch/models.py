@@ -43,6 +43,8 @@ class LoadedModel:
     name: str
     device: torch.device
     dtype: torch.dtype
+    cache_dir: str | None = None  # the model cache it was loaded with (model.cache_dir; None = the default): where
+    # what is made for it (trained heads, vocabulary counts, distillation data) is kept
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,7 @@ def load_model(
     if kernels not in ("auto", "torch"):
         raise SpecResearchError(f"unknown model.kernels '{kernels}': valid are auto, torch")
     lm = _load(name, dtype, resolve_device(device), cache_dir, tiny)
+    lm.cache_dir = None if cache_dir is None else str(cache_dir)
     fast = lm.dtype == torch.float32 or (lm.dtype == torch.bfloat16 and cpu_has_fast_bf16())  # measured on such CPUs only
     use_skinny_linear(lm.model, kernels == "auto" and lm.device.type == "cpu" and fast)
     return lm

@@ -11,7 +11,7 @@ import pytest
 from specresearch.errors import SpecResearchError
 from specresearch.experiment import run
 
-from .conftest import ROOT, TINY, make_cfg
+from .conftest import TINY, make_cfg
 
 
 def cli(*args: str, cwd) -> subprocess.CompletedProcess:

@@ -13,9 +13,9 @@ from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
 from specresearch.verifiers import Verifier
 
-from specresearch.conf import options
+from specresearch.conf import options, unknown_option
 
-from .conftest import CONF_DIR, TINY, drafter_cfg, make_cfg
+from .conftest import TINY, drafter_cfg, make_cfg
 
 
 def test_groups_have_their_options():
@@ -30,6 +30,29 @@ def test_groups_have_their_options():
 def test_experiment_presets_compose(name):
     cfg = make_cfg(f"experiment={name}")
     assert cfg.stats.samples >= 0 and cfg.model.name
+
+
+@pytest.mark.parametrize("args, config_name, error", [
+    (["drafter=tree", "drafter.lookup=4"], "config", "drafter=tree has no setting 'drafter.lookup': valid are drafter.branching,"),
+    (["drafter.lookup=4"], "config", None),  # the default drafter (independent) has it
+    (["-m", "drafter=independent,tree", "drafter.lookup=4"], "config", "drafter=tree has no setting 'drafter.lookup'"),
+    (["drafter=tree", "drafter.model.vocabb=8"], "config", "drafter=tree has no setting 'drafter.model.vocabb': valid are drafter.model.cache_dir,"),
+    (["max_new_token=8"], "config", "python -m specresearch has no setting 'max_new_token': valid are dataset, drafter,"),
+    (["dataset=mtbench", "dataset.per_category=1", "stats.samples=8"], "config", None),
+    (["dataset.per_category=1"], "config", "dataset=humaneval has no setting 'dataset.per_category'"),
+    (["eval.limit=2"], "config", "eval.limit sets a setting of eval, which is off: choose one, eval=NAME (humaneval, stdlib_doctest)"),
+    (["eval=stdlib_doctest", "eval.limit=2", "+drafter.extra=1", "hydra.run.dir=x"], "config", None),  # limit from its base option
+    (["experiment=leviathan", "drafter.k=3"], "config", None),  # a study's preset: Hydra checks
+    (["train.tokenz=8"], "train", "python -m specresearch.train has no setting 'train.tokenz': valid are train.batch,"),
+    (["drafter=eagle", "train.vocab=8", "drafter.vocab=8"], "train", None),
+])
+def test_a_setting_the_config_lacks_is_named_with_the_valid_ones(args, config_name, error):
+    """Checked before Hydra composes (whose message is Hydra's struct error over five lines); what is
+    refused here Hydra would refuse too, what passes composes."""
+    problem = unknown_option(args, config_name)
+    assert problem == error if error is None else problem.startswith(error), problem
+    if error is None and config_name == "config" and "-m" not in args and not any(a.startswith("hydra.") for a in args):
+        make_cfg(*args)  # composes: the check refused nothing Hydra takes
 
 
 @pytest.mark.parametrize("name", options("drafter"))

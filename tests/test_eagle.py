@@ -2,6 +2,7 @@
 identity with an untrained head, the target's law at T = 1); trained on a tiny model's own text its
 loss falls and its drafts get accepted; checkpoints round-trip; the training command works end to end."""
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -143,10 +144,11 @@ def test_on_text_the_head_learns_the_targets_token_not_the_texts():
     assert summary["held_out_acc_head1"] > 0.6  # the text's own next byte: well under 0.1
 
 
-def test_a_training_shortlist_counts_a_label_outside_it_as_a_miss(cyclic):
+def test_a_training_shortlist_counts_a_label_outside_it_as_a_miss(cyclic, tmp_path):
     """train.vocab: the token loss runs over the shortlist only; the reported agreement is still over
-    every label, so it cannot exceed the share of labels the shortlist holds, and it learns within it."""
-    lm = cyclic[0]
+    every label, so it cannot exceed the share of labels the shortlist holds, and it learns within it.
+    The shortlist's token counts go to the target's own model cache (model.cache_dir)."""
+    lm = dataclasses.replace(cyclic[0], cache_dir=str(tmp_path))
     cfg = train_cfg(data="self", corpora=["python-stdlib", "sharegpt"], tokens=96 * 24, new=24, epochs=6, lr=1e-2,
                     vocab=64, vocab_corpus="python-stdlib")
     cfg.drafter = {"_target_": EAGLE}
@@ -157,6 +159,7 @@ def test_a_training_shortlist_counts_a_label_outside_it_as_a_miss(cyclic):
     inside = torch.isin(labels, shortlist.ids).float().mean().item()
     assert 0.1 < inside < 0.9  # the cycles lead out of the shortlist as well as through it
     assert inside / 3 < summary["held_out_acc_head1"] <= inside
+    assert list((tmp_path / "vocab").glob("token-counts-python-stdlib-*.json"))
 
 
 @pytest.mark.parametrize("which", ["untrained", "trained"])

@@ -92,6 +92,7 @@ def test_greedy_speculative_equals_greedy(target, close_draft, k):
     s = out.stats
     assert 0 < s.accepted < s.drafted, "the perturbed draft should be partly accepted"
     assert s.steps < 40 and s.tau == pytest.approx((s.accepted + s.steps) / s.steps)
+    assert s.off_chain == 0  # every step a chain of k (those max_new_tokens cut short included): Leviathan's model holds
 
 
 def test_every_draft_rejected(target, same_draft):
@@ -225,6 +226,7 @@ def test_confidence_stopped_drafts_follow_target_law(target, far_draft):
         runs.append(tuple(out.tokens))
         stats = stats.merge(out.stats)
     assert stats.drafted_at[0] > stats.drafted_at[1] > 0.1 * n, "drafts of one and of two tokens both occur"
+    assert stats.off_chain > 0.1 * n  # first steps stopped at one token where two fit: not Leviathan's chain of k
     pairs: dict[tuple[int, int], int] = {}
     for r in runs:
         pairs[r[:2]] = pairs.get(r[:2], 0) + 1

@@ -129,6 +129,13 @@ def test_an_unknown_option_is_one_line_naming_the_valid_ones(tmp_path, args):
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
 
 
+def test_a_setting_the_option_lacks_is_one_line_naming_the_valid_ones(tmp_path):
+    result = cli(tmp_path, *FAST, "drafter=tree", "drafter.lookup=4", "tracker=none")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error: drafter=tree has no setting 'drafter.lookup': valid are drafter.branching, ")
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_the_train_command_refuses_in_one_line_and_leaves_no_folder(tmp_path):
     def train(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "specresearch.train", *args], cwd=tmp_path, env=env(),

@@ -13,7 +13,7 @@ from specresearch.models import load_model
 from specresearch.stats import battery, calibration, holm, sample_engine, sample_target, teacher_force
 from specresearch.stats.battery import MIN_EXPECTED, noncentrality, pooled_table
 from specresearch.types import SamplingParams
-from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier
+from specresearch.verifiers import RejectionVerifier, TopKVerifier, TypicalVerifier
 
 from .conftest import REPEATING
 

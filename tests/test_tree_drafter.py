@@ -114,6 +114,7 @@ def test_greedy_output_equals_the_baseline(target, draft, seed, shape):
         accepted += out.stats.accepted
     assert accepted > 0
     assert out.stats.nodes > out.stats.drafted  # wider than a chain
+    assert out.stats.off_chain == out.stats.steps  # no step is Leviathan's chain: his prediction does not apply
 
 
 @pytest.mark.parametrize("children", ["top", "sample"])

@@ -59,7 +59,7 @@ def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str 
         config_name: "config" (experiments, evaluations) or "train".
 
     Raises:
-        SpecResearchError: an unknown option (naming the valid ones) or a bad override.
+        SpecResearchError: an unknown option or setting (naming the valid ones) or a bad override.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -68,7 +68,7 @@ def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str 
     if isinstance(overrides, Mapping):
         overrides = [f"{key}={_text(value)}" for key, value in overrides.items()]
     overrides = list(overrides)
-    problem = unknown_option(overrides)
+    problem = unknown_option(overrides, config_name)
     if problem:
         raise SpecResearchError(problem)
     try:
@@ -82,11 +82,13 @@ def _text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else "null" if value is None else str(value)
 
 
-def unknown_option(args: Sequence[str]) -> str | None:
+def unknown_option(args: Sequence[str], config_name: str = "config") -> str | None:
     """The one-line error for a `group=NAME` (or `+group=a,b` in a sweep) that names no option of a
-    config group, or None. Checked before Hydra composes, whose own message is a dozen lines; values
-    Hydra's sweep grammar writes otherwise (`choice(...)`, globs) are left to Hydra."""
+    config group, or for a setting (`drafter.lookup=4`, `max_new_token=8`) that the config it would
+    change does not have; None if neither. Checked before Hydra composes, whose own messages are a
+    dozen lines; values Hydra's sweep grammar writes otherwise (`choice(...)`, globs) are left to Hydra."""
     known = groups()
+    chosen: dict[str, list[str]] = {}  # group → the options the arguments select
     for arg in args:
         group, sep, value = arg.lstrip("+").partition("=")
         if not sep or group not in known or not re.fullmatch(r"[\w.-]+(,[\w.-]+)*", value):
@@ -95,6 +97,54 @@ def unknown_option(args: Sequence[str]) -> str | None:
         for name in value.split(","):
             if name not in valid and name != "null":
                 return f"unknown {group} '{name}': valid are {', '.join(valid)}"
+        chosen[group] = value.split(",")
+    if chosen.get(STUDY_GROUP, ["null"]) != ["null"]:
+        return None  # a study's preset may choose options and add settings of its own: Hydra checks those
+    primary = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
+    for entry in primary.get("defaults", []):
+        if isinstance(entry, (dict, DictConfig)):
+            for group, name in entry.items():
+                if group in known:
+                    chosen.setdefault(group, [str(name)])
+    for arg in args:
+        path, sep, _ = arg.partition("=")
+        if not sep or arg.startswith(("+", "~", "-")) or path.split(".")[0] == "hydra" or path in known:
+            continue
+        keys = path.split(".")
+        if keys[0] in known:
+            for name in chosen.get(keys[0], ["null"]):
+                if name in ("null", "None"):
+                    return f"{path} sets a setting of {keys[0]}, which is off: choose one, {keys[0]}=NAME ({', '.join(options(keys[0]))})"
+                problem = _missing(keys[1:], _option(keys[0], name), f"{keys[0]}={name}", keys[0])
+                if problem:
+                    return problem
+        else:
+            command = "python -m specresearch" + ("" if config_name == "config" else f".{config_name}")
+            problem = _missing(keys, {**primary, **{g: None for g in chosen}}, command, "")
+            if problem:
+                return problem
+    return None
+
+
+def _option(group: str, name: str) -> DictConfig:
+    """An option's own settings, with those of the options of its group it builds on (its `defaults`)."""
+    node = OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
+    for base in node.pop("defaults", []):
+        if isinstance(base, str) and base != "_self_" and (CONF_DIR / group / f"{base}.yaml").is_file():
+            node = OmegaConf.merge(_option(group, base), node)
+    return node
+
+
+def _missing(keys: list[str], node: Any, owner: str, prefix: str) -> str | None:
+    """The error for a dotted setting `keys` that `node` (a config's settings) has no place for, or None."""
+    for depth, key in enumerate(keys):
+        if not isinstance(node, (dict, DictConfig)):
+            return None  # a value (or null) there: Hydra decides
+        settings = sorted(k for k in node if k not in ("_target_", "defaults", "hydra"))
+        if key not in node:
+            where = ".".join([prefix, *keys[:depth]]).strip(".")
+            return f"{owner} has no setting '{'.'.join([where, key]).strip('.')}': valid are {', '.join(f'{where}.{k}'.lstrip('.') for k in settings)}"
+        node = node[key]
     return None
 
 

@@ -226,7 +226,7 @@ class EagleDrafter(Drafter):
         lm_head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
         short = torch.arange(lm_head.weight.shape[0], device=lm.device)  # token id → its row of the lm head trained through
         if tc.get("vocab"):  # the token loss over the shortlist only (FR-Spec): the lm head is most of a step's cost
-            shortlist = Shortlist.load(lm_head, lm.tokenizer, int(tc.vocab), tc.vocab_corpus, None)
+            shortlist = Shortlist.load(lm_head, lm.tokenizer, int(tc.vocab), tc.vocab_corpus, lm.cache_dir)
             lm_head = shortlist.head
             short = torch.full_like(short, -100).index_copy_(0, shortlist.ids, torch.arange(shortlist.ids.numel(), device=lm.device))
         head = EagleHead(lm.model.config).to(lm.device)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 
 from specresearch.evaluation import sandbox
 
