@@ -18,7 +18,9 @@ records which prompts made the data (`trained_on`: sources, split, number, sha25
 with the drafter refuses prompts among them.
 
 The hidden states and labels are computed once and cached on disk (keyed by every setting they depend
-on), so a second training with other optimiser settings starts at once. The last `held_out` share of
+on), so a second training with other optimiser settings starts at once; text data is kept in chunks,
+so a run asking for more tokens of the same text computes only the ones it adds, and an interrupted
+one resumes. The last `held_out` share of
 the prompts (or text chunks) is held out for the reported accuracy. The heads land in the model cache,
 keyed by the target, where `drafter=medusa` (or `eagle`) finds them; the run is tracked in MLflow.
 """
@@ -37,6 +39,7 @@ from pathlib import Path
 import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm import tqdm
 from transformers import DynamicCache
@@ -57,6 +60,7 @@ DATA = ("self", "text")
 CACHE_FORMAT = 4  # the data cache's fields and prompts (a change makes older caches unused; 3: the train/eval split; 4: prompts' positions)
 MAX_HEADS = 8  # labels kept per position in the data cache: any train.heads up to this reuses it
 MAX_PROMPT = 320  # data=self skips longer prompts: one long prompt pads a whole batch to its length
+SHARD = 16  # data=text: chunks per file of its disk cache (a larger train.tokens adds files, an interrupted run resumes)
 
 
 def training_prompts(corpora: list[str], seed: int, files: bool = False) -> list[Prompt]:
@@ -134,10 +138,15 @@ def self_cache(lm: LoadedModel, prompts: list[list[int]], tokens: int, new: int,
 
 
 @torch.inference_mode()
-def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, heads: int, held_out: float) -> Cache:
+def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, heads: int, held_out: float,
+               shards: Path | None = None) -> Cache:
     """Run the target over `tokens` tokens of `texts`, in chunks of `seq_len`, and keep per position
     its hidden state and the top-1 labels of every head (the target's top-1 at t + 1 + i); no position
-    is a prompt's (every one is labelled)."""
+    is a prompt's (every one is labelled). The last `held_out` share of the chunks is held out.
+
+    With `shards` (a folder), every SHARD whole chunks are saved there once computed, and read from
+    there when they are: a chunk depends on neither `tokens` nor `held_out`, so a later call with
+    more tokens computes only the chunks it adds, and an interrupted one goes on where it stopped."""
     ids: list[int] = []
     for text in texts:
         ids.extend(lm.tokenizer.encode(text, add_special_tokens=False))
@@ -149,61 +158,93 @@ def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, hea
         raise SpecResearchError(f"train.tokens={tokens} gives no chunk of more than {heads + 1} tokens")
     target = Target(lm)
     target.keep_hidden = True
-    parts: list[tuple[Tensor, ...]] = []  # per chunk: hidden, labels, held_out, tokens, seq
+
+    def run(group: list[list[int]]) -> dict[str, Tensor]:
+        """The target over chunks: their positions' hidden states, labels and next tokens, and the chunks' lengths."""
+        parts = []
+        for chunk in group:
+            target.reset()
+            logits = target.forward(torch.tensor(chunk))  # [T, V]
+            top1 = logits.argmax(-1).cpu()  # [T]: top1[j] is the target's guess for token j + 1
+            n = len(chunk)
+            lab = torch.full((n, heads), -100, dtype=torch.long)
+            for i in range(heads):
+                lab[: max(0, n - 1 - i), i] = top1[1 + i :]
+            parts.append((target.hidden.cpu(), lab, torch.tensor(chunk[1:] + [-100])))  # the text's next token
+        hidden, labels, after = (torch.cat(column) for column in zip(*parts))
+        return {"hidden": hidden, "labels": labels, "tokens": after, "lengths": torch.tensor([len(c) for c in group])}
+
+    groups: list[dict[str, Tensor]] = []
+    with tqdm(total=len(chunks), desc="target over the corpus", unit="chunk") as bar:
+        for s in range(0, len(chunks), SHARD):
+            group = chunks[s : s + SHARD]
+            whole = len(group) == SHARD and all(len(c) == seq_len for c in group)
+            path = shards / f"chunks-{s:08d}.safetensors" if shards is not None and whole else None
+            if path is not None and path.is_file():
+                groups.append(load_file(str(path)))
+            else:
+                groups.append(run(group))
+                if path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    save_file(groups[-1], str(path.with_suffix(".tmp")))
+                    path.with_suffix(".tmp").replace(path)
+            bar.update(len(group))
+    lengths = torch.cat([g["lengths"] for g in groups])  # [C]
     first_held = len(chunks) - max(1, round(held_out * len(chunks))) if held_out > 0 else len(chunks)
-    for c, chunk in enumerate(tqdm(chunks, desc="target over the corpus", unit="chunk")):
-        target.reset()
-        logits = target.forward(torch.tensor(chunk))  # [T, V]
-        top1 = logits.argmax(-1).cpu()  # [T]: top1[j] is the target's guess for token j + 1
-        n = len(chunk)
-        lab = torch.full((n, heads), -100, dtype=torch.long)
-        for i in range(heads):
-            lab[: max(0, n - 1 - i), i] = top1[1 + i :]
-        after = torch.tensor(chunk[1:] + [-100])  # [T] the text's next token
-        parts.append((target.hidden.cpu(), lab, torch.full((n,), c >= first_held), after, torch.full((n,), c), torch.zeros(n, dtype=torch.bool)))
-    return Cache(*(torch.cat(column) for column in zip(*parts)))
+    chunk = torch.repeat_interleave(torch.arange(len(chunks)), lengths)  # [N] each position's chunk
+    return Cache(hidden=torch.cat([g["hidden"] for g in groups]), labels=torch.cat([g["labels"] for g in groups]),
+                 held_out=chunk >= first_held, tokens=torch.cat([g["tokens"] for g in groups]), seq=chunk,
+                 prompt=torch.zeros(len(chunk), dtype=torch.bool))
 
 
 def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -> tuple[Cache, Path | None, dict]:
     """The training data as `tc` (cfg.train) asks, from the disk cache (<model cache>/distill/<target>/,
     shared by Medusa and EAGLE) when the same data was made before (`tc.cache`), else computed by the
-    target and saved there. Returns it, its path, and the record of the prompts (or texts) it was made
-    from (specresearch.data.prompt_record; kept in the JSON beside the cache)."""
-    keys = ("data", "corpora", "tokens", "held_out", "seed") + (("new", "temperature", "gen_batch") if tc.data == "self" else ("seq_len",))
-    spec = {"format": CACHE_FORMAT, "split": SPLIT_RULE, **{k: OmegaConf.to_object(tc[k]) if OmegaConf.is_config(tc[k]) else tc[k] for k in keys}}
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    folder = Path(cache_dir or default_cache_dir()) / "distill" / lm.name.replace("/", "--")
-    path = folder / f"data-{tc.data}-{digest}.safetensors" if tc.cache else None
+    target and saved there: data=self as one file per request, data=text as a folder of chunks that a
+    request for more tokens of the same text extends (text_cache). Returns it, its path, and the record
+    of the prompts (or texts) it was made from (specresearch.data.prompt_record; data=self keeps it in
+    the JSON beside its file)."""
     if tc.heads > MAX_HEADS:
         raise SpecResearchError(f"train.heads={tc.heads}: at most {MAX_HEADS}")
-    if path is not None and path.is_file():
+    keys = ("data", "corpora", "seed") + (("tokens", "held_out", "new", "temperature", "gen_batch") if tc.data == "self" else ("seq_len",))
+    spec = {"format": CACHE_FORMAT, "split": SPLIT_RULE, **{k: OmegaConf.to_object(tc[k]) if OmegaConf.is_config(tc[k]) else tc[k] for k in keys}}
+    if tc.data == "text":
+        spec["labels"] = MAX_HEADS
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    folder = Path(cache_dir or default_cache_dir()) / "distill" / lm.name.replace("/", "--")
+    path = (folder / f"data-{tc.data}-{digest}{'.safetensors' if tc.data == 'self' else ''}") if tc.cache else None
+    if tc.data == "self" and path is not None and path.is_file():
         print(f"specresearch: training data from {path}", file=sys.stderr)
         cache = Cache.load(path)
         record = json.loads(path.with_suffix(".json").read_text())["trained_on"]
-    else:
-        used: list[Prompt] = []  # the prompts (or texts) the data is made from, in order
-        if tc.data == "self":
-            want, prompts = max(1, -(-tc.tokens // tc.new)), []  # as many prompts as self_cache takes
-            for p in training_prompts(list(tc.corpora), tc.seed):
-                ids = encode(lm.tokenizer, p)
-                if len(ids) <= MAX_PROMPT:
-                    used.append(p)
-                    prompts.append(ids)
-                    if len(used) == want:
-                        break
-            cache = self_cache(lm, prompts, tc.tokens, tc.new, MAX_HEADS, tc.held_out, tc.gen_batch, tc.temperature, tc.seed)
-        else:
-            read = 0
-            for p in training_prompts(list(tc.corpora), tc.seed, files=True):  # as many texts as text_cache reads
+    elif tc.data == "self":
+        used: list[Prompt] = []  # the prompts the data is made from, in order
+        want, prompts = max(1, -(-tc.tokens // tc.new)), []  # as many prompts as self_cache takes
+        for p in training_prompts(list(tc.corpora), tc.seed):
+            ids = encode(lm.tokenizer, p)
+            if len(ids) <= MAX_PROMPT:
                 used.append(p)
-                read += len(lm.tokenizer.encode(p.text, add_special_tokens=False))
-                if read >= tc.tokens:
+                prompts.append(ids)
+                if len(used) == want:
                     break
-            cache = text_cache(lm, [p.text for p in used], tc.tokens, tc.seq_len, MAX_HEADS, tc.held_out)
+        cache = self_cache(lm, prompts, tc.tokens, tc.new, MAX_HEADS, tc.held_out, tc.gen_batch, tc.temperature, tc.seed)
         record = prompt_record(list(tc.corpora), used)
         if path is not None:
             cache.save(path)
             path.with_suffix(".json").write_text(json.dumps({**spec, "trained_on": record}, indent=1))
+    else:
+        used, read = [], 0
+        for p in training_prompts(list(tc.corpora), tc.seed, files=True):  # as many texts as text_cache reads
+            used.append(p)
+            read += len(lm.tokenizer.encode(p.text, add_special_tokens=False))
+            if read >= tc.tokens:
+                break
+        if path is not None and path.is_dir():
+            print(f"specresearch: training data from {path} (the chunks computed before)", file=sys.stderr)
+        cache = text_cache(lm, [p.text for p in used], tc.tokens, tc.seq_len, MAX_HEADS, tc.held_out, path)
+        record = prompt_record(list(tc.corpora), used)
+        if path is not None:
+            (path / "spec.json").write_text(json.dumps(spec, indent=1))
     cache.labels = cache.labels[:, : tc.heads]
     return cache, path, record
 
@@ -268,10 +309,10 @@ def check(cfg: DictConfig) -> None:
     if tc.data not in DATA:
         raise SpecResearchError(f"unknown train.data '{tc.data}': valid are {', '.join(DATA)}")
     if min(tc.heads, tc.layers, tc.tokens, tc.new, tc.gen_batch, tc.seq_len, tc.batch, tc.epochs, tc.ttt) < 1 or not 0 <= tc.held_out < 1 \
-            or tc.temperature < 0 or tc.noise < 0 or tc.token_loss < 0:
+            or tc.temperature < 0 or tc.noise < 0 or min(tc.token_loss, tc.feature_loss) < 0 or tc.token_loss + tc.feature_loss <= 0:
         raise SpecResearchError(
             "train.heads, layers, tokens, new, gen_batch, seq_len, batch, epochs and ttt must be >= 1, 0 <= train.held_out < 1, "
-            "train.temperature >= 0, train.noise >= 0, train.token_loss >= 0"
+            "train.temperature >= 0, train.noise >= 0, train.token_loss >= 0 and train.feature_loss >= 0 (not both 0)"
         )
 
 

@@ -23,7 +23,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
 from specresearch.experiment import run, trained_on_tags
 from specresearch.target import Target, interpolated
-from specresearch.train import MAX_HEADS, build_cache, check, generate_batch, self_cache, text_cache, train
+from specresearch.train import MAX_HEADS, SHARD, build_cache, check, generate_batch, self_cache, text_cache, train, training_prompts
 from specresearch.types import SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, MarginVerifier, RejectionVerifier, TypicalVerifier
 
@@ -122,6 +122,32 @@ def test_function_prompts_stop_after_the_docstring():
         assert len(fn.body) == 2
 
 
+def test_text_data_is_kept_in_chunks_that_more_tokens_extend(tmp_path, target, monkeypatch):
+    """data=text: whole groups of SHARD chunks go to disk as computed; asking for more tokens of the same
+    text computes only the chunks it adds, and the data equals the data computed without the disk."""
+    text = [p.text for p in training_prompts(["python-stdlib"], 0, files=True)[:3]]
+    seq = 16
+    forwards = []
+    real = Target.forward
+    monkeypatch.setattr(Target, "forward", lambda self, *a, **k: forwards.append(1) or real(self, *a, **k))
+    small = text_cache(target, text, 2 * SHARD * seq, seq, 3, 0.1, tmp_path)
+    assert len(forwards) == 2 * SHARD and len(list(tmp_path.glob("chunks-*.safetensors"))) == 2
+    forwards.clear()
+    large = text_cache(target, text, 3 * SHARD * seq + 7, seq, 3, 0.1, tmp_path)
+    assert len(forwards) == SHARD + 1  # the third group and the part chunk after it: the first two come from disk
+    assert len(list(tmp_path.glob("chunks-*.safetensors"))) == 3  # a part group is not kept
+    fresh = text_cache(target, text, 3 * SHARD * seq + 7, seq, 3, 0.1)
+    for name in ("labels", "held_out", "tokens", "seq", "prompt"):
+        assert torch.equal(getattr(large, name), getattr(fresh, name)), name
+    torch.testing.assert_close(large.hidden, fresh.hidden)
+    torch.testing.assert_close(large.hidden[: small.hidden.shape[0]], small.hidden)
+    assert large.held_out.sum() > 0 and not large.held_out[: 2 * SHARD * seq].any()
+
+    cfg = train_cfg(data="text", tokens=SHARD * seq, seq_len=seq, cache=True).train
+    _, path, record = build_cache(target, cfg, str(tmp_path / "models"))
+    assert path.is_dir() and json.loads((path / "spec.json").read_text())["seq_len"] == seq and record["prompts"] >= 1
+
+
 def test_data_is_cached_once_and_reused_for_other_heads(tmp_path, target, monkeypatch):
     cfg = train_cfg(data="self", tokens=64, new=16, cache=True, heads=2)
     first, path, record = build_cache(target, cfg.train, str(tmp_path))
@@ -146,7 +172,8 @@ def test_data_is_cached_once_and_reused_for_other_heads(tmp_path, target, monkey
                                         ({"corpora": ["mtbench"]}, "evaluation only"), ({"corpora": ["python-stdlib", "humaneval"]}, "evaluation only"),
                                         ({"new": 0}, "must be >= 1"), ({"temperature": -1.0}, "temperature >= 0"),
                                         ({"ttt": 0}, "epochs and ttt must be >= 1"), ({"noise": -0.1}, "noise >= 0"),
-                                        ({"token_loss": -1.0}, "token_loss >= 0")])
+                                        ({"token_loss": -1.0}, "token_loss >= 0"), ({"feature_loss": -1.0}, "feature_loss >= 0"),
+                                        ({"token_loss": 0.0, "feature_loss": 0.0}, "not both 0")])
 def test_bad_training_settings_are_refused(bad, match):
     cfg = train_cfg(**bad)
     with pytest.raises(SpecResearchError, match=match):

@@ -214,7 +214,8 @@ class EagleDrafter(Drafter):
     def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[EagleHead, dict]:
         """An EAGLE head, one cached sequence (a prompt with its continuation, or a text chunk) per step.
 
-        From each pair (f_t, x_{t+1}) the head predicts f_{t+1} (smooth L1) and, through the target's lm
+        From each pair (f_t, x_{t+1}) the head predicts f_{t+1} (smooth L1, weight `tc.feature_loss`; EAGLE-3
+        drops it) and, through the target's lm
         head, the target's token x_{t+2} (its own with data=self, its top-1 on the text with data=text;
         cross-entropy, weight `tc.token_loss`; the paper's 0.1; over the `tc.vocab` most frequent tokens
         of `tc.vocab_corpus` only if set, FR-Spec, a label outside them counting a miss), with uniform noise of half-width
@@ -268,7 +269,7 @@ class EagleDrafter(Drafter):
                 m = f_hat.shape[0]
                 logits = lm_head(f_hat.to(lm_head.weight.dtype)).float()  # [M_l, V] or [M_l, N]
                 token = nn.functional.cross_entropy(logits, label[-m:]) if bool((label[-m:] >= 0).any()) else logits.sum() * 0
-                loss = loss + nn.functional.smooth_l1_loss(f_hat, f_next[-m:]) + tc.token_loss * token
+                loss = loss + tc.feature_loss * nn.functional.smooth_l1_loss(f_hat, f_next[-m:]) + tc.token_loss * token
                 acc.append((logits.argmax(-1) == label[-m:]).float().mean())
             return loss / len(f_hats), torch.stack(acc)
 
