@@ -106,9 +106,10 @@ def unknown_option(args: Sequence[str], config_name: str = "config") -> str | No
             for group, name in entry.items():
                 if group in known:
                     chosen.setdefault(group, [str(name)])
-    for arg in args:
+    for before, arg in zip(["", *args], args):
         path, sep, _ = arg.partition("=")
-        if not sep or arg.startswith(("+", "~", "-")) or path.split(".")[0] == "hydra" or path in known:
+        flag_value = before.startswith("-") and before not in ("-m", "--multirun") and "=" not in before  # -sc query=bash
+        if not sep or flag_value or arg.startswith(("+", "~", "-")) or path.split(".")[0] == "hydra" or path in known:
             continue
         keys = path.split(".")
         if keys[0] in known:

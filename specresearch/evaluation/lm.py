@@ -197,7 +197,7 @@ def compose_config(overrides: dict[str, Any]) -> DictConfig:
     try:
         return compose(overrides)
     except SpecResearchError as err:
-        unknown = re.match(r"Could not override '([^']+)'", str(err))  # Hydra's advice (`+key=...`) would be ignored
+        unknown = re.search(r"(?:^Could not override|has no setting) '([^']+)'", str(err))  # Hydra's advice (`+key=...`) would be ignored
         raise SpecResearchError(f"model_args: {_unknown_key(unknown[1], overrides) if unknown else err}") from None
 
 
