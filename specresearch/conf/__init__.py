@@ -109,7 +109,8 @@ def unknown_option(args: Sequence[str], config_name: str = "config") -> str | No
     for before, arg in zip(["", *args], args):
         path, sep, _ = arg.partition("=")
         flag_value = before.startswith("-") and before not in ("-m", "--multirun") and "=" not in before  # -sc query=bash
-        if not sep or flag_value or arg.startswith(("+", "~", "-")) or path.split(".")[0] == "hydra" or path in known:
+        if not sep or flag_value or arg.startswith(("+", "~", "-")) or path.split(".")[0] == "hydra" or path in known \
+                or "/" in path or "@" in path:  # hydra/launcher=ray, a package override: Hydra's own
             continue
         keys = path.split(".")
         if keys[0] in known:
