@@ -150,9 +150,11 @@ class Engine:
         clock = _Clock(self.device)
         hidden: Tensor | None = None  # [R, H] the target's hidden states of the tokens it took in last (needs_hidden)
 
+        def room() -> int:
+            return max_new_tokens - len(new) - 1  # draft tokens that fit: the recovered or bonus token comes on top
+
         def context() -> Context:
-            room = max_new_tokens - len(new) - 1  # the recovered or bonus token comes on top of the draft
-            max_draft = room if self.draft_length is None else min(room, self.draft_length.k)
+            max_draft = room() if self.draft_length is None else min(room(), self.draft_length.k)
             return Context(tokens[: start + len(new)], self.sampling, rng, max_draft, reuse_prefill, hidden)
 
         def append(verdict: Verdict) -> str | None:
@@ -198,7 +200,7 @@ class Engine:
                     if self.drafter.needs_hidden:
                         hidden = self.target.hidden[rows]  # [R, H] the kept path's: the last gave the added token
                     self.target.keep(cached, rows)
-                chain = self.drafter.k > 0 and draft.parents is None and draft.depth == min(self.drafter.k, max_new_tokens - len(new) - 1)
+                chain = self.drafter.k > 0 and draft.parents is None and draft.depth == min(self.drafter.k, room())
                 stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel(), off_chain=not chain)
                 if self.draft_length is not None:
                     self.draft_length.update(draft.depth, verdict.num_accepted)

@@ -39,14 +39,14 @@ from pathlib import Path
 import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from tqdm import tqdm
 from transformers import DynamicCache
 
 from specresearch.app import build, cli, tracked_run
 from specresearch.conf import CONF_DIR, options
-from specresearch.drafters.training import Cache, Trainable
+from specresearch.drafters.training import Cache, Trainable, save_tensors
 from specresearch.errors import SpecResearchError
 from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, prompt_record, train_side
 from specresearch.models import LoadedModel, default_cache_dir, load_model
@@ -160,7 +160,7 @@ def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, hea
     target.keep_hidden = True
 
     def run(group: list[list[int]]) -> dict[str, Tensor]:
-        """The target over chunks: their positions' hidden states, labels and next tokens, and the chunks' lengths."""
+        """The target over chunks: their positions' hidden states, labels and next tokens."""
         parts = []
         for chunk in group:
             target.reset()
@@ -172,7 +172,7 @@ def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, hea
                 lab[: max(0, n - 1 - i), i] = top1[1 + i :]
             parts.append((target.hidden.cpu(), lab, torch.tensor(chunk[1:] + [-100])))  # the text's next token
         hidden, labels, after = (torch.cat(column) for column in zip(*parts))
-        return {"hidden": hidden, "labels": labels, "tokens": after, "lengths": torch.tensor([len(c) for c in group])}
+        return {"hidden": hidden, "labels": labels, "tokens": after}
 
     groups: list[dict[str, Tensor]] = []
     with tqdm(total=len(chunks), desc="target over the corpus", unit="chunk") as bar:
@@ -185,13 +185,10 @@ def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, hea
             else:
                 groups.append(run(group))
                 if path is not None:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    save_file(groups[-1], str(path.with_suffix(".tmp")))
-                    path.with_suffix(".tmp").replace(path)
+                    save_tensors(groups[-1], path)
             bar.update(len(group))
-    lengths = torch.cat([g["lengths"] for g in groups])  # [C]
     first_held = len(chunks) - max(1, round(held_out * len(chunks))) if held_out > 0 else len(chunks)
-    chunk = torch.repeat_interleave(torch.arange(len(chunks)), lengths)  # [N] each position's chunk
+    chunk = torch.repeat_interleave(torch.arange(len(chunks)), torch.tensor([len(c) for c in chunks]))  # [N] each position's chunk
     return Cache(hidden=torch.cat([g["hidden"] for g in groups]), labels=torch.cat([g["labels"] for g in groups]),
                  held_out=chunk >= first_held, tokens=torch.cat([g["tokens"] for g in groups]), seq=chunk,
                  prompt=torch.zeros(len(chunk), dtype=torch.bool))

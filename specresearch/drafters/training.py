@@ -31,14 +31,20 @@ class Cache:
     prompt: Tensor  # [N] bool: a prompt's own position (data=self: context for EAGLE, no labels), before its generated ones
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file({k: v.contiguous() for k, v in vars(self).items()}, str(tmp))
-        tmp.replace(path)
+        save_tensors(vars(self), path)
 
     @classmethod
     def load(cls, path: Path) -> Cache:
         return cls(**load_file(str(path)))
+
+
+def save_tensors(tensors: dict[str, Tensor], path: Path) -> None:
+    """Tensors as a safetensors file at `path`, whole or not at all (written beside it, then renamed):
+    a run stopped half way leaves no torn file for the next to read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    tmp.replace(path)
 
 
 @runtime_checkable
