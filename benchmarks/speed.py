@@ -52,7 +52,7 @@ from specresearch.drafters.draft_model import OPTIONS as CHEAPER
 from specresearch.drafters.draft_model import DraftModel, cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup, per_token
+from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.models import LoadedModel, SkinnyLinear, load_model, use_skinny_linear
 from specresearch.target import cost_curve
 from specresearch.tracking import MLflowTracker, NullTracker
@@ -344,16 +344,13 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list
             row["fastest_plain"] = fastest.name
             row["speedup_vs_fastest_plain"] = (sum(m.tokens) / sum(m.seconds)) / (sum(fastest.tokens) / sum(fastest.seconds))
         if m.stats.drafted:
-            c, v = cost_ratios(baseline.stats, m.stats) if baseline is not None else (float("nan"),) * 2
             k = len(m.stats.drafted_at)
-            c_token = per_token(c, m.stats)  # Leviathan's c
-            chains = not m.stats.off_chain  # Leviathan's model: every step a chain of k draft tokens (not a tree, no early stop)
-            best_k, best = leviathan_optimal_k(m.stats.alpha_token, c_token, v, k, v_curve=v_curve) if chains else (0, float("nan"))
+            pred = predict(baseline.stats if baseline is not None else None, m.stats, k, v_curve=v_curve)
             row.update(
-                alpha=m.stats.alpha, tau=m.stats.tau, k=k, c=c, v=v,
-                leviathan=leviathan_speedup(m.stats.alpha_token, k, c_token, v) if chains else float("nan"),
-                leviathan_optimal_k=best_k,
-                leviathan_optimal=best,
+                alpha=m.stats.alpha, tau=m.stats.tau, k=k, c=pred.c, v=pred.v,
+                leviathan=pred.speedup,
+                leviathan_optimal_k=pred.best_k,
+                leviathan_optimal=pred.best_speedup,
                 time_split={
                     name: getattr(m.stats, f"time_{name}") / m.stats.time_total
                     for name in SpecStats.TIME_SPLIT

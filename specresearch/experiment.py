@@ -15,7 +15,7 @@ from specresearch.app import browse_line, build, build_engine, claim_params, mac
 from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.metrics import SpecStats, cost_ratios, first_divergence, leviathan_optimal_k, leviathan_speedup, per_token
+from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.records import HEADLINE_SECTION, Group, PromptStep, SideStats, SpeedRecord, headline, json_text, prefixed
 from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
 from specresearch.target import Target
@@ -74,10 +74,7 @@ class Results:
         are the same length: greedy), and the Leviathan prediction from the
         measured α, draft cost ratio c and verification cost v (both relative to one baseline forward)."""
         base, meth = self.baseline, self.method
-        c, v = cost_ratios(base, meth)
-        c_token = per_token(c, meth)  # Leviathan's c
-        chains = k and not meth.off_chain  # Leviathan's model: every step a chain of k draft tokens
-        best_k, best_speedup = leviathan_optimal_k(meth.alpha_token, c_token, v, k) if chains else (0, float("nan"))
+        pred = predict(base, meth, k)
         n = len(self.records)
         record = SpeedRecord(
             baseline=replace(SideStats.of(base.summary()), acceptance=[]),  # the baseline drafts nothing
@@ -87,11 +84,11 @@ class Results:
             # per token: at T > 0 the method and the baseline stop at different lengths
             speedup=meth.tokens_per_s / base.tokens_per_s if base.tokens_per_s else float("nan"),
             time_ratio=base.time_total / meth.time_total if meth.time_total else float("nan"),
-            draft_cost_ratio_c=c,
-            verify_cost_v=v,
-            leviathan_speedup=leviathan_speedup(meth.alpha_token, k, c_token, v) if chains else 1.0 / v if not k else float("nan"),
-            leviathan_optimal_k=best_k,
-            leviathan_optimal_speedup=best_speedup,
+            draft_cost_ratio_c=pred.c,
+            verify_cost_v=pred.v,
+            leviathan_speedup=pred.speedup,
+            leviathan_optimal_k=pred.best_k,
+            leviathan_optimal_speedup=pred.best_speedup,
             predicted_speedup=self.predicted_speedup,
             identity_rate=self.identical / n if n else float("nan"),
             mean_first_divergence=sum(self.divergences) / len(self.divergences) if self.divergences else float("nan"),

@@ -194,6 +194,39 @@ def per_token(c: float, stats: SpecStats) -> float:
     return c * stats.draft_forwards / stats.drafted if stats.drafted else c
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """Leviathan et al.'s prediction for one method, from what a run measured beside its baseline."""
+
+    c: float  # seconds per draft forward / seconds per baseline forward (0: model-free)
+    v: float  # seconds per verification forward / seconds per baseline forward
+    speedup: float  # predicted at the run's k; nan where the model does not hold
+    best_k: int  # the k that maximises the prediction (0: none)
+    best_speedup: float  # the prediction at best_k
+
+
+def predict(baseline: SpecStats | None, method: SpecStats, k: int, v_curve: Sequence[float] | None = None) -> Prediction:
+    """Leviathan's prediction for `method` against `baseline` (plain decoding, same target and prompts).
+
+    Its model is a chain of k draft tokens every step: a method with any other step (a tree, a
+    confidence stop, a prompt lookup without a match, a k the policy changed: `method.off_chain`)
+    gets nan. k = 0 (no drafter) predicts 1 / v, the cost of its forwards against the baseline's.
+
+    Args:
+        baseline: None leaves c and v, and so every prediction, unknown (nan).
+        k: draft tokens per step of the run.
+        v_curve: measured costs of target forwards of 1, 2, ... tokens (see leviathan_optimal_k).
+    """
+    c, v = cost_ratios(baseline, method) if baseline is not None else (float("nan"), float("nan"))
+    if k == 0:
+        return Prediction(c, v, 1.0 / v if v else float("nan"), 0, float("nan"))
+    if method.off_chain:
+        return Prediction(c, v, float("nan"), 0, float("nan"))
+    c_token = per_token(c, method)  # Leviathan's c
+    best_k, best = leviathan_optimal_k(method.alpha_token, c_token, v, k, v_curve=v_curve)
+    return Prediction(c, v, leviathan_speedup(method.alpha_token, k, c_token, v), best_k, best)
+
+
 def _grow(counts: list[int], n: int) -> None:
     counts.extend([0] * (n - len(counts)))
 

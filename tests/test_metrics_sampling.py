@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup, per_token
+from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup, per_token, predict
 from specresearch.sampling import logits_to_probs, sample
 from specresearch.types import SamplingParams
 
@@ -90,6 +90,20 @@ def test_cost_ratios_relative_to_one_baseline_forward():
     assert per_token(c, SpecStats(drafted=8, draft_forwards=8)) == pytest.approx(0.25)  # one token per forward
     assert per_token(c, SpecStats(drafted=12, draft_forwards=8)) == pytest.approx(0.25 * 8 / 12)  # lookup: 1.5 per forward
     assert per_token(c, SpecStats()) == c
+
+
+def test_prediction_holds_only_for_chains_of_k():
+    base = SpecStats(steps=10, time_verify=2.0)  # 0.2 s per one-token target forward
+    chain = SpecStats(steps=4, time_verify=1.2, draft_forwards=16, time_draft=0.8, drafted=16, accepted=10,
+                      rejected=3, drafted_at=[4] * 4, accepted_at=[4, 3, 2, 1])
+    pred = predict(base, chain, 4)
+    assert (pred.c, pred.v) == (pytest.approx(0.25), pytest.approx(1.5))
+    assert pred.speedup == pytest.approx(leviathan_speedup(chain.alpha_token, 4, 0.25, 1.5))
+    assert (pred.best_k, pred.best_speedup) == leviathan_optimal_k(chain.alpha_token, 0.25, 1.5, 4)
+    tree = SpecStats(**{**chain.__dict__, "off_chain": 1})  # one step that was not a chain of 4: no prediction
+    assert math.isnan(predict(base, tree, 4).speedup) and predict(base, tree, 4).best_k == 0
+    assert predict(base, SpecStats(steps=10, time_verify=3.0), 0).speedup == pytest.approx(2.0 / 3.0)  # no drafter: 1 / v
+    assert math.isnan(predict(None, chain, 4).speedup)  # no baseline: c and v unknown
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])
