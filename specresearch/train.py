@@ -33,6 +33,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import replace
 from itertools import zip_longest
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from transformers import DynamicCache
 
 from specresearch.app import build, cli, tracked_run
 from specresearch.conf import CONF_DIR, options
-from specresearch.drafters.training import Cache, Trainable, save_tensors
+from specresearch.drafters.training import Cache, Trainable, rate_name, save_tensors
 from specresearch.errors import SpecResearchError
 from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, prompt_record, train_side
 from specresearch.models import LoadedModel, default_cache_dir, load_model
@@ -66,10 +67,11 @@ SHARD = 16  # data=text: chunks per file of its disk cache (a larger train.token
 def training_prompts(corpora: list[str], seed: int, files: bool = False) -> list[Prompt]:
     """The prompts training may read of `corpora` (specresearch.data.train_side: python-stdlib's
     functions, or with `files` its files; ShareGPT's training first turns, as chat), each shuffled,
-    then interleaved so that every prefix of the list mixes the corpora."""
+    then interleaved so that every prefix of the list mixes the corpora; each names its corpus in
+    `meta["corpus"]`."""
     pools = []
     for i, corpus in enumerate(corpora):
-        pool = train_side(corpus, files)
+        pool = [replace(p, meta={**p.meta, "corpus": corpus}) for p in train_side(corpus, files)]
         random.Random(seed + i).shuffle(pool)
         pools.append(pool)
     return [p for group in zip_longest(*pools) for p in group if p is not None]
@@ -138,21 +140,18 @@ def self_cache(lm: LoadedModel, prompts: list[list[int]], tokens: int, new: int,
 
 
 @torch.inference_mode()
-def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, heads: int, held_out: float,
-               shards: Path | None = None) -> Cache:
-    """Run the target over `tokens` tokens of `texts`, in chunks of `seq_len`, and keep per position
-    its hidden state and the top-1 labels of every head (the target's top-1 at t + 1 + i); no position
-    is a prompt's (every one is labelled). The last `held_out` share of the chunks is held out.
+def text_cache(lm: LoadedModel, texts: list[list[int]], tokens: int, seq_len: int, heads: int, held_out: float,
+               shards: Path | None = None, sources: list[int] | None = None) -> Cache:
+    """Run the target over the first `tokens` tokens of `texts` (their token ids, one text after the
+    other), in chunks of `seq_len`, and keep per position its hidden state and the top-1 labels of
+    every head (the target's top-1 at t + 1 + i); no position is a prompt's (every one is labelled).
+    The last `held_out` share of the chunks is held out. `sources`: each text's corpus (an index into
+    train.corpora), kept per position in `Cache.source`.
 
     With `shards` (a folder), every SHARD whole chunks are saved there once computed, and read from
     there when they are: a chunk depends on neither `tokens` nor `held_out`, so a later call with
     more tokens computes only the chunks it adds, and an interrupted one goes on where it stopped."""
-    ids: list[int] = []
-    for text in texts:
-        ids.extend(lm.tokenizer.encode(text, add_special_tokens=False))
-        if len(ids) >= tokens:
-            break
-    ids = ids[:tokens]
+    ids = [t for text in texts for t in text][:tokens]
     chunks = [ids[i : i + seq_len] for i in range(0, len(ids) - heads - 1, seq_len)]
     if not chunks:
         raise SpecResearchError(f"train.tokens={tokens} gives no chunk of more than {heads + 1} tokens")
@@ -189,9 +188,12 @@ def text_cache(lm: LoadedModel, texts: list[str], tokens: int, seq_len: int, hea
             bar.update(len(group))
     first_held = len(chunks) - max(1, round(held_out * len(chunks))) if held_out > 0 else len(chunks)
     chunk = torch.repeat_interleave(torch.arange(len(chunks)), torch.tensor([len(c) for c in chunks]))  # [N] each position's chunk
+    source = None
+    if sources is not None:  # [N] the corpus of the text each position was read from
+        source = torch.repeat_interleave(torch.tensor(sources), torch.tensor([len(t) for t in texts]))[: len(chunk)]
     return Cache(hidden=torch.cat([g["hidden"] for g in groups]), labels=torch.cat([g["labels"] for g in groups]),
                  held_out=chunk >= first_held, tokens=torch.cat([g["tokens"] for g in groups]), seq=chunk,
-                 prompt=torch.zeros(len(chunk), dtype=torch.bool))
+                 prompt=torch.zeros(len(chunk), dtype=torch.bool), source=source)
 
 
 def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -> tuple[Cache, Path | None, dict]:
@@ -210,40 +212,41 @@ def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     folder = Path(cache_dir or default_cache_dir()) / "distill" / lm.name.replace("/", "--")
     path = (folder / f"data-{tc.data}-{digest}{'.safetensors' if tc.data == 'self' else ''}") if tc.cache else None
-    if tc.data == "self" and path is not None and path.is_file():
-        print(f"specresearch: training data from {path}", file=sys.stderr)
-        cache = Cache.load(path)
-        record = json.loads(path.with_suffix(".json").read_text())["trained_on"]
-    elif tc.data == "self":
-        used: list[Prompt] = []  # the prompts the data is made from, in order
+    corpora = list(tc.corpora)
+    used: list[Prompt] = []  # the prompts (or texts) the data is made from, in order
+    if tc.data == "self":
         want, prompts = max(1, -(-tc.tokens // tc.new)), []  # as many prompts as self_cache takes
-        for p in training_prompts(list(tc.corpora), tc.seed):
+        for p in training_prompts(corpora, tc.seed):
             ids = encode(lm.tokenizer, p)
             if len(ids) <= MAX_PROMPT:
                 used.append(p)
                 prompts.append(ids)
                 if len(used) == want:
                     break
-        cache = self_cache(lm, prompts, tc.tokens, tc.new, MAX_HEADS, tc.held_out, tc.gen_batch, tc.temperature, tc.seed)
-        record = prompt_record(list(tc.corpora), used)
-        if path is not None:
-            cache.save(path)
-            path.with_suffix(".json").write_text(json.dumps({**spec, "trained_on": record}, indent=1))
+        if path is not None and path.is_file():
+            print(f"specresearch: training data from {path}", file=sys.stderr)
+            cache = Cache.load(path)
+        else:
+            cache = self_cache(lm, prompts, tc.tokens, tc.new, MAX_HEADS, tc.held_out, tc.gen_batch, tc.temperature, tc.seed)
+            if path is not None:
+                cache.save(path)
+                path.with_suffix(".json").write_text(json.dumps({**spec, "trained_on": prompt_record(corpora, used)}, indent=1))
+        cache.source = torch.tensor([corpora.index(p.meta["corpus"]) for p in used])[cache.seq]  # seq: the prompt's index
     else:
-        used, read = [], 0
-        for p in training_prompts(list(tc.corpora), tc.seed, files=True):  # as many texts as text_cache reads
+        texts, read = [], 0
+        for p in training_prompts(corpora, tc.seed, files=True):  # as many texts as the tokens take
             used.append(p)
-            read += len(lm.tokenizer.encode(p.text, add_special_tokens=False))
+            texts.append(lm.tokenizer.encode(p.text, add_special_tokens=False))
+            read += len(texts[-1])
             if read >= tc.tokens:
                 break
         if path is not None and path.is_dir():
             print(f"specresearch: training data from {path} (the chunks computed before)", file=sys.stderr)
-        cache = text_cache(lm, [p.text for p in used], tc.tokens, tc.seq_len, MAX_HEADS, tc.held_out, path)
-        record = prompt_record(list(tc.corpora), used)
+        cache = text_cache(lm, texts, tc.tokens, tc.seq_len, MAX_HEADS, tc.held_out, path, [corpora.index(p.meta["corpus"]) for p in used])
         if path is not None:
             (path / "spec.json").write_text(json.dumps(spec, indent=1))
     cache.labels = cache.labels[:, : tc.heads]
-    return cache, path, record
+    return cache, path, prompt_record(corpora, used)
 
 
 def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[nn.Module, dict]:
@@ -334,19 +337,29 @@ def run(cfg: DictConfig) -> dict:
         kept = {k: v for k, v in trained.items() if "acc" in k or "top5" in k or k in ("steps", "trained_on")}
         module.save(out, {"target": lm.name, "train": OmegaConf.to_container(cfg.train, resolve=True), **kept})  # how to reproduce it
         summary.update(trained)
-    acc = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("held_out_acc"))
-    fit = " ".join(f"{summary[k]:.3f}" for k in sorted(summary) if k.startswith("train_acc"))
+    acc, fit = rates(summary, "held_out"), rates(summary, "train")
+    by_corpus = [f"{c} {rates(summary, 'held_out', c)}" for c in cfg.train.corpora if rate_name("held_out", 0, c) in summary]
     verifier = drafter.suggested_verifier
     record = summary["trained_on"]
     log.info(
         f"{what} for {lm.name}: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}, "
-        f"held-out top-1 agreement per head: {acc or 'n/a'} (on training positions: {fit})\n"
+        f"held-out top-1 agreement per head: {acc or 'n/a'}{' (' + '; '.join(by_corpus) + ')' if by_corpus else ''} "
+        f"(on training positions: {fit})\n"
         f"training data {summary['cache_seconds']:.0f} s ({summary['positions']} positions; {summary['data']}), training {summary['train_seconds']:.0f} s\n"
         f"trained on {record['prompts']} prompts of {', '.join(record['sources'])} (their train side; ids sha256 {record['prompts_sha256'][:12]}, "
         f"all in {out.with_suffix('.json').name})\n"
         f"saved {out}; decode with: python -m specresearch drafter={drafter.name} verifier={verifier}"
     )
     return summary
+
+
+def rates(summary: dict, kind: str, corpus: str | None = None) -> str:
+    """The heads' top-1 agreements of `summary` on `kind` positions (drafters.training.rate_name), in head order."""
+    found, i = [], 0
+    while rate_name(kind, i, corpus) in summary:
+        found.append(f"{summary[rate_name(kind, i, corpus)]:.3f}")
+        i += 1
+    return " ".join(found)
 
 
 def main() -> None:

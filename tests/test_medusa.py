@@ -46,9 +46,10 @@ def noisy_heads(seed: int = 0, heads: int = 4) -> MedusaHeads:
 
 
 def test_text_cache_labels_are_the_targets_top1_on_the_text(target):
-    cache = text_cache(target, ["def f(x):\n    return x + 1\n" * 4], tokens=60, seq_len=30, heads=2, held_out=0.5)
+    text = target.tokenizer.encode("def f(x):\n    return x + 1\n" * 4, add_special_tokens=False)
+    cache = text_cache(target, [text], tokens=60, seq_len=30, heads=2, held_out=0.5)
     assert cache.hidden.shape == (60, 64) and cache.labels.shape == (60, 2)
-    ids = torch.tensor(target.tokenizer.encode("def f(x):\n    return x + 1\n" * 4, add_special_tokens=False)[:30])
+    ids = torch.tensor(text[:30])
     with torch.no_grad():
         top1 = target.model(ids[None]).logits[0].argmax(-1)  # [30]
     assert cache.labels[:28, 0].tolist() == top1[1:29].tolist()  # head 1 at t: the target's guess for t + 2
@@ -125,7 +126,7 @@ def test_function_prompts_stop_after_the_docstring():
 def test_text_data_is_kept_in_chunks_that_more_tokens_extend(tmp_path, target, monkeypatch):
     """data=text: whole groups of SHARD chunks go to disk as computed; asking for more tokens of the same
     text computes only the chunks it adds, and the data equals the data computed without the disk."""
-    text = [p.text for p in training_prompts(["python-stdlib"], 0, files=True)[:3]]
+    text = [target.tokenizer.encode(p.text, add_special_tokens=False) for p in training_prompts(["python-stdlib"], 0, files=True)[:3]]
     seq = 16
     forwards = []
     real = Target.forward
@@ -166,6 +167,29 @@ def test_data_is_cached_once_and_reused_for_other_heads(tmp_path, target, monkey
         build_cache(target, train_cfg(data="self", tokens=64, new=8, cache=True).train, str(tmp_path))  # other data
     with pytest.raises(SpecResearchError, match=f"at most {MAX_HEADS}"):
         build_cache(target, train_cfg(heads=MAX_HEADS + 1).train, str(tmp_path))
+
+
+@pytest.mark.parametrize("data", ["self", "text"])
+def test_held_out_agreement_is_reported_per_corpus(tmp_path, target, data):
+    """Held-out data of two corpora: each position knows its corpus, and each corpus's rates are those
+    of its own positions (the pooled rate is their mean weighted by positions)."""
+    cfg = train_cfg(data=data, tokens=1024, new=16, seq_len=32, held_out=0.5, heads=2, epochs=1, corpora=["python-stdlib", "sharegpt"])
+    cache, _, record = build_cache(target, cfg.train, str(tmp_path))
+    chat = [i for i in record["ids"] if i.startswith("sharegpt/")]
+    assert chat and len(chat) < record["prompts"]  # both corpora made the data
+    assert set(cache.source.unique().tolist()) == {0, 1}
+    if data == "self":  # a prompt's positions all carry its corpus, and as many prompts are chat as the record says
+        firsts = torch.cat([torch.tensor([True]), cache.seq[1:] != cache.seq[:-1]])  # [N] each prompt's first position
+        assert torch.equal(cache.source, cache.source[firsts][cache.seq]) and int(cache.source[firsts].sum()) == len(chat)
+    masks = cache.held_out_by_corpus(list(cfg.train.corpora))
+    assert set(masks) == {"python-stdlib", "sharegpt"} and torch.equal(masks["python-stdlib"] | masks["sharegpt"], cache.held_out)
+    _, summary = MedusaDrafter.fit(cfg.train, target, cache)
+    for head in range(2):
+        labelled = {c: int((m & (cache.labels[:, head] >= 0)).sum()) for c, m in masks.items()}
+        pooled = sum(summary[f"held_out_acc_head{head + 1}_{c}"] * n for c, n in labelled.items()) / sum(labelled.values())
+        assert summary[f"held_out_acc_head{head + 1}"] == pytest.approx(pooled)
+    one = train_cfg(data=data, tokens=1024, new=16, seq_len=32, held_out=0.5, heads=2, corpora=["python-stdlib"])
+    assert build_cache(target, one.train, str(tmp_path))[0].held_out_by_corpus(["python-stdlib"]) == {}  # one corpus: the pooled rate says it all
 
 
 @pytest.mark.parametrize("bad, match", [({"data": "web"}, "valid are self, text"), ({"corpora": ["wiki"]}, "valid are python-stdlib, sharegpt"),

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
 from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
-from specresearch.drafters.training import Cache, optimise
+from specresearch.drafters.training import Cache, optimise, rate_name
 from specresearch.drafters.tree import TreeShape, sizer
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
@@ -245,9 +245,10 @@ class EagleDrafter(Drafter):
         gen = torch.Generator().manual_seed(tc.seed)
         levels = int(tc.ttt)
 
-        def predict(start: int, n: int, noise: float = 0.0) -> tuple[list[Tensor], Tensor, Tensor]:
+        def predict(start: int, n: int, noise: float = 0.0) -> tuple[list[Tensor], Tensor, Tensor, Tensor]:
             """One sequence → per step l ([M_l, H] f̂_{t+1}), and the targets f_{t+1} [M_0, H], x_{t+2} [M_0]
-            at the M_0 scored pairs (M_l: those with a whole chain of l steps before, the last rows of M_0)."""
+            at the M_0 scored pairs, and their positions [M_0] in the cache (M_l: those with a whole
+            chain of l steps before, the last rows of M_0)."""
             f = cache.hidden[start : start + n].to(device=lm.device, dtype=torch.float32)  # [n, H]
             x = cache.tokens[start : start + n].to(lm.device)  # [n]: the token after each position
             y = cache.labels[start : start + n - 1, 0].to(lm.device)  # [n - 1]: the target's token t + 2 after the pair t → t + 1
@@ -259,10 +260,10 @@ class EagleDrafter(Drafter):
             with torch.autocast(lm.device.type, dtype=torch.bfloat16, enabled=lm.dtype == torch.bfloat16):
                 steps = unroll(head, embed(x[:-1].clamp_min(0)), f_in, levels, first)  # levels x [n - 1, H]
             f_hats = [out[scored[chained(scored, l, first)]].float() for l, out in enumerate(steps)]
-            return f_hats, f[1:][scored], y[scored]
+            return f_hats, f[1:][scored], y[scored], start + 1 + scored.cpu()
 
         def batch_loss(step: int) -> tuple[Tensor, Tensor]:
-            f_hats, f_next, label = predict(*train_spans[int(torch.randint(len(train_spans), (1,), generator=gen))], noise=tc.noise)
+            f_hats, f_next, label, _ = predict(*train_spans[int(torch.randint(len(train_spans), (1,), generator=gen))], noise=tc.noise)
             loss, acc = 0.0, []
             label = short[label]  # [M_0] its index in the shortlist, -100 outside it
             for f_hat in f_hats:
@@ -273,29 +274,35 @@ class EagleDrafter(Drafter):
                 acc.append((logits.argmax(-1) == label[-m:]).float().mean())
             return loss / len(f_hats), torch.stack(acc)
 
-        def agreement(chosen: list[tuple[int, int]]) -> list[float]:
-            """Per step l, the share of scored pairs whose top-1 is the target's token (given the true tokens before)."""
-            hits, total = [0] * levels, [0] * levels
+        def agreement(chosen: list[tuple[int, int]], masks: dict[str | None, Tensor]) -> dict[str | None, list[float]]:
+            """Per mask ([N] bool over the cache's positions), per step l, the share of the scored pairs in
+            it whose top-1 is the target's token (given the true tokens before)."""
+            hits = {name: [0] * levels for name in masks}
+            total = {name: [0] * levels for name in masks}
             with torch.inference_mode():
                 for start, n in chosen:
-                    f_hats, _, label = predict(start, n)
+                    f_hats, _, label, where = predict(start, n)
                     for l, f_hat in enumerate(f_hats):
                         m = f_hat.shape[0]
-                        hits[l] += int((lm_head(f_hat.to(lm_head.weight.dtype)).argmax(-1) == short[label[-m:]]).sum())
-                        total[l] += m
-            return [h / max(1, t) for h, t in zip(hits, total)]
+                        right = (lm_head(f_hat.to(lm_head.weight.dtype)).argmax(-1) == short[label[-m:]]).cpu()  # [M_l]
+                        for name, mask in masks.items():
+                            inside = mask[where[-m:]]  # [M_l]
+                            hits[name][l] += int((right & inside).sum())
+                            total[name][l] += int(inside.sum())
+            return {name: [h / max(1, t) for h, t in zip(hits[name], total[name])] for name in masks}
 
         steps = max(1, tc.epochs * len(train_spans))
         first_loss, last_loss = optimise(head, steps, batch_loss, tc, tracker, "eagle head", clip=EAGLE_CLIP)
         held_spans = [sp for sp in spans if bool(cache.held_out[sp[0]])]
-        held = agreement(held_spans) if held_spans else []
+        held = agreement(held_spans, {None: cache.held_out, **cache.held_out_by_corpus(list(tc.corpora))}) if held_spans else {}
+        fit = agreement(train_spans[: max(1, len(held_spans))], {None: torch.ones_like(cache.held_out)})[None]
         return head, {
             "train_positions": int(sum(int((~cache.prompt[s : s + n]).sum()) for s, n in train_spans)),
             "steps": steps,
             "first_loss": first_loss,
             "last_loss": last_loss,
-            **{f"held_out_acc_head{l + 1}": a for l, a in enumerate(held)},
-            **{f"train_acc_head{l + 1}": a for l, a in enumerate(agreement(train_spans[: max(1, len(held_spans))]))},
+            **{rate_name("held_out", l, corpus): a for corpus, accs in held.items() for l, a in enumerate(accs)},
+            **{rate_name("train", l): a for l, a in enumerate(fit)},
         }
 
     def _feed(self, features: Tensor, tokens: Tensor) -> Tensor:

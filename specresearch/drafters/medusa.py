@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
-from specresearch.drafters.training import Cache, hits, optimise
+from specresearch.drafters.training import Cache, hits, optimise, rate_name
 from specresearch.drafters.tree import SHAPES, Sizer
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
@@ -312,13 +312,15 @@ class MedusaDrafter(Drafter):
         seen = torch.zeros_like(cache.held_out)  # as many training positions, to show the generalisation gap
         seen[train_rows[torch.randperm(train_rows.numel(), generator=gen)[: max(1, int(cache.held_out.sum()))]]] = True
         fit = accuracy(heads, lm_head, cache, seen)[:, 0].tolist()
+        per_corpus = {corpus: accuracy(heads, lm_head, cache, mask)[:, 0].tolist() for corpus, mask in cache.held_out_by_corpus(list(tc.corpora)).items()}
         return heads, {
             "train_positions": int(train_rows.numel()),
             "steps": steps,
             "first_loss": first_loss,
             "last_loss": last_loss,
-            **{f"held_out_acc_head{i + 1}": a for i, a in enumerate([] if held is None else held[:, 0].tolist())},
+            **{rate_name("held_out", i): a for i, a in enumerate([] if held is None else held[:, 0].tolist())},
             **{f"held_out_top5_head{i + 1}": a for i, a in enumerate([] if held is None else held[:, :5].sum(-1).tolist())},
-            **{f"train_acc_head{i + 1}": a for i, a in enumerate(fit)},
+            **{rate_name("held_out", i, corpus): a for corpus, accs in per_corpus.items() for i, a in enumerate(accs)},
+            **{rate_name("train", i): a for i, a in enumerate(fit)},
             "rank_acc": None if held is None else held.tolist(),  # [K][RANKS] held-out hit rate of each head's rank-r token
         }

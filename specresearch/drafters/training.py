@@ -29,9 +29,19 @@ class Cache:
     tokens: Tensor  # [N] the token after each position (t + 1: the target's own with data=self), −100 at a chunk's end
     seq: Tensor  # [N] the prompt or chunk each position belongs to (positions of one are contiguous, in order)
     prompt: Tensor  # [N] bool: a prompt's own position (data=self: context for EAGLE, no labels), before its generated ones
+    source: Tensor | None = None  # [N] each position's corpus, an index into train.corpora (build_cache derives it; not saved)
 
     def save(self, path: Path) -> None:
-        save_tensors(vars(self), path)
+        save_tensors({k: v for k, v in vars(self).items() if k != "source"}, path)
+
+    def held_out_by_corpus(self, corpora: list[str]) -> dict[str, Tensor]:
+        """Per corpus, [N] bool: its held-out positions; {} when they all come from one corpus (or
+        `source` is unknown), where the pooled held-out rates say it all."""
+        if self.source is None:
+            return {}
+        masks = {name: self.held_out & (self.source == i) for i, name in enumerate(corpora)}
+        masks = {name: m for name, m in masks.items() if bool(m.any())}
+        return masks if len(masks) > 1 else {}
 
     @classmethod
     def load(cls, path: Path) -> Cache:
@@ -70,9 +80,17 @@ class Trainable(Protocol):
 
         Returns:
             The trained module (with `save(path, meta)`) and a summary: "steps", "first_loss",
-            "last_loss", "train_positions", per-head "held_out_acc_head<i>" / "train_acc_head<i>"
+            "last_loss", "train_positions", per-head "held_out_acc_head<i>" / "train_acc_head<i>",
+            and "held_out_acc_head<i>_<corpus>" per corpus when the held-out data mixes them
+            (`rate_name`, `Cache.held_out_by_corpus`)
             (train.py saves the accuracies and steps in the checkpoint's meta).
         """
+
+
+def rate_name(kind: str, head: int, corpus: str | None = None) -> str:
+    """The summary's name for head `head`'s (0-based) top-1 agreement on `kind` ("held_out", "train")
+    positions, of one corpus or (None) all: held_out_acc_head1, held_out_acc_head1_sharegpt."""
+    return f"{kind}_acc_head{head + 1}" + (f"_{corpus}" if corpus else "")
 
 
 def hits(pred: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
