@@ -214,6 +214,7 @@ def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -
     path = (folder / f"data-{tc.data}-{digest}{'.safetensors' if tc.data == 'self' else ''}") if tc.cache else None
     corpora = list(tc.corpora)
     used: list[Prompt] = []  # the prompts (or texts) the data is made from, in order
+    record = None  # what made data read from disk: the record saved beside it
     if tc.data == "self":
         want, prompts = max(1, -(-tc.tokens // tc.new)), []  # as many prompts as self_cache takes
         for p in training_prompts(corpora, tc.seed):
@@ -226,6 +227,7 @@ def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -
         if path is not None and path.is_file():
             print(f"specresearch: training data from {path}", file=sys.stderr)
             cache = Cache.load(path)
+            record = json.loads(path.with_suffix(".json").read_text())["trained_on"]
         else:
             cache = self_cache(lm, prompts, tc.tokens, tc.new, MAX_HEADS, tc.held_out, tc.gen_batch, tc.temperature, tc.seed)
             if path is not None:
@@ -246,7 +248,7 @@ def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -
         if path is not None:
             (path / "spec.json").write_text(json.dumps(spec, indent=1))
     cache.labels = cache.labels[:, : tc.heads]
-    return cache, path, prompt_record(corpora, used)
+    return cache, path, record or prompt_record(corpora, used)
 
 
 def train(cfg: DictConfig, lm: LoadedModel, tracker=None) -> tuple[nn.Module, dict]:
