@@ -44,8 +44,8 @@ import torch
 from omegaconf import OmegaConf
 
 from specresearch.app import browse_line, build, tracked_run
-from specresearch.conf import compose
-from specresearch.conf import options as config_options
+from specresearch.config import compose
+from specresearch.config import options as config_options
 from specresearch.data import MTBENCH_CATEGORIES, Prompt, encode, load_prompts
 from specresearch.drafters import NoDrafter
 from specresearch.drafters.draft_model import OPTIONS as CHEAPER

@@ -1,6 +1,6 @@
 """`python -m specresearch [group=option ...]` (or the `specresearch` command): one experiment, or a
-sweep with `-m`. The configs are specresearch/conf; each group folder there is the registry of its
-options, and each study of specresearch/studies is an option of `experiment`. Tab completion:
+sweep with `-m`. The configs are conf/; each group folder there is the registry of its
+options, and each study of experiments/ is an option of `experiment`. Tab completion:
 `eval "$(specresearch -sc install=bash)"` (Hydra's), or `eval "$(python -m specresearch -sc install=bash)"`
 for the `python -m` form.
 """
@@ -18,12 +18,12 @@ from specresearch.app import cli
 
 def work(cfg: DictConfig) -> dict[str, float]:
     """One job: quality with `eval=NAME` (lm-eval, specresearch.evaluation.runner), else speed
-    (specresearch.experiment)."""
+    (specresearch.speed)."""
     if cfg.get("eval") is not None:
         from specresearch.evaluation.runner import run_eval  # imported here so `--help` stays fast
 
         return run_eval(cfg)
-    from specresearch.experiment import run
+    from specresearch.speed import run
 
     return run(cfg)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from specresearch.conf import CONF_DIR, unknown_option
+from specresearch.config import CONF_DIR, unknown_option
 from specresearch.errors import SpecResearchError
 from specresearch.records import OVERRIDES_TAG
 
@@ -237,7 +237,7 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
     folder); in a sweep the other jobs go on and the sweep's callback counts the failed one.
 
     Args:
-        config_name: the primary config of specresearch/conf ("config" or "train").
+        config_name: the primary config of conf/ ("config" or "train").
         work: the job: the composed config in, the summary metrics out.
         timed: whether the jobs' results are timings (sweeps.job: the speed lock); False for training.
     """

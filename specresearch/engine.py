@@ -88,7 +88,7 @@ class Engine:
         self.drafter = drafter
         self.verifier = verifier
         self.sampling = sampling
-        self.law = verifier.law(sampling)  # how logits become the p the verifier reads (the decoding's, as a rule)
+        self.p_sampling = verifier.p_sampling(sampling)  # how logits become the p the verifier reads (the decoding's, as a rule)
         self.device = target.device
 
     @property
@@ -179,7 +179,7 @@ class Engine:
                 logits = self.target.prefill(tokens[: start if sample_first else start - 1], reuse_prefill)  # [1, V]
                 if self.drafter.needs_hidden:
                     hidden = self.target.hidden  # [T, H] the prompt tokens' (all but the last without sample_first)
-                stop_reason = append(self.verifier(_NO_DRAFT, logits_to_probs(logits, self.law), rng)) if sample_first else None
+                stop_reason = append(self.verifier(_NO_DRAFT, logits_to_probs(logits, self.p_sampling), rng)) if sample_first else None
                 if stop_reason is None:
                     self.drafter.prefill(context())
             while stop_reason is None:
@@ -193,7 +193,7 @@ class Engine:
                     logits = self.target.forward(fed, parents=parents)  # [1 + K, V]
                 with clock.phase(stats, "time_accept"):
                     k = len(draft)  # proposals; scratch rows come after them
-                    p = logits_to_probs(logits[: k + 1], self.law)  # [K+1, V]
+                    p = logits_to_probs(logits[: k + 1], self.p_sampling)  # [K+1, V]
                     verdict = self.verifier(draft, p, rng)
                     path = range(verdict.num_accepted) if verdict.path is None else verdict.path
                     rows = [0] + [1 + i for i in path]  # the root and the accepted nodes

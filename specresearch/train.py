@@ -46,7 +46,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from specresearch.app import build, cli, tracked_run
-from specresearch.conf import CONF_DIR, options
+from specresearch.config import CONF_DIR, options
 from specresearch.drafters.training import Cache, Trainable, rate_name, save_tensors
 from specresearch.errors import SpecResearchError
 from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, prompt_record, train_side

@@ -37,7 +37,7 @@ from typing import Any, Union
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from specresearch.conf import CONF_DIR, groups as config_groups
+from specresearch.config import CONF_DIR, groups as config_groups
 from specresearch.errors import SpecResearchError
 
 INJECTED = ("target",)  # passed by app.build at run time (the loaded target), never set in a config
@@ -48,7 +48,7 @@ def check_config(cfg: DictConfig) -> None:
     """Refuse an unknown setting or a value of the wrong type anywhere in a composed config.
 
     Args:
-        cfg: a composed config.yaml or train.yaml of specresearch/conf.
+        cfg: a composed config.yaml or train.yaml of conf/.
 
     Raises:
         SpecResearchError: one line naming the setting and the valid keys or the expected type.

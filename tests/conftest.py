@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 
 from specresearch.models import load_model
 
-from specresearch.conf import CONF_DIR
+from specresearch.config import CONF_DIR
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
 
@@ -35,7 +35,7 @@ def train_cfg(**overrides):
     the keys not named here keep conf/train.yaml's defaults."""
     from omegaconf import OmegaConf
 
-    from specresearch.conf import CONF_DIR
+    from specresearch.config import CONF_DIR
 
     base = dict(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "train.yaml").train), heads=2, layers=1, own_lm_head=False, data="text", corpora=["python-stdlib"], tokens=1200, new=16, gen_batch=8,
                 temperature=0.0, seq_len=64, held_out=0.2, cache=False, epochs=3, batch=32, lr=3e-3, weight_decay=0.0, seed=0,

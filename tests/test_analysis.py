@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from specresearch import conf
+from specresearch import config as conf
 from specresearch.analysis import published
 from specresearch.analysis.format import DASH, Col, Table, latex, latex_escape, markdown
 from specresearch.analysis.runs import AnalysisError, load_study
@@ -190,7 +190,7 @@ def test_leviathan_tables_match_mlflow(leviathan_store, tmp_path):
 
 @pytest.fixture
 def studies_dir(tmp_path, monkeypatch):
-    """An empty studies folder in place of specresearch/studies (conf.studies() reads it)."""
+    """An empty studies folder in place of experiments/ (conf.studies() reads it)."""
     folder = tmp_path / "studies"
     folder.mkdir()
     monkeypatch.setattr(conf, "STUDIES_DIR", folder)
@@ -199,7 +199,7 @@ def studies_dir(tmp_path, monkeypatch):
 
 def test_published_numbers_may_be_missing(leviathan_store, studies_dir):
     """A study without published.json: the measured tables stand alone."""
-    shutil.copytree(conf.CONF_DIR.parent / "studies" / "leviathan", studies_dir / "leviathan",
+    shutil.copytree(conf.STUDIES_DIR / "leviathan", studies_dir / "leviathan",
                     ignore=shutil.ignore_patterns("published.json", "__pycache__"))
     report = builder("leviathan")(load_study("leviathan", uri(leviathan_store), "specresearch"))
     assert [t.name for t in report.tables] == ["leviathan_alpha", "leviathan_k"]
@@ -247,7 +247,7 @@ def test_a_new_study_is_one_folder(studies_dir, tmp_path):
     (studies_dir / "tiny_study").mkdir()
     for name, content in NEW_STUDY.items():
         (studies_dir / "tiny_study" / name).write_text(content)
-    conf.register_studies()  # what importing specresearch.conf does with the real folder
+    conf.register_studies()  # what importing specresearch.config does with the real folder
     try:
         assert conf.studies() == {"tiny_study": studies_dir / "tiny_study"} and parse(["experiment=tiny_study"])[0] == "tiny_study"
         store = tmp_path / "store"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from specresearch.errors import SpecResearchError
-from specresearch.experiment import run
+from specresearch.speed import run
 
 from .conftest import TINY, make_cfg
 
@@ -53,7 +53,7 @@ def test_real_model_end_to_end(tmp_path):
     assert tags["specresearch.processor"] and int(tags["specresearch.threads"]) >= 1 and len(tags["specresearch.config_hash"]) == 64
     assert (tmp_path / "out" / "records.jsonl").read_text().count("\n") == 2
     job_log = (tmp_path / "out" / "specresearch.log").read_text()  # what the run said, kept with its results
-    assert "speedup (tokens/s ratio)" in job_log and "[specresearch.experiment][INFO]" in job_log
+    assert "speedup (tokens/s ratio)" in job_log and "[specresearch.speed][INFO]" in job_log
 
 
 def test_sweep_records_one_parent_run(tmp_path):

@@ -13,7 +13,7 @@ from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
 from specresearch.verifiers import Verifier
 
-from specresearch.conf import options, unknown_option
+from specresearch.config import options, unknown_option
 
 from .conftest import TINY, drafter_cfg, make_cfg
 
@@ -23,7 +23,7 @@ def test_groups_have_their_options():
     assert {"greedy", "rejection", "typical", "margin", "topk"} <= set(options("verifier"))
     assert {"humaneval", "mtbench"} <= set(options("dataset"))
     assert {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "tiny"} <= set(options("model"))
-    assert {"lossless_vs_lossy", "specbench"} <= set(options("experiment"))  # the folders of specresearch/studies
+    assert {"lossless_vs_lossy", "specbench"} <= set(options("experiment"))  # the folders of experiments/
 
 
 @pytest.mark.parametrize("name", options("experiment"))

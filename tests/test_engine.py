@@ -252,7 +252,7 @@ def test_seed_reproducible(target, close_draft):
 
 
 def test_divergence_gap_is_the_targets_logit_gap_at_the_first_difference(target):
-    from specresearch.experiment import divergence_gap
+    from specresearch.speed import divergence_gap
 
     prompt = prompts(1, seed=3)[0]
     a = baseline(target).generate(prompt, 6, eos_token_ids=[]).tokens

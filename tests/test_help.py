@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from specresearch.conf import CONF_DIR, compose, groups, options
+from specresearch.config import CONF_DIR, compose, groups, options
 from specresearch.errors import SpecResearchError
 
 BIN = Path(sys.executable).parent  # python and the `specresearch` console script of this environment

@@ -117,5 +117,5 @@ def test_every_entry_point_opens_its_run_through_tracked_run():
                 callers.add(path.name)
     assert callers == {"app.py"}
     users = {path.name for path in files if "tracked_run(" in path.read_text()} - {"app.py", "__init__.py"}
-    assert {"experiment.py", "runner.py", "train.py"} <= users
+    assert {"speed.py", "runner.py", "train.py"} <= users
     assert benchmarks.is_dir() is ("speed.py" in users)

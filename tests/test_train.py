@@ -9,7 +9,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from torch import nn
 
-from specresearch.conf import CONF_DIR
+from specresearch.config import CONF_DIR
 from specresearch.drafters.base import Drafter, save_checkpoint
 from specresearch.drafters.training import optimise
 from specresearch.errors import SpecResearchError

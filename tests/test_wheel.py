@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import ROOT
 
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "specresearch-lm-eval.pth", "specresearch")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "specresearch-lm-eval.pth", "specresearch", "conf", "experiments", "analysis")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_wheel_runs_the_tiny_model_from_another_folder(installed, tmp_path):
-    where = run(installed, tmp_path, "-c", "import specresearch.conf as c; print(c.CONF_DIR)")
+    where = run(installed, tmp_path, "-c", "import specresearch.config as c; print(c.CONF_DIR)")
     assert where.returncode == 0, where.stderr
     assert Path(where.stdout.strip()).is_relative_to(installed)  # the wheel's copy, not the checkout's
     done = run(installed, tmp_path, "-m", "specresearch", "model=tiny", "drafter=pld", "tracker=none", "dataset.num_prompts=1",

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specresearch.app import build_engine
-from specresearch.conf import compose, options
+from specresearch.config import compose, options
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.types import GenerationOutput, SamplingParams
@@ -61,11 +61,11 @@ class SpecResearchLM(TemplateLM):
             batch_size, max_batch_size: accepted from lm-eval's command line; only 1 is possible.
             device: lm-eval's `--device`: the same as the override `model.device=...` (its default
                 cuda:0 falls back to `auto` where CUDA is missing, as lm-eval's hf model does).
-            pretrained: lm-eval's name for the target model: a preset of specresearch/conf/model
+            pretrained: lm-eval's name for the target model: a preset of conf/model
                 (`qwen2.5-coder-1.5b`, `tiny`, ...) as `model=NAME`, else (a Hugging Face id, a local
                 directory, a .gguf file) as `model.name=NAME`. Given with a different `model` or
                 `model.name`, it is refused.
-            overrides: Hydra overrides of specresearch/conf/config.yaml (`drafter=pld`, `drafter.k=4`, `model=tiny`,
+            overrides: Hydra overrides of conf/config.yaml (`drafter=pld`, `drafter.k=4`, `model=tiny`,
                 `sampling=random`, ...), as lm-eval's `--model_args` passes them.
         """
         super().__init__()
@@ -179,7 +179,7 @@ class SpecResearchLM(TemplateLM):
 
 def target_overrides(pretrained: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """`overrides` with lm-eval's `pretrained=NAME` as our target key: `model=NAME` for a preset of
-    specresearch/conf/model, else `model.name=NAME`.
+    conf/model, else `model.name=NAME`.
 
     Raises:
         SpecResearchError: `model` or `model.name` is given too and names another model.
@@ -193,7 +193,7 @@ def target_overrides(pretrained: str, overrides: dict[str, Any]) -> dict[str, An
 
 
 def compose_config(overrides: dict[str, Any]) -> DictConfig:
-    """specresearch/conf/config.yaml composed with `key=value` overrides (values as lm-eval parsed them)."""
+    """conf/config.yaml composed with `key=value` overrides (values as lm-eval parsed them)."""
     try:
         return compose(overrides)
     except SpecResearchError as err:

@@ -31,7 +31,7 @@ class Verifier(ABC):
     def check(self, sampling: SamplingParams) -> None:
         """Raise SpecResearchError if this rule cannot run with these sampling settings."""
 
-    def law(self, sampling: SamplingParams) -> SamplingParams:
+    def p_sampling(self, sampling: SamplingParams) -> SamplingParams:
         """How the engine turns the target's logits into the p this verifier reads: the decoding's own
         settings, unless a rule asks for another view of the target (see RelaxedVerifier)."""
         return sampling

@@ -46,7 +46,7 @@ class RelaxedVerifier(Verifier):
                 "the rule reads the decoding's own p: set rule_temperature=null"
             )
 
-    def law(self, sampling: SamplingParams) -> SamplingParams:
+    def p_sampling(self, sampling: SamplingParams) -> SamplingParams:
         """The rule's view of the target: softmax at `rule_temperature` (same top-k/top-p) if set; its
         argmax, the added token with recover=greedy, is the greedy token all the same."""
         return sampling if self.rule_temperature is None else replace(sampling, temperature=float(self.rule_temperature))

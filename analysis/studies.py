@@ -1,4 +1,4 @@
-"""The studies that have tables: every study folder (specresearch.conf.studies()) with an
+"""The studies that have tables: every study folder (specresearch.config.studies()) with an
 `analysis.py`, whose `report(study: Study) -> Report` builds them. Discovery, not a list to edit:
 adding a study touches only its own folder.
 """
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from specresearch.analysis.report import Report
 from specresearch.analysis.runs import AnalysisError, Study
-from specresearch.conf import studies
+from specresearch.config import studies
 
 ANALYSIS = "analysis.py"
 
@@ -30,7 +30,7 @@ def builder(name: str) -> Callable[[Study], Report]:
     if name not in analysed():
         raise AnalysisError(f"unknown study '{name}': valid are {', '.join(analysed())}")
     path = studies()[name] / ANALYSIS
-    module_name = f"specresearch.studies.{name}.analysis"
+    module_name = f"experiments.{name}.analysis"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look their module up there

@@ -2,7 +2,7 @@
 in tables of their own, titled "Published (not measured here): ...", never merged into a measured
 column.
 
-A study's published.json (specresearch/studies/NAME/published.json) is
+A study's published.json (experiments/NAME/published.json) is
 
     {"about": "what is here, on what setting", "references": {"key": "full citation", ...},
      "tables": {"NAME": {"about": "...", "notes": {"...": "..."}, "rows": [{..., "source": "..."}, ...]}}}
@@ -19,7 +19,7 @@ from pathlib import Path
 from specresearch.analysis.format import Col, Table, text
 from specresearch.analysis.report import plain
 from specresearch.analysis.runs import AnalysisError
-from specresearch.conf import studies
+from specresearch.config import studies
 
 FILE = "published.json"
 PUBLISHED = "not measured here"

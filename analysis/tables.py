@@ -5,7 +5,7 @@ Reads the runs of study NAME from MLflow only, writes its tables (markdown and L
 and logs the folder to the study's latest sweep parent run (artifacts under `analysis/`).
 
 `tracker.*` means what it means for `python -m specresearch`: the defaults come from the same
-config (specresearch/conf, composed with Hydra, the study's preset included), so `tracker.store`
+config (conf/, composed with Hydra, the study's preset included), so `tracker.store`
 and `tracker.experiment` name the same store and MLflow experiment the runs were logged to.
 """
 
@@ -20,7 +20,7 @@ from specresearch.analysis.format import latex, markdown
 from specresearch.analysis.report import Report
 from specresearch.analysis.runs import AnalysisError, Study, load_study
 from specresearch.analysis.studies import analysed, builder
-from specresearch.conf import STUDY_GROUP, compose
+from specresearch.config import STUDY_GROUP, compose
 
 COMMAND = "python -m specresearch.analysis"
 USAGE = f"{COMMAND} experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR]"
@@ -82,7 +82,7 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
     """Build a study's tables and figures from MLflow, write them to `out`, log them to its sweep parent.
 
     Args:
-        study: the study's name (a folder of specresearch/studies with an analysis.py).
+        study: the study's name (a folder of experiments/ with an analysis.py).
         uri: MLflow tracking URI.
         experiment: the MLflow experiment the runs are in.
         out: output folder; None = outputs/analysis/STUDY under the working directory.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from specresearch.conf import CONF_DIR
+from specresearch.config import CONF_DIR
 from specresearch.records import (
     HASH_EXCLUDED, HASH_TAG, INTERRUPTED_TAG, JOB_TAG, PARENT_TAG, PID_TAG, STUDY_TAG, SWEEP_TAG, EvalRecord, SpeedRecord,
 )
@@ -103,7 +103,7 @@ class Run:
 
     @property
     def method(self) -> str:
-        """The drafter's option name (the file stem of specresearch/conf/drafter/*.yaml with this _target_)."""
+        """The drafter's option name (the file stem of conf/drafter/*.yaml with this _target_)."""
         return option_name("drafter", self.param("drafter._target_"))
 
     @property
@@ -134,7 +134,7 @@ class Study:
 
 @cache
 def options(group: str) -> dict[str, str]:
-    """_target_ -> option name for a config group, read from specresearch/conf/GROUP/*.yaml (the registry)."""
+    """_target_ -> option name for a config group, read from conf/GROUP/*.yaml (the registry)."""
     out: dict[str, str] = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         target = OmegaConf.load(path).get("_target_")

@@ -1,7 +1,7 @@
-"""The configuration registry: each group folder here (drafter/, verifier/, model/, ...) is the list
-of its options, and each study folder of specresearch/studies (its `preset.yaml`) is an option of the
-group `experiment`. Inside the package, so the CLI, lm-eval and the analysis find it from any folder
-and from a wheel.
+"""The configuration registry: each group folder of conf/ (drafter/, verifier/, model/, ...) is the list
+of its options, and each study folder of experiments/ (its `preset.yaml`) is an option of the group
+`experiment`. Both folders sit beside the package in a checkout and inside it in a wheel (pyproject's
+package-dir maps them there), so the CLI, lm-eval and the analysis find them from any folder.
 """
 
 from __future__ import annotations
@@ -16,9 +16,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from specresearch.errors import SpecResearchError
 
-CONF_DIR = Path(__file__).resolve().parent
-STUDIES_DIR = CONF_DIR.parent / "studies"
-STUDY_GROUP = "experiment"  # python -m specresearch experiment=NAME runs specresearch/studies/NAME/preset.yaml
+
+
+def _project_folder(name: str) -> Path:
+    """A folder of the project's top level (conf, experiments): inside the package in a wheel, beside it
+    in a checkout."""
+    package = Path(__file__).resolve().parent
+    return package / name if (package / name).is_dir() else package.parent / name
+
+
+CONF_DIR = _project_folder("conf")
+STUDIES_DIR = _project_folder("experiments")
+STUDY_GROUP = "experiment"  # python -m specresearch experiment=NAME runs experiments/NAME/preset.yaml
 
 
 def studies() -> dict[str, Path]:
@@ -50,7 +59,7 @@ def register_studies() -> None:
 
 
 def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str = "config") -> DictConfig:
-    """A config of specresearch/conf composed with Hydra overrides, as `python -m specresearch` would
+    """A config of conf/ composed with Hydra overrides, as `python -m specresearch` would
     compose it (without the `hydra` node).
 
     Args:
