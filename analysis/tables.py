@@ -91,7 +91,7 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
     Returns:
         (the runs read, the report built, the output folder).
     """
-    from specresearch.analysis import figures
+    from specresearch import figures
 
     build = builder(study)
     runs = load_study(study, uri, experiment)

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from specresearch.app import browse_line, build, tracked_run
+from specresearch.build import build
 from specresearch.config import compose
 from specresearch.config import options as config_options
 from specresearch.data import MTBENCH_CATEGORIES, Prompt, encode, load_prompts
@@ -55,7 +55,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.models import LoadedModel, SkinnyLinear, load_model, use_skinny_linear
 from specresearch.target import cost_curve
-from specresearch.tracking import MLflowTracker, NullTracker
+from specresearch.tracking import MLflowTracker, NullTracker, browse_line, tracked_run
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier
 

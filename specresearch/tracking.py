@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
+import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,8 +26,9 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from specresearch.errors import SpecResearchError
-from specresearch.records import HASH_TAG, config_hash, process_tags
+from specresearch.records import HASH_TAG, OVERRIDES_TAG, config_hash, headline, json_text, process_tags
 
+log = logging.getLogger(__name__)
 PARENT_RUN_ENV = "SPECRESEARCH_MLFLOW_PARENT_RUN_ID"
 PARENT_URI_ENV = "SPECRESEARCH_MLFLOW_TRACKING_URI"  # the parent run's store: a sweep's jobs record beside it
 _CREATED: set[str] = set()  # sqlite URIs whose database this process has opened under the store lock (MLflowTracker._mlflow)
@@ -267,3 +270,97 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
         return out
     value = json.dumps(tree) if isinstance(tree, list) else str(tree)
     return {prefix[:-1]: value}
+
+
+# --- tracked runs: how every entry point opens and ends a run ----------------------------------
+
+@contextmanager
+def tracked_run(tracker: Tracker, cfg: DictConfig, name: str, report: Callable[[], tuple[dict[str, float], dict[str, str]]],
+                tags: dict[str, str] | None = None, params: dict[str, Any] | None = None) -> Iterator[Tracker]:
+    """One tracked run, for every entry point: opened with the config, `tags` and `params`; on leaving
+    the block it logs what `report()` returns (the finite summary metrics, the files by name, and
+    summary.json) and ends FINISHED, or FAILED when the block raised anything (an error, Ctrl-C, a
+    signal), after logging what was measured until then. The files and the summary (with its status)
+    go to Hydra's output folder too, when there is one.
+
+    Args:
+        tracker: a Tracker (MLflowTracker or NullTracker), already `check`ed before models loaded.
+        cfg: the composed config, logged as the run's params.
+        name: the run's name.
+        report: what was measured so far: (summary metrics, {file name: text}); read once, at the end.
+        tags, params: extra tags (e.g. `machine_tags`) and params (e.g. `claim_params`).
+
+    Yields:
+        The tracker, to log step metrics as they come.
+    """
+    overrides = hydra_overrides()
+    tags = {**(tags or {}), **({OVERRIDES_TAG: json.dumps(overrides)} if overrides is not None else {})}
+    tracker.start(cfg, run_name=name, tags=tags, params=params)
+    status = "FAILED"
+    try:
+        yield tracker
+        status = "FINISHED"
+    finally:
+        summary, files = report()
+        _record(tracker, summary, files, status)
+
+
+def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], status: str) -> None:
+    """End a tracked run with `status` after logging its finite metrics (the HEADLINE ones first),
+    `files` (name -> text), summary.json (strict JSON: null for NaN) and a speed run's figures
+    (figures.speed_run); write the same files, and the summary with the status, to Hydra's
+    output folder."""
+    finite = {key: value for key, value in summary.items() if isinstance(value, (int, float)) and math.isfinite(value)}
+    try:
+        tracker.log_metrics({**headline(finite), **finite})  # MLflow lists a run's metrics in logging order
+        for name, text in files.items():
+            tracker.log_artifact_text(text, name)
+        tracker.log_artifact_text(json_text(summary), "summary.json")
+        _log_figures(tracker, summary)
+    finally:
+        tracker.end(status)
+    out_dir = output_dir()
+    if out_dir is not None:
+        for name, text in files.items():
+            (out_dir / name).write_text(text)
+        (out_dir / "summary.json").write_text(json_text({"status": status, **summary}))
+
+
+def _log_figures(tracker: Tracker, summary: dict[str, float]) -> None:
+    """A speed run's figures as PNG artifacts (nothing for other runs, or for `tracker=none`)."""
+    if isinstance(tracker, NullTracker):
+        return
+    from specresearch import figures  # matplotlib: only when a run draws
+
+    for name, figure in figures.speed_run(summary).items():
+        try:
+            tracker.log_figure(figure, name)
+        finally:
+            figures.close(figure)
+
+
+def hydra_overrides() -> list[str] | None:
+    """The running Hydra job's command-line overrides (a sweep job's own values); None outside one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return None
+
+
+def output_dir() -> Path | None:
+    """Hydra's output folder of the running job; None outside `@hydra.main` (tests, notebooks)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:
+        return None
+
+
+def browse_line(tracker: Tracker) -> None:
+    """Say where the run can be browsed (nothing for `tracker=none`)."""
+    hint = tracker.browse_hint()
+    if hint:
+        log.info(f"\nrecorded in MLflow; browse with:\n  {hint}")

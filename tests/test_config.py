@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from specresearch.data import load_prompts
 from specresearch.drafters import Drafter
-from specresearch.app import build
+from specresearch.build import build
 from specresearch.models import ZOO, load_model
 from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams

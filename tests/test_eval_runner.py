@@ -133,11 +133,12 @@ def test_code_tasks_score_by_execution(task, answer, score, timeout, monkeypatch
 
 def test_stdlib_doctest_problems_are_sound_on_this_python(monkeypatch):
     """Every listed function is found, its own body passes its doctests, and an empty body fails them."""
+    from specresearch.data import DOCTEST_FUNCTIONS, doctest_problems
     from specresearch.evaluation import sandbox, stdlib_doctest
 
     monkeypatch.setenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", "1")
-    problems = stdlib_doctest.problems()
-    assert len(problems) == len(stdlib_doctest.FUNCTIONS) >= 50
+    problems = doctest_problems()
+    assert len(problems) == len(DOCTEST_FUNCTIONS) >= 50
     assert all(p["prompt"].rstrip().endswith(('"' * 3, "'" * 3)) and p["canonical_solution"].strip() for p in problems)
     own = sandbox.run_programs([stdlib_doctest.program(p, p["canonical_solution"]) for p in problems])
     empty = sandbox.run_programs([stdlib_doctest.program(p, "    pass\n") for p in problems[:5]])

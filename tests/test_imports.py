@@ -1,7 +1,9 @@
-"""The package's imports go one way: no module imports, directly or through others, a module that
-imports it back. Every import counts, also those inside functions (imported late to keep `--help`
-fast, they still bind the two modules together), and importing `a.b.c` runs the packages `a.b` above
-it. The root package is the exception: it only names the Python API, lazily (its `__getattr__`)."""
+"""The package's imports go one way, down the floors of the design card (shells, runs, build, core,
+services, ground): no module imports a module of a floor above its own, and none imports, directly or
+through others, a module that imports it back. Every import counts, also those inside functions
+(imported late to keep `--help` fast, they still bind the two modules together), and importing
+`a.b.c` runs the packages `a.b` above it. The root package is the exception: it only names the
+Python API, lazily (its `__getattr__`)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,44 @@ import specresearch
 
 ROOT = Path(specresearch.__file__).resolve().parent
 PACKAGE = "specresearch"
+# Folders of the top level and the dotted names their modules have (pyproject's package-dir): the
+# analysis is imported as specresearch.analysis; a study's analysis.py is loaded from its file.
+TOP = {ROOT: PACKAGE, ROOT.parent / "analysis": "specresearch.analysis", ROOT.parent / "experiments": "experiments"}
+
+# The floors, top to bottom (the design card's): a module may import modules of its own floor (the
+# cycle test keeps those apart) and of the floors below. A module's floor is its longest prefix here.
+FLOORS = {
+    "shells": ["specresearch.__main__", "specresearch.cli", "specresearch.train.__main__", "specresearch.analysis",
+               "experiments"],
+    "runs": ["specresearch.speed", "specresearch.train", "specresearch.evaluation", "specresearch.stats",
+             "specresearch.sweeps"],
+    "build": ["specresearch.build", "specresearch.validate"],
+    "core": ["specresearch.engine", "specresearch.target", "specresearch.drafters", "specresearch.verifiers"],
+    "services": ["specresearch.models", "specresearch.data", "specresearch.vocab", "specresearch.tracking",
+                 "specresearch.records", "specresearch.figures", "specresearch.config", "specresearch.assets"],
+    "ground": ["specresearch.types", "specresearch.metrics", "specresearch.sampling", "specresearch.errors",
+               "specresearch.settings"],
+}
 
 
 def modules() -> dict[str, Path]:
-    """Every module of the package: dotted name -> file."""
+    """Every module of the package, the analysis and the studies: dotted name -> file."""
     found = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = [PACKAGE, *path.relative_to(ROOT).with_suffix("").parts]
-        if parts[-1] == "__init__":
-            parts.pop()
-        found[".".join(parts)] = path
+    for folder, package in TOP.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = [*package.split("."), *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
     return found
+
+
+def floor(module: str) -> int:
+    """The floor of a module, counted from the top (0 = shells)."""
+    prefixes = [(len(p), i) for i, names in enumerate(FLOORS.values()) for p in names
+                if module == p or module.startswith(p + ".")]
+    assert prefixes, f"{module} has no floor: add it to FLOORS"
+    return max(prefixes)[1]
 
 
 def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -88,13 +117,27 @@ def test_the_import_graph_has_no_cycle():
     assert found is None, "import cycle: " + " -> ".join(found)
 
 
+def test_no_import_runs_up_a_floor():
+    upward = sorted(f"{a} ({list(FLOORS)[floor(a)]}) imports {b} ({list(FLOORS)[floor(b)]})"
+                    for a, targets in graph().items() if a != PACKAGE for b in targets - {PACKAGE} if floor(b) < floor(a))
+    assert not upward, "imports that run up a floor:\n" + "\n".join(upward)
+
+
+def test_every_module_has_a_floor_and_the_floor_test_can_fail():
+    g = graph()
+    assert {list(FLOORS)[floor(m)] for m in g if m != PACKAGE} == set(FLOORS)
+    assert floor("specresearch.train.__main__") < floor("specresearch.train") < floor("specresearch.build") \
+        < floor("specresearch.engine") < floor("specresearch.tracking") < floor("specresearch.types")
+    assert floor("specresearch.records") > floor("specresearch.cli")  # so records importing cli would be refused
+
+
 def test_the_walk_sees_imports_inside_functions_and_cycles():
     """The checker itself: a function-level import is an edge, and a cycle through one is found."""
     g = graph()
     assert "specresearch.evaluation.runner" in g["specresearch.__main__"]  # imported inside `work`
-    assert "specresearch.engine" in g["specresearch.app"]  # inside build_engine
+    assert "specresearch.engine" in g["specresearch.build"]  # inside build_engine
     assert "specresearch.drafters" in g["specresearch.engine"]  # the package above drafters.base runs too
-    assert cycle({**g, "specresearch.records": g["specresearch.records"] | {"specresearch.app"}}) is not None
+    assert cycle({**g, "specresearch.records": g["specresearch.records"] | {"specresearch.tracking"}}) is not None
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
@@ -105,7 +148,7 @@ def test_the_root_package_imports_nothing_when_imported():
 
 
 def test_every_entry_point_opens_its_run_through_tracked_run():
-    """Experiment, eval, training and the benchmark open and end runs only through app.tracked_run
+    """Speed, eval, training and the benchmark open and end runs only through tracking.tracked_run
     (FINISHED, or FAILED with what was measured): no other module starts or ends a tracker's run."""
     benchmarks = ROOT.parent / "benchmarks"
     files = [*modules().values(), *(sorted(benchmarks.glob("*.py")) if benchmarks.is_dir() else [])]
@@ -115,7 +158,7 @@ def test_every_entry_point_opens_its_run_through_tracked_run():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("start", "end") \
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "tracker":
                 callers.add(path.name)
-    assert callers == {"app.py"}
-    users = {path.name for path in files if "tracked_run(" in path.read_text()} - {"app.py", "__init__.py"}
-    assert {"speed.py", "runner.py", "train.py"} <= users
-    assert benchmarks.is_dir() is ("speed.py" in users)
+    assert callers == {"tracking.py"}
+    users = {f"{path.parent.name}/{path.name}" for path in files if "tracked_run(" in path.read_text()} - {"specresearch/tracking.py", "specresearch/__init__.py"}
+    assert {"specresearch/speed.py", "evaluation/runner.py", "train/__init__.py"} <= users
+    assert benchmarks.is_dir() is ("benchmarks/speed.py" in users)

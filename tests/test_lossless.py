@@ -25,7 +25,7 @@ from scipy import stats as st
 from specresearch.drafters.tree import TreeDrafter, TreeShape
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.app import build_engine
+from specresearch.build import build_engine
 from specresearch.models import load_model
 from specresearch.sampling import logits_to_probs
 from specresearch.stats.battery import noncentrality

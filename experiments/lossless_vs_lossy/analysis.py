@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from specresearch.analysis import figures
+from specresearch import figures
 from specresearch.analysis.format import DASH, Col, Table, missing, num, num3, pvalue, speed, temperature, text
 from specresearch.analysis.report import Report, caption, deficit, deficit_cell, latest_by, lossless, verdict
 from specresearch.analysis.runs import Study

@@ -6,7 +6,8 @@ import math
 
 from matplotlib.figure import Figure
 
-from specresearch.analysis import figures, published
+from specresearch import figures
+from specresearch.analysis import published
 from specresearch.analysis.format import DASH, Col, Table, missing, num, num3, pvalue, signed, speed, temperature, text
 from specresearch.analysis.report import Report, caption, deficit, deficit_cell, latest_by, lossless, mean, plain, verdict
 from specresearch.analysis.runs import Run, Study

@@ -26,7 +26,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specresearch.app import build_engine
+from specresearch.build import build_engine
 from specresearch.config import compose, options
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError

@@ -19,11 +19,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from scipy.stats import binomtest
 
-from specresearch.app import browse_line, build, build_engine, claim_params, machine_tags, tracked_run
+from specresearch.build import build, build_engine, claim_params, machine_tags
 from specresearch.errors import SpecResearchError
 from specresearch.evaluation.plugin import TASKS_DIR
 from specresearch.metrics import SpecStats
 from specresearch.records import EvalRecord, EvalSide, json_text
+from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput
 
 log = logging.getLogger(__name__)

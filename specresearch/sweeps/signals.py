@@ -1,5 +1,5 @@
 """During a job SIGTERM, SIGHUP and SIGINT (Ctrl-C) raise SystemExit(128 + signal) in the main thread,
-so the run ends FAILED with what it had measured (specresearch.app.tracked_run records on any
+so the run ends FAILED with what it had measured (specresearch.tracking.tracked_run records on any
 BaseException); the sweep's parent run is then closed FAILED by the callback's atexit."""
 
 from __future__ import annotations

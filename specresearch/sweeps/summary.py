@@ -54,7 +54,7 @@ def summarize(client: Any, parent_id: str, outcomes: dict[int, str], objective: 
                     JOBS_TABLE)
     client.set_tag(parent_id, NOTE_TAG, describe(table, best, objective))
     if rows and metrics:
-        from specresearch.analysis import figures
+        from specresearch import figures
 
         figure = figures.sweep(table, swept, [m for m in ("speedup", "method_tau") if m in metrics] or metrics[:2])
         try:

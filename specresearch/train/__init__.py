@@ -45,13 +45,14 @@ from torch import Tensor, nn
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from specresearch.app import build, cli, tracked_run
+from specresearch.build import build
 from specresearch.config import CONF_DIR, options
 from specresearch.drafters.training import Cache, Trainable, rate_name, save_tensors
 from specresearch.errors import SpecResearchError
 from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, prompt_record, train_side
 from specresearch.models import LoadedModel, default_cache_dir, load_model
 from specresearch.target import Target, decode_batch
+from specresearch.tracking import tracked_run
 from specresearch.types import SamplingParams
 from specresearch.vocab import check_corpus
 
@@ -362,11 +363,3 @@ def rates(summary: dict, kind: str, corpus: str | None = None) -> str:
         found.append(f"{summary[rate_name(kind, i, corpus)]:.3f}")
         i += 1
     return " ".join(found)
-
-
-def main() -> None:
-    cli("train", run, timed=False)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,94 @@
+"""Objects and engines from a composed config: the one place a config becomes a target, a drafter, a
+verifier and an engine (every entry point builds through here: the CLI's speed and quality runs,
+training, the benchmark, lm-eval's model, a notebook), and the tags and params that say what a
+measurement ran on. Heavy imports (torch, the models) happen inside the functions that need them, so
+`--help` and tab completion stay fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
+
+from specresearch.errors import SpecResearchError
+
+if TYPE_CHECKING:
+    from specresearch.engine import Engine
+    from specresearch.models import LoadedModel
+
+
+def build(node: DictConfig, **objects: Any) -> Any:
+    """hydra.utils.instantiate, but our own errors come out as themselves, not wrapped, and runtime
+    `objects` (a loaded model) reach the constructor as they are: merged into the config, Hydra
+    would turn a dataclass such as LoadedModel into a config node."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(node, _partial_=True)(**objects) if objects else instantiate(node)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, SpecResearchError):
+            raise cause from None
+        raise
+
+
+def build_engine(cfg: DictConfig, baseline: bool = False, target: LoadedModel | None = None) -> Engine:
+    """The engine a composed config describes, or with `baseline` the target alone: the `none`
+    drafter with a lossless verifier, whatever rule the method is studied with.
+
+    Args:
+        cfg: a composed config (model, drafter, verifier, sampling).
+        baseline: build the baseline instead of the method.
+        target: the target already loaded (baseline and method share it); None loads `cfg.model`.
+    """
+    from specresearch.drafters.none import NoDrafter
+    from specresearch.engine import Engine
+    from specresearch.models import load_model
+    from specresearch.types import SamplingParams
+    from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+
+    sampling = SamplingParams(**cfg.sampling)
+    target = target if target is not None else load_model(**cfg.model)
+    if baseline:
+        return Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling)
+    return Engine(target, build(cfg.drafter, target=target), build(cfg.verifier), sampling)
+
+
+def machine_tags(lm: LoadedModel) -> dict[str, str]:
+    """What a measurement ran on, as the config cannot say (`dtype=auto`, `device=auto`): the
+    resolved dtype and device, the processor or GPU, the cores torch uses, torch's version."""
+    import platform
+
+    import torch
+
+    if lm.device.type == "cuda":
+        processor = torch.cuda.get_device_name(lm.device)
+    else:
+        processor = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                          if line.startswith("model name")), platform.processor() or platform.machine())
+    return {"specresearch.dtype": str(lm.dtype).removeprefix("torch."), "specresearch.device": str(lm.device),
+            "specresearch.processor": processor, "specresearch.threads": str(torch.get_num_threads()),
+            "specresearch.torch": torch.__version__}
+
+
+def claim_params(engine: Engine) -> dict[str, str]:
+    """What the method claims and what it ran as, as run params (the class may change; the record
+    must not): the verifier's `lossless` claim ("true" / "false"), which tests/test_lossless.py
+    proves for every drafter, and the target's dtype and device actually used (`resolved_params`)."""
+    return {"verifier.lossless": str(bool(engine.verifier.lossless)).lower(), **resolved_params(engine.target.lm)}
+
+
+def resolved_params(lm: LoadedModel) -> dict[str, str]:
+    """The dtype and device a model actually runs in, beside the config's `model.dtype=auto`:
+    `model.dtype_used`, `model.device_used` (run params)."""
+    return {"model.dtype_used": str(lm.dtype).removeprefix("torch."), "model.device_used": str(lm.device)}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""

@@ -1,0 +1,90 @@
+"""The command-line shell every Hydra command shares (`python -m specresearch`, `python -m
+specresearch.train`): one-line errors, sweeps that survive, the same job handling, the console's log
+filter.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from omegaconf import DictConfig
+
+from specresearch.config import CONF_DIR, unknown_option
+from specresearch.errors import SpecResearchError
+
+
+class OwnMessages(logging.Filter):
+    """The console's filter (conf/hydra/job_logging): our own loggers' messages at every level, the
+    libraries' warnings and errors only (lm-eval's and MLflow's INFO lines go to the job's log file),
+    less lm-eval's advice on `--metadata`, which it gives as a warning for every task that builds its
+    own data (ours do) and which asks nothing of our user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "lm_eval.api.task" and "Custom kwargs can be passed to `--metadata`" in record.getMessage():
+            return False
+        return record.name.split(".")[0] in ("specresearch", "__main__") or record.levelno >= logging.WARNING
+
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit 2 (how every command reports a SpecResearchError)."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None], timed: bool = True) -> None:
+    """Run a Hydra command (`python -m specresearch`, `python -m specresearch.train`): every job, single
+    or in a sweep, is checked (validate.check_config) before a run opens, then runs `work(cfg)` inside
+    sweeps.job (signals end its run FAILED, `resume` may skip it, a timed speed job holds the speed lock).
+    A SpecResearchError is one `error:` line and exit 2 for a single run (which leaves no empty output
+    folder); in a sweep the other jobs go on and the sweep's callback counts the failed one.
+
+    Args:
+        config_name: the primary config of conf/ ("config" or "train").
+        work: the job: the composed config in, the summary metrics out.
+        timed: whether the jobs' results are timings (sweeps.job: the speed lock); False for training.
+    """
+    import hydra
+
+    problem = unknown_option(sys.argv[1:], config_name)
+    if problem:
+        fail(problem)
+    try:
+        hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(_job(work, timed))()
+    except KeyboardInterrupt:  # Ctrl-C outside a job (during a job sweeps.exit_on_signals turns it into SystemExit(130))
+        print("\ninterrupted by SIGINT", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
+
+
+def _job(work: Callable[[DictConfig], dict[str, float] | None], timed: bool) -> Callable[[DictConfig], Any]:
+    def task(cfg: DictConfig) -> Any:
+        """One job. Returns the summary metric `objective` (a float, for Optuna's sweeper; None when
+        it is not set or not finite), or what SweepCallback counts: JobSkipped, JobFailed."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        from specresearch import sweeps
+        from specresearch.validate import check_config
+
+        hc = HydraConfig.get()
+        multirun = hc.mode == RunMode.MULTIRUN
+        try:
+            check_config(cfg)  # before sweeps.job: a refused config opens no run and takes no lock
+            with sweeps.job(cfg, multirun=multirun, timed=timed) as skipped:
+                if skipped is not None:
+                    return skipped
+                summary = work(cfg)
+        except SpecResearchError as err:
+            if not multirun:
+                sweeps.discard_refused_run()  # nothing measured: leave no empty outputs/DATE/TIME/ behind
+                fail(str(err))
+            # In a sweep the other jobs go on; SweepCallback counts this one and exits non-zero at the end.
+            print(f"error: job {hc.job.num} ({' '.join(hc.overrides.task)}): {err}", file=sys.stderr)
+            return sweeps.JobFailed(str(err))
+        optimizing = "BasicSweeper" not in str(hc.sweeper.get("_target_"))  # Optuna reads the return value
+        return sweeps.objective_value(cfg, summary, warn=optimizing)
+
+    return task
