@@ -76,7 +76,7 @@ def speed_command(args: dict) -> str:
     """The benchmarks/speed.py command line that reproduces a report, from its `args`."""
     words = ["python", "benchmarks/speed.py"]
     for key, value in args.items():
-        if key == "json" or value is None or value is False or value == "None":
+        if key == "json" or value is None or value is False or value in ("None", ""):
             continue
         flag = "--" + key.replace("_", "-")
         words += [flag] if value is True else [flag, shlex.quote(str(value))]
@@ -102,7 +102,9 @@ def speed_to_table(data: dict, name: str) -> dict:
                 v = r.get(key)
                 row.append("" if v is None else "n/a" if v != v else f"{v:.2f}x")
             else:
-                row.append(r.get(key))
+                v = r.get(key)
+                fmt = {"tokens_per_s": ".2f", "tokens_per_s_std": ".2f", "alpha": ".3f", "tau": ".2f", "c": ".3f", "v": ".2f"}.get(key)
+                row.append(v if fmt is None or not isinstance(v, (int, float)) else "n/a" if v != v else format(v, fmt))
         table_rows.append(row)
     notes = []
     if data.get("v_curve"):
