@@ -82,21 +82,21 @@ def time_split(sides: dict[str, dict[str, float]], title: str) -> Figure:
 
 
 def speed_run(summary: dict[str, float]) -> dict[str, Figure]:
-    """A speed run's own figures, from its summary metrics (`baseline_*`, `method_*`): acceptance by
-    draft position (with Leviathan's α^i) and the time split of both sides; {} for a run that has
-    neither (quality, training). Keys are artifact names."""
+    """A speed run's own figures, from its summary metrics (read as a SpeedRecord): acceptance by draft
+    position (with Leviathan's α^i) and the time split of both sides; {} for a run that has neither
+    (quality, training). Keys are artifact names."""
     from specresearch.metrics import SpecStats
-    from specresearch.records import ACCEPTANCE_AT, BASELINE, METHOD, unprefixed
+    from specresearch.records import SpeedRecord
 
+    record = SpeedRecord.from_metrics(summary)
     figures = {}
-    method = unprefixed(summary, f"{METHOD}_")
-    rates = [method[f"{ACCEPTANCE_AT}{i}"] for i in range(1, 1 + sum(k.startswith(ACCEPTANCE_AT) for k in method))]
-    if rates:
+    if record.method.acceptance_at:
         figures["figures/acceptance_by_position.png"] = acceptance(
-            {"method": {"P(accepted | proposed)": rates}}, "acceptance by draft position", {"method": method.get("alpha_token", math.nan)})
-    sides = {side: {phase: unprefixed(summary, f"{side}_").get(f"time_{phase}", math.nan) for phase in SpecStats.TIME_SPLIT}
-             for side in (BASELINE, METHOD)}
-    sides = {side: split for side, split in sides.items() if all(map(math.isfinite, split.values()))}
+            {"method": {"P(accepted | proposed)": record.method.acceptance_at}}, "acceptance by draft position",
+            {"method": record.method.alpha_token})
+    sides = {name: {phase: getattr(side, f"time_{phase}") for phase in SpecStats.TIME_SPLIT}
+             for name, side in (("baseline", record.baseline), ("method", record.method))}
+    sides = {name: split for name, split in sides.items() if all(map(math.isfinite, split.values()))}
     if sides:
         figures["figures/time_split.png"] = time_split(sides, "time split (all prompts)")
     return figures

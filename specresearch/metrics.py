@@ -85,9 +85,14 @@ class SpecStats:
         return self.accepted / tried if tried else float("nan")
 
     @property
-    def acceptance_by_position(self) -> list[float]:
-        """P(draft token i accepted | it was proposed), for each draft position i."""
+    def acceptance_at(self) -> list[float]:
+        """P(draft token i accepted | it was proposed), for each draft position i (1, 2, ...)."""
         return [a / d if d else float("nan") for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def nodes_per_step(self) -> float:
+        """Tokens fed to a verification forward after the last committed one, per step."""
+        return self.nodes / self.steps if self.steps else float("nan")
 
     @property
     def time_other(self) -> float:
@@ -100,31 +105,8 @@ class SpecStats:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.time_total if self.time_total > 0 else float("nan")
 
-    def summary(self) -> dict[str, float]:
-        """Scalar metrics, for tables and trackers."""
-        out = {
-            "new_tokens": self.new_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "steps": self.steps,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "draft_forwards": self.draft_forwards,
-            "nodes_per_step": self.nodes / self.steps if self.steps else float("nan"),
-            "tau": self.tau,
-            "alpha": self.alpha,
-            "rejected": self.rejected,
-            "alpha_token": self.alpha_token,
-            "tokens_per_s": self.tokens_per_s,
-            "time_total": self.time_total,
-            "time_prefill": self.time_prefill,
-            "time_draft": self.time_draft,
-            "time_verify": self.time_verify,
-            "time_accept": self.time_accept,
-            "time_other": self.time_other,
-        }
-        for i, rate in enumerate(self.acceptance_by_position):
-            out[f"acceptance_at_{i + 1}"] = rate
-        return out
+    # What the counters give, recorded beside them (records.flatten): `method_tau`, `method_acceptance_at_1`, ...
+    DERIVED = ("tau", "alpha", "alpha_token", "tokens_per_s", "nodes_per_step", "time_other", "acceptance_at")
 
 
 def leviathan_speedup(alpha: float, k: int, c: float, v: float = 1.0) -> float:

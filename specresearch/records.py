@@ -10,10 +10,15 @@ import hashlib
 import json
 import math
 import os
+import re
 import socket
-from dataclasses import asdict, dataclass, field, fields
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from specresearch.metrics import SpecStats
 
 # --- tags ------------------------------------------------------------------------------------------
 HASH_TAG = "specresearch.config_hash"  # sha256 of the resolved config (config_hash): what resume matches
@@ -67,14 +72,13 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 # --- typed run records ---------------------------------------------------------------------------
-# A run's results as one typed record, flattened to MLflow metrics by `to_metrics` and read back by
-# `from_metrics`: the metric names below are spelled here only. VERSION counts changes of the record
-# (metric `record_version`; a run without it was recorded before the records existed: version 0).
-VERSION = 1
+# A run's results as one typed record, read by attribute everywhere (the console, the analysis) and
+# flattened to MLflow's metric names by `flatten` alone (read back by `unflatten`): the names below are
+# spelled here only. VERSION counts changes of the record (metric `record_version`).
+VERSION = 2
 VERSION_KEY = "record_version"
 BASELINE, METHOD = "baseline", "method"  # the two sides: `baseline_*` and `method_*` metrics
 GROUP, EQ, AA, DELTA = "group.", "eq_", "aa_", "delta_"  # prefixes of per-category, battery, A/A and delta metrics
-ACCEPTANCE_AT = "acceptance_at_"  # + draft position 1, 2, ...
 PROMPT = "prompt/"  # + PromptStep's names: one prompt's values, logged as step i
 HEADLINE_SECTION = "headline/"  # + a HEADLINE name: its value over the prompts so far, logged as step i
 NAN = float("nan")
@@ -103,43 +107,56 @@ def unprefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     return {key[len(prefix):]: value for key, value in metrics.items() if key.startswith(prefix)}
 
 
-@dataclass
-class SideStats:
-    """One side's counters and timings summed over the prompts: SpecStats.summary(), by its names."""
+def flatten(record: Any, prefix: str = "") -> dict[str, float]:
+    """A record's numbers under the flat names MLflow keeps: the one place they are spelled.
 
-    new_tokens: float = NAN
-    prompt_tokens: float = NAN
-    steps: float = NAN  # target forwards after the prefill
-    drafted: float = NAN
-    accepted: float = NAN
-    draft_forwards: float = NAN
-    nodes_per_step: float = NAN
-    tau: float = NAN  # tokens per target forward
-    alpha: float = NAN  # accepted / drafted: the share of drafted tokens kept (falls with k)
-    rejected: float = NAN  # steps that rejected a draft token
-    alpha_token: float = NAN  # Leviathan's α: accepted / tried draft tokens
-    tokens_per_s: float = NAN
-    time_total: float = NAN
-    time_prefill: float = NAN
-    time_draft: float = NAN
-    time_verify: float = NAN
-    time_accept: float = NAN
-    time_other: float = NAN
-    acceptance: list[float] = field(default_factory=list)  # P(accepted | proposed) at draft position 1, 2, ...
+    A field is written under its name, or its `flat` metadata; a nested record's numbers under NAME_
+    (`method_tau`); a list's items as NAME_1, NAME_2, ... (`method_acceptance_at_1`); a dict's entries
+    as NAME. + key, or `flat` + key (`eq_reject`; a record in a dict: `group.coding.speedup`); a
+    record's DERIVED properties beside its fields. None is left out (not measured).
+    """
+    out: dict[str, float] = {}
+    names = [(f.name, f.metadata) for f in fields(record)] + [(name, {}) for name in getattr(record, "DERIVED", ())]
+    for name, meta in names:
+        value = getattr(record, name)
+        if is_dataclass(value):
+            out.update(flatten(value, prefix + meta.get("flat", f"{name}_")))
+        elif isinstance(value, dict):
+            key = prefix + meta.get("flat", f"{name}.")
+            for entry, v in value.items():
+                out.update(flatten(v, f"{key}{entry}{meta.get('sep', '.')}") if is_dataclass(v) else {f"{key}{entry}": v})
+        elif isinstance(value, (list, tuple)):
+            out.update({f"{prefix}{meta.get('flat', name)}_{i + 1}": v for i, v in enumerate(value)})
+        elif value is not None:
+            out[prefix + meta.get("flat", name)] = value
+    return out
 
-    @classmethod
-    def of(cls, summary: dict[str, float]) -> SideStats:
-        """From SpecStats.summary(), or from a run's metrics of one side without its prefix."""
-        names = {f.name for f in fields(cls)}
-        acceptance = []
-        while f"{ACCEPTANCE_AT}{len(acceptance) + 1}" in summary:
-            acceptance.append(summary[f"{ACCEPTANCE_AT}{len(acceptance) + 1}"])
-        return cls(**{k: v for k, v in summary.items() if k in names and k != "acceptance"}, acceptance=acceptance)
 
-    def to_metrics(self, prefix: str) -> dict[str, float]:
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "acceptance"}
-        values.update({f"{ACCEPTANCE_AT}{i + 1}": rate for i, rate in enumerate(self.acceptance)})
-        return prefixed(values, prefix)
+def unflatten(cls: type, metrics: dict[str, float], prefix: str = "") -> Any:
+    """The record of type `cls` that `flatten` wrote under `prefix` into `metrics`: fields only (the
+    DERIVED values follow from them); a name it lacks reads as NaN, a list as the items found."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        hint, meta = hints[f.name], f.metadata
+        if is_dataclass(hint):
+            values[f.name] = unflatten(hint, metrics, prefix + meta.get("flat", f"{f.name}_"))
+        elif typing.get_origin(hint) is dict:
+            key, of = prefix + meta.get("flat", f"{f.name}."), typing.get_args(hint)[1]
+            entries = unprefixed(metrics, key)
+            if is_dataclass(of):
+                names = {k.rpartition(".")[0] for k in entries}
+                values[f.name] = {name: unflatten(of, metrics, f"{key}{name}.") for name in sorted(names)}
+            else:
+                values[f.name] = entries
+        elif typing.get_origin(hint) is list:
+            key, items = f"{prefix}{meta.get('flat', f.name)}_", []
+            while f"{key}{len(items) + 1}" in metrics:
+                items.append(metrics[f"{key}{len(items) + 1}"])
+            values[f.name] = items
+        else:
+            values[f.name] = metrics.get(prefix + meta.get("flat", f.name), NAN)
+    return cls(**values)
 
 
 @dataclass
@@ -154,11 +171,12 @@ class Group:
 
 @dataclass
 class SpeedRecord:
-    """The results of a speed run (`python -m specresearch`): the two sides, their comparison, the
-    Leviathan prediction, the greedy identity, per-category slices, the distribution battery."""
+    """The results of a speed run (`python -m specresearch`): the two sides' counters (SpecStats,
+    summed over the prompts), their comparison, the Leviathan prediction, the greedy identity,
+    per-category slices, the distribution battery. MLflow's names: `flatten(record)`."""
 
-    baseline: SideStats
-    method: SideStats
+    baseline: SpecStats
+    method: SpecStats
     prompts: float = NAN
     k: float = NAN  # draft tokens per step (0: a drafter without k)
     speedup: float = NAN  # tokens/s of the method / of the baseline
@@ -172,54 +190,15 @@ class SpeedRecord:
     identity_rate: float = NAN  # share of prompts whose method output equals the baseline's
     mean_first_divergence: float = NAN
     max_divergence_logit_gap: float = NAN
-    groups: dict[str, Group] = field(default_factory=dict)  # prompt category -> its slice
-    equivalence: dict[str, float] = field(default_factory=dict)  # stats.Report.summary() and sampling rates
-    calibration: dict[str, float] = field(default_factory=dict)  # stats.calibration(): the A/A calibration
-    version: int = VERSION
-
-    SCALARS = ("prompts", "k", "speedup", "time_ratio", "draft_cost_ratio_c", "verify_cost_v", "leviathan_speedup",
-               "leviathan_optimal_k", "leviathan_optimal_speedup", "predicted_speedup", "identity_rate", "mean_first_divergence",
-               "max_divergence_logit_gap")
-
-    def to_metrics(self) -> dict[str, float]:
-        """The flat MLflow metrics: `baseline_*`, `method_*`, the scalars, `group.CATEGORY.*`, `eq_*`, `aa_*`."""
-        out = {**self.baseline.to_metrics(f"{BASELINE}_"), **self.method.to_metrics(f"{METHOD}_")}
-        out.update({name: getattr(self, name) for name in self.SCALARS})
-        for category, group in self.groups.items():
-            out.update(prefixed(asdict(group), f"{GROUP}{category}."))
-        out.update({**prefixed(self.equivalence, EQ), **prefixed(self.calibration, AA), VERSION_KEY: self.version})
-        return out
+    groups: dict[str, Group] = field(default_factory=dict, metadata={"flat": GROUP})  # prompt category -> its slice
+    equivalence: dict[str, float] = field(default_factory=dict, metadata={"flat": EQ})  # stats.Report.summary() and sampling rates
+    calibration: dict[str, float] = field(default_factory=dict, metadata={"flat": AA})  # stats.calibration(): the A/A calibration
+    version: float = field(default=VERSION, metadata={"flat": VERSION_KEY})
 
     @classmethod
     def from_metrics(cls, metrics: dict[str, float]) -> SpeedRecord:
-        """Read a speed run's metrics back; a name it lacks reads as NaN.
-
-        Args:
-            metrics: the run's metrics, as MLflow keeps them; runs recorded before the record existed
-                (no `record_version`) included.
-        """
-        groups: dict[str, dict[str, float]] = {}
-        for key, value in unprefixed(metrics, GROUP).items():
-            category, _, name = key.rpartition(".")
-            groups.setdefault(category, {})[name] = value
-        record = cls(SideStats.of(unprefixed(metrics, f"{BASELINE}_")), SideStats.of(unprefixed(metrics, f"{METHOD}_")),
-                     **{name: metrics.get(name, NAN) for name in cls.SCALARS},
-                     groups={c: Group(**{f.name: g.get(f.name, NAN) for f in fields(Group)}) for c, g in groups.items()},
-                     equivalence=unprefixed(metrics, EQ), calibration=unprefixed(metrics, AA),
-                     version=int(metrics.get(VERSION_KEY, 0)))
-        _older_counters(record.method, record.k)
-        return record
-
-
-def _older_counters(side: SideStats, k: float) -> None:
-    """Runs logged before the `rejected` counter and `alpha_token` existed: for a fixed-k chain, the
-    steps that rejected a draft token are those that did not accept the last position (steps − full
-    acceptances), and α per tried token is accepted / (accepted + rejected), as SpecStats.alpha_token."""
-    if math.isnan(side.rejected) and 0 < k <= len(side.acceptance):  # (False for a NaN k)
-        side.rejected = side.steps * (1.0 - side.acceptance[int(k) - 1])
-    if math.isnan(side.alpha_token):
-        tried = side.accepted + side.rejected
-        side.alpha_token = side.accepted / tried if tried else NAN
+        """A speed run's record read back from its metrics (a name it lacks reads as NaN)."""
+        return unflatten(cls, metrics)
 
 
 @dataclass
@@ -233,25 +212,15 @@ class PromptStep:
 
     def to_metrics(self) -> dict[str, float]:
         """`prompt/*` metrics; NaN ones (a prompt with no new token) left out."""
-        return {f"{PROMPT}{k}": float(v) for k, v in asdict(self).items() if not math.isnan(v)}
+        return {k: float(v) for k, v in flatten(self, PROMPT).items() if not math.isnan(v)}
 
 
 @dataclass
 class EvalSide:
-    """One side of a quality run: the task's scores and the decoding speed of its generations."""
+    """One side of a quality run: the task's scores and the counters of its generations."""
 
-    scores: dict[str, float]  # lm-eval's metric names ("pass@1", "pass@1_stderr"); MLflow spells "@" as "_at_"
-    tokens_per_s: float = NAN
-    tau: float = NAN
-    alpha: float = NAN
-    new_tokens: float = NAN
-
-    SPEED = ("tokens_per_s", "tau", "alpha", "new_tokens")
-
-    @classmethod
-    def of(cls, scores: dict[str, float], summary: dict[str, float]) -> EvalSide:
-        """From lm-eval's scores and the side's SpecStats.summary()."""
-        return cls(dict(scores), **{key: summary[key] for key in cls.SPEED})
+    scores: dict[str, float] = field(metadata={"flat": ""})  # lm-eval's names ("pass@1", "pass@1_stderr"); MLflow spells "@" as "_at_"
+    stats: SpecStats = field(default_factory=SpecStats, metadata={"flat": ""})  # `method_tau`, `method_tokens_per_s`, ...
 
     def score(self, name: str) -> float:
         """A score by lm-eval's name or by MLflow's spelling of it ("pass@1" or "pass_at_1")."""
@@ -261,42 +230,37 @@ class EvalSide:
 @dataclass
 class EvalRecord:
     """The results of a quality run (`eval=NAME`): each side's scores, the method's deltas, the paired
-    test; the paired part only when both sides ran (None: not recorded)."""
+    test; the paired part only when both sides ran (None: not recorded). MLflow's names:
+    `flatten(record)`: `SIDE_SCORE`, `SIDE_tau` (each side's counters), `problems`, `delta_SCORE` and the
+    paired test's names."""
 
-    sides: dict[str, EvalSide]  # "baseline" (absent with eval.baseline=false), "method"
+    sides: dict[str, EvalSide] = field(metadata={"flat": "", "sep": "_"})  # "baseline" (absent with eval.baseline=false), "method"
     problems: float | None = None
-    delta: dict[str, float] = field(default_factory=dict)  # score -> method − baseline
+    delta: dict[str, float] = field(default_factory=dict, metadata={"flat": DELTA})  # score -> method − baseline
     method_only: float | None = None  # problems only the method solves
     baseline_only: float | None = None  # problems only the baseline solves
     mcnemar_p: float | None = None  # exact McNemar test of the two
     identity_rate: float | None = None  # share of identical completions
     speedup: float | None = None  # only when the baseline was measured in the same run
     baseline_reused: float | None = None  # 1.0: the baseline's side came from an earlier identical run
-    version: int = VERSION
+    version: float = field(default=VERSION, metadata={"flat": VERSION_KEY})
 
     PAIRED = ("method_only", "baseline_only", "mcnemar_p", "identity_rate", "speedup", "baseline_reused")
 
-    def to_metrics(self) -> dict[str, float]:
-        """The flat metrics: `SIDE_SCORE`, `SIDE_tokens_per_s` (tau, alpha, new_tokens), `problems`,
-        `delta_SCORE` and the paired test's names."""
-        out: dict[str, float] = {}
-        for name, side in self.sides.items():
-            out.update(prefixed({**side.scores, **{k: getattr(side, k) for k in EvalSide.SPEED}}, f"{name}_"))
-        values = {"problems": self.problems, **prefixed(self.delta, DELTA), **{k: getattr(self, k) for k in self.PAIRED}}
-        return {**out, **{k: v for k, v in values.items() if v is not None}, VERSION_KEY: self.version}
-
     @classmethod
     def from_metrics(cls, metrics: dict[str, float]) -> EvalRecord:
-        """Read a quality run's metrics back (scores in MLflow's spelling: "pass_at_1")."""
+        """Read a quality run's metrics back (scores in MLflow's spelling: "pass_at_1"): a side's
+        names that are not its counters' are its scores."""
+        counters = re.compile(rf"({'|'.join(f.name for f in fields(SpecStats))}|{'|'.join(SpecStats.DERIVED)})(_\d+)?")
         own = {k: v for k, v in metrics.items() if k not in cls.PAIRED}
         sides = {}
         for name in (BASELINE, METHOD):
             values = unprefixed(own, f"{name}_")
             if values:
-                speed = {k: values.pop(k) for k in EvalSide.SPEED if k in values}
-                sides[name] = EvalSide(values, **speed)
+                scores = {k: v for k, v in values.items() if not counters.fullmatch(k)}
+                sides[name] = EvalSide(scores, unflatten(SpecStats, metrics, f"{name}_"))
         return cls(sides, metrics.get("problems"), unprefixed(metrics, DELTA), **{k: metrics.get(k) for k in cls.PAIRED},
-                   version=int(metrics.get(VERSION_KEY, 0)))
+                   version=metrics.get(VERSION_KEY, NAN))
 
     def score(self, side: str, name: str) -> float:
         """A side's score (NaN when that side did not run)."""

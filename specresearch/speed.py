@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from omegaconf import DictConfig
@@ -16,7 +16,7 @@ from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, first_divergence, predict
-from specresearch.records import HEADLINE_SECTION, Group, PromptStep, SideStats, SpeedRecord, headline, json_text, prefixed
+from specresearch.records import HEADLINE_SECTION, Group, PromptStep, SpeedRecord, flatten, headline, json_text, prefixed
 from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
 from specresearch.target import Target
 from specresearch.tracking import browse_line, tracked_run
@@ -64,22 +64,22 @@ class Results:
             "identical": diverge is None,
             "first_divergence": diverge,
             "divergence_logit_gap": gap,
-            "baseline": {**base.stats.summary(), "stop_reason": base.stop_reason, "text": base.text},
-            "method": {**meth.stats.summary(), "stop_reason": meth.stop_reason, "text": meth.text},
+            "baseline": {**flatten(base.stats), "stop_reason": base.stop_reason, "text": base.text},
+            "method": {**flatten(meth.stats), "stop_reason": meth.stop_reason, "text": meth.text},
         }
         self.records.append(record)
         return record
 
-    def summary(self, k: int) -> dict[str, float]:
-        """Overall metrics: speedup as the ratio of tokens per second (of total times when the outputs
+    def record(self, k: int) -> SpeedRecord:
+        """The run's record so far: speedup as the ratio of tokens per second (of total times when the outputs
         are the same length: greedy), and the Leviathan prediction from the
         measured α, draft cost ratio c and verification cost v (both relative to one baseline forward)."""
         base, meth = self.baseline, self.method
         pred = predict(base, meth, k)
         n = len(self.records)
-        record = SpeedRecord(
-            baseline=replace(SideStats.of(base.summary()), acceptance=[]),  # the baseline drafts nothing
-            method=SideStats.of(meth.summary()),
+        return SpeedRecord(
+            baseline=base,
+            method=meth,
             prompts=n,
             k=k,
             # per token: at T > 0 the method and the baseline stop at different lengths
@@ -103,7 +103,6 @@ class Results:
             equivalence={**(self.equivalence.summary() if self.equivalence is not None else {}), **self.rates},
             calibration=self.calibration,
         )
-        return record.to_metrics()
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -154,19 +153,19 @@ def run(cfg: DictConfig) -> dict[str, float]:
             record = results.add(prompt, base, meth, gap)
             if drafter.predicted_speedup is not None:  # shape=auto: fixed (Medusa) or over the steps so far (dynamic trees)
                 results.predicted_speedup = drafter.predicted_speedup
-            tracked.log_metrics({**prefixed(headline(results.summary(k)), HEADLINE_SECTION), **_step_metrics(record)}, step=i)
+            tracked.log_metrics({**prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION), **_step_metrics(meth, base, record)}, step=i)
         if cfg.stats.samples and not sampling.greedy:
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
-    summary = results.summary(k)
-    log.info(format_table(cfg, label, summary, results, sampling, target))
+    record = results.record(k)
+    log.info(format_table(cfg, label, record, results, sampling, target))
     if results.equivalence is not None:
         log.info(results.equivalence.format())
-    if "aa_rate" in summary:
-        log.info(format_calibration(summary, cfg.stats.alpha))
+    if "rate" in record.calibration:
+        log.info(format_calibration(record.calibration, cfg.stats.alpha))
     elif cfg.stats.samples and sampling.greedy:
         log.info("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
     browse_line(tracker)
-    return summary
+    return flatten(record)
 
 
 def trained_on_tags(drafter, prompts: list[Prompt]) -> dict[str, str]:
@@ -238,11 +237,12 @@ def _score(target, prompts: list[list[int]], parts: list[Samples], sampling: Sam
     return Conditionals.concat([teacher_force(target, ids, s.tokens, sampling, seed + i) for i, (ids, s) in enumerate(zip(prompts, parts))])
 
 
-def format_calibration(s: dict, alpha: float) -> str:
+def format_calibration(c: dict[str, float], alpha: float) -> str:
+    """The A/A calibration's line (c: stats.calibration())."""
     return (
-        f"A/A calibration: the baseline against itself {s['aa_repeats']:.0f} times: rejected {s['aa_rejections']:.0f} "
-        f"({s['aa_rate']:.1%}, 95% CI {s['aa_rate_ci_low']:.1%}-{s['aa_rate_ci_high']:.1%}) at nominal alpha={alpha}; "
-        f"p(rate > alpha) = {s['aa_p_rate_above_alpha']:.2g}; uniformity of the surprisal test's p-values: p = {s['aa_p_uniform_surprisal_z']:.2g}"
+        f"A/A calibration: the baseline against itself {c['repeats']:.0f} times: rejected {c['rejections']:.0f} "
+        f"({c['rate']:.1%}, 95% CI {c['rate_ci_low']:.1%}-{c['rate_ci_high']:.1%}) at nominal alpha={alpha}; "
+        f"p(rate > alpha) = {c['p_rate_above_alpha']:.2g}; uniformity of the surprisal test's p-values: p = {c['p_uniform_surprisal_z']:.2g}"
     )
 
 
@@ -261,9 +261,8 @@ def divergence_gap(lm, prompt: list[int], a: list[int], b: list[int]) -> float |
     return abs(logits[a[d]] - logits[b[d]]).item()
 
 
-def _step_metrics(record: dict) -> dict[str, float]:
-    return PromptStep(record["baseline"]["tokens_per_s"], record["method"]["tokens_per_s"], record["method"]["tau"],
-                      float(record["identical"])).to_metrics()
+def _step_metrics(meth: GenerationOutput, base: GenerationOutput, record: dict) -> dict[str, float]:
+    return PromptStep(base.stats.tokens_per_s, meth.stats.tokens_per_s, meth.stats.tau, float(record["identical"])).to_metrics()
 
 
 def _report(results: Results, k: int) -> tuple[dict[str, float], dict[str, str]]:
@@ -271,24 +270,24 @@ def _report(results: Results, k: int) -> tuple[dict[str, float], dict[str, str]]
     files = {"records.jsonl": "".join(json_text(r, indent=None) + "\n" for r in results.records)}
     if results.equivalence is not None:
         files["equivalence.json"] = json_text(results.equivalence.as_dict())
-    return (results.summary(k) if results.records else {}), files
+    return (flatten(results.record(k)) if results.records else {}), files
 
 
-def format_table(cfg: DictConfig, label: str, s: dict, results: Results, sampling: SamplingParams, target) -> str:
+def format_table(cfg: DictConfig, label: str, r: SpeedRecord, results: Results, sampling: SamplingParams, target) -> str:
     """The results table printed at the end of a run."""
-    n = int(s["prompts"])
+    b, m = r.baseline, r.method
+    n = int(r.prompts)
     rows = [
-        ("tokens/s", f"{s['baseline_tokens_per_s']:.2f}", f"{s['method_tokens_per_s']:.2f}"),
-        ("new tokens", f"{s['baseline_new_tokens']:.0f}", f"{s['method_new_tokens']:.0f}"),
-        ("wall time (s)", f"{s['baseline_time_total']:.1f}", f"{s['method_time_total']:.1f}"),
-        ("forwards after prefill", f"{s['baseline_steps']:.0f}", f"{s['method_steps']:.0f}"),
-        ("tau (tokens/forward)", f"{s['baseline_tau']:.2f}", f"{s['method_tau']:.2f}"),
+        ("tokens/s", f"{b.tokens_per_s:.2f}", f"{m.tokens_per_s:.2f}"),
+        ("new tokens", f"{b.new_tokens:.0f}", f"{m.new_tokens:.0f}"),
+        ("wall time (s)", f"{b.time_total:.1f}", f"{m.time_total:.1f}"),
+        ("forwards after prefill", f"{b.steps:.0f}", f"{m.steps:.0f}"),
+        ("tau (tokens/forward)", f"{b.tau:.2f}", f"{m.tau:.2f}"),
     ]
-    m = results.method
     split = ", ".join(
         f"{name} {getattr(m, 'time_' + name) / m.time_total:.0%}" for name in SpecStats.TIME_SPLIT
     )
-    by_pos = " ".join(f"{a:.2f}" for a in m.acceptance_by_position) or "-"
+    by_pos = " ".join(f"{a:.2f}" for a in m.acceptance_at) or "-"
     identity = (
         f"{results.identical}/{n} prompts identical to the baseline"
         + (f" (first divergence at token {min(results.divergences)} at the earliest)" if results.divergences else "")
@@ -296,25 +295,25 @@ def format_table(cfg: DictConfig, label: str, s: dict, results: Results, samplin
         if sampling.greedy
         else "n/a (sampled decoding: see the distribution tests)"
     )
-    width = max(len(r[0]) for r in rows)
+    width = max(len(row[0]) for row in rows)
     lines = [
         "",
         f"specresearch  {label}  target={cfg.model.name} ({target.dtype}, {target.device})  "
         f"dataset={cfg.dataset.name} x{n}  max_new_tokens={cfg.max_new_tokens}  "
         f"sampling: T={sampling.temperature} top_k={sampling.top_k} top_p={sampling.top_p}",
         f"{'':{width}}  {'baseline':>10}  {'method':>10}",
-        *(f"{name:{width}}  {b:>10}  {mt:>10}" for name, b, mt in rows),
+        *(f"{name:{width}}  {x:>10}  {y:>10}" for name, x, y in rows),
         "",
-        f"speedup (tokens/s ratio)        {s['speedup']:.2f}x   [ratio of total times {s['time_ratio']:.2f}x]",
-        (f"Leviathan prediction            {s['leviathan_speedup']:.2f}x   from alpha per tried token={s['method_alpha_token']:.3f}, "
-         f"k={s['k']:.0f}, c={s['draft_cost_ratio_c']:.3f}, v={s['verify_cost_v']:.3f}"
-         + (f"; its best k: {s['leviathan_optimal_k']:.0f} ({s['leviathan_optimal_speedup']:.2f}x)" if s["leviathan_optimal_k"] else "")
-         if math.isfinite(s["leviathan_speedup"]) else
+        f"speedup (tokens/s ratio)        {r.speedup:.2f}x   [ratio of total times {r.time_ratio:.2f}x]",
+        (f"Leviathan prediction            {r.leviathan_speedup:.2f}x   from alpha per tried token={m.alpha_token:.3f}, "
+         f"k={r.k:.0f}, c={r.draft_cost_ratio_c:.3f}, v={r.verify_cost_v:.3f}"
+         + (f"; its best k: {r.leviathan_optimal_k:.0f} ({r.leviathan_optimal_speedup:.2f}x)" if r.leviathan_optimal_k else "")
+         if math.isfinite(r.leviathan_speedup) else
          "Leviathan prediction            n/a     (its model is a chain of k draft tokens every step; this drafter's steps "
          "drafted trees or chains of other lengths)"),
-        *([f"Sequoia prediction              {s['predicted_speedup']:.2f}x   (drafter.shape=auto: the tree's size chosen for it)"]
-          if math.isfinite(s.get("predicted_speedup", math.nan)) else []),
-        f"tau={s['method_tau']:.2f}  alpha={s['method_alpha']:.3f}  acceptance by draft position: {by_pos}",
+        *([f"Sequoia prediction              {r.predicted_speedup:.2f}x   (drafter.shape=auto: the tree's size chosen for it)"]
+          if math.isfinite(r.predicted_speedup) else []),
+        f"tau={m.tau:.2f}  alpha={m.alpha:.3f}  acceptance by draft position: {by_pos}",
         f"method time split: {split}",
         f"greedy identity: {identity}",
     ]

@@ -242,7 +242,8 @@ def test_a_new_study_is_one_folder(studies_dir, tmp_path):
     import mlflow
     from hydra.core.config_store import ConfigStore
 
-    from specresearch.records import STUDY_TAG, SideStats, SpeedRecord
+    from specresearch.metrics import SpecStats
+    from specresearch.records import STUDY_TAG, SpeedRecord, flatten
 
     (studies_dir / "tiny_study").mkdir()
     for name, content in NEW_STUDY.items():
@@ -255,10 +256,11 @@ def test_a_new_study_is_one_folder(studies_dir, tmp_path):
         assert target == (uri(store.resolve()), "tiny")
         mlflow.set_tracking_uri(target[0])
         experiment = mlflow.create_experiment("tiny")
-        record = SpeedRecord(SideStats(tau=1.0), SideStats(tau=2.5, acceptance=[0.8, 0.5]), prompts=3, k=2, speedup=1.75)
+        method = SpecStats(steps=10, accepted=15, drafted=20, drafted_at=[10, 10], accepted_at=[8, 7])  # tau 2.5
+        record = SpeedRecord(SpecStats(steps=10), method, prompts=3, k=2, speedup=1.75)
         with mlflow.start_run(experiment_id=experiment, tags={STUDY_TAG: "tiny_study"}):  # a synthetic run of the study
             mlflow.log_params({"study": "tiny_study", "dataset.name": "humaneval"})
-            mlflow.log_metrics({k: v for k, v in record.to_metrics().items() if not math.isnan(v)})
+            mlflow.log_metrics({k: v for k, v in flatten(record).items() if not math.isnan(v)})
         study, report, out = analyse("tiny_study", *target, out=tmp_path / "out", log=False)
         assert report.table("tiny").cells == [["humaneval", "1.75×", "2.50"]]
         assert report.table("published_tiny").published and "not measured here" in (out / "tables.md").read_text()

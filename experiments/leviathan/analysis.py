@@ -45,7 +45,7 @@ def report(study: Study) -> Report:
             pred_k=pred_k, pred_speedup=predicted.get(pred_k, math.nan),
             ideal_k=ideal_k or None, ideal_speedup=ideal,
             v={k: r.verify_cost_v for k, r in by_k.items()}, measured=measured, predicted=predicted,
-            acceptance={k: r.method.acceptance for k, r in by_k.items()},
+            acceptance={k: r.method.acceptance_at for k, r in by_k.items()},
         ))
         for k, r in by_k.items():
             per_k.append(dict(task=task, T=t, k=k, run=runs[k].id, speedup=measured[k], predicted=predicted[k],

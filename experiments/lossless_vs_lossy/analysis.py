@@ -23,7 +23,7 @@ def report(study: Study) -> Report:
             tau=r.method.tau, alpha=r.method.alpha, verdict=verdict(run),
             min_holm_p=eq.get("min_holm_p", math.nan), deficit=deficit(run),
             top1=(eq.get("top1_share_method", math.nan), eq.get("top1_share_baseline", math.nan)),
-            acceptance=r.method.acceptance,
+            acceptance=r.method.acceptance_at,
         ))
     report.tables.append(Table(
         "lossless_vs_lossy", "Lossless vs lossy: each verifier's speed and faithfulness",

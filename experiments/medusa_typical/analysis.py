@@ -43,7 +43,7 @@ def report(study: Study) -> Report:
             method_pass=qr.score(METHOD, SCORE) if qr else math.nan,
             baseline_pass=qr.score(BASELINE, SCORE) if qr else math.nan,
             delta=qr.delta_of(SCORE) if qr else math.nan, mcnemar_p=_nan(qr.mcnemar_p) if qr else math.nan,
-            verdict=verdict(s), deficit=deficit(s), acceptance=sr.method.acceptance if sr else [],
+            verdict=verdict(s), deficit=deficit(s), acceptance=sr.method.acceptance_at if sr else [],
         ))
     used = list(speed_runs.values()) + list(quality_runs.values())
     report.tables.append(Table(

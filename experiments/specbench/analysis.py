@@ -32,7 +32,7 @@ def report(study: Study) -> Report:
                 r = run.speed_record
                 rec["runs"][d] = run.id
                 rec["subtasks"][d] = (r.speedup, r.method.tau, r.method.alpha)
-                rec["acceptance_" + d] = r.method.acceptance
+                rec["acceptance_" + d] = r.method.acceptance_at
         mt = cells.get((method, "mtbench"))
         for cat in categories:
             group = mt.speed_record.groups.get(cat) if mt is not None else None

@@ -23,7 +23,7 @@ from specresearch.build import build, build_engine, claim_params, machine_tags
 from specresearch.errors import SpecResearchError
 from specresearch.evaluation.plugin import TASKS_DIR
 from specresearch.metrics import SpecStats
-from specresearch.records import EvalRecord, EvalSide, json_text
+from specresearch.records import EvalRecord, EvalSide, flatten, json_text
 from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput
 
@@ -107,10 +107,9 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     cache.write_text(sides["baseline"].to_json())
         sides["method"] = evaluate(SpecResearchLM(engine=method, seed=cfg.seed), ec)
-    summary = _report(sides, layer_metrics)[0]
-    log.info(format_summary(cfg, label, summary))
+    log.info(format_summary(cfg, label, summarise(sides)))
     browse_line(tracker)
-    return summary
+    return _report(sides, layer_metrics)[0]
 
 
 def check(ec: DictConfig) -> None:
@@ -175,10 +174,9 @@ def baseline_cache(cfg: DictConfig, target) -> Path:
     return root / "eval-baselines" / f"{task}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def summarise(sides: dict[str, Side]) -> dict[str, float]:
-    """Scores of each side, the method's delta, the paired test, and the decoding speed: an
-    EvalRecord's metrics."""
-    record = EvalRecord({name: EvalSide.of(side.scores, side.stats.summary()) for name, side in sides.items()},
+def summarise(sides: dict[str, Side]) -> EvalRecord:
+    """Scores of each side, the method's delta, the paired test, and the decoding speed."""
+    record = EvalRecord({name: EvalSide(dict(side.scores), side.stats) for name, side in sides.items()},
                         problems=len(next(reversed(sides.values())).samples) if sides else None)  # the side evaluated last
     if len(sides) == 2 and sides["method"].samples:
         base, meth = sides["baseline"], sides["method"]
@@ -192,11 +190,11 @@ def summarise(sides: dict[str, Side]) -> dict[str, float]:
         record.mcnemar_p = binomtest(better, better + worse).pvalue if better + worse else 1.0
         same = [b["filtered_resps"] == m["filtered_resps"] for b, m in zip(base.samples, meth.samples)]
         record.identity_rate = sum(same) / len(same) if same else math.nan
-        base_speed, meth_speed = record.sides["baseline"].tokens_per_s, record.sides["method"].tokens_per_s
+        base_speed, meth_speed = base.stats.tokens_per_s, meth.stats.tokens_per_s
         if base.cached is None and base_speed:  # speed is only compared within one run
             record.speedup = meth_speed / base_speed
         record.baseline_reused = float(base.cached is not None)
-    return record.to_metrics() if sides else {}  # nothing evaluated yet: nothing to record
+    return record
 
 
 def _primary(side: Side) -> str:
@@ -227,27 +225,27 @@ def sample_records(sides: dict[str, Side]) -> list[dict]:
 def _report(sides: dict[str, Side], extra: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
     """What was measured so far (also of a failed run): the summary and per-problem records."""
     records = "".join(json_text(r, indent=None, default=str) + "\n" for r in sample_records(sides))
-    return {**summarise(sides), **extra}, {"samples.jsonl": records}
+    summary = flatten(summarise(sides)) if sides else {}  # nothing evaluated yet: nothing to record
+    return {**summary, **extra}, {"samples.jsonl": records}
 
 
-def format_summary(cfg: DictConfig, label: str, s: dict[str, float]) -> str:
+def format_summary(cfg: DictConfig, label: str, r: EvalRecord) -> str:
     """The table printed at the end of an evaluation."""
-    metrics = [k.removeprefix("delta_") for k in s if k.startswith("delta_")] or \
-        [k.split("_", 1)[1] for k in s if k.startswith(("baseline_", "method_")) and "@" in k and not k.endswith("_stderr")]
+    scores = list(r.delta) or [k for side in r.sides.values() for k in side.scores if not k.endswith("_stderr")]
     lines = ["", f"specresearch  {label}  target={cfg.model.name}  T={cfg.sampling.temperature}  "
-                 f"problems={s.get('problems', '?')}",
+                 f"problems={r.problems if r.problems is not None else '?'}",
              f"{'':16}{'baseline':>10}{'method':>10}{'delta':>10}"]
-    for m in metrics:
-        base, meth, delta = s.get(f"baseline_{m}", math.nan), s.get(f"method_{m}", math.nan), s.get(f"delta_{m}", math.nan)
-        lines.append(f"{m:16}{base:>10.3f}{meth:>10.3f}{delta:>+10.3f}")
-    if "mcnemar_p" in s:
-        lines.append(f"paired: solved only by the method {s['method_only']:.0f}, only by the baseline {s['baseline_only']:.0f}; "
-                     f"exact McNemar p = {s['mcnemar_p']:.3g}; identical completions {s['identity_rate']:.0%}")
-    if "speedup" not in s and "method_tokens_per_s" in s:
-        lines.append(f"decoding: method {s['method_tokens_per_s']:.2f} tok/s, tau {s['method_tau']:.2f} (the baseline's generations "
+    for name in dict.fromkeys(scores):
+        lines.append(f"{name:16}{r.score('baseline', name):>10.3f}{r.score('method', name):>10.3f}{r.delta_of(name):>+10.3f}")
+    if r.mcnemar_p is not None:
+        lines.append(f"paired: solved only by the method {r.method_only:.0f}, only by the baseline {r.baseline_only:.0f}; "
+                     f"exact McNemar p = {r.mcnemar_p:.3g}; identical completions {r.identity_rate:.0%}")
+    method = r.sides.get("method")
+    if r.speedup is None and method is not None:
+        lines.append(f"decoding: method {method.stats.tokens_per_s:.2f} tok/s, tau {method.stats.tau:.2f} (the baseline's generations "
                      "were reused, so no speedup: the speed experiment measures them side by side)")
-    if "speedup" in s:
-        lines.append(f"decoding on these generations: baseline {s['baseline_tokens_per_s']:.2f} tok/s, method "
-                     f"{s['method_tokens_per_s']:.2f} tok/s ({s['speedup']:.2f}x, tau {s['method_tau']:.2f}); "
+    if r.speedup is not None:
+        lines.append(f"decoding on these generations: baseline {r.sides['baseline'].stats.tokens_per_s:.2f} tok/s, method "
+                     f"{method.stats.tokens_per_s:.2f} tok/s ({r.speedup:.2f}x, tau {method.stats.tau:.2f}); "
                      "not interleaved prompt by prompt: the speed experiment is the reference for speedups")
     return "\n".join(lines)
