@@ -69,7 +69,7 @@ def config_hash(cfg: DictConfig) -> str:
 # --- typed run records ---------------------------------------------------------------------------
 # A run's results as one typed record, flattened to MLflow metrics by `to_metrics` and read back by
 # `from_metrics`: the metric names below are spelled here only. VERSION counts changes of the record
-# (metric `record_version`; a run without it was recorded before the records existed: version 0).
+# (metric `record_version`).
 VERSION = 1
 VERSION_KEY = "record_version"
 BASELINE, METHOD = "baseline", "method"  # the two sides: `baseline_*` and `method_*` metrics
@@ -195,8 +195,7 @@ class SpeedRecord:
         """Read a speed run's metrics back; a name it lacks reads as NaN.
 
         Args:
-            metrics: the run's metrics, as MLflow keeps them; runs recorded before the record existed
-                (no `record_version`) included.
+            metrics: the run's metrics, as MLflow keeps them.
         """
         groups: dict[str, dict[str, float]] = {}
         for key, value in unprefixed(metrics, GROUP).items():
@@ -206,20 +205,8 @@ class SpeedRecord:
                      **{name: metrics.get(name, NAN) for name in cls.SCALARS},
                      groups={c: Group(**{f.name: g.get(f.name, NAN) for f in fields(Group)}) for c, g in groups.items()},
                      equivalence=unprefixed(metrics, EQ), calibration=unprefixed(metrics, AA),
-                     version=int(metrics.get(VERSION_KEY, 0)))
-        _older_counters(record.method, record.k)
+                     version=int(metrics.get(VERSION_KEY, VERSION)))
         return record
-
-
-def _older_counters(side: SideStats, k: float) -> None:
-    """Runs logged before the `rejected` counter and `alpha_token` existed: for a fixed-k chain, the
-    steps that rejected a draft token are those that did not accept the last position (steps − full
-    acceptances), and α per tried token is accepted / (accepted + rejected), as SpecStats.alpha_token."""
-    if math.isnan(side.rejected) and 0 < k <= len(side.acceptance):  # (False for a NaN k)
-        side.rejected = side.steps * (1.0 - side.acceptance[int(k) - 1])
-    if math.isnan(side.alpha_token):
-        tried = side.accepted + side.rejected
-        side.alpha_token = side.accepted / tried if tried else NAN
 
 
 @dataclass
@@ -296,7 +283,7 @@ class EvalRecord:
                 speed = {k: values.pop(k) for k in EvalSide.SPEED if k in values}
                 sides[name] = EvalSide(values, **speed)
         return cls(sides, metrics.get("problems"), unprefixed(metrics, DELTA), **{k: metrics.get(k) for k in cls.PAIRED},
-                   version=int(metrics.get(VERSION_KEY, 0)))
+                   version=int(metrics.get(VERSION_KEY, VERSION)))
 
     def score(self, side: str, name: str) -> float:
         """A side's score (NaN when that side did not run)."""

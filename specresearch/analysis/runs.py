@@ -9,8 +9,6 @@ Only FINISHED job runs count, and of several FINISHED runs of one config (re-run
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -20,7 +18,7 @@ from omegaconf import OmegaConf
 
 from specresearch.conf import CONF_DIR
 from specresearch.records import (
-    HASH_EXCLUDED, HASH_TAG, INTERRUPTED_TAG, JOB_TAG, PARENT_TAG, PID_TAG, STUDY_TAG, SWEEP_TAG, EvalRecord, SpeedRecord,
+    HASH_TAG, INTERRUPTED_TAG, JOB_TAG, PARENT_TAG, PID_TAG, STUDY_TAG, SWEEP_TAG, EvalRecord, SpeedRecord,
 )
 
 CONTRACT_TAGS = {STUDY_TAG, SWEEP_TAG, HASH_TAG}
@@ -62,14 +60,8 @@ class Run:
 
     @property
     def config_hash(self) -> str:
-        """The run's own hash of its resolved config (tag); runs logged before the tag existed get a
-        hash of their params but tracker.* and resume (the same config, flattened), so their re-runs
-        still collapse (a tagged and an untagged run of one config do not)."""
-        tagged = self.tags.get(HASH_TAG)
-        if tagged:
-            return tagged
-        kept = {k: v for k, v in self.params.items() if k.split(".", 1)[0] not in HASH_EXCLUDED}
-        return "params:" + hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+        """The run's own hash of its resolved config (tag `specresearch.config_hash`, on every tracked run)."""
+        return self.tags[HASH_TAG]
 
     def param(self, key: str, default: str | None = None) -> str | None:
         """A param, with MLflow's rendering of a null config value ("None") read as missing."""
@@ -191,7 +183,7 @@ def load_study(name: str, uri: str, experiment: str) -> Study:
     if not kept:
         other = f" ({len(jobs)} job runs, none FINISHED)" if jobs else ""
         raise AnalysisError(f"no FINISHED runs of study '{name}' in {uri}, experiment '{experiment}'{other}: {first}")
-    parent = parents[-1] if parents else _parent_of_latest(client, kept)
+    parent = parents[-1] if parents else None
     return Study(name, uri, experiment, kept, [r for r in finished if latest[r.config_hash] is not r],
                  [r for r in jobs if r.status != "FINISHED"], parent)
 
@@ -204,11 +196,3 @@ def _search(client, experiment_id: str, query: str) -> list[Run]:
         token = page.token
         if not token:
             return out
-
-
-def _parent_of_latest(client, runs: list[Run]) -> Run | None:
-    """Runs logged before the sweep tag existed: the parent of the latest job that has one."""
-    for run in reversed(runs):
-        if run.parent:
-            return Run.from_mlflow(client.get_run(run.parent))
-    return None
