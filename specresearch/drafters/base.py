@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,8 +201,8 @@ def find_checkpoint(drafter: str, target_name: str, checkpoint: str | None, defa
             f"  python -m specresearch.train drafter={drafter} model.name={target_name}\n"
             f"or point drafter.checkpoint at a {default.name} file"
         )
-    trained_for = json.loads(path.with_suffix(".json").read_text())["target"]
-    if trained_for != target_name:
+    trained_for = json.loads(path.with_suffix(".json").read_text()).get("target")
+    if trained_for not in (None, target_name):
         raise SpecResearchError(f"the {drafter} weights at {path} were trained for {trained_for}, not {target_name}")
     return path
 
@@ -209,5 +210,11 @@ def find_checkpoint(drafter: str, target_name: str, checkpoint: str | None, defa
 def checkpoint_record(drafter: str, path: Path, meta: dict) -> dict:
     """What the weights at `path` (meta: their JSON) record of the prompts that trained them, with
     the checkpoint: {"checkpoint", "sources", "split", "split_rule", "prompts", "prompts_sha256",
-    "ids"} (specresearch.data.prompt_record)."""
-    return {"checkpoint": str(path), **meta["trained_on"]}
+    "ids"} (specresearch.data.prompt_record). Weights trained before runs recorded it give
+    {"checkpoint"} alone, with a one-line warning."""
+    record = meta.get("trained_on")
+    if record is None:
+        print(f"warning: the {drafter} weights at {path} do not record their training prompts (trained before that was recorded; "
+              f"they may overlap MT-bench): retrain with python -m specresearch.train drafter={drafter}", file=sys.stderr)
+        return {"checkpoint": str(path)}
+    return {"checkpoint": str(path), **record}
