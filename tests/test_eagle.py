@@ -13,7 +13,6 @@ import torch
 from transformers import DynamicCache
 
 from specresearch.drafters import Context, NoDrafter
-from specresearch.drafters.base import save_checkpoint
 from specresearch.drafters.eagle import EagleDrafter, EagleHead, chained, eagle_path, unroll
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
