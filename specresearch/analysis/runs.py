@@ -9,6 +9,8 @@ Only FINISHED job runs count, and of several FINISHED runs of one config (re-run
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -18,7 +20,7 @@ from omegaconf import OmegaConf
 
 from specresearch.conf import CONF_DIR
 from specresearch.records import (
-    HASH_TAG, INTERRUPTED_TAG, JOB_TAG, PARENT_TAG, PID_TAG, STUDY_TAG, SWEEP_TAG, EvalRecord, SpeedRecord,
+    HASH_EXCLUDED, HASH_TAG, INTERRUPTED_TAG, JOB_TAG, PARENT_TAG, PID_TAG, STUDY_TAG, SWEEP_TAG, EvalRecord, SpeedRecord,
 )
 
 CONTRACT_TAGS = {STUDY_TAG, SWEEP_TAG, HASH_TAG}
@@ -60,8 +62,14 @@ class Run:
 
     @property
     def config_hash(self) -> str:
-        """The run's own hash of its resolved config (tag `specresearch.config_hash`, on every tracked run)."""
-        return self.tags[HASH_TAG]
+        """The run's own hash of its resolved config (tag); runs logged before the tag existed get a
+        hash of their params but tracker.* and resume (the same config, flattened), so their re-runs
+        still collapse (a tagged and an untagged run of one config do not)."""
+        tagged = self.tags.get(HASH_TAG)
+        if tagged:
+            return tagged
+        kept = {k: v for k, v in self.params.items() if k.split(".", 1)[0] not in HASH_EXCLUDED}
+        return "params:" + hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
     def param(self, key: str, default: str | None = None) -> str | None:
         """A param, with MLflow's rendering of a null config value ("None") read as missing."""
