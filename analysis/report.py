@@ -9,7 +9,6 @@ specresearch.analysis.published), in tables of their own.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -129,19 +128,9 @@ def caption(what: str, runs: list[Run], study: Study) -> str:
 
 
 def lossless(run: Run) -> bool | None:
-    """The verifier's claim (`lossless`) as the run recorded it (param `verifier.lossless`); for runs
-    recorded before that param existed, read from the class its config names."""
+    """The verifier's claim (`lossless`) as the run recorded it (param `verifier.lossless`)."""
     recorded = run.param("verifier.lossless")
-    if recorded in ("true", "false"):
-        return recorded == "true"
-    target = run.param("verifier._target_")
-    if not target:
-        return None
-    module, _, name = target.rpartition(".")
-    try:
-        return bool(getattr(importlib.import_module(module), name).lossless)
-    except (ImportError, AttributeError):
-        return None
+    return recorded == "true" if recorded in ("true", "false") else None
 
 
 def verdict(run: Run | None) -> str | None:

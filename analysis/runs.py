@@ -191,7 +191,7 @@ def load_study(name: str, uri: str, experiment: str) -> Study:
     if not kept:
         other = f" ({len(jobs)} job runs, none FINISHED)" if jobs else ""
         raise AnalysisError(f"no FINISHED runs of study '{name}' in {uri}, experiment '{experiment}'{other}: {first}")
-    parent = parents[-1] if parents else _parent_of_latest(client, kept)
+    parent = parents[-1] if parents else None
     return Study(name, uri, experiment, kept, [r for r in finished if latest[r.config_hash] is not r],
                  [r for r in jobs if r.status != "FINISHED"], parent)
 
@@ -204,11 +204,3 @@ def _search(client, experiment_id: str, query: str) -> list[Run]:
         token = page.token
         if not token:
             return out
-
-
-def _parent_of_latest(client, runs: list[Run]) -> Run | None:
-    """Runs logged before the sweep tag existed: the parent of the latest job that has one."""
-    for run in reversed(runs):
-        if run.parent:
-            return Run.from_mlflow(client.get_run(run.parent))
-    return None

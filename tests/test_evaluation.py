@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from specresearch.errors import SpecResearchError
 from specresearch.evaluation.lm import SpecResearchLM
 
+from .conftest import ROOT
+
 TINY_ARGS = {"model": "tiny", "verifier": "greedy"}
 DRAFT_MODEL = {"drafter.model.name": "tiny", "+drafter.model.tiny": "{vocab_size: 320, seed: 0, noise: 0.03}"}
 CONTEXTS = ["def add(a, b):", "hello world", "x = [1, 2, 3]\n", "abc"]
@@ -87,11 +89,15 @@ def test_a_wrong_answer_scores_zero(tmp_path):
     assert _evaluate(lm, task, tmp_path)["results"][task]["exact_match,none"] == 0.0
 
 
+# site processes the checkout's specresearch-lm-eval.pth, as it does site-packages' copy at interpreter start
+WITH_PTH = f"import site; site.addsitedir({str(ROOT)!r})\n"
+
+
 def test_registered_name_resolves_in_a_fresh_interpreter():
     """The installed .pth hook registers `specresearch` with lm-eval, without importing us first,
     and lm-eval's own models stay registered."""
-    code = ("from lm_eval.api.registry import get_model; "
-            "print(get_model('specresearch').__module__, get_model('hf').__name__)")
+    code = WITH_PTH + ("from lm_eval.api.registry import get_model; "
+                       "print(get_model('specresearch').__module__, get_model('hf').__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["specresearch.evaluation.lm", "HFLM"]
 
@@ -100,7 +106,7 @@ def test_plain_lm_eval_command_line(tmp_path):
     lm = SpecResearchLM(**{**TINY_ARGS, "drafter": "pld"})
     task = _tiny_task(tmp_path, lm)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "lm_eval", "run", "--model", "specresearch",
+    cmd = [sys.executable, "-c", WITH_PTH + "from lm_eval.__main__ import cli_evaluate; cli_evaluate()", "run", "--model", "specresearch",
            "--model_args", "model=tiny,drafter=pld,verifier=greedy", "--tasks", task,
            "--include_path", str(tmp_path), "--output_path", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, env={**__import__("os").environ, "HF_DATASETS_OFFLINE": "1"})

@@ -20,11 +20,20 @@ from specresearch.evaluation.sandbox import ALLOW_ENV, CodeExecutionNotAllowed
 
 from .conftest import ROOT
 
+import specresearch.evaluation.hook  # noqa: E402,F401 (in this process too, the hook specresearch-lm-eval.pth installs at start)
+
+
+# lm-eval's own command line (what `lm-eval` runs) in an interpreter whose site dirs hold
+# specresearch-lm-eval.pth, as site-packages does after `pip install specresearch` (an editable
+# install of the checkout gets no .pth): site processes the checkout's copy of it.
+LM_EVAL = (sys.executable, "-c", "import site, sys; site.addsitedir(sys.argv.pop(1))\n"
+           "from lm_eval.__main__ import cli_evaluate; cli_evaluate()", str(ROOT))
+
 
 def _lm_eval(*args: str, cwd, env_drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """The installed lm-eval command line (`python -m lm_eval`, the same entry as `lm-eval`), run from `cwd`."""
+    """The lm-eval command line with specresearch-lm-eval.pth installed (LM_EVAL), run from `cwd`."""
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
-    return subprocess.run([sys.executable, "-m", "lm_eval", *args], cwd=cwd, env={**env, "HF_DATASETS_OFFLINE": "1"},
+    return subprocess.run([*LM_EVAL, *args], cwd=cwd, env={**env, "HF_DATASETS_OFFLINE": "1"},
                           capture_output=True, text=True, timeout=600)
 
 
@@ -174,14 +183,16 @@ def test_every_task_manager_knows_our_tasks_and_a_users_own_wins(tmp_path, caplo
 
 # -- 4. git -----------------------------------------------------------------------------------------
 
-GIT_HASH = "import lm_eval.evaluator as e; print(e.get_git_commit_hash())"
+GIT_HASH = ("from specresearch.evaluation.lm import SpecResearchLM; SpecResearchLM(pretrained='tiny', drafter='pld')\n"
+            "import lm_eval.evaluator as e; print(e.get_git_commit_hash())")
 
 
 def test_no_git_complaint_outside_a_checkout_and_the_same_hash_inside(tmp_path):
+    """Once our model is built (so in runs of our model only), lm-eval's git lookup is quiet."""
     outside = subprocess.run([sys.executable, "-c", GIT_HASH], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert "fatal" not in outside.stderr and outside.stdout.strip() == "None"
     described = subprocess.run(["git", "describe", "--always"], cwd=ROOT, capture_output=True, text=True)
     if described.returncode != 0:
         pytest.skip("the tests do not run from a git checkout")
     inside = subprocess.run([sys.executable, "-c", GIT_HASH], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert inside.stdout.strip() == described.stdout.strip()  # lm-eval still records the checkout's hash
+    assert inside.stdout.strip().splitlines()[-1] == described.stdout.strip()  # lm-eval still records the checkout's hash

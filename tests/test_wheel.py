@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import ROOT
 
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "specresearch-lm-eval.pth", "specresearch", "conf", "experiments", "analysis")
+SOURCES = ("pyproject.toml", "README.md", "specresearch-lm-eval.pth", "specresearch", "conf", "experiments", "analysis")
 
 
 @pytest.fixture(scope="module")

@@ -135,7 +135,7 @@ class MedusaHeads(nn.Module):
     @classmethod
     def load(cls, path: Path) -> tuple[MedusaHeads, dict]:
         meta = json.loads(path.with_suffix(".json").read_text())
-        heads = cls(meta["hidden"], meta["heads"], meta["layers"], meta.get("own_lm_head", False), meta.get("vocab", 0))
+        heads = cls(meta["hidden"], meta["heads"], meta["layers"], meta["own_lm_head"], meta["vocab"])
         heads.load_state_dict(load_file(str(path)))
         return heads, meta
 

@@ -30,6 +30,7 @@ from specresearch.build import build_engine
 from specresearch.config import compose, options
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
+from specresearch.evaluation.plugin import quiet_git_hash
 from specresearch.types import GenerationOutput, SamplingParams
 
 MAX_GEN_TOKS = 256  # lm-eval's usual default when a task does not say
@@ -69,6 +70,7 @@ class SpecResearchLM(TemplateLM):
                 `sampling=random`, ...), as lm-eval's `--model_args` passes them.
         """
         super().__init__()
+        quiet_git_hash()  # the hash lm-eval records for this run: no "fatal: not a git repository" outside a checkout
         if batch_size not in (None, 1, "1", "auto") or max_batch_size not in (None, 1):
             raise SpecResearchError(f"model specresearch decodes one prompt at a time: batch_size must be 1, got {batch_size}")
         if pretrained is not None:
