@@ -188,6 +188,9 @@ def test_leviathan_tables_match_mlflow(leviathan_store, tmp_path):
     assert len(manifest["runs"]) == 8 and manifest["superseded"] == [old.id]
 
 
+EXPERIMENTS = conf.STUDIES_DIR  # the real studies, before a test puts another folder in their place
+
+
 @pytest.fixture
 def studies_dir(tmp_path, monkeypatch):
     """An empty studies folder in place of experiments/ (conf.studies() reads it)."""
@@ -199,7 +202,7 @@ def studies_dir(tmp_path, monkeypatch):
 
 def test_published_numbers_may_be_missing(leviathan_store, studies_dir):
     """A study without published.json: the measured tables stand alone."""
-    shutil.copytree(conf.STUDIES_DIR / "leviathan", studies_dir / "leviathan",
+    shutil.copytree(EXPERIMENTS / "leviathan", studies_dir / "leviathan",
                     ignore=shutil.ignore_patterns("published.json", "__pycache__"))
     report = builder("leviathan")(load_study("leviathan", uri(leviathan_store), "specresearch"))
     assert [t.name for t in report.tables] == ["leviathan_alpha", "leviathan_k"]
