@@ -12,44 +12,20 @@ from specresearch.drafters.draft_model import cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
-from specresearch.models import SkinnyLinear, load_model
 from specresearch.stats import first_token_law
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
-from .conftest import PLAIN, REPEATING, cyclic_tiny
+from .conftest import PLAIN, REPEATING, cyclic_tiny, tiny_model
 
 GREEDY = SamplingParams()
 VOCAB = 320
 
 
-def tiny(**kwargs):
-    """A tiny fp32 model as runs load it: its linear layers verify few tokens with SkinnyLinear."""
-    lm = load_model("tiny", device="cpu", tiny={"vocab_size": VOCAB, "seed": 0, **kwargs})
-    assert isinstance(lm.model.lm_head, SkinnyLinear)
-    return lm
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny()
-
-
-@pytest.fixture(scope="module")
-def close_draft():
-    """A noise-perturbed copy of the target: accepts some drafts and rejects others."""
-    return tiny(noise=0.01, noise_seed=5)
-
-
-@pytest.fixture(scope="module")
-def far_draft():
-    """A more perturbed copy: about 30% of sampled drafts are rejected, exercising the residual."""
-    return tiny(noise=0.03, noise_seed=5)
-
-
 @pytest.fixture(scope="module")
 def same_draft():
-    return tiny()
+    """A copy of the target: every draft is accepted."""
+    return tiny_model()
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
