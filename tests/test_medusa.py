@@ -250,7 +250,7 @@ def test_shipped_heads_load_when_none_were_trained_here(tmp_path, target, monkey
     assert MedusaDrafter(target, cache_dir=str(tmp_path / "cache")).heads.config == trained.config
 
 
-def test_the_tree_of_choices(target):
+def test_medusa_choices_must_form_a_tree_its_heads_can_draft_and_each_node_is_its_heads_ranked_token(target):
     drafter = MedusaDrafter(target, heads=noisy_heads(), choices=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
     assert drafter.depth == 3 and drafter.k == 0  # k (draft tokens per step) has no meaning for a tree
     with pytest.raises(SpecResearchError, match="missing"):

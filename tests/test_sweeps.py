@@ -66,7 +66,7 @@ def test_config_hash_ignores_tracker_and_resume_only():
     assert base != config_hash(make_cfg(*FAST, "exclusive=false"))
 
 
-def test_resume_setting():
+def test_resume_is_on_for_sweeps_by_default_and_true_or_false_overrides_it():
     assert sweeps.resume_on(make_cfg(*FAST), multirun=True) and not sweeps.resume_on(make_cfg(*FAST), multirun=False)
     assert sweeps.resume_on(make_cfg(*FAST, "resume=true"), multirun=False)
     assert not sweeps.resume_on(make_cfg(*FAST, "resume=false"), multirun=True)

@@ -36,7 +36,9 @@ def test_a_tree_grown_over_several_forwards_sees_only_its_ancestors(target):
 
 
 @torch.inference_mode()
-def test_static_and_dynamic_shapes(target, close_draft):
+def test_static_trees_take_their_branching_and_dynamic_trees_their_node_budget(target, close_draft):
+    """A static tree has branching[d] children per node at depth d (one draft forward per fed level); a
+    dynamic one keeps `nodes` nodes at most `depth` deep, parents first, never deeper than the tokens left."""
     ctx = Context(torch.tensor(REPEATING), SamplingParams(), torch.Generator().manual_seed(0), 100)
     static = TreeDrafter(target, model=close_draft, branching=[3, 2, 1])
     static.prefill(ctx)
