@@ -1,13 +1,15 @@
 import os
+import sqlite3
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from specresearch.models import load_model
-
 from specresearch.config import CONF_DIR
+from specresearch.models import SkinnyLinear, load_model
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
 
@@ -43,6 +45,33 @@ def train_cfg(**overrides):
     return OmegaConf.create({"train": {**base, **overrides}, "drafter": {"_target_": "specresearch.drafters.medusa.MedusaDrafter"}})
 
 
+def tiny_model(seed: int = 0, vocab_size: int = 320, **options):
+    """The tiny random fp32 model as runs load it (its linear layers verify few tokens with
+    SkinnyLinear); `options` are tiny_model's others: noise and noise_seed for a perturbed copy,
+    num_layers, ..."""
+    lm = load_model("tiny", device="cpu", tiny={"vocab_size": vocab_size, "seed": seed, **options})
+    assert isinstance(lm.model.lm_head, SkinnyLinear)
+    return lm
+
+
+@pytest.fixture(scope="module")
+def target():
+    """The tiny target model (seed 0, 320 tokens), one per test module."""
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def close_draft():
+    """A noise-perturbed copy of the target (noise 0.01): accepts some drafts and rejects others."""
+    return tiny_model(noise=0.01, noise_seed=5)
+
+
+@pytest.fixture(scope="module")
+def far_draft():
+    """A more perturbed copy (noise 0.03): about 30% of sampled drafts are rejected, exercising the residual."""
+    return tiny_model(noise=0.03, noise_seed=5)
+
+
 REPEATING = [10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11]  # prompts for the n-gram drafters
 PLAIN = [200, 7, 91, 33]
 
@@ -53,7 +82,7 @@ def cyclic_tiny(seed: int, cycle: int = 5, head: float = 1.0):
     few tokens prompt lookup finds what comes next (a random tiny model never repeats itself). The
     transformer layers still add their part: the argmax is the model's, not a table's. `head` scales
     the logits: at 3e-4 the argmax still cycles and the laws at T = 1 are random (top ≈ 0.85)."""
-    lm = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": seed})
+    lm = tiny_model(seed)
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(320, generator=gen)
     prev = torch.empty(320, dtype=torch.long)
@@ -102,3 +131,34 @@ def drafter_cfg(name: str, tmp_path: Path, *overrides: str):
             raise NotImplementedError(f"drafter_cfg: no untrained weights for drafter={name}; add them here")
         base = [*base, f"drafter.checkpoint={path}"]
     return make_cfg(*base, f"drafter={name}", *overrides)
+
+
+def wait_for_a_measured_prompt(db, proc, timeout=300.0) -> None:
+    """Until the job's run has logged a per-prompt metric in the MLflow database `db`: it is inside its
+    decoding loop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the job ended before it could be interrupted"
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
+                if con.execute("select count(*) from metrics where key = 'prompt/tau'").fetchone()[0]:
+                    return
+        except sqlite3.Error:  # not created yet, or locked for a moment
+            pass
+        time.sleep(0.1)
+    raise AssertionError("no prompt measured in time")
+
+
+def interrupt_when_measuring(cmd: list[str], db, sig: int, **popen) -> tuple[int, str, str]:
+    """Start `cmd` (`popen`: subprocess.Popen's other keywords), send it `sig` once its run has measured
+    a prompt (wait_for_a_measured_prompt on `db`) and wait for it: its exit status, stdout and stderr.
+    It is killed if it is still alive after that (it did not end within 120 s, or never got the signal)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        wait_for_a_measured_prompt(db, proc)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, err

@@ -1,12 +1,9 @@
 """EAGLE: the head drafts on the target's features; losslessness does not depend on it (greedy
 identity with an untrained head, the target's law at T = 1); trained on a tiny model's own text its
-loss falls and its drafts get accepted; checkpoints round-trip; the training command works end to end."""
+loss falls and its drafts get accepted; checkpoints round-trip (the training command end to end:
+test_train.py)."""
 
 import dataclasses
-import hashlib
-import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,22 +13,16 @@ from specresearch.drafters import Context, NoDrafter
 from specresearch.drafters.eagle import EagleDrafter, EagleHead, chained, eagle_path, unroll
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.models import load_model
 from specresearch.train import MAX_PROMPT, build_cache, check, train, training_prompts
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
 from specresearch.vocab import Shortlist
 
-from .conftest import PLAIN, REPEATING, ROOT, cyclic_tiny, equivalence_report, train_cfg
+from .conftest import PLAIN, REPEATING, cyclic_tiny, equivalence_report, train_cfg
 
 EAGLE = "specresearch.drafters.eagle.EagleDrafter"
 # the first two training prompts of the tiny model's head below (bytes are the tiny tokenizer's tokens)
 CODE = [ids for ids in (list(p.text.encode()) for p in training_prompts(["python-stdlib", "sharegpt"], 0)) if len(ids) <= MAX_PROMPT][:2]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
 
 
 @pytest.fixture(scope="module")
@@ -224,21 +215,3 @@ def test_bad_training_settings_are_refused(bad, message):
     cfg.drafter = {"_target_": EAGLE}
     with pytest.raises(SpecResearchError, match=message):
         check(cfg)
-
-
-def test_train_command_end_to_end(tmp_path, target):
-    out = tmp_path / "head.safetensors"
-    cmd = [sys.executable, "-m", "specresearch.train", "model=tiny", "drafter=eagle", "tracker=none",
-           "train.tokens=300", "train.new=50", "train.epochs=1", "train.cache=false", f"train.out={out}"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert out.is_file() and "drafter=eagle" in done.stdout
-    record = json.loads(out.with_suffix(".json").read_text())["trained_on"]  # which prompts trained the head
-    assert record["sources"] == ["python-stdlib", "sharegpt"] and record["split"] == "train" and record["prompts"] == len(record["ids"]) == 6
-    assert record["prompts_sha256"] == hashlib.sha256("\n".join(sorted(record["ids"])).encode()).hexdigest()
-    assert EagleDrafter(target, checkpoint=str(out)).trained_on["ids"] == record["ids"]
-    run = [sys.executable, "-m", "specresearch", "model=tiny", "drafter=eagle", f"drafter.checkpoint={out}",
-           "tracker=none", "dataset.num_prompts=1", "max_new_tokens=8", "warmup=false"]
-    done = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "greedy identity: 1/1" in done.stdout

@@ -12,44 +12,20 @@ from specresearch.drafters.draft_model import cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
-from specresearch.models import SkinnyLinear, load_model
 from specresearch.stats import first_token_law
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
-from .conftest import PLAIN, REPEATING, cyclic_tiny
+from .conftest import PLAIN, REPEATING, cyclic_tiny, tiny_model
 
 GREEDY = SamplingParams()
 VOCAB = 320
 
 
-def tiny(**kwargs):
-    """A tiny fp32 model as runs load it: its linear layers verify few tokens with SkinnyLinear."""
-    lm = load_model("tiny", device="cpu", tiny={"vocab_size": VOCAB, "seed": 0, **kwargs})
-    assert isinstance(lm.model.lm_head, SkinnyLinear)
-    return lm
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny()
-
-
-@pytest.fixture(scope="module")
-def close_draft():
-    """A noise-perturbed copy of the target: accepts some drafts and rejects others."""
-    return tiny(noise=0.01, noise_seed=5)
-
-
-@pytest.fixture(scope="module")
-def far_draft():
-    """A more perturbed copy: about 30% of sampled drafts are rejected, exercising the residual."""
-    return tiny(noise=0.03, noise_seed=5)
-
-
 @pytest.fixture(scope="module")
 def same_draft():
-    return tiny()
+    """A copy of the target: every draft is accepted."""
+    return tiny_model()
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -95,7 +71,7 @@ def test_greedy_speculative_equals_greedy(target, close_draft, k):
     assert s.off_chain == 0  # every step a chain of k (those max_new_tokens cut short included): Leviathan's model holds
 
 
-def test_every_draft_rejected(target, same_draft):
+def test_every_draft_rejected_still_gives_the_baseline_output(target, same_draft):
     engine = Engine(target, WrongDrafter(target, k=3, model=same_draft), GreedyVerifier(), GREEDY)
     for prompt in prompts(3, seed=1):
         out = engine.generate(prompt, 30, eos_token_ids=[])
@@ -104,7 +80,7 @@ def test_every_draft_rejected(target, same_draft):
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_every_draft_accepted(target, same_draft, k):
+def test_every_draft_accepted_gives_the_baseline_output_and_a_bonus_token_per_step(target, same_draft, k):
     engine = Engine(target, IndependentDrafter(target, k=k, model=same_draft), GreedyVerifier(), GREEDY)
     for prompt in prompts(3, seed=2):
         out = engine.generate(prompt, 36, eos_token_ids=[])
@@ -140,7 +116,7 @@ def test_kv_caches_equal_fresh_prefill(target, close_draft, same_draft, drafter_
         torch.testing.assert_close(cached, next_logits_fresh(target, seq), atol=1e-4, rtol=1e-4)
 
 
-def test_target_rollback_then_new_tokens(target):
+def test_tokens_fed_after_a_rollback_see_only_the_kept_cache(target):
     engine = baseline(target)
     wrapper = engine.target
     seq = list(range(20, 40))
@@ -243,7 +219,7 @@ def test_confidence_stopped_drafts_follow_target_law(target, far_draft):
     assert power_divergence(observed, expected, lambda_="log-likelihood").pvalue > 1e-3
 
 
-def test_seed_reproducible(target, close_draft):
+def test_a_seed_reproduces_its_sampled_output_and_another_seed_changes_it(target, close_draft):
     engine = Engine(target, IndependentDrafter(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=0.8, top_k=50))
     a = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=11).tokens
     b = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=11).tokens

@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from .conftest import CONF_DIR, TINY
-from .test_sweeps import _wait_for_a_measured_prompt
+from .conftest import CONF_DIR, TINY, interrupt_when_measuring
 
 FAST = [*TINY, "dataset.num_prompts=1", "max_new_tokens=4"]
 
@@ -68,16 +67,9 @@ def test_ctrl_c_records_the_run_failed_and_exits_130(tmp_path):
             f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out"]
     # as from a terminal: a job started in the background by a shell without job control inherits SIGINT
     # ignored, and Python then installs no KeyboardInterrupt handler (the test would hang on to the end)
-    proc = subprocess.Popen(spec(*args), cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        _wait_for_a_measured_prompt(store / "mlflow.db", proc)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    returncode, _, err = interrupt_when_measuring(spec(*args), store / "mlflow.db", signal.SIGINT, cwd=tmp_path, env=env(),
+                                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert returncode == 128 + signal.SIGINT, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert err.strip().splitlines()[-1] == "interrupted by SIGINT: the run is recorded as FAILED with what it measured"
     from mlflow import MlflowClient
@@ -143,6 +135,7 @@ def test_the_train_command_refuses_in_one_line_and_leaves_no_folder(tmp_path):
 
     refused = train("model=tiny", "drafter=pld", "tracker=none")
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error: specresearch.train trains drafters")
+    assert "use drafter=eagle or drafter=medusa" in refused.stderr
     unknown = train("drafter=nope")
     assert unknown.returncode == 2 and unknown.stderr.strip().splitlines() == [
         f"error: unknown drafter 'nope': valid are {', '.join(sorted(p.stem for p in (CONF_DIR / 'drafter').glob('*.yaml')))}"]

@@ -9,7 +9,6 @@ from scipy import stats as st
 
 from specresearch.drafters import IndependentDrafter, NoDrafter, PromptLookupDrafter
 from specresearch.engine import Engine
-from specresearch.models import load_model
 from specresearch.stats import battery, calibration, holm, sample_engine, sample_target, teacher_force
 from specresearch.stats.battery import MIN_EXPECTED, noncentrality, pooled_table
 from specresearch.types import SamplingParams
@@ -21,20 +20,6 @@ T1 = SamplingParams(temperature=1.0)
 PROMPT = [1, 2, 3, 4]
 N, L = 300, 5
 ALPHA = 1e-3  # CI: fixed seeds, small alpha
-
-
-def tiny(**kwargs):
-    return load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0, **kwargs})
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny()
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return tiny(noise=0.03, noise_seed=5)
 
 
 @pytest.fixture(scope="module")
@@ -85,18 +70,18 @@ def test_batched_sampler_first_token_follows_p(target):
     assert st.chi2_contingency(table, lambda_="log-likelihood").pvalue > ALPHA
 
 
-def test_engine_reused_prefill_gives_the_same_outputs(target, draft):
-    engine = Engine(target, IndependentDrafter(target, k=3, model=draft), RejectionVerifier(), T1)
+def test_engine_reused_prefill_gives_the_same_outputs(target, far_draft):
+    engine = Engine(target, IndependentDrafter(target, k=3, model=far_draft), RejectionVerifier(), T1)
     fresh = [engine.generate(PROMPT, 12, seed=s).tokens for s in range(3)]
     reused = [engine.generate(PROMPT, 12, seed=s, reuse_prefill=True).tokens for s in range(3)]
     assert fresh == reused
 
 
 @pytest.mark.parametrize("drafter", ["independent", "none"])
-def test_lossless_pairs_pass(target, draft, baseline, drafter):
+def test_lossless_pairs_pass(target, far_draft, baseline, drafter):
     """Rejection sampling with a draft model (and plain decoding through the same harness, the
     negative control) is not distinguishable from the target by any test of the battery."""
-    d = IndependentDrafter(target, k=3, model=draft) if drafter == "independent" else NoDrafter()
+    d = IndependentDrafter(target, k=3, model=far_draft) if drafter == "independent" else NoDrafter()
     meth, cond = method_samples(target, Engine(target, d, RejectionVerifier(), T1))
     report = battery(*baseline, meth, cond, alpha=ALPHA, bootstrap=50)
     assert not report.reject, report.format()
@@ -105,9 +90,9 @@ def test_lossless_pairs_pass(target, draft, baseline, drafter):
 
 
 @pytest.mark.parametrize("verifier", [TypicalVerifier(), TopKVerifier(k=320)], ids=["typical", "always accept"])
-def test_aggressive_lossy_rules_are_detected(target, draft, baseline, verifier):
+def test_aggressive_lossy_rules_are_detected(target, far_draft, baseline, verifier):
     """Medusa's typical acceptance and the positive control (accept everything: the draft's law)."""
-    meth, cond = method_samples(target, Engine(target, IndependentDrafter(target, k=3, model=draft), verifier, T1))
+    meth, cond = method_samples(target, Engine(target, IndependentDrafter(target, k=3, model=far_draft), verifier, T1))
     report = battery(*baseline, meth, cond, alpha=ALPHA, bootstrap=50)
     assert report.reject, report.format()
     assert any(name.startswith("position_") for name in report.rejected)

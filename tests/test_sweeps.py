@@ -10,7 +10,6 @@ import math
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.records import HASH_TAG, config_hash
 from specresearch.sweeps import JobSkipped
 
-from .conftest import make_cfg
+from .conftest import interrupt_when_measuring, make_cfg
 
 FAST = ["model=tiny", "drafter=pld", "dataset.num_prompts=1", "max_new_tokens=6"]
 
@@ -67,7 +66,7 @@ def test_config_hash_ignores_tracker_and_resume_only():
     assert base != config_hash(make_cfg(*FAST, "exclusive=false"))
 
 
-def test_resume_setting():
+def test_resume_is_on_for_sweeps_by_default_and_true_or_false_overrides_it():
     assert sweeps.resume_on(make_cfg(*FAST), multirun=True) and not sweeps.resume_on(make_cfg(*FAST), multirun=False)
     assert sweeps.resume_on(make_cfg(*FAST, "resume=true"), multirun=False)
     assert not sweeps.resume_on(make_cfg(*FAST, "resume=false"), multirun=True)
@@ -149,33 +148,11 @@ def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path):
     assert len(parents) == 3 and all(p.info.status == "FINISHED" for p in parents)
 
 
-def _wait_for_a_measured_prompt(db, proc, timeout=300.0) -> None:
-    """Until the job's run has logged a per-prompt metric: it is inside its decoding loop."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the job ended before it could be interrupted"
-        try:
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
-                if con.execute("select count(*) from metrics where key = 'prompt/tau'").fetchone()[0]:
-                    return
-        except sqlite3.Error:  # not created yet, or locked for a moment
-            pass
-        time.sleep(0.1)
-    raise AssertionError("no prompt measured in time")
-
-
 def test_sigterm_records_failed_and_resume_completes_the_job(tmp_path):
     args = ["-m", "model=tiny", "drafter=pld", "drafter.k=2", "dataset.num_prompts=8", "max_new_tokens=48"]
-    proc = subprocess.Popen(command(tmp_path, *args), cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for_a_measured_prompt(tmp_path / "mlruns" / "mlflow.db", proc)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    returncode, _, err = interrupt_when_measuring(command(tmp_path, *args), tmp_path / "mlruns" / "mlflow.db", signal.SIGTERM,
+                                                  cwd=tmp_path, env=env_for(tmp_path))
+    assert returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "interrupted by SIGTERM" in err
     (job,), (parent,) = runs(tmp_path)
     assert job.info.status == "FAILED" and parent.info.status == "FAILED"

@@ -1,7 +1,13 @@
 """specresearch.train trains any drafter class that implements drafters.training.Trainable: a drafter
 it has never heard of trains, saves and is named by the same code as Medusa and EAGLE; a class that
-does not implement it is refused in one line that names the trainable options."""
+does not implement it is refused in one line that names the trainable options; and end to end,
+`python -m specresearch.train` saves Medusa heads and an EAGLE head that record the prompts that
+trained them and decode with greedy identity."""
 
+import hashlib
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,14 +16,16 @@ from hydra import compose, initialize_config_dir
 from torch import nn
 
 from specresearch.config import CONF_DIR
+from specresearch.data import DATASETS, SHAREGPT_EVAL, load_prompts
+from specresearch.drafters import MedusaDrafter
 from specresearch.drafters.base import Drafter, save_checkpoint
+from specresearch.drafters.eagle import EagleDrafter
 from specresearch.drafters.training import optimise
 from specresearch.errors import SpecResearchError
-from specresearch.models import load_model
 from specresearch.train import run, train, trainable
 from specresearch.types import Draft
 
-from .conftest import train_cfg
+from .conftest import ROOT, tiny_model, train_cfg
 
 STEPS = 5
 
@@ -74,7 +82,7 @@ def test_a_new_trained_drafter_trains_with_the_same_code():
     cfg = train_cfg(tokens=400, lr=1e-2)
     cfg.drafter = {"_target_": NEW}
     assert trainable(cfg) is NextNextDrafter
-    module, summary = train(cfg, load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0}))
+    module, summary = train(cfg, tiny_model())
     assert isinstance(module, NextNext) and summary["steps"] == STEPS
     assert summary["last_loss"] < summary["first_loss"] and summary["positions"] > 0
     assert summary["trained_on"]["split"] == "train"
@@ -99,3 +107,35 @@ def test_a_drafter_without_the_protocol_is_refused_in_one_line(target):
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("specresearch.train trains drafters eagle, medusa: use drafter=eagle or drafter=medusa (got ")
+
+
+@pytest.mark.parametrize("drafter, checkpoint, says, cls", [
+    ("medusa", "heads.safetensors", "held-out top-1 agreement per head", MedusaDrafter),
+    ("eagle", "head.safetensors", "drafter=eagle", EagleDrafter),
+], ids=["medusa", "eagle"])
+def test_the_train_command_saves_a_checkpoint_that_records_its_prompts_and_decodes_identically(tmp_path, target, drafter, checkpoint,
+                                                                                               says, cls):
+    """`python -m specresearch.train drafter=NAME` (run from the checkout) saves weights with the settings
+    that reproduce them and a record of the training prompts (6 = 300 tokens / 50, sorted, hashed,
+    none an evaluation prompt; the loaded drafter reads the same record), and `python -m specresearch`
+    decodes with them at greedy identity."""
+    out = tmp_path / checkpoint
+    cmd = [sys.executable, "-m", "specresearch.train", "model=tiny", f"drafter={drafter}", "tracker=none",
+           "train.tokens=300", "train.new=50", "train.epochs=1", "train.cache=false", f"train.out={out}"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert out.is_file() and says in done.stdout
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["train"]["tokens"] == 300  # the settings that reproduce it
+    record = meta["trained_on"]  # which prompts trained the weights
+    assert record["sources"] == ["python-stdlib", "sharegpt"] and record["split"] == "train" and record["prompts"] == len(record["ids"]) == 6
+    assert record["ids"] == sorted(record["ids"]) and len(set(record["ids"])) == 6
+    assert record["prompts_sha256"] == hashlib.sha256("\n".join(sorted(record["ids"])).encode()).hexdigest()
+    evaluation = {p.id for name in DATASETS for p in load_prompts(name, SHAREGPT_EVAL if name == "sharegpt" else None)}
+    assert not evaluation & set(record["ids"])
+    assert cls(target, checkpoint=str(out)).trained_on["ids"] == record["ids"]
+    decode = [sys.executable, "-m", "specresearch", "model=tiny", f"drafter={drafter}", f"drafter.checkpoint={out}",
+              "tracker=none", "dataset.num_prompts=1", "max_new_tokens=8", "warmup=false"]
+    done = subprocess.run(decode, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "greedy identity: 1/1" in done.stdout

@@ -9,26 +9,11 @@ from specresearch.drafters import Context, NoDrafter, TreeDrafter
 from specresearch.drafters.tree import Sizer
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.models import load_model
 from specresearch.target import Target, interpolated
 from specresearch.types import Draft, SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
 
-from .conftest import PLAIN, REPEATING, equivalence_report
-
-
-def tiny(**options):
-    return load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0, **options})
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny()
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return tiny(noise=0.01, noise_seed=5)
+from .conftest import PLAIN, REPEATING, equivalence_report, tiny_model
 
 
 @torch.inference_mode()
@@ -51,15 +36,17 @@ def test_a_tree_grown_over_several_forwards_sees_only_its_ancestors(target):
 
 
 @torch.inference_mode()
-def test_static_and_dynamic_shapes(target, draft):
+def test_static_trees_take_their_branching_and_dynamic_trees_their_node_budget(target, close_draft):
+    """A static tree has branching[d] children per node at depth d (one draft forward per fed level); a
+    dynamic one keeps `nodes` nodes at most `depth` deep, parents first, never deeper than the tokens left."""
     ctx = Context(torch.tensor(REPEATING), SamplingParams(), torch.Generator().manual_seed(0), 100)
-    static = TreeDrafter(target, model=draft, branching=[3, 2, 1])
+    static = TreeDrafter(target, model=close_draft, branching=[3, 2, 1])
     static.prefill(ctx)
     tree = static.propose(ctx)
     assert len(tree) == 3 + 6 + 6 and tree.depth == 3 and tree.q is None
     assert sorted(node_depths(tree.parents)) == [1] * 3 + [2] * 6 + [3] * 6
     assert static.draft_forwards == 3  # one forward per level, the last level is not fed
-    dynamic = TreeDrafter(target, model=draft, branching=None, topk=3, depth=4, nodes=7)
+    dynamic = TreeDrafter(target, model=close_draft, branching=None, topk=3, depth=4, nodes=7)
     dynamic.prefill(ctx)
     tree = dynamic.propose(ctx)
     assert len(tree) == 7 and tree.depth <= 4
@@ -75,7 +62,7 @@ def test_static_and_dynamic_shapes(target, draft):
 def test_chain_confidence_stops_a_tree_after_a_level_without_a_likely_path(target):
     """A level is grown only below a level with a path the draft gives at least the threshold (its
     probabilities multiplied down the path, from fresh forwards); trees stop before `depth` then."""
-    draft, threshold, depth, stopped = tiny(noise=0.03, noise_seed=5), 0.3, 8, 0
+    draft, threshold, depth, stopped = tiny_model(noise=0.03, noise_seed=5), 0.3, 8, 0
     drafter = TreeDrafter(target, model=draft, branching=None, topk=2, depth=depth, nodes=64, chain_confidence=threshold)
     for seed in range(6):
         prompt = torch.randint(0, 256, (6,), generator=torch.Generator().manual_seed(seed))
@@ -102,10 +89,10 @@ def test_chain_confidence_stops_a_tree_after_a_level_without_a_likely_path(targe
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("shape", ["static", "dynamic", "ensemble"])
-def test_greedy_output_equals_the_baseline(target, draft, seed, shape):
+def test_greedy_output_equals_the_baseline(target, close_draft, seed, shape):
     options = {"static": {"branching": [2, 2, 1]}, "dynamic": {"branching": None, "topk": 3, "depth": 4, "nodes": 9},
-               "ensemble": {"branching": [2, 1], "ensemble": [tiny(noise=0.02, noise_seed=9)]}}[shape]
-    engine = Engine(target, TreeDrafter(target, model=draft, **options), GreedyVerifier(), SamplingParams())
+               "ensemble": {"branching": [2, 1], "ensemble": [tiny_model(noise=0.02, noise_seed=9)]}}[shape]
+    engine = Engine(target, TreeDrafter(target, model=close_draft, **options), GreedyVerifier(), SamplingParams())
     baseline = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams())
     accepted = 0
     for prompt in (REPEATING, PLAIN):
@@ -118,8 +105,8 @@ def test_greedy_output_equals_the_baseline(target, draft, seed, shape):
 
 
 @pytest.mark.parametrize("children", ["top", "sample"])
-def test_rejection_sampling_on_trees_follows_the_target(target, draft, children):
-    engine = Engine(target, TreeDrafter(target, model=draft, branching=[2, 2], children=children),
+def test_rejection_sampling_on_trees_follows_the_target(target, close_draft, children):
+    engine = Engine(target, TreeDrafter(target, model=close_draft, branching=[2, 2], children=children),
                     RejectionVerifier(), SamplingParams(temperature=1.0))
     stats = engine.generate(REPEATING, 30, eos_token_ids=[], seed=3).stats
     assert 0 < stats.accepted < stats.drafted
@@ -142,27 +129,27 @@ def test_typical_on_a_tree_keeps_the_longest_passing_path():
     assert TypicalVerifier(recover="greedy")(Draft(tokens=tokens, parents=parents), p, None).path == [0]
 
 
-def test_typical_tree_at_temperature_zero_equals_the_baseline(target, draft):
-    engine = Engine(target, TreeDrafter(target, model=draft, branching=[2, 1]), TypicalVerifier(recover="greedy"), SamplingParams())
+def test_typical_tree_at_temperature_zero_equals_the_baseline(target, close_draft):
+    engine = Engine(target, TreeDrafter(target, model=close_draft, branching=[2, 1]), TypicalVerifier(recover="greedy"), SamplingParams())
     baseline = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams())
     assert engine.generate(PLAIN, 30, eos_token_ids=[]).tokens == baseline.generate(PLAIN, 30, eos_token_ids=[]).tokens
 
 
-def test_bad_settings_name_the_valid_ones(target, draft):
+def test_bad_settings_name_the_valid_ones(target, close_draft):
     with pytest.raises(SpecResearchError, match="valid are top, sample"):
-        TreeDrafter(target, model=draft, children="beam")
+        TreeDrafter(target, model=close_draft, children="beam")
     with pytest.raises(SpecResearchError, match="counts >= 1"):
-        TreeDrafter(target, model=draft, branching=[2, 0])
+        TreeDrafter(target, model=close_draft, branching=[2, 0])
     with pytest.raises(SpecResearchError, match="needs a draft model"):
         TreeDrafter(target)
     with pytest.raises(SpecResearchError, match="temperature > 0"):
-        Engine(target, TreeDrafter(target, model=draft, children="sample"), GreedyVerifier(), SamplingParams())
+        Engine(target, TreeDrafter(target, model=close_draft, children="sample"), GreedyVerifier(), SamplingParams())
     with pytest.raises(SpecResearchError, match="valid are null .*, auto"):
-        TreeDrafter(target, model=draft, branching=None, shape="best")
+        TreeDrafter(target, model=close_draft, branching=None, shape="best")
     with pytest.raises(SpecResearchError, match="set drafter.branching=null"):
-        TreeDrafter(target, model=draft, shape="auto")
+        TreeDrafter(target, model=close_draft, shape="auto")
     with pytest.raises(SpecResearchError, match="use drafter.children=top"):
-        TreeDrafter(target, model=draft, branching=None, children="sample", shape="auto")
+        TreeDrafter(target, model=close_draft, branching=None, children="sample", shape="auto")
 
 
 def test_auto_size_keeps_the_nodes_with_the_best_predicted_speedup():
@@ -181,9 +168,9 @@ def test_auto_size_keeps_the_nodes_with_the_best_predicted_speedup():
 
 
 @torch.inference_mode()
-def test_an_auto_sized_tree_keeps_at_most_its_nodes_and_predicts_its_speedup(target, draft):
+def test_an_auto_sized_tree_keeps_at_most_its_nodes_and_predicts_its_speedup(target, close_draft):
     ctx = Context(torch.tensor(REPEATING), SamplingParams(), torch.Generator().manual_seed(0), 100)
-    auto = TreeDrafter(target, model=draft, branching=None, topk=3, depth=4, nodes=7, shape="auto")
+    auto = TreeDrafter(target, model=close_draft, branching=None, topk=3, depth=4, nodes=7, shape="auto")
     assert auto.predicted_speedup is None  # nothing sized yet
     sizes = []
     for _ in range(3):
@@ -195,7 +182,7 @@ def test_an_auto_sized_tree_keeps_at_most_its_nodes_and_predicts_its_speedup(tar
 
 
 @torch.inference_mode()
-def test_a_cheap_draft_model_grows_trees_of_its_shortlist(target, draft, tmp_path):
+def test_a_cheap_draft_model_grows_trees_of_its_shortlist(target, close_draft, tmp_path):
     """drafter.model.vocab / quantize reach the tree (and each ensemble member): every node is a
     shortlisted token, every sampled child's q is zero off the shortlist, the draft runs int8 linears,
     and the tree still holds children the shortlist allows only (the full draft proposes others)."""
@@ -209,6 +196,6 @@ def test_a_cheap_draft_model_grows_trees_of_its_shortlist(target, draft, tmp_pat
     tree = cheap.propose(ctx)
     assert set(tree.tokens.tolist()) <= allowed and tree.q.shape == (len(tree), 320)
     assert float(tree.q[:, sorted(set(range(320)) - allowed)].abs().sum()) == 0 and torch.allclose(tree.q.sum(-1), torch.ones(len(tree)))
-    full = TreeDrafter(target, model=draft, branching=None, topk=3, depth=3, nodes=10, children="sample")
+    full = TreeDrafter(target, model=close_draft, branching=None, topk=3, depth=3, nodes=10, children="sample")
     full.prefill(ctx)
     assert not set(full.propose(ctx).tokens.tolist()) <= allowed
