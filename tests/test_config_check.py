@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from specresearch.errors import SpecResearchError
 from specresearch.types import SamplingParams
-from specresearch.validate import check_config
+from specresearch.settings import check as check_config
 
 from .conftest import CONF_DIR, TINY, make_cfg
 
