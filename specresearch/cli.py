@@ -37,7 +37,7 @@ def fail(message: str) -> None:
 
 def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None], timed: bool = True) -> None:
     """Run a Hydra command (`python -m specresearch`, `python -m specresearch.train`): every job, single
-    or in a sweep, is checked (validate.check_config) before a run opens, then runs `work(cfg)` inside
+    or in a sweep, is checked (settings.check) before a run opens, then runs `work(cfg)` inside
     sweeps.job (signals end its run FAILED, `resume` may skip it, a timed speed job holds the speed lock).
     A SpecResearchError is one `error:` line and exit 2 for a single run (which leaves no empty output
     folder); in a sweep the other jobs go on and the sweep's callback counts the failed one.
@@ -67,12 +67,12 @@ def _job(work: Callable[[DictConfig], dict[str, float] | None], timed: bool) -> 
         from hydra.types import RunMode
 
         from specresearch import sweeps
-        from specresearch.validate import check_config
+        from specresearch.settings import check
 
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
         try:
-            check_config(cfg)  # before sweeps.job: a refused config opens no run and takes no lock
+            check(cfg)  # before sweeps.job: a refused config opens no run and takes no lock
             with sweeps.job(cfg, multirun=multirun, timed=timed) as skipped:
                 if skipped is not None:
                     return skipped

@@ -14,8 +14,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from specresearch import settings
 from specresearch.errors import SpecResearchError
-
 
 
 def _project_folder(name: str) -> Path:
@@ -60,7 +60,8 @@ def register_studies() -> None:
 
 def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str = "config") -> DictConfig:
     """A config of conf/ composed with Hydra overrides, as `python -m specresearch` would
-    compose it (without the `hydra` node).
+    compose it (without the `hydra` node), and checked against the settings schema
+    (specresearch.settings.check).
 
     Args:
         overrides: `["drafter=pld", "drafter.k=4"]`, or a mapping `{"drafter": "pld", "drafter.k": 4}`
@@ -68,7 +69,8 @@ def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str 
         config_name: "config" (experiments, evaluations) or "train".
 
     Raises:
-        SpecResearchError: an unknown option or setting (naming the valid ones) or a bad override.
+        SpecResearchError: an unknown option or setting (naming the valid ones), a value of the wrong
+            type or out of range, or a bad override.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -82,9 +84,11 @@ def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str 
         raise SpecResearchError(problem)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=overrides)
+            cfg = hydra_compose(config_name=config_name, overrides=overrides)
     except HydraException as err:
         raise SpecResearchError(str(err)) from None
+    settings.check(cfg)
+    return cfg
 
 
 def _text(value: Any) -> str:
@@ -109,7 +113,10 @@ def unknown_option(args: Sequence[str], config_name: str = "config") -> str | No
         chosen[group] = value.split(",")
     if chosen.get(STUDY_GROUP, ["null"]) != ["null"]:
         return None  # a study's preset may choose options and add settings of its own: Hydra checks those
-    primary = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
+    schema = settings.PRIMARY.get(config_name)
+    if schema is None:
+        return None
+    primary = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")  # its defaults list: the options it chooses
     for entry in primary.get("defaults", []):
         if isinstance(entry, (dict, DictConfig)):
             for group, name in entry.items():
@@ -131,19 +138,16 @@ def unknown_option(args: Sequence[str], config_name: str = "config") -> str | No
                     return problem
         else:
             command = "python -m specresearch" + ("" if config_name == "config" else f".{config_name}")
-            problem = _missing(keys, {**primary, **{g: None for g in chosen}}, command, "")
+            problem = _missing(keys, {**settings.settings(schema, shipped=True), **{g: None for g in chosen}}, command, "")
             if problem:
                 return problem
     return None
 
 
-def _option(group: str, name: str) -> DictConfig:
-    """An option's own settings, with those of the options of its group it builds on (its `defaults`)."""
-    node = OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
-    for base in node.pop("defaults", []):
-        if isinstance(base, str) and base != "_self_" and (CONF_DIR / group / f"{base}.yaml").is_file():
-            node = OmegaConf.merge(_option(group, base), node)
-    return node
+def _option(group: str, name: str) -> dict | None:
+    """The settings conf/GROUP/NAME.yaml has, as its schema declares them (None: no schema, Hydra decides)."""
+    schema = settings.schema_of(group, name)
+    return settings.settings(schema, shipped=True) if schema else None
 
 
 def _missing(keys: list[str], node: Any, owner: str, prefix: str) -> str | None:

@@ -170,7 +170,7 @@ def test_failed_run_is_recorded_as_failed(tmp_path, monkeypatch):
 
 
 def test_bad_config_value_is_one_line_before_anything_runs(tmp_path):
-    """A value of the wrong type is refused by the up-front check (specresearch.validate), not by a
+    """A value of the wrong type is refused by the up-front check (specresearch.settings), not by a
     traceback from the drafter's constructor."""
     result = cli("model=tiny", "drafter.model.name=tiny", "tracker=none", "drafter.k=abc", cwd=tmp_path)
     assert result.returncode != 0

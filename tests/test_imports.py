@@ -25,7 +25,7 @@ FLOORS = {
                "experiments"],
     "runs": ["specresearch.speed", "specresearch.train", "specresearch.evaluation", "specresearch.stats",
              "specresearch.sweeps"],
-    "build": ["specresearch.build", "specresearch.validate"],
+    "build": ["specresearch.build"],
     "core": ["specresearch.engine", "specresearch.target", "specresearch.drafters", "specresearch.verifiers"],
     "services": ["specresearch.models", "specresearch.data", "specresearch.vocab", "specresearch.tracking",
                  "specresearch.records", "specresearch.figures", "specresearch.config", "specresearch.assets"],
