@@ -18,15 +18,16 @@ from specresearch import settings
 from specresearch.errors import SpecResearchError
 
 
-def _project_folder(name: str) -> Path:
+def _project_folder(name: str, marker: str) -> Path:
     """A folder of the project's top level (conf, experiments): inside the package in a wheel, beside it
-    in a checkout."""
+    in a checkout. Found by a file it holds (`marker`), so that a leftover folder of the same name (a
+    checkout's old specresearch/conf/__pycache__, which git leaves behind) is not taken for it."""
     package = Path(__file__).resolve().parent
-    return package / name if (package / name).is_dir() else package.parent / name
+    return package / name if (package / name / marker).is_file() else package.parent / name
 
 
-CONF_DIR = _project_folder("conf")
-STUDIES_DIR = _project_folder("experiments")
+CONF_DIR = _project_folder("conf", "config.yaml")
+STUDIES_DIR = _project_folder("experiments", "README.md")
 STUDY_GROUP = "experiment"  # python -m specresearch experiment=NAME runs experiments/NAME/preset.yaml
 
 

@@ -111,3 +111,17 @@ def test_eval_configs_name_a_known_task(name):
     cfg = make_cfg(*TINY, f"eval={name}", "eval.allow_code_execution=true")
     assert cfg.eval.task in TASKS and (TASKS_DIR / f"{cfg.eval.task}.yaml").is_file()
     check(cfg.eval)  # valid as shipped, once the user opts in
+
+
+def test_conf_is_found_beside_the_package_or_inside_it_and_a_leftover_folder_is_not_taken(tmp_path, monkeypatch):
+    """A checkout holds conf/ beside the package, a wheel inside it; a checkout's old
+    specresearch/conf/ that git left behind (only __pycache__) must not hide the real one."""
+    from specresearch import config
+
+    (tmp_path / "specresearch" / "conf" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text("defaults: []\n")
+    monkeypatch.setattr(config, "__file__", str(tmp_path / "specresearch" / "config.py"))
+    assert config._project_folder("conf", "config.yaml") == tmp_path / "conf"  # a checkout, with a leftover
+    (tmp_path / "specresearch" / "conf" / "config.yaml").write_text("defaults: []\n")
+    assert config._project_folder("conf", "config.yaml") == tmp_path / "specresearch" / "conf"  # a wheel
