@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import typing
-from dataclasses import MISSING as _NO_DEFAULT, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional, Union
 
 from omegaconf import MISSING, DictConfig, OmegaConf
