@@ -156,10 +156,10 @@ def _missing(keys: list[str], node: Any, owner: str, prefix: str) -> str | None:
     for depth, key in enumerate(keys):
         if not isinstance(node, (dict, DictConfig)):
             return None  # a value (or null) there: Hydra decides
-        settings = sorted(k for k in node if k not in ("_target_", "defaults", "hydra"))
+        valid = sorted(k for k in node if k not in ("_target_", "defaults", "hydra"))
         if key not in node:
             where = ".".join([prefix, *keys[:depth]]).strip(".")
-            return f"{owner} has no setting '{'.'.join([where, key]).strip('.')}': valid are {', '.join(f'{where}.{k}'.lstrip('.') for k in settings)}"
+            return f"{owner} has no setting '{'.'.join([where, key]).strip('.')}': valid are {', '.join(f'{where}.{k}'.lstrip('.') for k in valid)}"
         node = node[key]
     return None
 

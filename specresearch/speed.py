@@ -153,7 +153,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
             record = results.add(prompt, base, meth, gap)
             if drafter.predicted_speedup is not None:  # shape=auto: fixed (Medusa) or over the steps so far (dynamic trees)
                 results.predicted_speedup = drafter.predicted_speedup
-            tracked.log_metrics({**prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION), **_step_metrics(meth, base, record)}, step=i)
+            tracked.log_metrics({**prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION), **_step_metrics(base, meth, record)}, step=i)
         if cfg.stats.samples and not sampling.greedy:
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
     record = results.record(k)
@@ -261,7 +261,7 @@ def divergence_gap(lm, prompt: list[int], a: list[int], b: list[int]) -> float |
     return abs(logits[a[d]] - logits[b[d]]).item()
 
 
-def _step_metrics(meth: GenerationOutput, base: GenerationOutput, record: dict) -> dict[str, float]:
+def _step_metrics(base: GenerationOutput, meth: GenerationOutput, record: dict) -> dict[str, float]:
     return PromptStep(base.stats.tokens_per_s, meth.stats.tokens_per_s, meth.stats.tau, float(record["identical"])).to_metrics()
 
 

@@ -107,9 +107,10 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     cache.write_text(sides["baseline"].to_json())
         sides["method"] = evaluate(SpecResearchLM(engine=method, seed=cfg.seed), ec)
-    log.info(format_summary(cfg, label, summarise(sides)))
+    record = summarise(sides)
+    log.info(format_summary(cfg, label, record))
     browse_line(tracker)
-    return _report(sides, layer_metrics)[0]
+    return {**flatten(record), **layer_metrics}
 
 
 def check(ec: DictConfig) -> None:
