@@ -8,9 +8,16 @@ In order, it:
   2. as root, drops to uid/gid 65534 (nobody), so file permissions and RLIMIT_NPROC apply; if the
      interpreter lies under a folder nobody cannot enter (e.g. /root, mode 0700), it first exposes
      only the interpreter's own folders in a private mount namespace (a read-only tmpfs over that folder);
-  3. restricts itself with Landlock: writes only beneath the sandbox folder (and to /dev/null),
+  3. mounts, in a private mount namespace (inside the user namespace without root), a tmpfs of
+     `disk_mb` over the sandbox folder, holding a copy of the program: all the program writes, in all
+     its files (unlinked ones too), fits in it, and nothing reaches the host's disk;
+  4. restricts itself with Landlock: writes only beneath the sandbox folder (and to /dev/null),
      no TCP bind/connect, no signals or abstract unix sockets out of the sandbox (as the ABI allows);
-  4. forks the program (the PID namespace's init), sets the resource limits in it and execs
+  5. installs a seccomp filter: socket() only for IP (which the empty network namespace leaves nowhere
+     to go), so no unix socket, pathname or abstract, nor vsock or netlink; socketpair() only of
+     SOCK_STREAM (a datagram socketpair could sendto a host's pathname socket); no io_uring (its
+     operations would bypass the filter); any other system call ABI (i386, x32) kills the process;
+  6. forks the program (the PID namespace's init), sets the resource limits in it and execs
      `python -I -S program.py`; then waits and exits with the program's status (128 + signal if killed).
 
 It writes one JSON line to the fd `report_fd` before the fork: which layers it applied, and `missing`
@@ -18,6 +25,7 @@ It writes one JSON line to the fd `report_fd` before the fork: which layers it a
 """
 
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -28,6 +36,7 @@ import sys
 NOBODY = 65534  # the uid and gid root drops to
 
 CLONE_NEWNS = 0x00020000
+INODES = 4096  # files and folders the sandbox folder's tmpfs may hold (each costs kernel memory)
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -44,14 +53,28 @@ FS_WRITE = {  # ABI -> the write-type rights it knows (reads and execution stay 
 }
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI >= 4
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI >= 6
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 22, 38
+
+# seccomp (include/uapi/linux/seccomp.h, audit.h) and classic BPF (include/uapi/linux/filter.h).
+SECCOMP_MODE_FILTER = 2
+RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+LD_W_ABS, JEQ, JGE, AND, RET = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JMP|JGE|K, ALU|AND|K, RET|K
+NR, ARCH, ARG0, ARG1 = 0, 4, 16, 24  # offsets in struct seccomp_data (an argument's low 32 bits: little-endian)
+X32_SYSCALL_BIT = 0x40000000
+SYSCALLS = {  # machine -> (AUDIT_ARCH_*, socket, socketpair); io_uring_setup/enter/register are 425-427 on both
+    "x86_64": (0xC000003E, 41, 53),
+    "aarch64": (0xC00000B7, 198, 199),
+}
+IO_URING = (425, 428)  # [first, end)
+AF_INET, AF_INET6, SOCK_STREAM, SOCK_TYPE_MASK = 2, 10, 1, 0xF
 
 # The new mount API (Linux >= 5.2; same numbers on every architecture) and mount(2) flags.
 SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
 OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 1, 0x8000, 0x4, -100
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 1 << 14, 1 << 18
 
-LAYERS = ("network_namespace", "pid_namespace", "unprivileged_uid", "landlock_fs", "landlock_net", "landlock_scope")
+LAYERS = ("network_namespace", "pid_namespace", "unprivileged_uid", "disk_quota", "landlock_fs", "landlock_net",
+          "landlock_scope", "seccomp_sockets")
 
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
@@ -62,6 +85,14 @@ except (OSError, AttributeError):  # not a libc we know: every kernel layer is r
 
 class RulesetAttr(ctypes.Structure):
     _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
 
 
 class PathBeneathAttr(ctypes.Structure):
@@ -81,8 +112,9 @@ def _syscall(number: int, *args) -> int:
     return _libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
 
 
-def _prctl(option: int, value: int) -> int:
-    return _libc.prctl(ctypes.c_int(option), *(ctypes.c_ulong(a) for a in (value, 0, 0, 0)))
+def _prctl(option: int, value: int, pointer=None) -> int:
+    return _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), ctypes.c_ulong(0) if pointer is None else pointer,
+                       ctypes.c_ulong(0), ctypes.c_ulong(0))
 
 
 def _mount(source: bytes | None, target: str, fstype: bytes | None, flags: int, data: bytes | None) -> None:
@@ -91,6 +123,82 @@ def _mount(source: bytes | None, target: str, fstype: bytes | None, flags: int, 
 
 def unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+_private_mounts = False  # whether this process entered its private mount namespace
+
+
+def private_mounts() -> None:
+    """Enter a private mount namespace, once: nothing mounted afterwards reaches the host."""
+    global _private_mounts
+    if not _private_mounts:
+        unshare(CLONE_NEWNS)
+        _mount(b"none", "/", None, MS_REC | MS_PRIVATE, None)
+        _private_mounts = True
+
+
+def map_ids(uid: int, gid: int) -> None:
+    """Without root, in the new user namespace: map our own uid and gid (from before the unshare) to
+    themselves, since a tmpfs mounted in the namespace takes files only from mapped owners."""
+    for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+        try:
+            os.write(fd, line.encode())  # one write, as these files require
+        finally:
+            os.close(fd)
+
+
+def disk_quota(folder: str, program: str, disk_mb: int, owner: tuple[int, int]) -> None:
+    """Cover `folder`, in a private mount namespace, with a tmpfs of `disk_mb` MB owned by `owner` (uid, gid),
+    copy the program into it and enter it: what the program writes, in all, then fits in `disk_mb`."""
+    with open(os.path.join(folder, program), "rb") as f:
+        source = f.read()
+    private_mounts()
+    options = f"size={disk_mb}m,nr_inodes={INODES},mode=0700,uid={owner[0]},gid={owner[1]}"
+    _mount(b"tmpfs", folder, b"tmpfs", MS_NOSUID | MS_NODEV, options.encode())
+    path = os.path.join(folder, program)
+    with open(path, "wb") as f:
+        f.write(source)
+    os.chown(path, *owner)
+    os.chdir(folder)  # the launcher's working folder was the one beneath the tmpfs
+
+
+def socket_filter(machine: str) -> list[tuple[int, int, int, int]]:
+    """The seccomp filter (see the module's docstring) as classic BPF: (code, jt, jf, k) per instruction."""
+    if machine not in SYSCALLS:
+        raise OSError(errno.ENOSYS, f"no seccomp filter for {machine} (only {', '.join(SYSCALLS)})")
+    arch, socket, socketpair = SYSCALLS[machine]
+    lines = [  # (label, code, k, where to jump if true, if false): None = the next instruction
+        (None, LD_W_ABS, ARCH, None, None),
+        (None, JEQ, arch, None, "kill"),
+        (None, LD_W_ABS, NR, None, None),
+        (None, JGE, X32_SYSCALL_BIT, "kill", None),
+        (None, JGE, IO_URING[0], None, "socket"),
+        (None, JGE, IO_URING[1], "allow", "deny"),
+        ("socket", JEQ, socket, None, "socketpair"),
+        (None, LD_W_ABS, ARG0, None, None),  # the domain
+        (None, JEQ, AF_INET, "allow", None),
+        (None, JEQ, AF_INET6, "allow", "deny"),
+        ("socketpair", JEQ, socketpair, None, "allow"),
+        (None, LD_W_ABS, ARG1, None, None),  # the type, with SOCK_NONBLOCK/SOCK_CLOEXEC
+        (None, AND, SOCK_TYPE_MASK, None, None),
+        (None, JEQ, SOCK_STREAM, "allow", "deny"),
+        ("allow", RET, RET_ALLOW, None, None),
+        ("deny", RET, RET_ERRNO | errno.EACCES, None, None),
+        ("kill", RET, RET_KILL_PROCESS, None, None),
+    ]
+    at = {label: i for i, (label, *_) in enumerate(lines) if label}
+    return [(code, at[yes] - i - 1 if yes else 0, at[no] - i - 1 if no else 0, k)
+            for i, (_, code, k, yes, no) in enumerate(lines)]
+
+
+def seccomp_sockets() -> None:
+    """Install socket_filter for this machine on this process and all it starts."""
+    lines = socket_filter(os.uname().machine)
+    program = (SockFilter * len(lines))(*(SockFilter(*line) for line in lines))
+    _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(NO_NEW_PRIVS)")  # required to install a filter without root
+    _check(_prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(SockFprog(len(lines), program))),
+           "prctl(SET_SECCOMP)")
 
 
 def landlock_abi() -> int:
@@ -148,8 +256,7 @@ def expose_interpreter(keep: list[str]) -> None:
             covers.setdefault(closed, []).append(path)
     if not covers:
         return
-    unshare(CLONE_NEWNS)
-    _mount(b"none", "/", None, MS_REC | MS_PRIVATE, None)  # so that nothing below propagates to the host
+    private_mounts()
     for closed, paths in covers.items():
         paths = sorted(p for p in paths if not any(p != q and p.startswith(q + os.sep) for q in paths))
         trees = [_check(_syscall(SYS_OPEN_TREE, AT_FDCWD, p.encode(), OPEN_TREE_CLONE | os.O_CLOEXEC | AT_RECURSIVE),
@@ -163,12 +270,13 @@ def expose_interpreter(keep: list[str]) -> None:
         _mount(None, closed, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
-def isolate(folder: str) -> tuple[dict, dict]:
+def isolate(folder: str, program: str, disk_mb: int) -> tuple[dict, dict]:
     """Apply every layer this process can; return which were applied and why the others were not."""
     applied, why = dict.fromkeys(LAYERS, False), {}
     if _libc is None or not sys.platform.startswith("linux"):
         return applied, dict.fromkeys(LAYERS, "not Linux")
     root = os.geteuid() == 0
+    uid, gid = os.getuid(), os.getgid()  # as the host knows them: a new user namespace shows them unmapped
 
     def attempt(layer, action):
         try:
@@ -180,6 +288,15 @@ def isolate(folder: str) -> tuple[dict, dict]:
     # without root, a user namespace gives the right to create the others (and the uid is unprivileged already)
     attempt("network_namespace", lambda: unshare(CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET))
     attempt("pid_namespace", lambda: unshare(CLONE_NEWPID))
+
+    def quota():
+        if not root:
+            if not applied["network_namespace"]:
+                raise OSError(errno.EPERM, "needs the user namespace that network_namespace could not make")
+            map_ids(uid, gid)
+        disk_quota(folder, program, disk_mb, (NOBODY, NOBODY) if root else (uid, gid))
+
+    attempt("disk_quota", quota)
     if root:
         def drop():
             expose_interpreter(keep=[folder])
@@ -198,6 +315,7 @@ def isolate(folder: str) -> tuple[dict, dict]:
     for layer, version in (("landlock_net", 4), ("landlock_scope", 6)):
         if not applied[layer] and layer not in why:
             why[layer] = f"needs Landlock ABI >= {version}, this kernel has {abi or 'none'}"
+    attempt("seccomp_sockets", seccomp_sockets)  # last: the launcher itself needs no socket after it
     return applied, why
 
 
@@ -222,7 +340,7 @@ def set_limits(limits: dict) -> None:
 def main() -> int:
     settings = json.loads(sys.argv[1])
     folder = settings["folder"]
-    applied, why = isolate(folder)
+    applied, why = isolate(folder, settings["program"], settings["limits"]["disk_mb"])
     missing = [layer for layer in settings["require"] if not applied[layer]]
     with os.fdopen(settings["report_fd"], "w") as report:
         report.write(json.dumps({"applied": applied, "why": why, "missing": missing}) + "\n")

@@ -12,7 +12,11 @@ preexec_fn so that several programs can run from threads) that, before it runs t
   - processes: a PID namespace whose init is the program, so nothing it starts outlives it;
   - network: a fresh network namespace with no interface up (connect fails, even to the host's
     127.0.0.1), and Landlock's TCP rules (ABI >= 4) as a second layer;
-  - files: Landlock allows writes only beneath the temporary folder (and /dev/null);
+  - files: Landlock allows writes only beneath the temporary folder (and /dev/null), and that folder is,
+    for the program, a tmpfs of Limits.disk_mb in a private mount namespace: a cap on all it writes;
+  - unix sockets: a seccomp filter allows socket() only for IP (nowhere to go in the empty network
+    namespace), so the program cannot connect to a host's unix socket, pathname (e.g. a 0777 socket in
+    /tmp) or abstract; nor use io_uring, whose operations the filter would not see;
   - privileges: as root, the launcher drops to uid/gid 65534 (nobody), so file permissions apply too.
 The launcher applies the layers itself (Linux syscalls via ctypes); require_isolation=True (the
 default) refuses to run when a required layer (REQUIRED) is not available on this machine.
@@ -50,11 +54,14 @@ LAYERS = {  # what each isolation layer does; `isolation()` reports which this m
     "network_namespace": "an empty network namespace: no network at all",
     "pid_namespace": "a PID namespace: nothing the program starts outlives it",
     "unprivileged_uid": "a uid other than root, so file permissions and RLIMIT_NPROC apply",
+    "disk_quota": "a tmpfs of Limits.disk_mb as the program's folder: a cap on all it writes",
     "landlock_fs": "Landlock: writes only inside the program's temporary folder",
     "landlock_net": "Landlock (ABI >= 4): no TCP bind/connect, a second network layer",
     "landlock_scope": "Landlock (ABI >= 6): no signals or abstract unix sockets out of the sandbox",
+    "seccomp_sockets": "seccomp (x86_64, aarch64): no socket but IP ones, so no host unix socket; no io_uring",
 }
-REQUIRED = ("network_namespace", "pid_namespace", "unprivileged_uid", "landlock_fs")  # the rest: extra layers
+REQUIRED = ("network_namespace", "pid_namespace", "unprivileged_uid", "disk_quota", "landlock_fs",
+            "seccomp_sockets")  # the rest: extra layers
 
 
 class CodeExecutionNotAllowed(SpecResearchError):
@@ -71,6 +78,7 @@ class Limits:
     file_mb: int = 16  # RLIMIT_FSIZE: the largest file it may write, its captured output included
     open_files: int = 64  # RLIMIT_NOFILE: descriptors, so it cannot exhaust the host's
     processes: int = 16  # RLIMIT_NPROC: fork bombs; per uid, enforced only for a non-root uid
+    disk_mb: int = 64  # the size of the tmpfs that is its folder: all it writes, in all its files (ENOSPC past it)
 
     def __post_init__(self):
         if self.cpu_s is None:
