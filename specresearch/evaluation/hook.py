@@ -67,7 +67,7 @@ def main() -> None:
     cli_evaluate()
 
 
-if __name__ == "__main__":  # the module's own copy as __main__: run the imported one (one finder class, installed on import)
+if __name__ == "__main__":  # this file run as __main__: the imported module installed the hook; run its main
     from specresearch.evaluation.hook import main
 
     main()
