@@ -289,12 +289,28 @@ class Sampling:
             raise SpecResearchError(f"{path}.top_p must lie in (0, 1] (1 = off), got {p!r}")
 
 
+# The least eval.sandbox.memory_mb: a program's whole address space (RLIMIT_AS), interpreter included.
+# Measured with specresearch.evaluation.sandbox (CPython 3.11, Linux): every canonical HumanEval solution
+# passes at 16 MB (25 of 164 fail at 12 MB, all fail or hang at 10 MB); every stdlib_doctest solution
+# passes at 24 MB (all fail at 16 MB: doctest imports more). 64 leaves room for other builds of Python.
+SANDBOX_MIN_MEMORY_MB = 64
+
+
 @dataclass
 class Sandbox:
     """Where eval's generated code runs."""
     timeout: float = MISSING             # wall seconds per problem; then its process group is killed
     memory_mb: int = MISSING             # address-space limit of the process
     require_isolation: bool = MISSING    # refuse to run without a network namespace and Landlock
+
+    def check(self, path: str) -> None:
+        t, m = self.timeout, self.memory_mb
+        if _given(t) and not (math.isfinite(t) and t > 0):
+            raise SpecResearchError(f"{path}.timeout must be a finite number of seconds > 0, got {t!r}")
+        if _given(m) and m < SANDBOX_MIN_MEMORY_MB:
+            raise SpecResearchError(f"{path}.memory_mb must be >= {SANDBOX_MIN_MEMORY_MB} (the address space of a Python "
+                                    f"process running a test program, interpreter included; below it every program "
+                                    f"fails), got {m!r}")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from specresearch.errors import SpecResearchError
 from specresearch.types import SamplingParams
+from specresearch.settings import SANDBOX_MIN_MEMORY_MB
 from specresearch.settings import check as check_config
 
 from .conftest import CONF_DIR, TINY, make_cfg
@@ -112,6 +113,27 @@ def test_verifier_and_top_level_types():
 ])
 def test_sampling_ranges(override, needle):
     assert refused("verifier=rejection", "sampling=random", override) == needle
+
+
+SANDBOX_MEMORY = (f"eval.sandbox.memory_mb must be >= {SANDBOX_MIN_MEMORY_MB} (the address space of a Python process "
+                  "running a test program, interpreter included; below it every program fails), got ")
+
+
+@pytest.mark.parametrize("option", ["humaneval", "stdlib_doctest"])
+@pytest.mark.parametrize("override,message", [
+    ("eval.sandbox.timeout=-1", "eval.sandbox.timeout must be a finite number of seconds > 0, got -1"),
+    ("eval.sandbox.timeout=0", "eval.sandbox.timeout must be a finite number of seconds > 0, got 0"),
+    ("eval.sandbox.timeout=inf", "eval.sandbox.timeout must be a finite number of seconds > 0, got inf"),
+    ("eval.sandbox.memory_mb=1", SANDBOX_MEMORY + "1"),
+    (f"eval.sandbox.memory_mb={SANDBOX_MIN_MEMORY_MB - 1}", SANDBOX_MEMORY + str(SANDBOX_MIN_MEMORY_MB - 1)),
+])
+def test_sandbox_ranges(option, override, message):
+    """The nested eval.sandbox node's ranges are checked (before a run opens: every completion would fail)."""
+    assert refused(f"eval={option}", override) == message
+
+
+def test_sandbox_edges_pass():
+    check_config(make_cfg(*TINY, "eval=humaneval", "eval.sandbox.timeout=0.5", f"eval.sandbox.memory_mb={SANDBOX_MIN_MEMORY_MB}"))
 
 
 @pytest.mark.parametrize("kwargs", [

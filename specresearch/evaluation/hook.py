@@ -4,18 +4,20 @@ lm-eval 0.4.13 reads no plugin entry points and no setting that names outside mo
 (pyproject.toml declares our model in the `lm_eval.models` entry-point group for the releases that
 read it). So `specresearch-lm-eval.pth`, installed into site-packages, imports this module at every
 interpreter start. It imports nothing (sys is loaded already) and only puts a finder first on
-`sys.meta_path`; that finder acts on two lm-eval modules alone, right after each one runs, by calling
+`sys.meta_path`; that finder acts on three lm-eval modules alone, right after each one runs, by calling
 specresearch.evaluation.plugin (imported then, not before):
   - `lm_eval.models` (lm-eval's table of model names, imported by `get_model` on first use):
     `specresearch` joins lm-eval's registry as a lazy `module:class` path;
-  - `lm_eval.tasks`: every TaskManager also indexes our task folder.
+  - `lm_eval.tasks`: every TaskManager also indexes our task folder;
+  - `lm_eval._cli.harness` (lm-eval's command line): our refusals are one `error:` line and exit 2.
 A process that never imports lm-eval runs nothing else of ours; tests/test_startup.py keeps the cost
 at interpreter start under 5 ms.
 """
 
 import sys
 
-AFTER = {"lm_eval.models": "register", "lm_eval.tasks": "add_tasks"}  # lm-eval module -> plugin function
+AFTER = {"lm_eval.models": "register", "lm_eval.tasks": "add_tasks",  # lm-eval module -> plugin function
+         "lm_eval._cli.harness": "one_line_errors"}
 
 
 class AfterLmEval:
@@ -55,11 +57,19 @@ def install() -> None:
             getattr(plugin, hook)(sys.modules[name])
 
 
-
-if __name__ == "__main__":  # `python -m specresearch.evaluation.hook ARGS`: lm-eval's own command line with the hook on,
-    # where specresearch-lm-eval.pth is not installed (an editable install of a checkout)
+def main() -> None:
+    """lm-eval's own command line (`sys.argv` as `lm-eval` takes it) with the hook on: what
+    `python -m specresearch.evaluation.hook run --model specresearch ...` runs where
+    specresearch-lm-eval.pth is not installed (an editable install of a checkout). Importing this
+    module installed the hook."""
     from lm_eval.__main__ import cli_evaluate
 
     cli_evaluate()
+
+
+if __name__ == "__main__":  # this file run as __main__: the imported module installed the hook; run its main
+    from specresearch.evaluation.hook import main
+
+    main()
 else:
     install()

@@ -11,7 +11,11 @@ imported):
     registry as a lazy `module:class` path. Not on `lm_eval.api.registry`: `get_model` imports
     `lm_eval.models` (lm-eval's own names) only while the registry is empty;
   - `lm_eval.tasks`: `add_tasks` makes every TaskManager also index our task folder (before the
-    caller's `include_path`, so a task of the user's own with the same name still wins).
+    caller's `include_path`, so a task of the user's own with the same name still wins);
+  - `lm_eval._cli.harness` (lm-eval's command line, whichever way it starts: the `lm-eval` script,
+    `python -m lm_eval`, `python -m specresearch.evaluation.hook`): `one_line_errors` makes a
+    SpecResearchError (our model's or our tasks' refusal) one `error: MESSAGE` line on stderr and
+    exit code 2, as on our own command line; lm-eval's errors stay lm-eval's.
 And `quiet_git_hash`, called when our model is built (so only for runs of our model): the `git
 describe` that gives the hash lm-eval records runs with its stderr silenced, so that outside a
 checkout git's "fatal: not a git repository" is not printed.
@@ -59,6 +63,28 @@ def add_tasks(tasks_module) -> None:
 
     __init__._specresearch = True
     cls.__init__ = __init__
+
+
+def one_line_errors(harness_module) -> None:
+    """Make lm-eval's `HarnessCLI.execute` (every subcommand's dispatch) report a SpecResearchError as
+    one `error: MESSAGE` line on stderr and exit 2, without a traceback (once); other exceptions pass."""
+    cls = getattr(harness_module, "HarnessCLI", None)
+    execute = getattr(cls, "execute", None)
+    if execute is None or getattr(execute, "_specresearch", False):  # another lm-eval's shape, or done
+        return
+
+    @functools.wraps(execute)
+    def one_line(self, args):
+        from specresearch.errors import SpecResearchError
+
+        try:
+            return execute(self, args)
+        except SpecResearchError as err:
+            print(f"error: {err}", file=sys.stderr)  # as specresearch.cli.fail (a floor above: not imported)
+            sys.exit(2)
+
+    one_line._specresearch = True
+    cls.execute = one_line
 
 
 def quiet_git_hash() -> None:
