@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
