@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from specresearch import settings
 from specresearch.errors import SpecResearchError
 
 if TYPE_CHECKING:
@@ -43,6 +44,10 @@ def build_engine(cfg: DictConfig, baseline: bool = False, target: LoadedModel | 
         cfg: a composed config (model, drafter, verifier, sampling).
         baseline: build the baseline instead of the method.
         target: the target already loaded (baseline and method share it); None loads `cfg.model`.
+
+    Raises:
+        SpecResearchError: a config that lacks one of those nodes or strays from the settings schema
+            (specresearch.settings.check, as the command line checks it): before any model loads.
     """
     from specresearch.drafters.none import NoDrafter
     from specresearch.engine import Engine
@@ -50,11 +55,28 @@ def build_engine(cfg: DictConfig, baseline: bool = False, target: LoadedModel | 
     from specresearch.types import SamplingParams
     from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
+    check_buildable(cfg)
     sampling = SamplingParams(**cfg.sampling)
     target = target if target is not None else load_model(**cfg.model)
     if baseline:
         return Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling)
     return Engine(target, build(cfg.drafter, target=target), build(cfg.verifier), sampling)
+
+
+ENGINE_NODES = ("model", "drafter", "verifier", "sampling")  # what build_engine reads of a config
+
+
+def check_buildable(cfg: Any) -> None:
+    """Refuse, in one line, a config build_engine cannot build: not a config of conf/config.yaml's
+    kind (one made with OmegaConf.create or changed by assignment may lack a node or stray from the
+    schema), checked as the command line checks it (specresearch.settings.check)."""
+    if not isinstance(cfg, (DictConfig, dict)):
+        raise SpecResearchError(f"build_engine() takes a config from specresearch.compose([...]), got {type(cfg).__name__}")
+    missing = [node for node in ENGINE_NODES if cfg.get(node) is None]
+    if missing:
+        raise SpecResearchError(f"build_engine() needs a config with {', '.join(ENGINE_NODES)} (as compose([...]) makes "
+                                f"it); this one has no {', '.join(missing)}")
+    settings.check(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg))
 
 
 def machine_tags(lm: LoadedModel) -> dict[str, str]:

@@ -71,7 +71,7 @@ def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str 
 
     Raises:
         SpecResearchError: an unknown option or setting (naming the valid ones), a value of the wrong
-            type or out of range, or a bad override.
+            type or out of range, a bad override, or overrides that are not a list of strings or a mapping.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -79,6 +79,11 @@ def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str 
 
     if isinstance(overrides, Mapping):
         overrides = [f"{key}={_text(value)}" for key, value in overrides.items()]
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence) \
+            or not all(isinstance(arg, str) for arg in overrides):
+        example = f"[{overrides!r}]" if isinstance(overrides, str) else '["drafter=pld", "drafter.k=4"]'
+        raise SpecResearchError(f"compose() takes a list of overrides, e.g. {example}, or a mapping such as "
+                                f"{{'drafter': 'pld'}}; got {overrides!r}")
     overrides = list(overrides)
     problem = unknown_option(overrides, config_name)
     if problem:

@@ -6,6 +6,7 @@ wrapper, so a speedup compares like with like.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -132,9 +133,11 @@ class Engine:
 
         Returns:
             The new tokens and text, with counters and a time split in `stats`.
+
+        Raises:
+            SpecResearchError: a request the target cannot decode (see `check_request`), before any forward.
         """
-        if len(prompt) < (1 if sample_first else 2):
-            raise ValueError("generate() needs a non-empty prompt (two tokens or more with sample_first=False)")
+        prompt = self.check_request(prompt, max_new_tokens, sample_first)
         if eos_token_ids is None:
             eos = getattr(self.tokenizer, "eos_token_id", None)
             eos_token_ids = [] if eos is None else [eos]
@@ -142,7 +145,7 @@ class Engine:
         rng = torch.Generator(device=self.device).manual_seed(seed)
         start = len(prompt)
         tokens = torch.empty(start + max_new_tokens, dtype=torch.long, device=self.device)
-        tokens[:start] = torch.tensor(list(prompt), dtype=torch.long)
+        tokens[:start] = torch.tensor(prompt, dtype=torch.long)
         new: list[int] = []  # the same tokens as tokens[start:], on the host, for the stop checks
         limit = min(max_new_tokens, stop_after or max_new_tokens)  # new tokens out before the loop ends
         stats = SpecStats(prompt_tokens=start)
@@ -216,6 +219,48 @@ class Engine:
         if stop_reason == "stop_string":
             text = text[: min(i for i in (text.find(s) for s in stops) if i >= 0)]
         return GenerationOutput(tokens=new, text=text, stats=stats, stop_reason=stop_reason)
+
+    def check_request(self, prompt: Sequence[int] | Tensor, max_new_tokens: int, sample_first: bool = True) -> list[int]:
+        """The prompt as a list of token ids, or a one-line SpecResearchError for a request the target
+        cannot decode: a prompt that is not integer token ids (text, floats, bools), is too short,
+        holds an id outside [0, vocab size); a max_new_tokens that is not an integer >= 1; or a
+        prompt and max_new_tokens that need more positions than the model has. Once per call, O(T)."""
+        if isinstance(prompt, (str, bytes)):
+            raise SpecResearchError("generate() takes token ids, not text: encode it with engine.tokenizer.encode(text)")
+        if isinstance(prompt, Tensor):
+            if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+                raise SpecResearchError(f"generate() takes the prompt as a 1-D tensor of integer token ids, got a "
+                                        f"{prompt.dim()}-D {str(prompt.dtype).removeprefix('torch.')} tensor")
+            ids = prompt.tolist()
+        elif isinstance(prompt, Sequence) or hasattr(prompt, "tolist"):  # a list, a tuple, a numpy array
+            ids = list(prompt) if isinstance(prompt, Sequence) else prompt.tolist()
+            for at, token in enumerate(ids):
+                if not isinstance(token, numbers.Integral) or isinstance(token, bool):
+                    raise SpecResearchError(f"generate() takes the prompt as a list of integer token ids, got {token!r} "
+                                            f"({type(token).__name__}) at position {at}")
+        else:
+            raise SpecResearchError(f"generate() takes the prompt as a list (or 1-D tensor) of integer token ids, got "
+                                    f"{type(prompt).__name__}")
+        least = 1 if sample_first else 2
+        if len(ids) < least:
+            raise SpecResearchError(f"generate() needs a prompt of at least {least} token id{'s' * (least > 1)}"
+                                    f"{'' if sample_first else ' with sample_first=False'}, got {len(ids)}")
+        vocab, name = self.target.vocab_size, self.target.lm.name
+        low, high = min(ids), max(ids)
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise SpecResearchError(f"token id {bad} at position {ids.index(bad)} of the prompt is outside {name}'s "
+                                    f"vocabulary: ids must be in [0, {vocab})")
+        ids = [int(token) for token in ids]  # numpy integers and the like: plain ints from here on
+        if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise SpecResearchError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        limit = self.target.max_positions
+        if limit is not None and len(ids) + max_new_tokens > limit:
+            room = (f"the prompt leaves room for {limit - len(ids)} new tokens: lower max_new_tokens or shorten the prompt"
+                    if len(ids) < limit else "the prompt alone fills them: shorten it")
+            raise SpecResearchError(f"the prompt ({len(ids)} tokens) and max_new_tokens={max_new_tokens} need "
+                                    f"{len(ids) + max_new_tokens} positions, but {name} has {limit} (max_position_embeddings): {room}")
+        return ids
 
     def _stop_reason(self, new: list[int], max_new: int, eos: set[int], stops: list[str]) -> str | None:
         """Whether plain decoding would stop after the last token of `new`."""

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import os
 import secrets
@@ -206,7 +207,12 @@ def load_model(
 
 def _load(name: str, dtype: str, dev: torch.device, cache_dir: str | None, tiny: dict | None) -> LoadedModel:
     if name == "tiny":
-        lm = tiny_model(**dict(tiny or {}))
+        args = dict(tiny or {})
+        valid = list(inspect.signature(tiny_model).parameters)
+        unknown = [key for key in args if key not in valid]
+        if unknown:
+            raise SpecResearchError(f"model.tiny has no setting '{unknown[0]}': valid are {', '.join(valid)}")
+        lm = tiny_model(**args)
         want = torch.float32 if str(dtype).lower() == "auto" else resolve_dtype(dtype, dev)
         lm.model.to(device=dev, dtype=want)
         lm.device, lm.dtype = dev, want
@@ -229,13 +235,33 @@ def _load(name: str, dtype: str, dev: torch.device, cache_dir: str | None, tiny:
         cached = root / f"gguf-{path.stem}-{key}"
         return _load_cache_entry(cached, name, want, dev, lambda: _dequantize_to(path, cached, path.name))
     if path.is_dir():
-        return _load_hf(path, name, want, dev)
+        _check_model_folder(path, name)
+        try:
+            return _load_hf(path, name, want, dev)
+        except (OSError, ValueError, KeyError, TypeError) as err:  # a damaged config.json, weights of another model, ...
+            raise SpecResearchError(f"model.name={name}: transformers cannot load the model in {path} ({_one_line(err)}): "
+                                    f"valid are {VALID_NAMES}") from err
     if _in_hf_cache(name):
         return _load_hf(name, name, want, dev)
     raise SpecResearchError(
         f"unknown model '{name}': not an embedded model (choices: {', '.join(ZOO)}, tiny), not a local directory "
         "or .gguf file, and not in the local Hugging Face cache (no hub access here)"
     )
+
+
+VALID_NAMES = f"a zoo key ({', '.join(ZOO)}), tiny, a Hugging Face id in the local cache or a model folder, or a .gguf file"
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")  # what from_pretrained reads
+
+
+def _check_model_folder(path: Path, name: str) -> None:
+    """Refuse a folder that holds no Hugging Face model (its config.json and weights), before
+    transformers fails on it with a message about model_type."""
+    lacks = [what for what, there in (("config.json", (path / "config.json").is_file()),
+                                      ("weights (*.safetensors or *.bin)", any(any(path.glob(g)) for g in WEIGHT_FILES)))
+             if not there]
+    if lacks:
+        raise SpecResearchError(f"model.name={name}: the folder {path} holds no model (no {' and no '.join(lacks)}): "
+                                f"valid are {VALID_NAMES}")
 
 
 class SkinnyLinear(torch.nn.Linear):
@@ -355,6 +381,7 @@ def tiny_model(
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    _check_tiny(vocab_size, hidden_size, num_layers, num_heads, max_position_embeddings, init_std, noise)
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -379,6 +406,28 @@ def tiny_model(
                 p.add_(torch.randn(p.shape, generator=gen) * noise)
     model.generation_config.pad_token_id = config.eos_token_id
     return LoadedModel(model, ByteTokenizer(vocab_size), "tiny", torch.device("cpu"), torch.float32)
+
+
+TINY_MIN_VOCAB = 2  # the fewest tokens a model can choose between
+
+
+def _check_tiny(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, max_positions: int,
+                init_std: float, noise: float) -> None:
+    """Refuse sizes a Qwen2 model cannot be built or run with, in one line naming the valid range."""
+    for key, value, least in (("vocab_size", vocab_size, TINY_MIN_VOCAB), ("hidden_size", hidden_size, 2),
+                              ("num_layers", num_layers, 1), ("num_heads", num_heads, 1),
+                              ("max_position_embeddings", max_positions, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise SpecResearchError(f"model.tiny.{key} must be an integer >= {least}, got {value!r}")
+    if hidden_size % (2 * num_heads):
+        near = max(2 * num_heads, round(hidden_size / (2 * num_heads)) * 2 * num_heads)
+        raise SpecResearchError(
+            f"model.tiny.hidden_size must be a multiple of 2 x num_heads ({2 * num_heads}: each of the {num_heads} heads "
+            f"gets an even width for its rotary embedding), got {hidden_size}: e.g. {near}"
+        )
+    for key, value in (("init_std", init_std), ("noise", noise)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+            raise SpecResearchError(f"model.tiny.{key} must be a number >= 0, got {value!r}")
 
 
 # --- helpers -------------------------------------------------------------------------------------

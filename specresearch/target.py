@@ -35,6 +35,8 @@ class Target:
         self._tree: tuple[int, Tensor] | None = None  # (start, [n, n] ancestors) of the tree fed last
         self.keep_hidden = False  # keep the last hidden states of every forward in `hidden` (Medusa heads read them)
         self.hidden: Tensor | None = None  # [K, H] the final-norm hidden states of the last forward's tokens
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings  # valid token ids: [0, vocab_size)
+        self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)  # the longest sequence; None = unsaid
 
     def reset(self) -> None:
         """Forget everything: the next forward starts a new sequence."""

@@ -125,3 +125,52 @@ def test_conf_is_found_beside_the_package_or_inside_it_and_a_leftover_folder_is_
     assert config._project_folder("conf", "config.yaml") == tmp_path / "conf"  # a checkout, with a leftover
     (tmp_path / "specresearch" / "conf" / "config.yaml").write_text("defaults: []\n")
     assert config._project_folder("conf", "config.yaml") == tmp_path / "specresearch" / "conf"  # a wheel
+
+
+@pytest.mark.parametrize("overrides, error", [
+    (["model=tiny", "drafter=pld", "drafter.k=abc"], "drafter.k must be an integer, got 'abc'"),
+    (["model=tiny", "drafter=pld", "+drafter.kk=1"], "drafter=pld has no setting 'kk': valid are k, max_ngram,"),
+    ("drafter=pld", "compose() takes a list of overrides, e.g. ['drafter=pld'], or a mapping"),
+    (["drafter=pld", 4], "compose() takes a list of overrides"),
+])
+def test_compose_refuses_a_bad_setting_or_overrides_that_are_no_list(overrides, error):
+    """The Python API's door: the settings check the command line runs, and a string (not a list of
+    overrides) refused in one line instead of being split into characters."""
+    from specresearch import compose
+    from specresearch.errors import SpecResearchError
+
+    with pytest.raises(SpecResearchError) as err:
+        compose(overrides)
+    assert str(err.value).startswith(error) and "\n" not in str(err.value), err.value
+
+
+def _assigned(path: str, value):
+    def change(cfg):
+        OmegaConf.set_struct(cfg, False)  # a user's own assignment, past the struct flag
+        OmegaConf.update(cfg, path, value)
+        return cfg
+    return change
+
+
+@pytest.mark.parametrize("make, error", [
+    (_assigned("drafter.k", "abc"), "drafter.k must be an integer, got 'abc'"),
+    (_assigned("drafter.kk", 1), "drafter=pld has no setting 'kk'"),
+    (_assigned("sampling.temperature", -1.0), "sampling.temperature must be a finite number >= 0"),
+    (_assigned("max_new_tokens", 0), "max_new_tokens must be >= 1, got 0"),
+    (lambda cfg: OmegaConf.create({**OmegaConf.to_container(cfg), "drafter": {**cfg.drafter, "k": True}}), "drafter.k must be an integer, got True"),
+    (lambda cfg: OmegaConf.create({"model": OmegaConf.to_container(cfg.model)}),
+     "build_engine() needs a config with model, drafter, verifier, sampling (as compose([...]) makes it); this one has no drafter, verifier, sampling"),
+])
+def test_build_engine_checks_a_config_made_another_way_before_any_model_loads(make, error, monkeypatch):
+    """A config changed by assignment or made with OmegaConf.create meets the same settings check as
+    the command line's, in one line, and no model is loaded for it."""
+    from specresearch import build_engine, compose, models
+    from specresearch.errors import SpecResearchError
+
+    loaded = []
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: loaded.append(a) or pytest.fail("a model was loaded"))
+    cfg = make(compose(["model=tiny", "drafter=pld"]))
+    with pytest.raises(SpecResearchError) as err:
+        build_engine(cfg)
+    assert str(err.value).startswith(error) and "\n" not in str(err.value), err.value
+    assert loaded == []

@@ -18,7 +18,7 @@ from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
 from specresearch.vocab import Shortlist
 
-from .conftest import PLAIN, REPEATING, cyclic_tiny, equivalence_report, train_cfg
+from .conftest import PLAIN, REPEATING, cyclic_tiny, equivalence_report, tiny_model, train_cfg
 
 EAGLE = "specresearch.drafters.eagle.EagleDrafter"
 # the first two training prompts of the tiny model's head below (bytes are the tiny tokenizer's tokens)
@@ -215,3 +215,30 @@ def test_bad_training_settings_are_refused(bad, message):
     cfg.drafter = {"_target_": EAGLE}
     with pytest.raises(SpecResearchError, match=message):
         check(cfg)
+
+
+@pytest.mark.parametrize("damage, error", [
+    (lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2]), "{path} is not a whole safetensors file ("),
+    (lambda path: path.write_bytes(path.read_bytes()[:5]), "{path} is not a whole safetensors file ("),
+    (lambda path: path.write_bytes(b""), "{path} is not a whole safetensors file ("),
+    (lambda path: path.with_suffix(".json").unlink(), "the eagle checkpoint {path} has no head.json beside it"),
+    (lambda path: path.with_suffix(".json").write_text("{"), "{json} (beside the eagle checkpoint) is not readable JSON ("),
+])
+def test_a_cut_or_damaged_checkpoint_is_one_line_naming_the_file_and_what_to_do(tmp_path, target, damage, error):
+    path = tmp_path / "head.safetensors"
+    EagleHead(target.model.config).save(path, {"target": "tiny"})
+    damage(path)
+    with pytest.raises(SpecResearchError) as err:
+        EagleDrafter(target, checkpoint=str(path))
+    msg = str(err.value)
+    assert msg.startswith(error.format(path=path, json=path.with_suffix(".json"))) and "\n" not in msg, msg
+    assert "python -m specresearch.train drafter=eagle" in msg
+
+
+def test_a_head_saved_for_another_shape_is_refused_naming_the_mismatch(tmp_path, target):
+    path = tmp_path / "head.safetensors"
+    EagleHead(tiny_model(hidden_size=32).model.config).save(path, {"target": "tiny"})  # same name, narrower model
+    with pytest.raises(SpecResearchError) as err:
+        EagleDrafter(target, checkpoint=str(path))
+    msg = str(err.value)
+    assert msg.startswith(f"the weights in {path} do not fit the eagle module") and "size mismatch" in msg and "\n" not in msg

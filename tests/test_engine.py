@@ -475,3 +475,54 @@ def test_a_sibling_taken_drops_the_chain_after_it_from_the_draft_cache(target, f
         if sampling.greedy:
             assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
     assert taken >= 2, "the target took a sibling now and then"
+
+
+@pytest.fixture(scope="module")
+def short_engine():
+    """Plain decoding on a tiny model of 32 positions."""
+    return baseline(tiny_model(max_position_embeddings=32))
+
+
+@pytest.mark.parametrize("prompt, max_new, error", [
+    ([1.5, 2], 8, "generate() takes the prompt as a list of integer token ids, got 1.5 (float) at position 0"),
+    ([3, True], 8, "generate() takes the prompt as a list of integer token ids, got True (bool) at position 1"),
+    ("def f():", 8, "generate() takes token ids, not text: encode it with engine.tokenizer.encode(text)"),
+    (torch.tensor([1.0, 2.0]), 8, "generate() takes the prompt as a 1-D tensor of integer token ids, got a 1-D float32 tensor"),
+    (torch.tensor([[1, 2]]), 8, "generate() takes the prompt as a 1-D tensor of integer token ids, got a 2-D int64 tensor"),
+    ({1, 2}, 8, "generate() takes the prompt as a list (or 1-D tensor) of integer token ids, got set"),
+    ([], 8, "generate() needs a prompt of at least 1 token id, got 0"),
+    ([99999], 8, f"token id 99999 at position 0 of the prompt is outside tiny's vocabulary: ids must be in [0, {VOCAB})"),
+    ([-1, 5], 8, f"token id -1 at position 0 of the prompt is outside tiny's vocabulary: ids must be in [0, {VOCAB})"),
+    ([1, 2], 0, "max_new_tokens must be an integer >= 1, got 0"),
+    ([1, 2], -5, "max_new_tokens must be an integer >= 1, got -5"),
+    ([1, 2], 2.0, "max_new_tokens must be an integer >= 1, got 2.0"),
+    (list(range(30)), 8, "the prompt (30 tokens) and max_new_tokens=8 need 38 positions, but tiny has 32 "
+                         "(max_position_embeddings): the prompt leaves room for 2 new tokens"),
+    (list(range(40)), 1, "the prompt (40 tokens) and max_new_tokens=1 need 41 positions, but tiny has 32 "
+                         "(max_position_embeddings): the prompt alone fills them"),
+])
+def test_generate_refuses_a_request_the_target_cannot_decode(short_engine, prompt, max_new, error):
+    """The engine's door: one line naming the valid range, before the target runs a forward."""
+    calls = []
+    target = short_engine.target
+    target.prefill = lambda *a, **k: calls.append(a)  # an instance attribute: the class's stays as it is
+    try:
+        with pytest.raises(SpecResearchError) as err:
+            short_engine.generate(prompt, max_new)
+    finally:
+        del target.prefill
+    assert str(err.value).startswith(error) and "\n" not in str(err.value), err.value
+    assert calls == []
+
+
+def test_generate_takes_a_list_a_tuple_a_tensor_or_an_array_of_ids_up_to_the_last_position(short_engine):
+    """Every integer form of one prompt decodes alike; a prompt and max_new_tokens that fill the
+    positions exactly still decode, as do sample_first=False prompts of two tokens."""
+    ids = [5, 6, 7, 5, 6]
+    expected = short_engine.generate(ids, 6, eos_token_ids=[]).tokens
+    for prompt in (tuple(ids), torch.tensor(ids), torch.tensor(ids, dtype=torch.int32), np.array(ids), [np.int64(i) for i in ids]):
+        assert short_engine.generate(prompt, 6, eos_token_ids=[]).tokens == expected
+    assert len(short_engine.generate(list(range(28)), 4, eos_token_ids=[]).tokens) == 4  # 28 + 4 = the 32 positions
+    assert len(short_engine.generate([5, 6], 3, eos_token_ids=[], sample_first=False).tokens) == 3
+    with pytest.raises(SpecResearchError, match=r"at least 2 token ids with sample_first=False, got 1"):
+        short_engine.generate([5], 3, sample_first=False)

@@ -8,6 +8,9 @@ import hashlib
 import itertools
 import json
 import math
+import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -388,3 +391,67 @@ def test_shape_auto_sizes_the_tree_on_this_machine(tmp_path, target):
         MedusaDrafter(target, checkpoint=str(path), shape="auto", choices=[[0]])
     with pytest.raises(SpecResearchError, match="held-out hit rates"):
         MedusaDrafter(target, heads=noisy_heads(), shape="auto")
+
+
+def _rewrite_json(change):
+    def damage(path):
+        sidecar = path.with_suffix(".json")
+        sidecar.write_text(change(sidecar.read_text()))
+    return damage
+
+
+BAD_CHECKPOINTS = {  # what is done to a whole checkpoint -> the start of the error, after the file it names
+    "random bytes": (lambda path: path.write_bytes(random_bytes(4000)), "{path} is not a whole safetensors file ("),
+    "cut short": (lambda path: path.write_bytes(path.read_bytes()[:-100]), "{path} is not a whole safetensors file ("),
+    "no json": (lambda path: path.with_suffix(".json").unlink(), "the medusa checkpoint {path} has no heads.json beside it"),
+    "json not json": (_rewrite_json(lambda text: text[:-5]), "{json} (beside the medusa checkpoint) is not readable JSON ("),
+    "json not an object": (_rewrite_json(lambda text: "[1, 2]"), "{json} (beside the medusa checkpoint) holds list, not a JSON object"),
+    "json lacks keys": (_rewrite_json(lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k not in ("heads", "vocab")})),
+                        "{json} (beside the medusa checkpoint) lacks heads, vocab"),
+    "json bad value": (_rewrite_json(lambda text: json.dumps({**json.loads(text), "hidden": "wide"})),
+                       "{json} (beside the medusa checkpoint) gives a shape that builds no medusa module ("),
+    "json of another shape": (_rewrite_json(lambda text: json.dumps({**json.loads(text), "layers": 2})),
+                              "the weights in {path} do not fit the medusa module its JSON and this target describe (Missing key(s)"),
+}
+
+
+def random_bytes(n: int) -> bytes:
+    return random.Random(0).randbytes(n)
+
+
+@pytest.mark.parametrize("case", BAD_CHECKPOINTS)
+def test_a_bad_checkpoint_is_one_line_naming_the_file_and_what_to_do(tmp_path, target, case):
+    damage, error = BAD_CHECKPOINTS[case]
+    path = tmp_path / "heads.safetensors"
+    MedusaHeads(target.model.config.hidden_size, 3).save(path, {"target": "tiny"})
+    damage(path)
+    with pytest.raises(SpecResearchError) as err:
+        MedusaDrafter(target, checkpoint=str(path))
+    msg = str(err.value)
+    assert msg.startswith(error.format(path=path, json=path.with_suffix(".json"))) and "\n" not in msg, msg
+    assert "python -m specresearch.train drafter=medusa" in msg
+
+
+def test_a_saved_checkpoint_leaves_no_temporary_file(tmp_path, target):
+    path = tmp_path / "heads.safetensors"
+    MedusaHeads(target.model.config.hidden_size, 3).save(path, {"target": "tiny"})
+    MedusaHeads(target.model.config.hidden_size, 2).save(path, {"target": "tiny"})  # over the first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heads.json", "heads.safetensors"]
+    assert MedusaDrafter(target, checkpoint=str(path), choices=[[0], [0, 0]]).heads.config["heads"] == 2
+
+
+def test_the_command_line_refuses_a_bad_checkpoint_in_one_line_and_leaves_no_output_folder(tmp_path):
+    """Exit 2, one `error:` line naming the file, no traceback, and no empty outputs/DATE/TIME/ left."""
+    path = tmp_path / "ckpt" / "heads.safetensors"
+    path.parent.mkdir()
+    path.write_bytes(random_bytes(4000))
+    path.with_suffix(".json").write_text(json.dumps({"hidden": 64, "heads": 3, "layers": 1, "own_lm_head": False, "vocab": 0,
+                                                     "target": "tiny"}))
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "specresearch", "model=tiny", "drafter=medusa", f"drafter.checkpoint={path}",
+                           "tracker=none", "max_new_tokens=4", "warmup=false"], cwd=work, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"error: {path} is not a whole safetensors file (") and "Traceback" not in proc.stderr, proc.stderr
+    assert list(work.iterdir()) == []  # no outputs/ (nor anything else) made for the refused run

@@ -477,3 +477,51 @@ def test_check_same_vocab_tiny():
     check_same_vocab(tiny_model(seed=0), tiny_model(seed=1, noise=0.1))
     with pytest.raises(SpecResearchError, match="different vocabularies"):
         check_same_vocab(tiny_model(vocab_size=320), tiny_model(vocab_size=300))
+
+
+@pytest.mark.parametrize("files", [[], ["config.json"], ["model.safetensors"]])
+def test_a_folder_without_a_model_is_refused_naming_what_it_lacks_and_the_valid_names(tmp_path, files):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in files:
+        (folder / name).write_text("{}")
+    with pytest.raises(SpecResearchError) as err:
+        load_model(str(folder), cache_dir=tmp_path / "cache")
+    msg = str(err.value)
+    assert msg.startswith(f"model.name={folder}: the folder {folder} holds no model (no ") and "\n" not in msg
+    assert ("config.json" in msg) == ("config.json" not in files) and ("weights" in msg) == ("model.safetensors" not in files)
+    assert all(key in msg for key in ZOO) and "tiny" in msg and ".gguf" in msg and "Hugging Face id" in msg
+    assert sorted(p.name for p in folder.iterdir()) == sorted(files) and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("tiny, error", [
+    ({"hidden_size": 63}, "model.tiny.hidden_size must be a multiple of 2 x num_heads (8: each of the 4 heads gets an even "
+                          "width for its rotary embedding), got 63: e.g. 64"),
+    ({"hidden_size": 60}, "model.tiny.hidden_size must be a multiple of 2 x num_heads (8"),  # 15 per head: odd
+    ({"vocab_size": 0}, "model.tiny.vocab_size must be an integer >= 2, got 0"),
+    ({"num_heads": 0}, "model.tiny.num_heads must be an integer >= 1, got 0"),
+    ({"num_layers": 0}, "model.tiny.num_layers must be an integer >= 1, got 0"),
+    ({"max_position_embeddings": 0}, "model.tiny.max_position_embeddings must be an integer >= 1, got 0"),
+    ({"noise": -0.1}, "model.tiny.noise must be a number >= 0, got -0.1"),
+    ({"hidden": 64}, "model.tiny has no setting 'hidden': valid are vocab_size, hidden_size, num_layers, num_heads, seed,"),
+])
+def test_a_tiny_model_that_cannot_be_built_is_refused_in_one_line(tiny, error):
+    with pytest.raises(SpecResearchError) as err:
+        load_model("tiny", tiny=tiny)
+    assert str(err.value).startswith(error) and "\n" not in str(err.value), err.value
+
+
+def test_the_smallest_tiny_model_decodes():
+    lm = load_model("tiny", tiny={"vocab_size": 2, "hidden_size": 2, "num_heads": 1, "num_layers": 1})
+    assert lm.model(torch.tensor([[0, 1, 1]])).logits.shape == (1, 3, 2)
+
+
+def test_a_folder_whose_model_does_not_load_is_one_line(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{not json")
+    (folder / "model.safetensors").write_bytes(b"\0" * 16)
+    with pytest.raises(SpecResearchError) as err:
+        load_model(str(folder), cache_dir=tmp_path / "cache")
+    msg = str(err.value)
+    assert msg.startswith(f"model.name={folder}: transformers cannot load the model in {folder} (") and "\n" not in msg

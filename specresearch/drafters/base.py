@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
@@ -179,10 +179,15 @@ class Chain:
 
 def save_checkpoint(module: torch.nn.Module, path: Path, meta: dict) -> None:
     """A trained drafter's weights as safetensors at `path`, and `meta` (its shape, target, training)
-    in a JSON file beside them."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}, str(path))
-    path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+    in a JSON file beside them, each whole or not at all (written beside, then renamed: a stopped
+    run leaves no cut file)."""
+    from specresearch.drafters.training import save_tensors
+
+    save_tensors({k: v.detach().cpu() for k, v in module.state_dict().items()}, path)
+    sidecar = path.with_suffix(".json")
+    tmp = sidecar.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(sidecar)
 
 
 SHIPPED = Path(__file__).resolve().parent.parent / "weights"  # trained drafters that come with the package
@@ -197,14 +202,77 @@ def find_checkpoint(drafter: str, target_name: str, checkpoint: str | None, defa
     path = Path(checkpoint) if checkpoint else default if default.is_file() or not shipped.is_file() else shipped
     if not path.is_file():
         raise SpecResearchError(
-            f"no trained {drafter} drafter for {target_name} at {path}: train it with\n"
-            f"  python -m specresearch.train drafter={drafter} model.name={target_name}\n"
+            f"no trained {drafter} drafter for {target_name} at {path}: train it with "
+            f"python -m specresearch.train drafter={drafter} model.name={target_name}, "
             f"or point drafter.checkpoint at a {default.name} file"
         )
-    trained_for = json.loads(path.with_suffix(".json").read_text()).get("target")
+    trained_for = read_meta(drafter, path).get("target")
     if trained_for not in (None, target_name):
         raise SpecResearchError(f"the {drafter} weights at {path} were trained for {trained_for}, not {target_name}")
     return path
+
+
+def _retrain(drafter: str) -> str:
+    return f"retrain it with python -m specresearch.train drafter={drafter}, or point drafter.checkpoint at a whole checkpoint"
+
+
+def read_meta(drafter: str, path: Path, keys: Sequence[str] = ()) -> dict:
+    """The JSON beside a trained drafter's weights at `path` (its shape, target, training record), with
+    `keys` present; a missing, unreadable or incomplete one is a one-line SpecResearchError naming
+    the file and what to do."""
+    sidecar = path.with_suffix(".json")
+    try:
+        meta = json.loads(sidecar.read_text())
+    except FileNotFoundError:
+        raise SpecResearchError(f"the {drafter} checkpoint {path} has no {sidecar.name} beside it (the weights' shape and "
+                                f"training record): copy it with the weights, or {_retrain(drafter)}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SpecResearchError(f"{sidecar} (beside the {drafter} checkpoint) is not readable JSON "
+                                f"({_one_line(err)}): {_retrain(drafter)}") from None
+    if not isinstance(meta, dict):
+        raise SpecResearchError(f"{sidecar} (beside the {drafter} checkpoint) holds {type(meta).__name__}, not a JSON "
+                                f"object: {_retrain(drafter)}")
+    missing = [key for key in keys if key not in meta]
+    if missing:
+        raise SpecResearchError(f"{sidecar} (beside the {drafter} checkpoint) lacks {', '.join(missing)}: {_retrain(drafter)}")
+    return meta
+
+
+def load_checkpoint(drafter: str, path: Path, make: Callable[[dict], torch.nn.Module],
+                    keys: Sequence[str] = ()) -> tuple[torch.nn.Module, dict]:
+    """A trained drafter's module and its JSON: `make(meta)` builds the module (`keys`: what it reads of
+    the meta), then the weights at `path` fill it. A missing or bad JSON, a damaged, cut or foreign
+    safetensors file, or weights of another shape are a one-line SpecResearchError naming the file,
+    what is wrong and what to do."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise SpecResearchError(f"no {drafter} checkpoint at {path}: train one with python -m specresearch.train drafter={drafter}")
+    meta = read_meta(drafter, path, keys)
+    try:
+        module = make(meta)
+    except (TypeError, ValueError, KeyError) as err:
+        raise SpecResearchError(f"{path.with_suffix('.json')} (beside the {drafter} checkpoint) gives a shape that builds "
+                                f"no {drafter} module ({_one_line(err)}): {_retrain(drafter)}") from None
+    try:
+        weights = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise SpecResearchError(f"{path} is not a whole safetensors file ({_one_line(err)}): it is damaged or cut "
+                                f"short; {_retrain(drafter)}") from None
+    try:
+        module.load_state_dict(weights)
+    except RuntimeError as err:  # missing, unexpected or misshapen tensors: torch's first line is a heading, the second says which
+        detail = ([line.strip() for line in str(err).splitlines() if line.strip()][1:] or [str(err)])[0][:200]
+        raise SpecResearchError(f"the weights in {path} do not fit the {drafter} module its JSON and this target describe "
+                                f"({detail}): they were saved for another shape or model; {_retrain(drafter)}") from None
+    return module, meta
+
+
+def _one_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = (lines[0] if lines else "")[:200]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def checkpoint_record(drafter: str, path: Path, meta: dict) -> dict:

@@ -11,17 +11,15 @@ same self-distillation data as Medusa's heads.
 from __future__ import annotations
 
 import copy
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
-from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
+from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, optimise, rate_name
 from specresearch.drafters.tree import TreeShape, sizer
 from specresearch.errors import SpecResearchError
@@ -75,10 +73,9 @@ class EagleHead(nn.Module):
 
     @classmethod
     def load(cls, path: Path, config) -> tuple[EagleHead, dict]:
-        meta = json.loads(path.with_suffix(".json").read_text())
-        head = cls(config)
-        head.load_state_dict(load_file(str(path)))
-        return head, meta
+        """A head for a target of `config` and its JSON from `path` (see base.load_checkpoint: a bad file,
+        or one saved for another target's shape, is a one-line error)."""
+        return load_checkpoint("eagle", path, lambda meta: cls(config))
 
 
 def unroll(head: EagleHead, embeds: Tensor, features: Tensor, levels: int, start: int = 0) -> list[Tensor]:

@@ -5,7 +5,6 @@ trained on the target's own predictions (`python -m specresearch.train`)."""
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -13,10 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, save_checkpoint
+from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
 from specresearch.drafters.tree import SHAPES, Sizer
 from specresearch.errors import SpecResearchError
@@ -100,6 +98,9 @@ class ResBlock(nn.Module):
         return h + nn.functional.silu(self.linear(h))
 
 
+SHAPE_KEYS = ("hidden", "heads", "layers", "own_lm_head", "vocab")  # MedusaHeads' arguments, as its JSON keeps them
+
+
 class MedusaHeads(nn.Module):
     """K Medusa-1 heads: head i (0-based) maps the hidden state at position t to logits for the token
     at t + 2 + i, through `layers` residual blocks and an lm head: the target's, shared and frozen
@@ -134,10 +135,8 @@ class MedusaHeads(nn.Module):
 
     @classmethod
     def load(cls, path: Path) -> tuple[MedusaHeads, dict]:
-        meta = json.loads(path.with_suffix(".json").read_text())
-        heads = cls(meta["hidden"], meta["heads"], meta["layers"], meta["own_lm_head"], meta["vocab"])
-        heads.load_state_dict(load_file(str(path)))
-        return heads, meta
+        """Heads and their JSON from `path` (see base.load_checkpoint: a bad file is a one-line error)."""
+        return load_checkpoint("medusa", path, lambda meta: cls(*(meta[key] for key in SHAPE_KEYS)), SHAPE_KEYS)
 
 
 def checkpoint_path(target_name: str, cache_dir: str | Path | None = None) -> Path:
