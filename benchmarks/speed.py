@@ -447,16 +447,18 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
-def destination(args) -> Path:
-    """Where the JSON report goes (--json, else benchmarks/results/speed-TIME.json), and the checks of
-    every destination before any model loads: that folder, the MLflow store (--store) and the model
-    cache must be writable, or a SpecResearchError says which."""
+def destinations(args) -> tuple[Path, MLflowTracker | NullTracker]:
+    """Where the JSON report goes (--json, else benchmarks/results/speed-TIME.json) and the tracker,
+    each checked before any model loads, as the model cache is: that folder, the MLflow store
+    (--store) and the cache must be writable, else a SpecResearchError says which."""
     out = args.json or Path(__file__).parent / "results" / f"speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
     problem = write_problem(out.parent) or (f"{out} is a folder" if out.is_dir() else None)
     if problem:
         raise SpecResearchError(f"cannot write the report {out} (--json): {problem}")
+    tracker = MLflowTracker(args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
+    tracker.check()
     cache_root()  # dequantized models, a cheaper draft's token counts
-    return out
+    return out, tracker
 
 
 def parse_args() -> argparse.Namespace:
@@ -505,9 +507,7 @@ def run(args) -> None:
     """Check every setting and destination, load, measure, report."""
     drafters = drafter_configs(args)
     texts = prompt_set(args.dataset, args.prompts, args.offset)
-    out = destination(args)
-    tracker = MLflowTracker(args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
-    tracker.check()
+    out, tracker = destinations(args)
     target, draft, prompts = load(args, texts)
     methods = build_methods(args, target, draft, max(map(len, prompts)) + args.tokens, drafters)
     report: dict = {}
