@@ -41,21 +41,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from specresearch.build import build
+from specresearch.cli import fail
 from specresearch.config import compose
 from specresearch.config import options as config_options
-from specresearch.data import MTBENCH_CATEGORIES, Prompt, encode, load_prompts
+from specresearch.data import MTBENCH_CATEGORIES, SHAREGPT_EVAL, Prompt, encode, load_prompts
 from specresearch.drafters import NoDrafter
 from specresearch.drafters.draft_model import OPTIONS as CHEAPER
 from specresearch.drafters.draft_model import DraftModel, cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, first_divergence, predict
-from specresearch.models import LoadedModel, SkinnyLinear, load_model, use_skinny_linear
+from specresearch.models import LoadedModel, SkinnyLinear, cache_root, load_model, use_skinny_linear
 from specresearch.target import cost_curve
-from specresearch.tracking import MLflowTracker, NullTracker, browse_line, tracked_run
+from specresearch.tracking import MLflowTracker, NullTracker, browse_line, tracked_run, write_problem
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier
 
@@ -175,13 +176,30 @@ def wanted_methods(spec: str) -> list[str]:
     wanted = [m.strip() for m in spec.split(",")] if spec else valid
     unknown = [m for m in wanted if m.split(":")[0] not in valid]
     if unknown:
-        raise SystemExit(f"error: unknown method(s) {', '.join(unknown)}: valid are {', '.join(valid)}")
+        raise SpecResearchError(f"unknown method(s) {', '.join(unknown)}: valid are {', '.join(valid)}")
     return wanted
 
 
-def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int) -> list[Method]:
+def drafter_configs(args) -> dict[str, tuple[str, list[str], DictConfig]]:
+    """Each of our drafters in --methods ("independent:model.vocab=32768:model.quantize=int8"): its
+    group, its options (with --k first for drafters that have a draft length; lookahead's k is its
+    n-gram size) and its `drafter` node, composed from conf/ and checked by the settings schema
+    (config.compose) before any model loads."""
+    found = {}
+    for name in wanted_methods(args.methods):
+        if name in (*HF_METHODS, "baseline"):
+            continue
+        group, *options = name.split(":")
+        if "k" in compose([f"drafter={group}"]).drafter:
+            options = [f"k={args.k}", *options]
+        found[name] = group, options, compose([f"drafter={group}", *(f"drafter.{o}" for o in options)]).drafter
+    return found
+
+
+def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
+                  drafters: dict[str, tuple[str, list[str], DictConfig]]) -> list[Method]:
     """Every method asked for by --methods, sharing one target and one draft model (`cache_len`: the
-    longest prompt plus the new tokens, generate_compiled's cache size)."""
+    longest prompt plus the new tokens, generate_compiled's cache size; `drafters`: drafter_configs)."""
     methods = []
     cheap: dict[tuple, DraftModel] = {}  # the draft made cheaper, by options
     for name in wanted_methods(args.methods):
@@ -199,11 +217,7 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int)
         elif name == "baseline":
             methods.append(ours(name, Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)))
         else:  # one of our drafters, with options: "independent:model.vocab=32768:model.quantize=int8"
-            group, *options = name.split(":")
-            node = compose([f"drafter={group}"]).drafter
-            if "k" in node:  # --k sets drafters that have a draft length (lookahead's is its n-gram size)
-                options = [f"k={args.k}", *options]
-            node = compose([f"drafter={group}", *(f"drafter.{o}" for o in options)]).drafter
+            group, options, node = drafters[name]
             extra = {}
             if "model" in node:  # drafters with a draft model share ours, made as cheap as their options say
                 cheaper = {key: node.model[key] for key in CHEAPER if key in node.model}
@@ -228,21 +242,30 @@ def prompt_set(dataset: str, n: int, offset: int) -> list[Prompt]:
     """HumanEval's prompts from `offset` on; MT-bench's first turns (chat template; evaluation only, so
     no head was trained on them): ceil(n / 8) questions of each category after its first `offset`, category
     after category, the first `n` of them (8 prompts cover all 8 categories); or ShareGPT's first turns from
-    `offset` on (the evaluation side, chat template: a chat set to choose settings on, MT-bench to report)."""
+    `offset` on (the evaluation side, chat template: a chat set to choose settings on, MT-bench to report).
+    An `offset` past the dataset's prompts is refused naming how many it has."""
+    every = load_prompts(dataset, SHAREGPT_EVAL if dataset == "sharegpt" else None)
+    if dataset == "mtbench":
+        size = max(sum(p.meta["category"] == c for p in every) for c in MTBENCH_CATEGORIES)
+        what = f"at most {size} questions in an MT-bench category"
+    else:
+        size, what = len(every), f"{len(every)} {dataset} prompts"
+    if offset >= size:
+        raise SpecResearchError(f"--offset {offset} is past the prompts: there are {what} (--offset 0 to {size - 1})")
     if dataset == "mtbench":
         return load_prompts("mtbench", per_category=-(-n // len(MTBENCH_CATEGORIES)), offset=offset)[:n]
     return load_prompts(dataset, n, offset=offset)
 
 
-def load(args) -> tuple[LoadedModel, LoadedModel, list[list[int]]]:
-    """Target, draft and prompt token ids: the embedded Qwen pair, or tiny random models (--quick)."""
+def load(args, texts: list[Prompt]) -> tuple[LoadedModel, LoadedModel, list[list[int]]]:
+    """Target, draft and the token ids of `texts`: the embedded Qwen pair, or tiny random models (--quick)."""
     if args.quick:
         target = load_model("tiny", device=args.device, kernels=args.kernels, tiny={"vocab_size": 320, "seed": 0})
         draft = load_model("tiny", device=args.device, kernels=args.kernels, tiny={"vocab_size": 320, "seed": 0, "noise": 0.03, "noise_seed": 5})
     else:
         target = load_model(args.model, dtype=args.dtype, device=args.device, kernels=args.kernels)
         draft = load_model(args.draft, dtype=args.dtype, device=args.device, kernels=args.kernels)
-    prompts = [encode(target.tokenizer, p) for p in prompt_set(args.dataset, args.prompts, args.offset)]
+    prompts = [encode(target.tokenizer, p) for p in texts]
     if args.quick:
         prompts = [ids[-48:] for ids in prompts]
     return target, draft, prompts
@@ -402,8 +425,44 @@ def metrics(rows: list[dict]) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+class Parser(argparse.ArgumentParser):
+    """argparse, refusing as every command of the package does: one `error:` line, exit 2 (cli.fail)."""
+
+    def error(self, message: str) -> None:
+        fail(message)
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text}")
+        return value
+
+    return parse
+
+
+def destinations(args) -> tuple[Path, MLflowTracker | NullTracker]:
+    """Where the JSON report goes (--json, else benchmarks/results/speed-TIME.json) and the tracker,
+    each checked before any model loads, as the model cache is: that folder, the MLflow store
+    (--store) and the cache must be writable, else a SpecResearchError says which."""
+    out = args.json or Path(__file__).parent / "results" / f"speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    problem = write_problem(out.parent) or (f"{out} is a folder" if out.is_dir() else None)
+    if problem:
+        raise SpecResearchError(f"cannot write the report {out} (--json): {problem}")
+    tracker = MLflowTracker(args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
+    tracker.check()
+    cache_root()  # dequantized models, a cheaper draft's token counts
+    return out, tracker
+
+
+def parse_args() -> argparse.Namespace:
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="target (a zoo name, HF dir or .gguf)")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model for hf_assisted and our drafters")
     parser.add_argument("--dtype", default="auto")
@@ -413,12 +472,12 @@ def main() -> None:
         help="auto: few-row float32 CPU linears as W @ xT (SkinnyLinear), for every method alike; torch: nn.Linear",
     )
     parser.add_argument("--dataset", choices=DATASETS, default="humaneval", help="; ".join(f"{k}: {v}" for k, v in DATASETS.items()))
-    parser.add_argument("--prompts", type=int, default=4, help="prompts of the dataset")
-    parser.add_argument("--offset", type=int, default=0, help="HumanEval: the first prompt; MT-bench: the first question of each category")
-    parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (EOS ignored)")
-    parser.add_argument("--repeats", type=int, default=2, help="times every prompt is decoded by every method")
-    parser.add_argument("--k", type=int, default=4, help="draft tokens per step of our drafters")
-    parser.add_argument("--pld-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    parser.add_argument("--prompts", type=at_least(1), default=4, help="prompts of the dataset")
+    parser.add_argument("--offset", type=at_least(0), default=0, help="HumanEval: the first prompt; MT-bench: the first question of each category")
+    parser.add_argument("--tokens", type=at_least(1), default=64, help="new tokens per prompt (EOS ignored)")
+    parser.add_argument("--repeats", type=at_least(1), default=2, help="times every prompt is decoded by every method")
+    parser.add_argument("--k", type=at_least(1), default=4, help="draft tokens per step of our drafters")
+    parser.add_argument("--pld-tokens", type=at_least(1), default=10, help="transformers' prompt_lookup_num_tokens")
     parser.add_argument(
         "--methods", default="",
         help=f"comma-separated (default: all of {', '.join(HF_METHODS)}, baseline, our drafters); drafter options after colons",
@@ -429,18 +488,28 @@ def main() -> None:
     parser.add_argument("--tracker", choices=["mlflow", "none"], default="mlflow")
     parser.add_argument("--store", default="mlruns", help="MLflow store folder")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # the package's messages, as the CLI shows them
     if args.quick:
         args.prompts, args.tokens, args.repeats, args.model, args.draft = min(args.prompts, 2), min(args.tokens, 16), min(args.repeats, 2), "tiny", "tiny"
+    return args
 
-    wanted_methods(args.methods)
-    target, draft, prompts = load(args)
+
+def main() -> None:
+    """Parse the arguments, run the benchmark; a refused setting is one `error:` line and exit 2."""
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # the package's messages, as the CLI shows them
     try:
-        methods = build_methods(args, target, draft, max(map(len, prompts)) + args.tokens)
+        run(args)
     except SpecResearchError as err:
-        raise SystemExit(f"error: {err}") from None
-    tracker = MLflowTracker(args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
-    tracker.check()
+        fail(str(err))
+
+
+def run(args) -> None:
+    """Check every setting and destination, load, measure, report."""
+    drafters = drafter_configs(args)
+    texts = prompt_set(args.dataset, args.prompts, args.offset)
+    out, tracker = destinations(args)
+    target, draft, prompts = load(args, texts)
+    methods = build_methods(args, target, draft, max(map(len, prompts)) + args.tokens, drafters)
     report: dict = {}
 
     def measured() -> tuple[dict[str, float], dict[str, str]]:
@@ -461,7 +530,6 @@ def main() -> None:
             f"{len(prompts)} {DATASETS[args.dataset]} x {args.tokens} tokens x {args.repeats} repeats, greedy"
         )
         report.update(header=header.strip(), args={**vars(args), "json": str(args.json)}, rows=rows, v_curve=v_curve, profile=prof)
-        out = args.json or Path(__file__).parent / "results" / f"speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2))
     print(table(rows, header))

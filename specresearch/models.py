@@ -172,6 +172,29 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("specresearch")) / "models"
 
 
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """The model cache folder: `cache_dir` (model.cache_dir) when given, else default_cache_dir();
+    checked once, before a model loads or anything is written there (dequantized models, trained
+    heads, training data, token counts, eval baselines). Creates nothing.
+
+    Raises:
+        SpecResearchError: naming the setting and the path, when no file can be made in it (a path
+            under a regular file, a read-only or pseudo file system such as /proc).
+    """
+    from specresearch.tracking import write_problem
+
+    if cache_dir:
+        root, source = Path(cache_dir).expanduser(), "model.cache_dir"
+    elif os.environ.get("SPECRESEARCH_CACHE"):
+        root, source = default_cache_dir(), "$SPECRESEARCH_CACHE"
+    else:
+        root, source = default_cache_dir(), "the user cache folder; $SPECRESEARCH_CACHE or model.cache_dir choose another"
+    problem = write_problem(root)
+    if problem:
+        raise SpecResearchError(f"cannot use the model cache {root} ({source}): {problem}")
+    return root
+
+
 def load_model(
     name: str,
     dtype: str = "auto",
@@ -224,7 +247,7 @@ def _load(name: str, dtype: str, dev: torch.device, cache_dir: str | None, tiny:
             "verification) cost about as many single-token ones, so speculative speedups shrink; "
             "model.dtype=auto picks float32 here"
         )
-    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    root = cache_root(cache_dir)
     path = Path(name).expanduser()
     if name in ZOO:
         cached = root / name

@@ -1,4 +1,5 @@
-"""The speed benchmark keeps working: its --quick mode on tiny fp32 models, end to end."""
+"""The speed benchmark keeps working: its --quick mode on tiny fp32 models, end to end; and it refuses
+a bad argument or an unusable destination in one line before any model loads."""
 
 import importlib.util
 import json
@@ -6,10 +7,19 @@ import subprocess
 import sys
 
 import mlflow
+import pytest
 
 from tests.conftest import ROOT
 
 SPEED = str(ROOT / "benchmarks" / "speed.py")
+
+
+def speed_module():
+    """benchmarks/speed.py, imported (it is a script, not a module of the package)."""
+    spec = importlib.util.spec_from_file_location("speed", SPEED)
+    speed = sys.modules["speed"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(speed)
+    return speed
 
 
 def test_speed_quick_runs_every_method_and_records_them(tmp_path):
@@ -65,9 +75,7 @@ def test_speed_unknown_method_lists_the_valid_ones(tmp_path):
 
 
 def test_table_without_generate_refers_to_the_first_method():
-    spec = importlib.util.spec_from_file_location("speed", SPEED)
-    speed = sys.modules["speed"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
-    spec.loader.exec_module(speed)
+    speed = speed_module()
     rows = [
         {"method": "baseline", "tokens_per_s": 2.0, "tokens_per_s_std": 0.1, "speedup_vs_baseline": 1.0,
          "speedup_min": 1.0, "speedup_max": 1.0, "identical_to_reference": 2},
@@ -89,3 +97,55 @@ def test_speed_quick_on_mtbench_chat(tmp_path):
     assert "2 MT-bench questions (first turn, chat template)" in report["header"] and report["args"]["dataset"] == "mtbench"
     assert [r["method"] for r in report["rows"]] == ["generate", "baseline", "pld(k=4)"]
     assert all(r["identical_to_reference"] == 2 for r in report["rows"])
+
+
+REFUSED = {  # arguments -> the start of the one error line
+    "--prompts 0": "error: argument --prompts: must be an integer >= 1, got 0",
+    "--tokens 0": "error: argument --tokens: must be an integer >= 1, got 0",
+    "--repeats 0": "error: argument --repeats: must be an integer >= 1, got 0",
+    "--k 0": "error: argument --k: must be an integer >= 1, got 0",
+    "--offset -1": "error: argument --offset: must be an integer >= 0, got -1",
+    "--offset 1000": "error: --offset 1000 is past the prompts: there are 164 humaneval prompts (--offset 0 to 163)",
+    "--offset 10 --dataset mtbench": "error: --offset 10 is past the prompts: there are at most 10 questions in an MT-bench category",
+    "--store /proc/x": "error: cannot write the MLflow store /proc/x",
+    "--store FILE/mlruns": "error: cannot write the MLflow store FILE/mlruns",
+    "--json /proc/x/speed.json": "error: cannot write the report /proc/x/speed.json (--json): cannot create a file in /proc",
+    "--json FILE/speed.json": "error: cannot write the report FILE/speed.json (--json): FILE is not a folder",
+    "--methods baseline,eagle3": "error: unknown method(s) eagle3: valid are generate, ",
+    "--methods independent:model.vocab=x": "error: drafter.model.vocab must be an integer or null, got 'x'",
+}
+
+
+@pytest.mark.parametrize("args", REFUSED)
+def test_a_bad_argument_or_destination_is_refused_in_one_line_before_a_model_loads(tmp_path, monkeypatch, capsys, args):
+    """Ranges at argument parsing; the dataset's size, the drafters' settings (config.compose, the
+    settings schema) and every destination (the report's folder, the MLflow store) before any model
+    loads: one `error:` line, exit 2, nothing written."""
+    speed = speed_module()
+    loaded = []
+    monkeypatch.setattr(speed, "load_model", lambda *a, **k: loaded.append(a) or pytest.fail("a model loaded"))
+    (tmp_path / "file").write_text("keep me")
+    argv = args.replace("FILE", str(tmp_path / "file")).split()
+    methods = [] if "--methods" in argv else ["--methods", "generate,baseline"]
+    if "--store" not in argv:
+        argv += ["--store", str(tmp_path / "mlruns")]
+    if "--json" not in argv:
+        argv += ["--json", str(tmp_path / "speed.json")]
+    monkeypatch.setattr(sys, "argv", [SPEED, "--quick", *methods, *argv])
+    with pytest.raises(SystemExit) as stop:
+        speed.main()
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(REFUSED[args].replace("FILE", str(tmp_path / "file")))
+    assert loaded == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "keep me"
+
+
+def test_the_script_refuses_an_unwritable_report_folder_in_one_line(tmp_path):
+    """The script itself (not only main()): exit 2, one `error:` line, no traceback, nothing measured."""
+    (tmp_path / "file").write_text("")
+    result = subprocess.run([sys.executable, SPEED, "--quick", "--tracker", "none", "--json", str(tmp_path / "file" / "speed.json")],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [f"error: cannot write the report {tmp_path}/file/speed.json (--json): {tmp_path}/file is not a folder"]
+    assert "repeat 1/" not in result.stdout

@@ -7,7 +7,10 @@ import copy
 import hashlib
 import importlib.util
 import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -194,6 +197,49 @@ def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     assert models.default_cache_dir() == tmp_path
     monkeypatch.delenv("SPECRESEARCH_CACHE")
     assert models.default_cache_dir().parts[-2:] == ("specresearch", "models")
+
+
+@pytest.mark.parametrize("env, cache_dir, says", [
+    ("FILE/cache", None, "cannot use the model cache FILE/cache ($SPECRESEARCH_CACHE): FILE is not a folder"),
+    ("/proc/x", None, "cannot use the model cache /proc/x ($SPECRESEARCH_CACHE): cannot create a file in /proc"),
+    ("TMP", "FILE", "cannot use the model cache FILE (model.cache_dir): FILE is not a folder"),
+], ids=["env-under-a-file", "env-in-proc", "cache-dir-a-file"])
+def test_an_unusable_model_cache_is_one_error_naming_it_before_a_model_loads(monkeypatch, tmp_path, tiny_gguf, env, cache_dir, says):
+    """models.cache_root: the folder and the setting that chose it, in one line; load_model checks it
+    before it reads or dequantizes anything."""
+    file = tmp_path / "file"
+    file.write_text("keep me")
+    monkeypatch.setenv("SPECRESEARCH_CACHE", env.replace("FILE", str(file)).replace("TMP", str(tmp_path)))
+    cache_dir = cache_dir and cache_dir.replace("FILE", str(file))
+    says = says.replace("FILE", str(file))
+    with pytest.raises(SpecResearchError) as err:
+        models.cache_root(cache_dir)
+    assert str(err.value).startswith(says) and "\n" not in str(err.value)
+    monkeypatch.setattr(models, "_dequantize_to", lambda *a: pytest.fail("dequantized into an unusable cache"))
+    with pytest.raises(SpecResearchError) as err:
+        load_model(str(tiny_gguf), cache_dir=cache_dir, device="cpu")
+    assert str(err.value).startswith(says)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and file.read_text() == "keep me"
+
+
+def test_a_usable_model_cache_is_found_and_left_as_it_was(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECRESEARCH_CACHE", str(tmp_path / "new" / "cache"))
+    assert models.cache_root() == tmp_path / "new" / "cache" and models.cache_root(tmp_path / "mine") == tmp_path / "mine"
+    assert list(tmp_path.iterdir()) == []  # checking creates nothing
+
+
+def test_a_run_with_an_unusable_model_cache_is_refused_in_one_line_before_it_starts(tmp_path):
+    """`python -m specresearch` (an evaluation, whose baseline's scores go to the cache): one `error:`
+    line naming $SPECRESEARCH_CACHE and the path, exit 2, before a model loads; no outputs/ left behind."""
+    (tmp_path / "file").write_text("")
+    cmd = [sys.executable, "-m", "specresearch", "model=tiny", "drafter=pld", "tracker=none", "eval=humaneval", "eval.limit=1", "eval.allow_code_execution=true",
+           "max_new_tokens=4"]
+    done = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "SPECRESEARCH_CACHE": str(tmp_path / "file" / "cache")},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: cannot use the model cache {tmp_path}/file/cache ($SPECRESEARCH_CACHE): {tmp_path}/file is not a folder"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 def test_missing_zoo_package_says_what_to_install(monkeypatch, tmp_path):

@@ -6,6 +6,7 @@ trained them and decode with greedy identity."""
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,44 @@ def test_the_train_command_saves_a_checkpoint_that_records_its_prompts_and_decod
     done = subprocess.run(decode, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "greedy identity: 1/1" in done.stdout
+
+
+@pytest.mark.parametrize("where, says", [
+    ("train.out=FILE/h.safetensors", "cannot save the trained weights at FILE/h.safetensors (train.out): FILE is not a folder"),
+    ("train.out=TMP", "cannot save the trained weights at TMP (train.out): TMP is a folder"),
+    ("model.cache_dir=FILE/cache", "cannot use the model cache FILE/cache (model.cache_dir): FILE is not a folder"),
+], ids=["out-under-a-file", "out-a-folder", "cache-under-a-file"])
+def test_an_unusable_destination_is_refused_before_the_model_loads(tmp_path, monkeypatch, where, says):
+    """train.run: where the weights go (train.out, or the model cache they and the training data go to)
+    is checked before the target loads, so no data is made and no step spent for weights that cannot be saved."""
+    import specresearch.train as training
+
+    (tmp_path / "file").write_text("keep me")
+    monkeypatch.setattr(training, "load_model", lambda **_: pytest.fail("the target loaded"))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["model=tiny", "tracker=none", "drafter=medusa", f"model.cache_dir={tmp_path}/cache",
+                                          where.replace("FILE", str(tmp_path / "file")).replace("TMP", str(tmp_path))])
+    with pytest.raises(SpecResearchError) as err:
+        run(cfg)
+    assert str(err.value) == says.replace("FILE", str(tmp_path / "file")).replace("TMP", str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("setting, says", [
+    ("train.out=FILE/h.safetensors", "error: cannot save the trained weights at FILE/h.safetensors (train.out): FILE is not a folder"),
+    ("train.heads=x", "error: train.heads must be an integer, got 'x'"),
+    ("+train.foo=1", "error: train has no setting 'foo': valid are heads, "),
+], ids=["out-under-a-file", "heads-not-a-number", "unknown-setting"])
+def test_the_train_command_refuses_in_one_line_before_training(tmp_path, setting, says):
+    """`python -m specresearch.train`: a train.out under a file, a value of the wrong type, an unknown
+    setting (the settings schema) are one `error:` line and exit 2, before anything is trained: no
+    training data in the model cache, no outputs/ or MLflow store left behind."""
+    (tmp_path / "file").write_text("")
+    cmd = [sys.executable, "-m", "specresearch.train", "drafter=medusa", "model=tiny", "train.tokens=256", "train.new=16",
+           setting.replace("FILE", str(tmp_path / "file"))]
+    env = {**os.environ, "SPECRESEARCH_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(says.replace("FILE", str(tmp_path / "file")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no cache/distill/, outputs/ or mlruns/

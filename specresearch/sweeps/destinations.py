@@ -1,5 +1,5 @@
-"""Where results go is checked before anything runs (`check_destinations`): Hydra's output folder and
-the tracker's store; a run refused before it measured anything leaves no empty output folder behind
+"""Where results go is checked before anything runs (`check_destinations`): Hydra's output folder, the
+tracker's store and the model cache; a run refused before it measured anything leaves no empty output folder behind
 (`discard_refused_run`)."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ _MADE_FOR_RUN: list[Path] = []  # the single run's output folder and the parents
 
 def check_destinations(config: DictConfig, multirun: bool) -> None:
     """Before anything runs (SweepCallback.on_run_start / on_multirun_start): Hydra's output folder
-    (`hydra.run.dir`, or `hydra.sweep.dir` for a sweep) and the tracker's store must be writable; else
+    (`hydra.run.dir`, or `hydra.sweep.dir` for a sweep), the tracker's store and the model cache
+    (check_model_caches) must be writable; else
     print one `error:` line naming the path and exit 2, instead of a traceback once the models have
     loaded. For a single run, note the folders Hydra is about to make for it (`discard_refused_run`).
 
@@ -44,11 +45,31 @@ def check_destinations(config: DictConfig, multirun: bool) -> None:
             tracker = None
         if hasattr(tracker, "check"):
             tracker.check()
+        check_model_caches(config)
     except SpecResearchError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     if not multirun:
         _MADE_FOR_RUN[:] = [path for path in [folder, *folder.parents] if not path.exists()] if folder is not None else []
+
+
+def check_model_caches(config: DictConfig) -> None:
+    """The model cache a run writes to (`model.cache_dir`, else $SPECRESEARCH_CACHE or the user
+    cache folder: trained heads, training data, eval baselines) and, when set, $SPECRESEARCH_CACHE
+    (the speed lock's folder) must be writable (models.cache_root), before a model loads.
+
+    Raises:
+        SpecResearchError: one line naming the setting and the path.
+    """
+    from specresearch.models import cache_root
+
+    try:
+        cache_dir = OmegaConf.select(config, "model.cache_dir", default=None)
+    except Exception:  # resolvable only once the job runs: load_model checks it then
+        return
+    cache_root(cache_dir)
+    if cache_dir and os.environ.get("SPECRESEARCH_CACHE"):
+        cache_root()
 
 
 def discard_refused_run() -> None:

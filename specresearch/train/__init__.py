@@ -50,9 +50,9 @@ from specresearch.config import CONF_DIR, options
 from specresearch.drafters.training import Cache, Trainable, rate_name, save_tensors
 from specresearch.errors import SpecResearchError
 from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, prompt_record, train_side
-from specresearch.models import LoadedModel, default_cache_dir, load_model
+from specresearch.models import LoadedModel, cache_root, default_cache_dir, load_model
 from specresearch.target import Target, decode_batch
-from specresearch.tracking import tracked_run
+from specresearch.tracking import tracked_run, write_problem
 from specresearch.types import SamplingParams
 from specresearch.vocab import check_corpus
 
@@ -319,12 +319,27 @@ def check(cfg: DictConfig) -> None:
         )
 
 
+def check_out(out: Path) -> None:
+    """Refuse, before a model loads, a `train.out` the weights could not be saved at: its folder
+    cannot be made or written (a path under a regular file, a read-only or pseudo file system), or it
+    is a folder itself."""
+    problem = write_problem(out.parent) or (f"{out} is a folder" if out.is_dir() else None)
+    if problem:
+        raise SpecResearchError(f"cannot save the trained weights at {out} (train.out): {problem}")
+
+
 def run(cfg: DictConfig) -> dict:
     """Train, save the drafter where `drafter=medusa|eagle` looks (or train.out), track the run; return the summary."""
     check(cfg)
     drafter = trainable(cfg)
+    cache_root(cfg.model.cache_dir)  # the training data's cache, and the default checkpoint's
+    out = Path(cfg.train.out) if cfg.train.out else None
+    if out is not None:
+        check_out(out)
     lm = load_model(**cfg.model)
-    out = Path(cfg.train.out) if cfg.train.out else drafter.default_checkpoint(lm.name, cfg.model.cache_dir)
+    if out is None:  # named by the target's name, known once it loads
+        out = drafter.default_checkpoint(lm.name, cfg.model.cache_dir)
+        check_out(out)
     tracker = build(cfg.tracker)
     what = drafter.run_label(cfg.train)
     summary: dict = {}
