@@ -41,6 +41,22 @@ def test_unknown_task_and_bad_limit_name_the_valid_choices(tmp_path):
         run_eval(make_cfg(*TINY_EVAL, "eval.limit=0", f"tracker.store={tmp_path}/mlruns"))
 
 
+def test_an_unusable_model_cache_is_refused_before_a_model_loads(tmp_path, monkeypatch):
+    """eval.reuse_baseline keeps the baseline's scores in the model cache: called from Python (no
+    command line to check it first), run_eval refuses a cache it cannot write before a model loads,
+    not after the baseline was scored."""
+    import specresearch.models
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SPECRESEARCH_CACHE", str(tmp_path / "file" / "cache"))
+    monkeypatch.setattr(specresearch.models, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    cfg = make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", "eval.reuse_baseline=true", "tracker=none")
+    with pytest.raises(SpecResearchError, match=r"cannot use the model cache .*file/cache \(\$SPECRESEARCH_CACHE\)") as err:
+        run_eval(cfg)
+    assert "\n" not in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch):
     monkeypatch.delenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", raising=False)
     store = tmp_path / "mlruns"

@@ -23,6 +23,7 @@ from specresearch.build import build, build_engine, claim_params, machine_tags
 from specresearch.errors import SpecResearchError
 from specresearch.evaluation.plugin import TASKS_DIR
 from specresearch.metrics import SpecStats
+from specresearch.models import cache_root
 from specresearch.records import EvalRecord, EvalSide, flatten, json_text
 from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput
@@ -79,6 +80,8 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     check(ec)
     tracker = build(cfg.tracker)
     tracker.check()  # where results go, before any model loads
+    if ec.reuse_baseline:
+        cache_root(cfg.model.get("cache_dir"))  # where the baseline's scores are kept: before any model loads
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # our tasks need no download: make sure nothing tries one
         os.environ.setdefault(var, "1")
     layers: dict[str, bool] = {}
