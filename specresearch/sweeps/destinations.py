@@ -75,6 +75,9 @@ def claim_folder(folder: Path) -> Path:
     Raises:
         SpecResearchError: it cannot be made (named, in one line).
     """
+    problem = write_problem(folder.parent)
+    if problem:
+        raise SpecResearchError(f"cannot make Hydra's output folder {folder}: {problem}")
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         claimed = folder
