@@ -4,7 +4,6 @@ the tracker's store; a run refused before it measured anything leaves no empty o
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 from pathlib import Path
@@ -80,14 +79,13 @@ def claim_folder(folder: Path) -> Path:
         raise SpecResearchError(f"cannot make Hydra's output folder {folder}: {problem}")
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        claimed = folder
-        for n in itertools.count(1):
-            if _made(claimed):
-                return claimed
+        claimed, n = folder, 0
+        while not _made(claimed):
+            n += 1
             claimed = folder.with_name(f"{folder.name}-{n}")
     except OSError as err:
         raise SpecResearchError(f"cannot make Hydra's output folder {folder}: {err.strerror or err}") from None
-    return claimed  # not reached: itertools.count never ends
+    return claimed
 
 
 def _made(folder: Path) -> bool:
