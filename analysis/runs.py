@@ -19,6 +19,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specresearch.config import CONF_DIR
+from specresearch.tracking import database_problem, mark_dead_runs, server_problem
 from specresearch.records import (
     HASH_EXCLUDED, HASH_TAG, INTERRUPTED_TAG, JOB_TAG, PARENT_TAG, PID_TAG, STUDY_TAG, SWEEP_TAG, EvalRecord, SpeedRecord,
 )
@@ -169,9 +170,13 @@ def load_study(name: str, uri: str, experiment: str) -> Study:
         db = Path(uri.removeprefix("sqlite:///"))
         if not db.is_file():  # never let MLflow create an empty store where the user mistyped a path
             raise AnalysisError(f"no MLflow store at {db}: {first}, or point tracker.store=PATH at the runs' store")
+    problem = unreadable(uri)
+    if problem:
+        raise AnalysisError(problem)
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=uri)
+    mark_dead_runs(client)  # a killed run's RUNNING status would otherwise stay
     found = client.get_experiment_by_name(experiment)
     if found is None:
         names = ", ".join(sorted(e.name for e in client.search_experiments())) or "none"
@@ -194,6 +199,14 @@ def load_study(name: str, uri: str, experiment: str) -> Study:
     parent = parents[-1] if parents else None
     return Study(name, uri, experiment, kept, [r for r in finished if latest[r.config_hash] is not r],
                  [r for r in jobs if r.status != "FINISHED"], parent)
+
+
+def unreadable(uri: str) -> str | None:
+    """Why the store at `uri` cannot be read: a sqlite file that is not an MLflow database, a
+    server that does not answer (specresearch.tracking's checks, before MLflow retries for minutes)."""
+    if uri.startswith("sqlite:///"):
+        return database_problem(Path(uri.removeprefix("sqlite:///")))
+    return server_problem(uri)
 
 
 def _search(client, experiment_id: str, query: str) -> list[Run]:

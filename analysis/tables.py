@@ -21,6 +21,7 @@ from specresearch.analysis.report import Report
 from specresearch.analysis.runs import AnalysisError, Study, load_study
 from specresearch.analysis.studies import analysed, builder
 from specresearch.config import STUDY_GROUP, compose
+from specresearch.tracking import store_path_problem
 
 COMMAND = "python -m specresearch.analysis"
 USAGE = f"{COMMAND} experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR]"
@@ -75,6 +76,9 @@ def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
             valid = ", ".join(f"tracker.{k}" for k in dict.fromkeys([*node.keys(), "uri"]) if k != "_target_")
             raise AnalysisError(f"unknown argument 'tracker.{key}': valid are {valid}")
     tracker = instantiate(node)
+    problem = store_path_problem(tracker.store) if uri is None and tracker.local else None
+    if problem:
+        raise AnalysisError(problem)
     return uri or tracker.uri, tracker.experiment
 
 

@@ -246,6 +246,12 @@ class MLflow:
     experiment: str = MISSING     # the MLflow experiment
     uri: Optional[str] = None     # a tracking server instead of the local store
 
+    def check(self, path: str) -> None:
+        for key in ("store", "experiment"):
+            value = getattr(self, key)
+            if _given(value) and not str(value).strip():
+                raise SpecResearchError(f"{path}.{key} must be a non-empty name, got {value!r}")
+
 
 @dataclass
 class NoTracker:

@@ -7,7 +7,10 @@ the jobs (basic, joblib, Ray): jobs find the parent through the environment. Eve
 
 A local store is created (database and experiment) under an flock on `mlflow.db.lock` beside it, so
 processes that start at once on a new store (parallel launchers, `exclusive=false` runs) do not race
-in MLflow's schema migration. Where results go is checked before anything runs (`write_problem`).
+in MLflow's schema migration. Where results go is checked before anything runs (`MLflowTracker.check`:
+a writable folder, a path MLflow's sqlite URI can hold, a file that is an MLflow database, a server
+that answers). The first time a process opens a store it marks FAILED every RUNNING run there whose
+process on this host is dead (`mark_dead_runs`: a SIGKILL, a power cut), so no run stays RUNNING.
 """
 
 from __future__ import annotations
@@ -17,21 +20,30 @@ import json
 import logging
 import math
 import os
+import socket
+import sqlite3
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
 from specresearch.errors import SpecResearchError
-from specresearch.records import HASH_TAG, OVERRIDES_TAG, config_hash, headline, json_text, process_tags
+from specresearch.records import (
+    HASH_TAG, HOST_TAG, INTERRUPTED_TAG, OVERRIDES_TAG, PID_TAG, config_hash, headline, json_text, process_tags,
+)
 
 log = logging.getLogger(__name__)
 PARENT_RUN_ENV = "SPECRESEARCH_MLFLOW_PARENT_RUN_ID"
 PARENT_URI_ENV = "SPECRESEARCH_MLFLOW_TRACKING_URI"  # the parent run's store: a sweep's jobs record beside it
-_CREATED: set[str] = set()  # sqlite URIs whose database this process has opened under the store lock (MLflowTracker._mlflow)
+_OPENED: set[str] = set()  # tracking URIs this process has opened (MLflowTracker._mlflow): created, dead runs marked
+_TRACKED: list[str] = []  # per run this process opened (tracked_run), oldest first: its id, "" when nothing records it
+SERVER_TIMEOUT_S = 3.0  # how long `check` waits for a tracking server's answer
+UNQUOTED = "?%"  # characters a store path cannot hold: MLflow's sqlite URI reads them as a query, an escape
 
 
 def write_problem(folder: Path) -> str | None:
@@ -50,6 +62,105 @@ def write_problem(folder: Path) -> str | None:
     except OSError as err:
         return f"cannot create a file in {existing} ({err.strerror})"
     return None
+
+
+def store_path_problem(store: Path) -> str | None:
+    """Why `store` cannot be a local store's folder: it holds a character of UNQUOTED, which MLflow's
+    sqlite URI does not keep (`a?b` would write the database `a`); None when it can."""
+    bad = sorted({char for char in str(store) if char in UNQUOTED})
+    if not bad:
+        return None
+    return f"tracker.store cannot hold {' or '.join(map(repr, bad))} (MLflow's sqlite URI reads them otherwise), got {store}"
+
+
+def database_problem(db: Path) -> str | None:
+    """Why the existing file `db` is not an MLflow database (not sqlite, or sqlite without MLflow's
+    tables); None when it is one, is empty or does not exist (MLflow creates it). Reads only."""
+    if not db.is_file():
+        return None
+    try:
+        with closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=30)) as connection:
+            tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.OperationalError:  # locked by a writer, unreadable: MLflow says what it finds
+        return None
+    except sqlite3.DatabaseError as err:
+        return f"{db} is not an MLflow database (sqlite: {err})"
+    if tables and "experiments" not in tables:
+        return f"{db} is not an MLflow database (it has no experiments table)"
+    return None
+
+
+def server_problem(uri: str, timeout: float = SERVER_TIMEOUT_S) -> str | None:
+    """Why the tracking server at `uri` (http or https) cannot be reached within `timeout` seconds;
+    None when it answers (any HTTP status), or for another kind of URI. One GET of its /health, no
+    retries: MLflow's own client retries for minutes before it gives up."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).close()
+    except urllib.error.HTTPError:  # it answered
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", None) or err
+        return f"cannot reach the MLflow server {uri} (tracker.uri) within {timeout:g} s: {reason}"
+    return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    try:  # a killed child that nobody reaped yet is dead all the same
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def local_pid(run: Any) -> int | None:
+    """The pid of the process that recorded `run` (tags HOST_TAG, PID_TAG) when it ran on this host
+    and is not this process; None otherwise (another host, no or a bad pid tag, ourselves)."""
+    tags = run.data.tags
+    pid = tags.get(PID_TAG, "")
+    if tags.get(HOST_TAG) != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return None
+    return int(pid)
+
+
+def mark_dead_runs(client: Any) -> list[str]:
+    """Mark FAILED, tagged INTERRUPTED_TAG, every RUNNING run of the store (jobs, single runs, sweep
+    parents, in every experiment) whose process ran on this host and is dead; what they logged stays.
+    Runs of other hosts, and runs whose pid is alive (a reused pid too), are left alone.
+
+    Args:
+        client: an MlflowClient on the store.
+
+    Returns:
+        The ids of the runs marked.
+    """
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    marked = []
+    for start in range(0, len(experiments), 100):  # MLflow searches at most 100 experiments at once
+        for run in client.search_runs(experiments[start:start + 100], filter_string="attributes.status = 'RUNNING'",
+                                      max_results=10000):
+            pid = local_pid(run)
+            if pid is None or pid_alive(pid):
+                continue
+            client.set_tag(run.info.run_id, INTERRUPTED_TAG, "true")
+            client.set_terminated(run.info.run_id, status="FAILED")
+            log.info(f"marked run {run.info.run_id} FAILED: interrupted (its process {pid} on this host is gone)")
+            marked.append(run.info.run_id)
+    return marked
+
+
+def runs_opened() -> list[str]:
+    """The runs this process has opened so far (tracked_run), oldest first: the MLflow run's id, or ""
+    for a run that records nothing (tracker=none). A job compares it before and after: whether its
+    run exists, which an interruption's message says."""
+    return list(_TRACKED)
 
 
 @contextmanager
@@ -140,26 +251,45 @@ class MLflowTracker:
         return file_lock(db.with_name(db.name + ".lock")) if db is not None else nullcontext()
 
     def check(self) -> None:
-        """Raise SpecResearchError, naming the folder, when the local store cannot be written (a path
-        under a file, a read-only or pseudo file system); creates nothing. Run before any model loads."""
+        """Raise SpecResearchError in one line when results could not be recorded: a local store
+        whose path MLflow's URI cannot hold (`store_path_problem`), that cannot be written (a path under a
+        file, a read-only or pseudo file system) or whose mlflow.db is not an MLflow database; a
+        tracking server that does not answer within seconds. Creates nothing. Run before any model loads."""
         db = self._database()
         if db is None:
+            problem = server_problem(self.uri)
+            if problem:
+                raise SpecResearchError(problem)
             return
+        problem = store_path_problem(db.parent)
+        if problem:
+            raise SpecResearchError(problem)
         problem = write_problem(db.parent) or (f"{db} is not a file" if db.exists() and not db.is_file() else None)
         if problem:
             raise SpecResearchError(f"cannot write the MLflow store {db.parent} (tracker.store): {problem}")
+        problem = database_problem(db)
+        if problem:
+            raise SpecResearchError(f"cannot record in the MLflow store {db.parent} (tracker.store): {problem}")
 
     def _mlflow(self):
+        """MLflow on this tracker's store. The first time in this process: a local database is
+        created (under the store lock) and dead processes' RUNNING runs are marked (`mark_dead_runs`)."""
         import mlflow  # ~2 s: only when a run is really tracked
 
         quiet_mlflow()
         mlflow.set_tracking_uri(self.uri)
+        if self.uri in _OPENED:
+            return mlflow
         db = self._database()
-        if db is not None and self.uri not in _CREATED:
+        if db is not None:
             db.parent.mkdir(parents=True, exist_ok=True)
             with self._store_lock():  # a second process on a new database would die in MLflow's schema migration
                 mlflow.get_experiment_by_name(self.experiment)  # opens the store: creates and migrates the database
-            _CREATED.add(self.uri)
+        try:
+            mark_dead_runs(mlflow.MlflowClient(tracking_uri=self.uri))
+        except Exception as err:  # bookkeeping of other runs: this run records all the same
+            log.warning(f"warning: could not mark the runs of dead processes FAILED: {err}")
+        _OPENED.add(self.uri)
         return mlflow
 
     def _experiment_id(self, mlflow) -> str:
@@ -296,6 +426,7 @@ def tracked_run(tracker: Tracker, cfg: DictConfig, name: str, report: Callable[[
     overrides = hydra_overrides()
     tags = {**(tags or {}), **({OVERRIDES_TAG: json.dumps(overrides)} if overrides is not None else {})}
     tracker.start(cfg, run_name=name, tags=tags, params=params)
+    _TRACKED.append(getattr(tracker, "run_id", None) or "")
     status = "FAILED"
     try:
         yield tracker

@@ -414,3 +414,20 @@ def test_formats_escape_latex_and_print_missing_as_dash():
     md = markdown(table)
     assert "| name | α |\n|---|---:|\n| x_1 | – |" in md and "*50% of $x*" in md
     assert latex_escape("1.2× τ ε") == r"1.2$\times$ $\tau$ $\varepsilon$"
+
+
+@pytest.mark.parametrize("case", ["no MLflow database", "a '?' in the path"])
+def test_a_store_mlflow_cannot_read_is_one_line_exit_2(tmp_path, capsys, case):
+    """Before MLflow opens it (a DatabaseError traceback; a database written where the path was cut)."""
+    from specresearch.analysis.tables import main
+
+    store = tmp_path / ("mlruns" if case == "no MLflow database" else "a#b?c")
+    store.mkdir()
+    (store / "mlflow.db").write_bytes(b"random bytes, not sqlite" * 40)
+    assert main(["experiment=leviathan", f"tracker.store={store}", f"out={tmp_path}/out"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith({
+        "no MLflow database": f"error: {store}/mlflow.db is not an MLflow database (sqlite: file is not a database)",
+        "a '?' in the path": f"error: tracker.store cannot hold '?' (MLflow's sqlite URI reads them otherwise), got {store}",
+    }[case])
+    assert (store / "mlflow.db").read_bytes() == b"random bytes, not sqlite" * 40 and not (tmp_path / "out").exists()

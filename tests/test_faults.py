@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -80,11 +81,12 @@ def test_ctrl_c_records_the_run_failed_and_exits_130(tmp_path):
     assert run.data.metrics["prompt/tau"] >= 1 and 1 <= run.data.metrics["prompts"] < 60  # what it had measured is kept
 
 
-def test_two_runs_starting_at_once_on_a_new_store_both_record(tmp_path):
-    """Without the store lock the second dies in MLflow's schema migration of the new database."""
+def test_two_runs_starting_at_once_on_a_new_store_both_record_each_in_its_own_folder(tmp_path):
+    """Without the store lock the second dies in MLflow's schema migration of the new database; in
+    Hydra's default folder (outputs/DATE/TIME) the second run of the same second gets TIME-1."""
     store = tmp_path / "mlruns"
     procs = [subprocess.Popen(spec("model=tiny", "drafter=pld", "dataset.num_prompts=1", "max_new_tokens=4", "exclusive=false",
-                                   f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out{i}"),
+                                   f"dataset.offset={i}", f"tracker.store={store}"),
                               cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     try:
@@ -95,6 +97,104 @@ def test_two_runs_starting_at_once_on_a_new_store_both_record(tmp_path):
                 proc.kill()
     assert [proc.returncode for proc in procs] == [0, 0], "\n".join(err[-2000:] for err in errs)
     assert statuses(store) == ["FINISHED", "FINISHED"]
+    folders = sorted(path.parent.parent for path in (tmp_path / "outputs").glob("*/*/.hydra/overrides.yaml"))
+    assert len(folders) == 2 and len(list((tmp_path / "outputs").glob("*/*"))) == 2
+    offsets = sorted(next(line for line in (folder / ".hydra" / "overrides.yaml").read_text().splitlines() if "offset" in line)
+                     for folder in folders)
+    assert offsets == ["- dataset.offset=0", "- dataset.offset=1"]
+    for folder in folders:
+        assert (folder / "records.jsonl").read_text() and '"status": "FINISHED"' in (folder / "summary.json").read_text()
+
+
+def test_a_claimed_folder_is_never_given_twice(tmp_path):
+    from specresearch.errors import SpecResearchError
+    from specresearch.sweeps import claim_folder
+
+    stamp = tmp_path / "outputs" / "2026-01-01" / "12-00-00"
+    assert [claim_folder(stamp) for _ in range(3)] == [stamp, stamp.with_name("12-00-00-1"), stamp.with_name("12-00-00-2")]
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SpecResearchError, match=f"^cannot make Hydra's output folder {tmp_path}/file/x: {tmp_path}/file is not a folder$"):
+        claim_folder(tmp_path / "file" / "x")
+
+
+@pytest.mark.parametrize("case", ["no MLflow database", "unreachable server", "speed lock under a file"])
+def test_a_store_or_lock_that_cannot_serve_is_one_line_before_the_models_load(tmp_path, case):
+    """The unknown model would be refused when the models load: these are refused before that."""
+    (tmp_path / "file").write_text("")
+    store = tmp_path / "mlruns"
+    store.mkdir()
+    (store / "mlflow.db").write_bytes(b"not sqlite at all" * 64)
+    where = {"no MLflow database": [f"tracker.store={store}"], "unreachable server": ["tracker.uri=http://127.0.0.1:9"],
+             "speed lock under a file": ["tracker=none"]}[case]
+    lock = {"SPECRESEARCH_SPEED_LOCK": f"{tmp_path}/file/speed.lock"} if case == "speed lock under a file" else {}
+    result = subprocess.run(spec(*FAST, "model.name=no-such-model", *where), cwd=tmp_path, env={**env(), **lock},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith({
+        "no MLflow database": f"error: cannot record in the MLflow store {store} (tracker.store): {store}/mlflow.db is not an MLflow database",
+        "unreachable server": "error: cannot reach the MLflow server http://127.0.0.1:9 (tracker.uri) within 3 s:",
+        "speed lock under a file": f"error: cannot use the speed lock {tmp_path}/file/speed.lock",
+    }[case]), line
+    assert (store / "mlflow.db").read_bytes() == b"not sqlite at all" * 64 and not (tmp_path / "outputs").exists()
+
+
+def _wait_for(path, text: str, proc, timeout: float = 120.0) -> None:
+    """Until the file `path` (a process's stdout) holds `text`."""
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, path.read_text()[-2000:]
+        time.sleep(0.1)
+
+
+def _waiting_for_the_lock(tmp_path, *args: str) -> tuple[subprocess.Popen, object]:
+    """Start `specresearch ARGS` and return once it waits for the speed lock (which the caller holds)."""
+    out = tmp_path / "stdout.txt"
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen(spec(*args), cwd=tmp_path, env={**env(), "SPECRESEARCH_SPEED_LOCK": str(tmp_path / "speed.lock")},
+                                stdout=stdout, stderr=subprocess.PIPE, text=True)
+    _wait_for(out, "waiting for the speed lock", proc)
+    return proc, out
+
+
+def test_sigterm_before_a_run_opened_says_nothing_was_recorded(tmp_path):
+    from specresearch.sweeps import speed_lock
+
+    store = tmp_path / "mlruns"
+    with speed_lock(tmp_path / "speed.lock"):
+        proc, _ = _waiting_for_the_lock(tmp_path, *FAST, f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out")
+        try:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "interrupted by SIGTERM before a run opened: nothing recorded"
+    assert not (store / "mlflow.db").exists()  # no run, not even a store
+
+
+def test_a_sweep_driver_killed_before_its_first_job_leaves_no_running_parent(tmp_path):
+    """SIGKILL leaves the sweep's parent run RUNNING; the next run on the store marks it FAILED."""
+    from mlflow import MlflowClient
+
+    from specresearch.sweeps import speed_lock
+
+    store = tmp_path / "mlruns"
+    with speed_lock(tmp_path / "speed.lock"):
+        proc, _ = _waiting_for_the_lock(tmp_path, "-m", *FAST, f"tracker.store={store}", f"hydra.sweep.dir={tmp_path}/multi")
+        proc.kill()
+        proc.communicate(timeout=60)
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
+    (parent,) = client.search_runs([client.get_experiment_by_name("specresearch").experiment_id])
+    assert parent.info.status == "RUNNING" and parent.data.tags["specresearch.sweep"] == "true"
+
+    after = cli(tmp_path, "model=tiny", "drafter=pld", "dataset.num_prompts=1", "max_new_tokens=4", "exclusive=false",
+                f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out")
+    assert after.returncode == 0, after.stderr[-3000:]
+    assert f"marked run {parent.info.run_id} FAILED: interrupted (its process {proc.pid} on this host is gone)" in after.stdout
+    parent = client.get_run(parent.info.run_id)
+    assert parent.info.status == "FAILED" and parent.data.tags["specresearch.interrupted"] == "true"
+    assert statuses(store) == ["FAILED", "FINISHED"]
 
 
 def test_a_refused_run_leaves_no_empty_output_folder(tmp_path):

@@ -110,3 +110,130 @@ def test_a_resumed_sweeps_table_shows_the_reused_runs(tmp_path):
     table = strict(artifact(client, second, "jobs.json").decode())
     assert len(jobs) == 2 and [row[1] for row in table["data"]] == ["FINISHED (reused)"] * 2
     assert second.data.metrics["speedup"] == max(j.data.metrics["speedup"] for j in jobs)
+
+
+# --- stores MLflow cannot use, runs left RUNNING by dead processes (issue 35) -------------------------
+
+def _refusal(tracker) -> str:
+    from specresearch.errors import SpecResearchError
+
+    with pytest.raises(SpecResearchError) as refused:
+        tracker.check()
+    message = str(refused.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_file_that_is_no_mlflow_database_is_refused_naming_it(tmp_path):
+    from specresearch.tracking import MLflowTracker
+
+    store = tmp_path / "mlruns"
+    store.mkdir()
+    noise = bytes(range(256)) * 8
+    (store / "mlflow.db").write_bytes(noise)
+    assert _refusal(MLflowTracker(store=str(store))) == (
+        f"cannot record in the MLflow store {store} (tracker.store): {store}/mlflow.db is not an MLflow database "
+        "(sqlite: file is not a database)")
+    assert (store / "mlflow.db").read_bytes() == noise and sorted(store.iterdir()) == [store / "mlflow.db"]
+
+
+def test_a_store_path_mlflows_uri_cannot_hold_is_refused(tmp_path):
+    from specresearch.analysis.runs import AnalysisError
+    from specresearch.analysis.tables import tracker_target
+    from specresearch.tracking import MLflowTracker
+
+    store = tmp_path / "x" / "a#b?c"
+    message = _refusal(MLflowTracker(store=str(store)))
+    assert message == f"tracker.store cannot hold '?' (MLflow's sqlite URI reads them otherwise), got {store}"
+    with pytest.raises(AnalysisError, match=r"tracker.store cannot hold '\?'"):
+        tracker_target("leviathan", {"store": str(store)})
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_store_path_with_a_hash_round_trips_to_the_browse_line_and_the_analysis(tmp_path):
+    """'#' is kept by MLflow's sqlite URI: the database is where the browse line and the analysis look."""
+    from mlflow import MlflowClient
+
+    from specresearch.analysis.tables import tracker_target
+    from specresearch.tracking import MLflowTracker, tracked_run
+
+    from .conftest import make_cfg
+
+    store = tmp_path / "a#b"
+    tracker = MLflowTracker(store=str(store))
+    tracker.check()
+    with tracked_run(tracker, make_cfg(*FAST), "run", lambda: ({"speedup": 1.0}, {})):
+        pass
+    assert (store / "mlflow.db").is_file() and not (tmp_path / "a").exists()
+    uri = tracker.browse_hint().split()[-1]
+    assert uri == f"sqlite:///{store}/mlflow.db" == tracker_target("leviathan", {"store": str(store)})[0]
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("specresearch").experiment_id])
+    assert run.info.status == "FINISHED"
+
+
+def test_an_unreachable_tracking_server_is_refused_at_once():
+    """No MLflow retry loop (minutes): one short request."""
+    from specresearch.analysis.runs import AnalysisError, load_study
+    from specresearch.tracking import MLflowTracker
+
+    message = _refusal(MLflowTracker(uri="http://127.0.0.1:9"))
+    assert message.startswith("cannot reach the MLflow server http://127.0.0.1:9 (tracker.uri) within 3 s: ")
+    with pytest.raises(AnalysisError, match="cannot reach the MLflow server http://127.0.0.1:9"):
+        load_study("leviathan", "http://127.0.0.1:9", "specresearch")
+
+
+def test_an_empty_experiment_name_is_refused_before_anything_runs():
+    from specresearch.errors import SpecResearchError
+    from specresearch.settings import check
+
+    from .conftest import make_cfg
+
+    with pytest.raises(SpecResearchError, match="^tracker.experiment must be a non-empty name, got ''$"):
+        check(make_cfg("tracker.experiment="))
+    with pytest.raises(SpecResearchError, match="^tracker.store must be a non-empty name, got ''$"):
+        check(make_cfg("tracker.store="))
+
+
+def test_runs_of_dead_processes_on_this_host_are_marked_failed_when_a_store_opens(tmp_path):
+    """Single runs, jobs and sweep parents alike, in any experiment, keeping what they logged; a live
+    process's run and another host's stay RUNNING."""
+    import socket
+
+    from mlflow import MlflowClient
+
+    from specresearch.analysis.runs import load_study
+    from specresearch.tracking import MLflowTracker
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        host = socket.gethostname()
+        store = tmp_path / "mlruns"
+        store.mkdir()
+        client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
+        here, other = (client.create_experiment(name, artifact_location=(tmp_path / name).as_uri()) for name in ("specresearch", "other"))
+
+        def running(experiment, pid, host=host, **tags):
+            return client.create_run(experiment, tags={"specresearch.host": host, "specresearch.pid": str(pid), **tags}).info.run_id
+
+        parent = running(here, dead.pid, **{"specresearch.sweep": "true"})
+        single = running(other, dead.pid)
+        client.log_metric(single, "prompts", 3)
+        live = running(here, alive.pid)
+        elsewhere = running(here, dead.pid, host="another-host")
+
+        MLflowTracker(store=str(store)).experiment_id()  # what every run does first
+        status = {run: client.get_run(run).info.status for run in (parent, single, live, elsewhere)}
+        assert status == {parent: "FAILED", single: "FAILED", live: "RUNNING", elsewhere: "RUNNING"}
+        assert client.get_run(single).data.tags["specresearch.interrupted"] == "true"
+        assert client.get_run(single).data.metrics["prompts"] == 3
+
+        alive.kill()
+        alive.wait()
+        with pytest.raises(Exception, match="no FINISHED runs"):  # the analysis marks them too
+            load_study("leviathan", f"sqlite:///{store}/mlflow.db", "specresearch")
+        assert client.get_run(live).info.status == "FAILED" and client.get_run(elsewhere).info.status == "RUNNING"
+    finally:
+        alive.kill()

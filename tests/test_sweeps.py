@@ -125,6 +125,30 @@ def test_quality_jobs_and_exclusive_false_do_not_lock(tmp_path, monkeypatch):
                 assert skipped is None
 
 
+@pytest.mark.parametrize("opened, line", [
+    (None, "interrupted by SIGTERM before a run opened: nothing recorded"),
+    ("none", "interrupted by SIGTERM: nothing recorded (tracker=none)"),
+    ("mlflow", "interrupted by SIGTERM: the run is recorded as FAILED with what it measured"),
+])
+def test_an_interrupted_job_says_whether_its_run_was_recorded(tmp_path, capsys, opened, line):
+    """A signal while a model loads or the speed lock is awaited finds no run open: the line says so."""
+    from hydra.utils import instantiate
+
+    from specresearch.tracking import tracked_run
+
+    cfg = make_cfg(*FAST, "exclusive=false", f"tracker.store={tmp_path}/mlruns" if opened == "mlflow" else "tracker=none")
+    with pytest.raises(sweeps.Interrupted):
+        with sweeps.job(cfg, multirun=False):
+            if opened is None:
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, in the main thread
+            with tracked_run(instantiate(cfg.tracker), cfg, "run", lambda: ({"prompts": 1.0}, {})):
+                os.kill(os.getpid(), signal.SIGTERM)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == line
+    if opened == "mlflow":
+        (job,), _ = runs(tmp_path)
+        assert job.info.status == "FAILED" and job.data.metrics["prompts"] == 1
+
+
 # --- resume ------------------------------------------------------------------------------------------
 
 def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path):

@@ -1,6 +1,6 @@
-"""Where results go is checked before anything runs (`check_destinations`): Hydra's output folder, the
-tracker's store and the model cache; a run refused before it measured anything leaves no empty output folder behind
-(`discard_refused_run`)."""
+"""Where results go is checked before anything runs (`check_destinations`): Hydra's output folder,
+the tracker's store and the model cache; a run refused before it measured anything leaves no empty output folder behind
+(`discard_refused_run`). A time-stamped output folder (Hydra's default) is each run's own (`claim_folder`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from specresearch.errors import SpecResearchError
 from specresearch.tracking import write_problem
@@ -22,7 +22,9 @@ def check_destinations(config: DictConfig, multirun: bool) -> None:
     (`hydra.run.dir`, or `hydra.sweep.dir` for a sweep), the tracker's store and the model cache
     (check_model_caches) must be writable; else
     print one `error:` line naming the path and exit 2, instead of a traceback once the models have
-    loaded. For a single run, note the folders Hydra is about to make for it (`discard_refused_run`).
+    loaded. A time-stamped folder (Hydra's default outputs/DATE/TIME) is then claimed for this run
+    (`claim_folder`: TIME-1, -2, ... when a run started in the same second has it). For a single run,
+    note the folders made for it (`discard_refused_run`).
 
     Args:
         config: the composed config, with its `hydra` node.
@@ -46,11 +48,65 @@ def check_destinations(config: DictConfig, multirun: bool) -> None:
         if hasattr(tracker, "check"):
             tracker.check()
         check_model_caches(config)
+        if folder is not None and stamped(config, key):
+            missing = [path for path in folder.parents if not path.exists()]
+            folder = claim_folder(folder)
+            _set_folder(config, key, folder, multirun)
+            made = [folder, *(path for path in folder.parents if path in missing)]
+        else:
+            made = [path for path in [folder, *folder.parents] if not path.exists()] if folder is not None else []
     except SpecResearchError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     if not multirun:
-        _MADE_FOR_RUN[:] = [path for path in [folder, *folder.parents] if not path.exists()] if folder is not None else []
+        _MADE_FOR_RUN[:] = made
+
+
+def stamped(config: DictConfig, key: str) -> bool:
+    """Whether the folder `key` names is time-stamped (`${now:...}`, as Hydra's default
+    outputs/DATE/TIME is): two runs started in the same second would share it."""
+    node, _, leaf = key.rpartition(".")
+    return "${now:" in str(OmegaConf.to_container(OmegaConf.select(config, node), resolve=False).get(leaf, ""))
+
+
+def claim_folder(folder: Path) -> Path:
+    """Make `folder` (with its missing parents), or `folder`-1, -2, ... when another run made it
+    already: os.mkdir is atomic, so two processes never get one folder. Returns the folder made.
+
+    Raises:
+        SpecResearchError: it cannot be made (named, in one line).
+    """
+    problem = write_problem(folder.parent)
+    if problem:
+        raise SpecResearchError(f"cannot make Hydra's output folder {folder}: {problem}")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        claimed, n = folder, 0
+        while not _made(claimed):
+            n += 1
+            claimed = folder.with_name(f"{folder.name}-{n}")
+    except OSError as err:
+        raise SpecResearchError(f"cannot make Hydra's output folder {folder}: {err.strerror or err}") from None
+    return claimed
+
+
+def _made(folder: Path) -> bool:
+    """Make `folder`; False when it exists already."""
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        return False
+    return True
+
+
+def _set_folder(config: DictConfig, key: str, folder: Path, multirun: bool) -> None:
+    """Set `key` to the claimed folder in the config Hydra runs with, and for a sweep in its
+    overrides too, from which Hydra composes every job's config (on other processes and machines too)."""
+    with read_write(config.hydra), open_dict(config.hydra):
+        OmegaConf.update(config, key, str(folder), merge=False)
+        if multirun:
+            quoted = str(folder).replace("\\", "\\\\").replace("'", "\\'")
+            config.hydra.overrides.hydra.append(f"{key}='{quoted}'")
 
 
 def check_model_caches(config: DictConfig) -> None:

@@ -15,6 +15,7 @@ from specresearch.sweeps.outcomes import JobSkipped
 from specresearch.sweeps.resume import finished_run, resume_on, store_tracker
 from specresearch.sweeps.signals import Interrupted, exit_on_signals, restore_signals
 from specresearch.records import config_hash
+from specresearch.tracking import runs_opened
 
 
 @contextmanager
@@ -31,7 +32,8 @@ def job(cfg: DictConfig, multirun: bool, timed: bool = True) -> Iterator[JobSkip
     Yields:
         JobSkipped when an identical config already finished (do not run it), else None (run it).
     """
-    previous = exit_on_signals(announce=False)
+    previous = exit_on_signals()
+    before = len(runs_opened())
     try:
         tracker = store_tracker(cfg) if resume_on(cfg, multirun) else None
         digest = config_hash(cfg) if tracker is not None else ""
@@ -47,7 +49,8 @@ def job(cfg: DictConfig, multirun: bool, timed: bool = True) -> Iterator[JobSkip
         else:
             yield None
     except Interrupted as stop:
-        print(stop.message, file=sys.stderr, flush=True)  # once recorded: the last line, after the progress bar's
+        run = next(iter(runs_opened()[before:]), None)  # this job's run, if it opened one
+        print(stop.report(run), file=sys.stderr, flush=True)  # once recorded: the last line, after the progress bar's
         raise
     finally:
         restore_signals(previous)

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from specresearch.errors import SpecResearchError
+
 
 def lock_path() -> Path:
     """$SPECRESEARCH_SPEED_LOCK (a file every user of the machine can open, to serialize them all),
@@ -34,13 +36,13 @@ def speed_lock(path: str | Path | None = None) -> Iterator[bool]:
 
     Yields:
         Whether it had to wait.
+
+    Raises:
+        SpecResearchError: the lock file cannot be made or opened (a path under a file, in /proc):
+            one line naming it, before the job measures anything.
     """
     path = Path(path) if path is not None else lock_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, writable = os.open(path, os.O_RDWR | os.O_CREAT, 0o666), True
-    except PermissionError:  # another user's lock file: flock works on a read-only descriptor too
-        fd, writable = os.open(path, os.O_RDONLY), False
+    fd, writable = _open(path)
     try:
         waited = False
         try:
@@ -58,3 +60,15 @@ def speed_lock(path: str | Path | None = None) -> Iterator[bool]:
     finally:
         os.close(fd)  # releases the flock
 
+
+def _open(path: Path) -> tuple[int, bool]:
+    """A descriptor on the lock file (made with its folder if missing), and whether it is writable."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o666), True
+        except PermissionError:  # another user's lock file: flock works on a read-only descriptor too
+            return os.open(path, os.O_RDONLY), False
+    except OSError as err:
+        raise SpecResearchError(f"cannot use the speed lock {path} ($SPECRESEARCH_SPEED_LOCK, else $SPECRESEARCH_CACHE/speed.lock; "
+                                f"exclusive=false measures without it): {err.strerror or err}") from None

@@ -1,23 +1,20 @@
 """resume (`resume: auto`, on in sweeps): before a job runs, MLflow is asked for a FINISHED run of the
 same config (`records.config_hash`) in the same experiment; if there is one the job is skipped.
-RUNNING runs of that config left by a killed process (same host, pid gone) are marked FAILED first,
-so a sweep started again re-runs exactly what did not finish."""
+RUNNING runs left by a killed process (same host, pid gone) are marked FAILED first
+(specresearch.tracking.mark_dead_runs), so a sweep started again re-runs exactly what did not finish."""
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
-from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig
 
 from specresearch.errors import SpecResearchError
-from specresearch.records import HASH_TAG, HOST_TAG, INTERRUPTED_TAG, PARENT_TAG, PID_TAG
+from specresearch.records import HASH_TAG, HOST_TAG, PARENT_TAG, PID_TAG
 from specresearch.sweeps.outcomes import JobSkipped
-from specresearch.tracking import MLflowTracker
+from specresearch.tracking import MLflowTracker, local_pid, mark_dead_runs, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -43,73 +40,27 @@ def store_tracker(cfg: DictConfig) -> MLflowTracker | None:
 
 def finished_run(tracker: MLflowTracker, digest: str, objective: str | None = None) -> JobSkipped | None:
     """The latest FINISHED run with config hash `digest` in the tracker's experiment, as the job's
-    return value (with the run's `objective` metric); None if there is none. On the way, RUNNING runs
-    of that config whose process is gone (this host, pid dead: a SIGKILL, a power cut) are marked
-    FAILED with the tag `specresearch.interrupted`, and so is their sweep's parent run if its own
-    process is gone too."""
+    return value (with the run's `objective` metric); None if there is none. First, RUNNING runs whose
+    process is gone (this host, pid dead: a SIGKILL, a power cut) are marked FAILED with the tag
+    `specresearch.interrupted` (tracking.mark_dead_runs: also done once when a process opens a store)."""
     experiment = tracker.experiment_id()
     if experiment is None:  # nothing was ever recorded there
         return None
     client = tracker.client()
+    mark_dead_runs(client)  # again: a job of this sweep may have died since the store was opened
     runs = client.search_runs([experiment], filter_string=f"tags.`{HASH_TAG}` = '{digest}'",
                               order_by=["attributes.start_time DESC"], max_results=1000)
     for run in runs:
         if run.info.status == "RUNNING":
-            if _gone(run):
-                _mark_interrupted(client, run, "run")
-                parent = run.data.tags.get(PARENT_TAG)
-                if parent:
-                    parent_run = client.get_run(parent)
-                    if parent_run.info.status == "RUNNING" and _gone(parent_run):
-                        _mark_interrupted(client, parent_run, "the sweep's parent run")
-            else:
-                tags = run.data.tags
-                log.info(f"note: run {run.info.run_id} of this config is RUNNING (host {tags.get(HOST_TAG, '?')}, "
-                      f"pid {tags.get(PID_TAG, '?')}); measuring it here too")
+            tags = run.data.tags
+            log.info(f"note: run {run.info.run_id} of this config is RUNNING (host {tags.get(HOST_TAG, '?')}, "
+                     f"pid {tags.get(PID_TAG, '?')}); measuring it here too")
     done = next((run for run in runs if run.info.status == "FINISHED"), None)
     if done is None:
         return None
     log.info(f"skipped: identical config already finished as run {done.info.run_id} (resume=false to measure again)")
     value = done.data.metrics.get(objective.replace("@", "_at_")) if objective else None  # MLflow's names (tracking.log_metrics)
     return JobSkipped(done.info.run_id, value)
-
-
-def _local_pid(run: Any) -> int | None:
-    """The pid of the process that recorded `run` when it ran on this host and is not this process;
-    None otherwise (another host, no or a bad pid tag, ourselves)."""
-    tags = run.data.tags
-    pid = tags.get(PID_TAG, "")
-    if tags.get(HOST_TAG) != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
-        return None
-    return int(pid)
-
-
-def _gone(run: Any) -> bool:
-    """Whether the process that recorded `run` is known to be dead: it ran on this host and its pid
-    is not alive (a reused pid reads as alive: the run is then left alone)."""
-    pid = _local_pid(run)
-    return pid is not None and not pid_alive(pid)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists on this machine and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    try:  # a killed child that nobody reaped yet is dead all the same
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _mark_interrupted(client: Any, run: Any, what: str) -> None:
-    client.set_tag(run.info.run_id, INTERRUPTED_TAG, "true")
-    client.set_terminated(run.info.run_id, status="FAILED")
-    log.info(f"marked {what} {run.info.run_id} FAILED: interrupted (its process {run.data.tags.get(PID_TAG)} is gone)")
-
 
 
 def stop_local_jobs(tracker: MLflowTracker, parent: str, signum: int, grace_s: float = 60.0) -> None:
@@ -125,7 +76,7 @@ def stop_local_jobs(tracker: MLflowTracker, parent: str, signum: int, grace_s: f
 
     def running() -> set[int]:
         found = client.search_runs([experiment], filter_string=f"tags.`{PARENT_TAG}` = '{parent}' and attributes.status = 'RUNNING'")
-        return {pid for pid in map(_local_pid, found) if pid is not None and pid_alive(pid)}
+        return {pid for pid in map(local_pid, found) if pid is not None and pid_alive(pid)}
 
     pids = running()
     for pid in pids:

@@ -1,6 +1,7 @@
 """During a job SIGTERM, SIGHUP and SIGINT (Ctrl-C) raise SystemExit(128 + signal) in the main thread,
 so the run ends FAILED with what it had measured (specresearch.tracking.tracked_run records on any
-BaseException); the sweep's parent run is then closed FAILED by the callback's atexit."""
+BaseException), or nothing is recorded when no run had opened yet (`Interrupted.report` says which);
+the sweep's parent run is then closed FAILED by the callback's atexit."""
 
 from __future__ import annotations
 
@@ -18,10 +19,20 @@ class Interrupted(SystemExit):
 
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
-        self.message = f"interrupted by {signal.Signals(signum).name}: the run is recorded as FAILED with what it measured"
+        self.signal_name = signal.Signals(signum).name
+
+    def report(self, run: str | None) -> str:
+        """The line that says what the interruption left, given the job's run: its MLflow id (recorded
+        FAILED by tracking.tracked_run), "" for a run that records nothing (tracker=none), None when
+        no run had opened yet (a model loading, the speed lock awaited)."""
+        if run is None:
+            return f"interrupted by {self.signal_name} before a run opened: nothing recorded"
+        if not run:
+            return f"interrupted by {self.signal_name}: nothing recorded (tracker=none)"
+        return f"interrupted by {self.signal_name}: the run is recorded as FAILED with what it measured"
 
 
-def exit_on_signals(before_exit: Callable[[int], None] | None = None, announce: bool = True) -> dict | None:
+def exit_on_signals(before_exit: Callable[[int], None] | None = None, announce: str | None = None) -> dict | None:
     """From now on SIGTERM, SIGHUP and SIGINT raise SystemExit(128 + signal) in the main thread, so
     `finally` and `except BaseException` blocks record what was measured and atexit handlers run (the
     default action of the first two kills the process on the spot; Ctrl-C's KeyboardInterrupt would
@@ -31,8 +42,9 @@ def exit_on_signals(before_exit: Callable[[int], None] | None = None, announce: 
 
     Args:
         before_exit: called with the signal number before SystemExit is raised.
-        announce: say so on stderr at once; without it the catcher of `Interrupted` says so (`job`,
-            once the run is recorded, so that its line is the last).
+        announce: what is recorded, said on stderr at once after "interrupted by SIGNAL: "; None:
+            the catcher of `Interrupted` says so (`job`, once the run is recorded, so that its line is
+            the last).
 
     Returns:
         The previous handlers, for `restore_signals`; None off the main thread, where Python cannot
@@ -50,8 +62,8 @@ def exit_on_signals(before_exit: Callable[[int], None] | None = None, announce: 
             return
         stopping = True
         stop = Interrupted(signum)
-        if announce:
-            os.write(2, f"\n{stop.message}\n".encode())  # not print: reentrancy
+        if announce is not None:
+            os.write(2, f"\ninterrupted by {name}: {announce}\n".encode())  # not print: reentrancy
         if before_exit is not None:
             before_exit(signum)
         raise stop
