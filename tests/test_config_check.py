@@ -45,7 +45,7 @@ def test_train_config_passes(drafter):
 @pytest.mark.parametrize("overrides", [
     ["dataset.num_prompts=null"],  # documented: null = all
     ["resume=false"], ["resume=true"],  # documented: true/false force it
-    ["drafter.confidence=1"],  # an int where a float is wanted
+    ["verifier=typical", "verifier.epsilon=1"],  # an int where a float is wanted (drafter.confidence=1 is out of range)
     ["sampling=random", "sampling.temperature=1", "sampling.top_k=5", "sampling.top_p=0.9"],
     ["drafter=tree", "drafter.branching=null", "drafter.ensemble=[{name: tiny}]"],
     ["+model.tiny.noise=0.1"],  # model.tiny is a free mapping (tiny_model's arguments)
