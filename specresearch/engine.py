@@ -25,7 +25,6 @@ from specresearch.types import Draft, GenerationOutput, SamplingParams, Verdict
 from specresearch.verifiers.base import Verifier
 
 
-
 class DraftLength:
     """How many tokens a chain drafter proposes each step: the engine's decision, from the drafter's
     config (`drafter.k`, `drafter.k_policy`, `drafter.k_max`), so drafters keep no draft-length state.

@@ -10,7 +10,10 @@ line, before a run opens or a model loads.
 - Field types are what a YAML value may be: `Optional[int]` takes null, `float` takes an int,
   bool and int never pass for each other; `Any` is not checked. A field declared with `extra()` is
   not in the shipped YAML: the command line adds it with `+key=value`.
-- A dataclass's `check(path)` checks ranges, on the values the node gives (absent ones are MISSING).
+- A dataclass's `check(path)` checks ranges, on the values the node gives (absent ones are MISSING):
+  every rule that needs no model, so a config is refused before one loads. The drafters' and
+  verifiers' constructors call the same check (e.g. `PromptLookup(k=k, ...).check("drafter")`); what
+  needs the model (layer indices, vocabulary, checkpoints, the sampling) stays with them.
 
 Stdlib, OmegaConf and specresearch.errors only: everything may read this module, it reads nothing of
 the package (the classes the `_target_`s name load torch).
