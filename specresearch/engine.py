@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from specresearch import settings
 from specresearch.drafters.base import Context, Drafter
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
@@ -22,8 +23,6 @@ from specresearch.sampling import logits_to_probs
 from specresearch.target import Target
 from specresearch.types import Draft, GenerationOutput, SamplingParams, Verdict
 from specresearch.verifiers.base import Verifier
-
-K_POLICIES = ("fixed", "heuristic")
 
 
 class DraftLength:
@@ -42,10 +41,7 @@ class DraftLength:
             policy: "fixed" or "heuristic".
             k_max: the largest k the heuristic may reach; None = 4 k.
         """
-        if policy not in K_POLICIES:
-            raise SpecResearchError(f"unknown drafter.k_policy '{policy}': valid are {', '.join(K_POLICIES)}")
-        if k_max is not None and int(k_max) < int(k):
-            raise SpecResearchError(f"drafter.k_max must be >= drafter.k, got {k_max} < {k}")
+        settings.check_draft_length("drafter", k, policy, k_max)
         self.start = self.k = int(k)
         self.policy = policy
         self.k_max = int(k_max) if k_max is not None else 4 * int(k)

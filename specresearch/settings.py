@@ -10,7 +10,10 @@ line, before a run opens or a model loads.
 - Field types are what a YAML value may be: `Optional[int]` takes null, `float` takes an int,
   bool and int never pass for each other; `Any` is not checked. A field declared with `extra()` is
   not in the shipped YAML: the command line adds it with `+key=value`.
-- A dataclass's `check(path)` checks ranges, on the values the node gives (absent ones are MISSING).
+- A dataclass's `check(path)` checks ranges, on the values the node gives (absent ones are MISSING):
+  every rule that needs no model, so a config is refused before one loads. The drafters' and
+  verifiers' constructors call the same check (e.g. `PromptLookup(k=k, ...).check("drafter")`); what
+  needs the model (layer indices, vocabulary, checkpoints, the sampling) stays with them.
 
 Stdlib, OmegaConf and specresearch.errors only: everything may read this module, it reads nothing of
 the package (the classes the `_target_`s name load torch).
@@ -69,9 +72,81 @@ class DraftModel(Model):
 # -- drafters --------------------------------------------------------------------------------------
 
 
+K_POLICIES = ("fixed", "heuristic")  # how k evolves within a sequence (engine.DraftLength)
+MATCH = ("first", "last")  # drafter=pld: which earlier occurrence it continues
+CHILDREN = ("top", "sample")  # a tree's children: the draft's likeliest tokens, or drawn from its law
+SHAPES = ("auto",)  # a tree's sizing (drafters.tree.Sizer); null = nodes as given
+RECOVER = ("sample", "greedy")  # a relaxed verifier's added token
+
+
+def _one_of(path: str, key: str, value: Any, valid: tuple, null: str = "") -> None:
+    """`value` is one of `valid` (or null, where `null` says what null means)."""
+    if _given(value) and not (null and value is None) and value not in valid:
+        names = [f"null ({null})"] * bool(null) + list(valid)
+        raise SpecResearchError(f"unknown {path}.{key} '{value}': valid are {', '.join(names)}")
+
+
+def _at_least(path: str, key: str, value: Any, low: int, meaning: str = "") -> None:
+    if _given(value) and value < low:
+        raise SpecResearchError(f"{path}.{key} must be >= {low}{meaning}, got {value}")
+
+
+def _probability_or_null(path: str, key: str, value: Any) -> None:
+    """A confidence threshold: in (0, 1), or null (off)."""
+    if _given(value) and value is not None and not 0 < value < 1:
+        raise SpecResearchError(f"{path}.{key} must lie in (0, 1) or be null, got {value}")
+
+
 def _k_at_least_one(option: str, k: Any) -> None:
     if _given(k) and k < 1:
-        raise SpecResearchError(f"drafter={option} needs k >= 1, got k={k}")
+        raise SpecResearchError(f"drafter={option} needs k >= 1, got k={k} (use drafter=none for plain decoding)")
+
+
+def check_draft_length(path: str, k: Any, k_policy: Any, k_max: Any) -> None:
+    """engine.DraftLength's settings: a k_policy of K_POLICIES, and k_max (null = 4 k) at least k.
+
+    Raises:
+        SpecResearchError
+    """
+    _one_of(path, "k_policy", k_policy, K_POLICIES)
+    if _given(k_max) and k_max is not None and _given(k) and k_max < k:
+        raise SpecResearchError(f"{path}.k_max must be >= {path}.k, got {k_max} < {k}")
+
+
+def _chain_drafter(node: Any, option: str, path: str) -> None:
+    """drafter=independent's and self_draft's ranges: the chain, its stops, siblings and lookup."""
+    _k_at_least_one(option, node.k)
+    _at_least(path, "lookup", node.lookup, 0, " (0 = off)")
+    _at_least(path, "siblings", node.siblings, 0, " (0 = a plain chain)")
+    if _given(node.sibling_confidence) and not 0 <= node.sibling_confidence < 1:
+        raise SpecResearchError(f"{path}.sibling_confidence must lie in [0, 1) (0 = keep every sibling), got {node.sibling_confidence}")
+    _probability_or_null(path, "confidence", node.confidence)
+    _probability_or_null(path, "chain_confidence", node.chain_confidence)
+    check_draft_length(path, node.k, node.k_policy, node.k_max)
+
+
+def _tree_shape(path: str, branching: Any, topk: Any, depth: Any, nodes: Any, children: Any, chain_confidence: Any) -> None:
+    """drafters.tree.TreeShape's ranges: static `branching`, or a dynamic tree's topk, depth and nodes."""
+    _one_of(path, "children", children, CHILDREN)
+    static = _given(branching) and branching is not None
+    if static and (not len(branching) or min(branching) < 1):
+        raise SpecResearchError(f"{path}.branching needs one or more counts >= 1 (or null: dynamic), got {list(branching)}")
+    sizes = [v for v in (topk, depth, nodes) if _given(v)]
+    if not static and sizes and min(sizes) < 1:
+        raise SpecResearchError(f"a dynamic tree needs topk, depth and nodes >= 1, got {topk}, {depth}, {nodes}")
+    _probability_or_null(path, "chain_confidence", chain_confidence)
+
+
+def _sized_tree(path: str, shape: Any, branching: Any, children: Any) -> None:
+    """shape=auto (drafters.tree.Sizer) sizes a dynamic tree of top children."""
+    _one_of(path, "shape", shape, SHAPES, null="nodes as given")
+    if not _given(shape) or shape is None:
+        return
+    if _given(branching) and branching is not None:
+        raise SpecResearchError(f"{path}.shape=auto sizes a dynamic tree: set {path}.branching=null")
+    if _given(children) and children != "top":
+        raise SpecResearchError(f"{path}.shape=auto keeps the likeliest nodes, which sampled children cannot be chosen by "
+                                f"(their law would change): use {path}.children=top")
 
 
 @dataclass
@@ -89,8 +164,7 @@ class Independent:
     model: Optional[DraftModel] = None        # the draft model, as in the `model` group
 
     def check(self, path: str) -> None:
-        if _given(self.siblings) and self.siblings < 0:
-            raise SpecResearchError(f"{path}.siblings must be >= 0 (0 = a plain chain), got {self.siblings}")
+        _chain_drafter(self, "independent", path)
 
 
 @dataclass
@@ -107,6 +181,10 @@ class Tree:
     model: Optional[DraftModel] = None        # the draft model, as in the `model` group
     ensemble: List[DraftModel] = field(default_factory=list)  # more draft models merged into one tree (SpecInfer)
 
+    def check(self, path: str) -> None:
+        _tree_shape(path, self.branching, self.topk, self.depth, self.nodes, self.children, self.chain_confidence)
+        _sized_tree(path, self.shape, self.branching, self.children)
+
 
 @dataclass
 class Medusa:
@@ -120,6 +198,21 @@ class Medusa:
     children: str = MISSING                   # top (the heads' top tokens) or sample (drawn from the heads' laws)
     vocab: Optional[int] = None               # the heads score only the N most frequent tokens (FR-Spec)
     vocab_corpus: str = MISSING               # offline text the token frequencies come from
+
+    def check(self, path: str) -> None:
+        _one_of(path, "children", self.children, CHILDREN)
+        _at_least(path, "nodes", self.nodes, 1)
+        _one_of(path, "shape", self.shape, SHAPES, null="nodes as given")
+        choices = self.choices if _given(self.choices) else None
+        if choices is None:
+            return
+        if _given(self.shape) and self.shape is not None:
+            raise SpecResearchError(f"{path}.shape=auto sizes the tree itself: set {path}.choices=null")
+        if not choices or any(not c or min(c) < 0 for c in choices):
+            raise SpecResearchError(f"{path}.choices must be non-empty paths of ranks >= 0, got {[list(c) for c in choices]}")
+        missing = sorted({tuple(c[:-1]) for c in choices if len(c) > 1} - {tuple(c) for c in choices})
+        if missing:
+            raise SpecResearchError(f"{path}.choices must hold every path's parent; missing {[list(m) for m in missing]}")
 
 
 @dataclass
@@ -140,6 +233,16 @@ class Eagle:
     children: str = MISSING                   # tree: top or sample
     shape: Optional[str] = None               # tree: auto = the size with the best predicted speedup; null = nodes
 
+    def check(self, path: str) -> None:
+        _at_least(path, "k", self.k, 1)
+        if self.tree is True:
+            _tree_shape(path, None, self.topk, self.depth, self.nodes, self.children, None)
+            _sized_tree(path, self.shape, None, self.children)
+            return
+        if _given(self.shape) and self.shape is not None:
+            raise SpecResearchError(f"{path}.shape=auto sizes EAGLE-2's tree: set {path}.tree=true")
+        check_draft_length(path, self.k, self.k_policy, self.k_max)
+
 
 @dataclass
 class PromptLookup:
@@ -152,6 +255,14 @@ class PromptLookup:
     k_policy: str = MISSING       # fixed, or heuristic
     k_max: Optional[int] = None   # the heuristic's largest k; null = 4 k
 
+    def check(self, path: str) -> None:
+        _k_at_least_one("pld", self.k)
+        low, high = self.min_ngram, self.max_ngram
+        if _given(low) and _given(high) and not 1 <= low <= high:
+            raise SpecResearchError(f"drafter=pld needs 1 <= min_ngram <= max_ngram, got {low}, {high}")
+        _one_of(path, "match", self.match, MATCH)
+        check_draft_length(path, self.k, self.k_policy, self.k_max)
+
 
 @dataclass
 class Lookahead:
@@ -161,6 +272,13 @@ class Lookahead:
     ngram: int = MISSING              # N: n-gram size = proposal length + 1
     guesses: int = MISSING            # G: pool n-grams verified per step
     pool_from_prompt: bool = MISSING  # also pool the prompt's n-grams
+
+    def check(self, path: str) -> None:
+        window, guesses = self.window, self.guesses
+        if any(_given(v) and v < 1 for v in (window, guesses)):
+            raise SpecResearchError(f"drafter=lookahead needs window >= 1 and guesses >= 1, got {window}, {guesses}")
+        if _given(self.ngram) and self.ngram < 3:
+            raise SpecResearchError(f"drafter=lookahead needs ngram >= 3 (N − 1 >= 2 Jacobi levels), got ngram={self.ngram}")
 
 
 @dataclass
@@ -182,7 +300,8 @@ class SelfDraft:
     sibling_confidence: float = MISSING       # as for drafter=independent
     lookup: int = MISSING                     # as for drafter=independent
 
-    check = Independent.check
+    def check(self, path: str) -> None:
+        _chain_drafter(self, "self_draft", path)
 
 
 @dataclass
@@ -192,6 +311,14 @@ class NoDrafter:
 
 
 # -- verifiers -------------------------------------------------------------------------------------
+
+
+def _relaxed(node: Any, path: str) -> None:
+    """The relaxed verifiers' shared settings: the added token, and the rule's temperature."""
+    _one_of(path, "recover", node.recover, RECOVER)
+    t = node.rule_temperature
+    if _given(t) and t is not None and not t > 0:
+        raise SpecResearchError(f"{path}.rule_temperature must be > 0 (or null: the decoding's), got {t}")
 
 
 @dataclass
@@ -215,6 +342,16 @@ class Margin:
     recover: str = MISSING                    # sample (from p) or greedy (argmax)
     rule_temperature: Optional[float] = None  # greedy decoding only: the rule reads softmax(logits / this)
 
+    def check(self, path: str) -> None:
+        _relaxed(self, path)
+        margin, ratio = self.margin, self.ratio
+        if _given(margin) and _given(ratio) and (margin is None) == (ratio is None):
+            raise SpecResearchError("verifier=margin takes exactly one of margin (absolute) and ratio (relative); set the other to null")
+        if _given(margin) and margin is not None and not 0 <= margin <= 1:
+            raise SpecResearchError(f"{path}.margin must lie in [0, 1], got {margin}")
+        if _given(ratio) and ratio is not None and not 0 < ratio <= 1:
+            raise SpecResearchError(f"{path}.ratio must lie in (0, 1], got {ratio}")
+
 
 @dataclass
 class TopK:
@@ -223,6 +360,11 @@ class TopK:
     k: int = MISSING
     recover: str = MISSING                    # sample (from p) or greedy (argmax)
     rule_temperature: Optional[float] = None  # greedy decoding only: the rule reads softmax(logits / this)
+
+    def check(self, path: str) -> None:
+        _relaxed(self, path)
+        if _given(self.k) and self.k < 1:
+            raise SpecResearchError(f"verifier=topk needs k >= 1, got {self.k}")
 
 
 @dataclass
@@ -233,6 +375,12 @@ class Typical:
     delta: float = MISSING                    # Medusa's posterior_alpha
     recover: str = MISSING                    # sample (from p) or greedy (argmax)
     rule_temperature: Optional[float] = None  # greedy decoding only: the rule reads softmax(logits / this)
+
+    def check(self, path: str) -> None:
+        _relaxed(self, path)
+        epsilon, delta = self.epsilon, self.delta
+        if any(_given(v) and not 0 < v <= 1 for v in (epsilon, delta)):
+            raise SpecResearchError(f"verifier=typical needs 0 < epsilon <= 1 and 0 < delta <= 1, got {epsilon}, {delta}")
 
 
 # -- trackers --------------------------------------------------------------------------------------

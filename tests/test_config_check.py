@@ -45,7 +45,7 @@ def test_train_config_passes(drafter):
 @pytest.mark.parametrize("overrides", [
     ["dataset.num_prompts=null"],  # documented: null = all
     ["resume=false"], ["resume=true"],  # documented: true/false force it
-    ["drafter.confidence=1"],  # an int where a float is wanted
+    ["verifier=typical", "verifier.epsilon=1"],  # an int where a float is wanted (drafter.confidence=1 is out of range)
     ["sampling=random", "sampling.temperature=1", "sampling.top_k=5", "sampling.top_p=0.9"],
     ["drafter=tree", "drafter.branching=null", "drafter.ensemble=[{name: tiny}]"],
     ["+model.tiny.noise=0.1"],  # model.tiny is a free mapping (tiny_model's arguments)
@@ -149,3 +149,109 @@ def test_sampling_params_accept_the_edges():
     assert SamplingParams().greedy
     assert SamplingParams(temperature=0.7, top_k=1, top_p=1.0).top_p == 1.0
     assert SamplingParams(temperature=2, top_p=1e-6).temperature == 2
+
+
+CHAIN_K = "needs k >= 1, got k=0 (use drafter=none for plain decoding)"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    # the chain drafters (independent, self_draft) and engine.DraftLength's k_policy, k_max
+    (["drafter.k=0"], f"drafter=independent {CHAIN_K}"),
+    (["drafter=self_draft", "drafter.k=0"], f"drafter=self_draft {CHAIN_K}"),
+    (["drafter.lookup=-1"], "drafter.lookup must be >= 0 (0 = off), got -1"),
+    (["drafter=self_draft", "drafter.siblings=-1"], "drafter.siblings must be >= 0 (0 = a plain chain), got -1"),
+    (["drafter.sibling_confidence=1"], "drafter.sibling_confidence must lie in [0, 1) (0 = keep every sibling), got 1"),
+    (["drafter.confidence=1.5"], "drafter.confidence must lie in (0, 1) or be null, got 1.5"),
+    (["drafter.chain_confidence=0"], "drafter.chain_confidence must lie in (0, 1) or be null, got 0"),
+    (["drafter.k_policy=grow"], "unknown drafter.k_policy 'grow': valid are fixed, heuristic"),
+    (["drafter.k=4", "drafter.k_max=2"], "drafter.k_max must be >= drafter.k, got 2 < 4"),
+    # pld, lookahead
+    (["drafter=pld", "drafter.k=0"], f"drafter=pld {CHAIN_K}"),
+    (["drafter=pld", "drafter.min_ngram=3", "drafter.max_ngram=2"], "drafter=pld needs 1 <= min_ngram <= max_ngram, got 3, 2"),
+    (["drafter=pld", "drafter.min_ngram=0"], "drafter=pld needs 1 <= min_ngram <= max_ngram, got 0, 3"),
+    (["drafter=pld", "drafter.match=random"], "unknown drafter.match 'random': valid are first, last"),
+    (["drafter=pld", "drafter.k_policy=heuristic", "drafter.k_max=5"], "drafter.k_max must be >= drafter.k, got 5 < 10"),
+    (["drafter=lookahead", "drafter.guesses=0"], "drafter=lookahead needs window >= 1 and guesses >= 1, got 7, 0"),
+    (["drafter=lookahead", "drafter.ngram=2"], "drafter=lookahead needs ngram >= 3 (N − 1 >= 2 Jacobi levels), got ngram=2"),
+    # tree
+    (["drafter=tree", "drafter.children=beam"], "unknown drafter.children 'beam': valid are top, sample"),
+    (["drafter=tree", "drafter.branching=[2,0]"], "drafter.branching needs one or more counts >= 1 (or null: dynamic), got [2, 0]"),
+    (["drafter=tree", "drafter.branching=[]"], "drafter.branching needs one or more counts >= 1 (or null: dynamic), got []"),
+    (["drafter=tree", "drafter.branching=null", "drafter.nodes=0"], "a dynamic tree needs topk, depth and nodes >= 1, got 4, 5, 0"),
+    (["drafter=tree", "drafter.chain_confidence=1"], "drafter.chain_confidence must lie in (0, 1) or be null, got 1"),
+    (["drafter=tree", "drafter.shape=best"], "unknown drafter.shape 'best': valid are null (nodes as given), auto"),
+    (["drafter=tree", "drafter.shape=auto"], "drafter.shape=auto sizes a dynamic tree: set drafter.branching=null"),
+    (["drafter=tree", "drafter.branching=null", "drafter.children=sample", "drafter.shape=auto"],
+     "drafter.shape=auto keeps the likeliest nodes, which sampled children cannot be chosen by (their law would change): "
+     "use drafter.children=top"),
+    # medusa
+    (["drafter=medusa", "drafter.children=beam"], "unknown drafter.children 'beam': valid are top, sample"),
+    (["drafter=medusa", "drafter.nodes=0"], "drafter.nodes must be >= 1, got 0"),
+    (["drafter=medusa", "drafter.shape=optimal"], "unknown drafter.shape 'optimal': valid are null (nodes as given), auto"),
+    (["drafter=medusa", "drafter.shape=auto", "drafter.choices=[[0]]"], "drafter.shape=auto sizes the tree itself: set drafter.choices=null"),
+    (["drafter=medusa", "drafter.choices=[[0],[-1]]"], "drafter.choices must be non-empty paths of ranks >= 0, got [[0], [-1]]"),
+    (["drafter=medusa", "drafter.choices=[[0],[]]"], "drafter.choices must be non-empty paths of ranks >= 0, got [[0], []]"),
+    (["drafter=medusa", "drafter.choices=[[0],[1,0]]"], "drafter.choices must hold every path's parent; missing [[1]]"),
+    # eagle
+    (["drafter=eagle", "drafter.k=0"], "drafter.k must be >= 1, got 0"),
+    (["drafter=eagle", "drafter.k_policy=grow"], "unknown drafter.k_policy 'grow': valid are fixed, heuristic"),
+    (["drafter=eagle", "drafter.shape=auto"], "drafter.shape=auto sizes EAGLE-2's tree: set drafter.tree=true"),
+    (["drafter=eagle", "drafter.tree=true", "drafter.topk=0"], "a dynamic tree needs topk, depth and nodes >= 1, got 0, 6, 24"),
+    (["drafter=eagle", "drafter.tree=true", "drafter.children=beam"], "unknown drafter.children 'beam': valid are top, sample"),
+    (["drafter=eagle", "drafter.tree=true", "drafter.children=sample", "drafter.shape=auto"],
+     "drafter.shape=auto keeps the likeliest nodes, which sampled children cannot be chosen by (their law would change): "
+     "use drafter.children=top"),
+    # the relaxed verifiers
+    (["verifier=margin", "verifier.recover=maybe"], "unknown verifier.recover 'maybe': valid are sample, greedy"),
+    (["verifier=topk", "verifier.rule_temperature=0"], "verifier.rule_temperature must be > 0 (or null: the decoding's), got 0"),
+    (["verifier=margin", "verifier.margin=null"],
+     "verifier=margin takes exactly one of margin (absolute) and ratio (relative); set the other to null"),
+    (["verifier=margin", "verifier.ratio=0.5"],
+     "verifier=margin takes exactly one of margin (absolute) and ratio (relative); set the other to null"),
+    (["verifier=margin", "verifier.margin=1.5"], "verifier.margin must lie in [0, 1], got 1.5"),
+    (["verifier=margin", "verifier.margin=null", "verifier.ratio=0"], "verifier.ratio must lie in (0, 1], got 0"),
+    (["verifier=topk", "verifier.k=0"], "verifier=topk needs k >= 1, got 0"),
+    (["verifier=typical", "verifier.epsilon=0"], "verifier=typical needs 0 < epsilon <= 1 and 0 < delta <= 1, got 0, 0.3"),
+    (["verifier=typical", "verifier.delta=1.5"], "verifier=typical needs 0 < epsilon <= 1 and 0 < delta <= 1, got 0.09, 1.5"),
+])
+def test_drafter_and_verifier_ranges_are_refused_by_the_schema(overrides, message):
+    """Each model-independent rule of a drafter's or verifier's constructor is its settings
+    dataclass's check: the composed config is refused in one line before any model loads."""
+    with pytest.raises(SpecResearchError) as err:
+        check_config(make_cfg("model=tiny", *overrides))
+    assert str(err.value) == message and "\n" not in message
+
+
+@pytest.mark.parametrize("overrides", [
+    ["drafter=pld", "drafter.min_ngram=3", "drafter.max_ngram=3", "drafter.k_policy=heuristic", "drafter.k_max=10"],
+    ["drafter=tree", "drafter.branching=null", "drafter.shape=auto", "drafter.chain_confidence=0.2"],
+    ["drafter=medusa", "drafter.choices=[[0],[1],[0,0]]"], ["drafter=medusa", "drafter.shape=auto"],
+    ["drafter=eagle", "drafter.tree=true", "drafter.shape=auto", "drafter.k_policy=grow"],  # the tree leaves k_policy unused
+    ["drafter.sibling_confidence=0", "drafter.confidence=0.4", "drafter.k=1", "drafter.k_max=1"],
+    ["verifier=margin", "verifier.margin=null", "verifier.ratio=1"], ["verifier=margin", "verifier.margin=0"],
+    ["verifier=typical", "verifier.epsilon=1", "verifier.delta=1", "verifier.rule_temperature=0.5"],
+])
+def test_drafter_and_verifier_range_edges_pass(overrides):
+    check_config(make_cfg("model=tiny", *overrides))
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    def load_model(*args, **kwargs):
+        pytest.fail("a model was loaded for a config the settings schema refuses")
+    monkeypatch.setattr("specresearch.models.load_model", load_model)
+
+
+@pytest.mark.parametrize("model", ["model=qwen2.5-coder-1.5b", "model.name=nobody/no-such-model"])
+def test_compose_and_build_engine_refuse_a_bad_range_before_the_model_loads(no_model_loads, model, tmp_path, monkeypatch):
+    """A range a drafter's constructor would refuse after the target loaded is refused first, for a
+    target that is not even on this machine (an empty model cache: it would be downloaded)."""
+    from specresearch import build_engine, compose
+
+    monkeypatch.setenv("SPECRESEARCH_CACHE", str(tmp_path))
+    overrides = [model, "drafter=pld", "drafter.k=0", "tracker=none"]
+    with pytest.raises(SpecResearchError, match="^drafter=pld needs k >= 1, got k=0 "):
+        compose(overrides)
+    with pytest.raises(SpecResearchError, match="^drafter=pld needs k >= 1, got k=0 "):
+        build_engine(make_cfg(*overrides))  # composed without the check: build_engine checks it
+    assert not any(tmp_path.iterdir())

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
+from specresearch import settings
 from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, optimise, rate_name
 from specresearch.drafters.tree import TreeShape, sizer
@@ -174,11 +175,9 @@ class EagleDrafter(Drafter):
             topk, depth, nodes, children: the tree's shape (drafters.tree.TreeShape).
             shape: "auto": each step keeps the tree size with the best predicted speedup (drafters.tree.Sizer).
         """
-        if k < 1:
-            raise SpecResearchError(f"drafter.k must be >= 1, got {k}")
+        settings.Eagle(k=k, k_policy=k_policy, k_max=k_max, tree=bool(tree), topk=topk, depth=depth, nodes=nodes,
+                       children=children, shape=shape).check("drafter")
         self.shape = TreeShape(None, topk, depth, nodes, children) if tree else None
-        if shape is not None and self.shape is None:
-            raise SpecResearchError("drafter.shape=auto sizes EAGLE-2's tree: set drafter.tree=true")
         if self.shape is not None:
             self.shape.sizer = sizer(shape, target, self.shape)
         if self.shape is None:

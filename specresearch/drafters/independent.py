@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from specresearch import settings
 from specresearch.drafters.base import Chain, Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.drafters.pld import lookup
@@ -80,19 +81,10 @@ class IndependentDrafter(Drafter):
                 probabilities down to its parent times its own: the draft's chance that the target
                 takes it) is at least this; 0 = every one of the `siblings`. Lossless: the draft alone decides.
         """
-        if int(k) < 1:
-            raise SpecResearchError(f"drafter=independent needs k >= 1, got k={k} (use drafter=none for plain decoding)")
+        settings.Independent(k=k, confidence=confidence, chain_confidence=chain_confidence, k_policy=k_policy, k_max=k_max,
+                             siblings=siblings, sibling_confidence=sibling_confidence, lookup=lookup).check("drafter")
         if model is None:
             raise SpecResearchError("drafter=independent needs a draft model: set drafter.model.name")
-        if int(lookup) < 0:
-            raise SpecResearchError(f"drafter.lookup must be >= 0 (0 = off), got {lookup}")
-        if int(siblings) < 0:
-            raise SpecResearchError(f"drafter.siblings must be >= 0 (0 = a plain chain), got {siblings}")
-        if not 0 <= float(sibling_confidence) < 1:
-            raise SpecResearchError(f"drafter.sibling_confidence must lie in [0, 1) (0 = keep every sibling), got {sibling_confidence}")
-        for key, value in (("confidence", confidence), ("chain_confidence", chain_confidence)):
-            if value is not None and not 0 < float(value) < 1:
-                raise SpecResearchError(f"drafter.{key} must lie in (0, 1) or be null, got {value}")
         self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
         self.confidence = None if confidence is None else float(confidence)
         self.lookup = int(lookup)

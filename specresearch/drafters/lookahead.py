@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specresearch import settings
 from specresearch.drafters.base import Context, Drafter
-from specresearch.errors import SpecResearchError
 from specresearch.types import Draft, Trie, Verdict
 
 
@@ -43,12 +43,7 @@ class LookaheadDrafter(Drafter):
             pool_from_prompt: also put every n-gram of the prompt in the pool (the reference
                 implementation's POOL_FROM_PROMPT; the paper's method has it off).
         """
-        if int(window) < 1 or int(guesses) < 1:
-            raise SpecResearchError(f"drafter=lookahead needs window >= 1 and guesses >= 1, got {window}, {guesses}")
-        if int(ngram) < 3:
-            raise SpecResearchError(
-                f"drafter=lookahead needs ngram >= 3 (N − 1 >= 2 Jacobi levels), got ngram={ngram}"
-            )
+        settings.Lookahead(window=window, ngram=ngram, guesses=guesses).check("drafter")
         self.W, self.N, self.G = int(window), int(ngram), int(guesses)
         self.pool_from_prompt = bool(pool_from_prompt)
         self.depth = self.N - 1  # the longest proposal

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from specresearch import settings
 from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
-from specresearch.drafters.tree import SHAPES, Sizer
+from specresearch.drafters.tree import Sizer
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.sampling import logits_to_probs
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHILDREN = ("top", "sample")
 # Medusa's "tree of choices": each path lists, per depth, which of that head's top tokens to take.
 # 8 nodes, depth 3 (the default 3 heads): sized for a 2-core CPU, where verifying 9 tokens costs
 # ~2.2 one-token forwards (Medusa's GPU default has 64 nodes over 4 heads).
@@ -211,14 +211,7 @@ class MedusaDrafter(Drafter):
             heads: heads to use instead of a checkpoint (tests, freshly trained heads).
             cache_dir: the model cache the default checkpoint lives in (None = the default cache).
         """
-        if children not in CHILDREN:
-            raise SpecResearchError(f"unknown drafter.children '{children}': valid are {', '.join(CHILDREN)}")
-        if nodes < 1:
-            raise SpecResearchError(f"drafter.nodes must be >= 1, got {nodes}")
-        if shape not in (None, *SHAPES):
-            raise SpecResearchError(f"unknown drafter.shape '{shape}': valid are null (nodes as given), {', '.join(SHAPES)}")
-        if shape is not None and choices is not None:
-            raise SpecResearchError("drafter.shape=auto sizes the tree itself: set drafter.choices=null")
+        settings.Medusa(choices=choices, nodes=nodes, shape=shape, children=children).check("drafter")
         meta: dict = {}
         if heads is None:
             path = find_checkpoint("medusa", target.name, checkpoint, checkpoint_path(target.name, cache_dir))
@@ -233,11 +226,6 @@ class MedusaDrafter(Drafter):
         if choices is None:
             choices = best_choices(meta["rank_acc"], nodes) if meta.get("rank_acc") else DEFAULT_CHOICES
         choices = [tuple(int(r) for r in c) for c in choices]
-        if not choices or any(not c or min(c) < 0 for c in choices):
-            raise SpecResearchError(f"drafter.choices must be non-empty paths of ranks >= 0, got {choices}")
-        missing = sorted({c[:-1] for c in choices if len(c) > 1} - set(choices))
-        if missing:
-            raise SpecResearchError(f"drafter.choices must hold every path's parent; missing {[list(m) for m in missing]}")
         hidden = target.model.get_output_embeddings().weight.shape[1]
         if heads.config["hidden"] != hidden:
             raise SpecResearchError(f"the heads expect hidden size {heads.config['hidden']}, {target.name} has {hidden}")

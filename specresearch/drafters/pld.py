@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from specresearch import settings
 from specresearch.drafters.base import Context, Drafter
-from specresearch.errors import SpecResearchError
 from specresearch.types import Draft
-
-MATCH = ("first", "last")
 
 
 class PromptLookupDrafter(Drafter):
@@ -38,12 +36,8 @@ class PromptLookupDrafter(Drafter):
             k_policy: "fixed", or "heuristic" (see engine.DraftLength).
             k_max: the largest k the heuristic may reach (None = 4 k).
         """
-        if int(k) < 1:
-            raise SpecResearchError(f"drafter=pld needs k >= 1, got k={k}")
-        if not 1 <= int(min_ngram) <= int(max_ngram):
-            raise SpecResearchError(f"drafter=pld needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        if match not in MATCH:
-            raise SpecResearchError(f"unknown drafter.match '{match}': valid are {', '.join(MATCH)}")
+        settings.PromptLookup(k=k, max_ngram=max_ngram, min_ngram=min_ngram, match=match, k_policy=k_policy,
+                              k_max=k_max).check("drafter")
         self.max_ngram, self.min_ngram, self.match = int(max_ngram), int(min_ngram), match
         self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from specresearch import settings
 from specresearch.drafters.draft_model import cheapen
 from specresearch.drafters.independent import IndependentDrafter
 from specresearch.errors import SpecResearchError
@@ -53,6 +54,7 @@ class SelfDraftDrafter(IndependentDrafter):
                 (drafters.draft_model.cheapen); quantize copies the layers the draft runs.
             **options: IndependentDrafter's (confidence, k_policy, k_max).
         """
+        settings.SelfDraft(k=k, **options).check("drafter")  # before the draft is built
         n = len(decoder_layers(target.model))
         self.skipped = skipped_layers(n, skip, exit_layer, skip_ratio)
         draft = cheapen(without_layers(target, self.skipped), target, vocab=vocab, vocab_corpus=vocab_corpus, quantize=quantize)

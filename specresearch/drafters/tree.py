@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specresearch import settings
 from specresearch.drafters.base import Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.errors import SpecResearchError
@@ -19,9 +20,6 @@ from specresearch.models import LoadedModel
 from specresearch.sampling import ranking_probs
 from specresearch.target import COST_SIZES, forward_seconds, interpolated
 from specresearch.types import Draft, SamplingParams, Trie, Verdict
-
-CHILDREN = ("top", "sample")
-SHAPES = ("auto",)
 
 
 class Sizer:
@@ -76,16 +74,8 @@ class Sizer:
 def sizer(shape: str | None, target: LoadedModel, tree: TreeShape) -> Sizer | None:
     """The Sizer `drafter.shape` asks for (None: the tree keeps up to `nodes` nodes), refused where it
     cannot be lossless or has nothing to size."""
-    if shape not in (None, *SHAPES):
-        raise SpecResearchError(f"unknown drafter.shape '{shape}': valid are null (nodes as given), {', '.join(SHAPES)}")
-    if shape is None:
-        return None
-    if tree.branching is not None:
-        raise SpecResearchError("drafter.shape=auto sizes a dynamic tree: set drafter.branching=null")
-    if tree.children != "top":
-        raise SpecResearchError("drafter.shape=auto keeps the likeliest nodes, which sampled children cannot be chosen by "
-                                "(their law would change): use drafter.children=top")
-    return Sizer.measure(target, tree.nodes)
+    settings.Tree(branching=tree.branching, children=tree.children, shape=shape).check("drafter")
+    return None if shape is None else Sizer.measure(target, tree.nodes)
 
 
 @dataclass
@@ -120,14 +110,8 @@ class TreeShape:
     sizer: Sizer | None = None  # shape=auto: how many of the (at most `nodes`) best nodes each step keeps
 
     def __post_init__(self):
-        if self.children not in CHILDREN:
-            raise SpecResearchError(f"unknown drafter.children '{self.children}': valid are {', '.join(CHILDREN)}")
-        if self.branching is not None and (not len(self.branching) or min(int(b) for b in self.branching) < 1):
-            raise SpecResearchError(f"drafter.branching needs one or more counts >= 1 (or null: dynamic), got {list(self.branching)}")
-        if self.branching is None and min(int(self.topk), int(self.depth), int(self.nodes)) < 1:
-            raise SpecResearchError(f"a dynamic tree needs topk, depth and nodes >= 1, got {self.topk}, {self.depth}, {self.nodes}")
-        if self.chain_confidence is not None and not 0 < float(self.chain_confidence) < 1:
-            raise SpecResearchError(f"drafter.chain_confidence must lie in (0, 1) or be null, got {self.chain_confidence}")
+        settings.Tree(branching=self.branching, topk=self.topk, depth=self.depth, nodes=self.nodes, children=self.children,
+                      chain_confidence=self.chain_confidence).check("drafter")
         self.branching = None if self.branching is None else [int(b) for b in self.branching]
         self.topk, self.nodes = int(self.topk), int(self.nodes)
         self.depth = len(self.branching) if self.branching is not None else int(self.depth)  # the longest path

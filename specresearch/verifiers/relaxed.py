@@ -10,12 +10,11 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from specresearch import settings
 from specresearch.errors import SpecResearchError
 from specresearch.sampling import sample
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers.base import Verifier, argmax_law
-
-RECOVER = ("sample", "greedy")
 
 
 class RelaxedVerifier(Verifier):
@@ -31,10 +30,7 @@ class RelaxedVerifier(Verifier):
     lossless = False
 
     def __init__(self, recover: str = "sample", rule_temperature: float | None = None):
-        if recover not in RECOVER:
-            raise SpecResearchError(f"unknown verifier.recover '{recover}': valid are {', '.join(RECOVER)}")
-        if rule_temperature is not None and not rule_temperature > 0:
-            raise SpecResearchError(f"verifier.rule_temperature must be > 0 (or null: the decoding's), got {rule_temperature}")
+        """A subclass checks its settings first (its settings dataclass's `check`, which checks these too)."""
         self.recover = recover
         self.rule_temperature = rule_temperature
 
@@ -100,9 +96,8 @@ class TypicalVerifier(RelaxedVerifier):
             recover: the target's added token: "sample" from p, or "greedy" (its argmax).
             rule_temperature: greedy decoding only: the rule reads softmax(logits / this); null = p.
         """
+        settings.Typical(epsilon=epsilon, delta=delta, recover=recover, rule_temperature=rule_temperature).check("verifier")
         super().__init__(recover, rule_temperature)
-        if not (0 < epsilon <= 1 and 0 < delta <= 1):
-            raise SpecResearchError(f"verifier=typical needs 0 < epsilon <= 1 and 0 < delta <= 1, got {epsilon}, {delta}")
         self.epsilon, self.delta = float(epsilon), float(delta)
 
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
@@ -127,13 +122,8 @@ class MarginVerifier(RelaxedVerifier):
             recover: the target's added token: "sample" from p, or "greedy" (its argmax).
             rule_temperature: greedy decoding only: the rule reads softmax(logits / this); null = p.
         """
+        settings.Margin(margin=margin, ratio=ratio, recover=recover, rule_temperature=rule_temperature).check("verifier")
         super().__init__(recover, rule_temperature)
-        if (margin is None) == (ratio is None):
-            raise SpecResearchError("verifier=margin takes exactly one of margin (absolute) and ratio (relative); set the other to null")
-        if margin is not None and not 0 <= margin <= 1:
-            raise SpecResearchError(f"verifier.margin must lie in [0, 1], got {margin}")
-        if ratio is not None and not 0 < ratio <= 1:
-            raise SpecResearchError(f"verifier.ratio must lie in (0, 1], got {ratio}")
         self.margin, self.ratio = margin, ratio
 
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
@@ -154,9 +144,8 @@ class TopKVerifier(RelaxedVerifier):
             recover: the target's added token: "sample" from p, or "greedy" (its argmax).
             rule_temperature: greedy decoding only: the rule reads softmax(logits / this); null = p.
         """
+        settings.TopK(k=k, recover=recover, rule_temperature=rule_temperature).check("verifier")
         super().__init__(recover, rule_temperature)
-        if int(k) < 1:
-            raise SpecResearchError(f"verifier=topk needs k >= 1, got {k}")
         self.k = int(k)
 
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
