@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from specresearch.config import CONF_DIR, unknown_option
-from specresearch.errors import SpecResearchError
+from specresearch.errors import SpecResearchError, fail
 
 
 class OwnMessages(logging.Filter):
@@ -27,12 +27,6 @@ class OwnMessages(logging.Filter):
         if record.name == "lm_eval.api.task" and "Custom kwargs can be passed to `--metadata`" in record.getMessage():
             return False
         return record.name.split(".")[0] in ("specresearch", "__main__") or record.levelno >= logging.WARNING
-
-
-def fail(message: str) -> None:
-    """Print a one-line error and exit 2 (how every command reports a SpecResearchError)."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None], timed: bool = True) -> None:

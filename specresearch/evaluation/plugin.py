@@ -75,13 +75,12 @@ def one_line_errors(harness_module) -> None:
 
     @functools.wraps(execute)
     def one_line(self, args):
-        from specresearch.errors import SpecResearchError
+        from specresearch.errors import SpecResearchError, fail
 
         try:
             return execute(self, args)
         except SpecResearchError as err:
-            print(f"error: {err}", file=sys.stderr)  # as specresearch.cli.fail (a floor above: not imported)
-            sys.exit(2)
+            fail(str(err))
 
     one_line._specresearch = True
     cls.execute = one_line

@@ -5,12 +5,11 @@ the tracker's store and the model cache; a run refused before it measured anythi
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from specresearch.errors import SpecResearchError
+from specresearch.errors import SpecResearchError, fail
 from specresearch.tracking import write_problem
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into `hydra.output_subdir`
@@ -56,8 +55,7 @@ def check_destinations(config: DictConfig, multirun: bool) -> None:
         else:
             made = [path for path in [folder, *folder.parents] if not path.exists()] if folder is not None else []
     except SpecResearchError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(err))
     if not multirun:
         _MADE_FOR_RUN[:] = made
 
