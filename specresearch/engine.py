@@ -93,8 +93,36 @@ class Engine:
         """`drafter(k=K) x verifier` (`drafter(depth=D)` for trees): how runs and progress bars name this engine."""
         return f"{self.drafter.name}({self.drafter.size_label}) x {self.verifier.name}"
 
-    @torch.inference_mode()
     def generate(
+        self,
+        prompt: Sequence[int] | Sequence[Sequence[int]],
+        max_new_tokens: int,
+        stop_strings: Sequence[str] = (),
+        eos_token_ids: Sequence[int] | None = None,
+        seed: int | Sequence[int] = 0,
+        reuse_prefill: bool = False,
+        sample_first: bool = True,
+        stop_after: int | None = None,
+    ) -> GenerationOutput | list[GenerationOutput]:
+        """Decode one prompt (a list of token ids), or a batch of them (a list of such lists).
+
+        A batch returns one GenerationOutput per prompt, in order; row b is seeded with `seed + b` (or
+        `seed[b]` for a list of seeds), and its output is the one `generate(prompt[b], seed=seed + b)`
+        returns (exactly at fp32; see `_generate` for the arguments). Each row's stats count its own
+        tokens; their times are the batch's while the row was decoding (`time_total`: from the batch's
+        start to the row's last token), so a batch's throughput is its tokens over the longest row's time.
+        """
+        rows = _batch(prompt)
+        if rows is None:
+            if not isinstance(seed, numbers.Integral):
+                raise SpecResearchError(f"generate() of one prompt takes one integer seed, got {seed!r}")
+            return self._generate(prompt, max_new_tokens, stop_strings, eos_token_ids, seed, reuse_prefill, sample_first, stop_after)
+        seeds = _seeds(seed, len(rows))
+        return [self._generate(p, max_new_tokens, stop_strings, eos_token_ids, s, reuse_prefill, sample_first, stop_after)
+                for p, s in zip(rows, seeds)]
+
+    @torch.inference_mode()
+    def _generate(
         self,
         prompt: Sequence[int],
         max_new_tokens: int,
@@ -270,6 +298,28 @@ class Engine:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+
+def _batch(prompt) -> list | None:
+    """The rows of a batch of prompts (a list or tuple of prompts, or a 2-D tensor); None for one prompt."""
+    if isinstance(prompt, Tensor):
+        return list(prompt) if prompt.dim() == 2 else None
+    if isinstance(prompt, (list, tuple)):
+        if not prompt:
+            raise SpecResearchError("generate() got no prompt: give a list of token ids, or a list of such lists")
+        if all(isinstance(row, (Sequence, Tensor)) and not isinstance(row, (str, bytes)) for row in prompt):
+            return list(prompt)
+    return None
+
+
+def _seeds(seed: int | Sequence[int], n: int) -> list[int]:
+    """One seed per row: seed + b, or the list given (of n integers)."""
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        return [int(seed) + b for b in range(n)]
+    seeds = list(seed) if isinstance(seed, Sequence) else None
+    if seeds is None or len(seeds) != n or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in seeds):
+        raise SpecResearchError(f"generate() of {n} prompts takes one integer seed (row b gets seed + b) or a list of {n} integers, got {seed!r}")
+    return [int(s) for s in seeds]
 
 
 _NO_DRAFT = Draft.empty()  # the prefill step verifies nothing

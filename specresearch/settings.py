@@ -502,6 +502,7 @@ class Config:
     study: Optional[str] = None       # the study a run belongs to (set by the study presets)
     seed: int = MISSING               # seeds every random draw; prompt i uses seed + i
     max_new_tokens: int = MISSING     # per prompt, for baseline and method alike
+    batch_size: int = MISSING         # prompts decoded together (one target forward verifies every row's draft)
     warmup: bool = MISSING            # one short untimed generation of each engine first
     resume: Any = MISSING             # auto (in sweeps only), true or false
     exclusive: bool = MISSING         # a speed job holds the machine's speed lock
@@ -511,6 +512,8 @@ class Config:
     def check(self, path: str) -> None:
         if _given(self.max_new_tokens) and self.max_new_tokens < 1:
             raise SpecResearchError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if _given(self.batch_size) and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1):
+            raise SpecResearchError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         if _given(self.resume) and not any(self.resume is v if isinstance(v, bool) else self.resume == v for v in RESUME):
             raise SpecResearchError(f"resume must be auto, true or false, got {self.resume!r}")
 
