@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.base import Context, Drafter, Forks
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
 from specresearch.models import LoadedModel
@@ -79,7 +79,9 @@ class Engine:
         """
         verifier.check(sampling)
         drafter.check(sampling)
-        self.draft_length = DraftLength.of(drafter)
+        DraftLength.of(drafter)  # refuses a bad draft length before any decode
+        self._forks = Forks(drafter)  # drafts each row with its own drafter (one sequence: the drafter itself)
+        self._batched = drafter.batched_rows()  # drafts every row of a batch together, where the drafter can
         self.target = Target(target)
         self.tokenizer = target.tokenizer
         self.drafter = drafter
@@ -104,50 +106,26 @@ class Engine:
         sample_first: bool = True,
         stop_after: int | None = None,
     ) -> GenerationOutput | list[GenerationOutput]:
-        """Decode one prompt (a list of token ids), or a batch of them (a list of such lists).
-
-        A batch returns one GenerationOutput per prompt, in order; row b is seeded with `seed + b` (or
-        `seed[b]` for a list of seeds), and its output is the one `generate(prompt[b], seed=seed + b)`
-        returns (exactly at fp32; see `_generate` for the arguments). Each row's stats count its own
-        tokens; their times are the batch's while the row was decoding (`time_total`: from the batch's
-        start to the row's last token), so a batch's throughput is its tokens over the longest row's time.
-        """
-        rows = _batch(prompt)
-        if rows is None:
-            if not isinstance(seed, numbers.Integral):
-                raise SpecResearchError(f"generate() of one prompt takes one integer seed, got {seed!r}")
-            return self._generate(prompt, max_new_tokens, stop_strings, eos_token_ids, seed, reuse_prefill, sample_first, stop_after)
-        seeds = _seeds(seed, len(rows))
-        return [self._generate(p, max_new_tokens, stop_strings, eos_token_ids, s, reuse_prefill, sample_first, stop_after)
-                for p, s in zip(rows, seeds)]
-
-    @torch.inference_mode()
-    def _generate(
-        self,
-        prompt: Sequence[int],
-        max_new_tokens: int,
-        stop_strings: Sequence[str] = (),
-        eos_token_ids: Sequence[int] | None = None,
-        seed: int = 0,
-        reuse_prefill: bool = False,
-        sample_first: bool = True,
-        stop_after: int | None = None,
-    ) -> GenerationOutput:
-        """Decode up to `max_new_tokens` after `prompt`.
+        """Decode up to `max_new_tokens` after one prompt (a list of token ids), or after each prompt
+        of a batch (a list of such lists): one target forward verifies every row's draft.
 
         Stops after the first EOS token (kept in the output, as transformers does) or once the
         decoded text contains a stop string (the text is cut before it; the tokens keep the token
         that completed it). Tokens accepted beyond a stop are discarded, so every method stops
-        exactly where the baseline does.
+        exactly where the baseline does. In a batch each row stops on its own and stops costing
+        forwards; its tokens and counters are its own, its times the batch's while it was decoding.
 
         Args:
-            prompt: token ids, at least one.
-            max_new_tokens: the most new tokens to return.
+            prompt: token ids, at least one; or a batch: a list of prompts (or a 2-D tensor).
+            max_new_tokens: the most new tokens to return (per row).
             stop_strings: strings that end generation.
             eos_token_ids: ids that end generation; default: the tokenizer's eos_token_id.
-            seed: seeds the generator of every random draw (drafter and verifier).
+            seed: seeds the generator of every random draw (drafter and verifier). A batch: row b's
+                generator is seeded `seed + b` (or `seed[b]`, a list of one seed per row), so row b
+                decodes what `generate(prompt[b], seed=seed + b)` does (exactly, at fp32).
             reuse_prefill: keep the prompt's prefill (target and drafter) and restore it when the next
-                call has the same prompt: for many samples of one prompt, not for timing prompts.
+                call has the same prompt (a batch: one prompt in every row): for many samples of one
+                prompt, not for timing prompts.
             sample_first: True: the prefill yields the first new token, drawn from p alone (plain
                 decoding's step, as transformers does). False: the prompt's last token counts as the
                 newest one sampled, so every new token comes from a draft-and-verify step: the
@@ -156,93 +134,126 @@ class Engine:
                 `max_new_tokens` (the law tests read the first tokens of full-depth drafts).
 
         Returns:
-            The new tokens and text, with counters and a time split in `stats`.
+            The new tokens and text, with counters and a time split in `stats` (`time_total`: from the
+            start to the row's last token); a list of them, in order, for a batch.
 
         Raises:
             SpecResearchError: a request the target cannot decode (see `check_request`), before any forward.
         """
-        prompt = self.check_request(prompt, max_new_tokens, sample_first)
+        rows = _batch(prompt)
+        if rows is None:
+            if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+                raise SpecResearchError(f"generate() of one prompt takes one integer seed, got {seed!r}")
+            return self._decode([self.check_request(prompt, max_new_tokens, sample_first)], [int(seed)], max_new_tokens,
+                                stop_strings, eos_token_ids, reuse_prefill, sample_first, stop_after)[0]
+        seeds = _seeds(seed, len(rows))
+        checked = []
+        for b, row in enumerate(rows):
+            try:
+                checked.append(self.check_request(row, max_new_tokens, sample_first))
+            except SpecResearchError as err:
+                raise SpecResearchError(f"prompt {b} of the batch: {err}") from None
+        return self._decode(checked, seeds, max_new_tokens, stop_strings, eos_token_ids, reuse_prefill, sample_first, stop_after)
+
+    @torch.inference_mode()
+    def _decode(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int, stop_strings: Sequence[str],
+                eos_token_ids: Sequence[int] | None, reuse_prefill: bool, sample_first: bool, stop_after: int | None) -> list[GenerationOutput]:
+        """The decode loop over the rows of a batch (checked prompts); see `generate`."""
         if eos_token_ids is None:
             eos = getattr(self.tokenizer, "eos_token_id", None)
             eos_token_ids = [] if eos is None else [eos]
         eos_set, stops = set(eos_token_ids), list(stop_strings)
-        rng = torch.Generator(device=self.device).manual_seed(seed)
-        start = len(prompt)
-        tokens = torch.empty(start + max_new_tokens, dtype=torch.long, device=self.device)
-        tokens[:start] = torch.tensor(prompt, dtype=torch.long)
-        new: list[int] = []  # the same tokens as tokens[start:], on the host, for the stop checks
-        limit = min(max_new_tokens, stop_after or max_new_tokens)  # new tokens out before the loop ends
-        stats = SpecStats(prompt_tokens=start)
-        forwards_before = self.drafter.draft_forwards
+        limit = min(max_new_tokens, stop_after or max_new_tokens)  # new tokens out before a row ends
         clock = _Clock(self.device)
-        hidden: Tensor | None = None  # [R, H] the target's hidden states of the tokens it took in last (needs_hidden)
+        rows = [_Row(prompt, max_new_tokens, torch.Generator(device=self.device).manual_seed(seed), self.drafter, self.device)
+                for prompt, seed in zip(prompts, seeds)]
+        drafting = self._forks if len(rows) == 1 or self._batched is None else self._batched
+        needs_hidden = self.drafter.needs_hidden
 
-        def room() -> int:
-            return max_new_tokens - len(new) - 1  # draft tokens that fit: the recovered or bonus token comes on top
+        def context(row: _Row) -> Context:
+            room = row.room(max_new_tokens)
+            max_draft = room if row.draft_length is None else min(room, row.draft_length.k)
+            return Context(row.context(), self.sampling, row.rng, max_draft, reuse_prefill, row.hidden)
 
-        def context() -> Context:
-            max_draft = room() if self.draft_length is None else min(room(), self.draft_length.k)
-            return Context(tokens[: start + len(new)], self.sampling, rng, max_draft, reuse_prefill, hidden)
+        def append(row: _Row, verdict: Verdict) -> None:
+            """Append the verdict's tokens one by one, up to the first stop, which ends the row."""
+            for tok in row.extend(verdict.tokens):
+                row.new.append(tok)
+                row.stop = self._stop_reason(row.new, limit, eos_set, stops)
+                if row.stop:
+                    row.stats.time_total = clock.since_start()
+                    return
 
-        def append(verdict: Verdict) -> str | None:
-            """Append the verdict's tokens one by one, up to the first stop; return the stop reason."""
-            at = start + len(new)
-            tokens[at : at + verdict.tokens.numel()] = verdict.tokens
-            for tok in verdict.tokens.tolist():
-                new.append(tok)
-                reason = self._stop_reason(new, limit, eos_set, stops)
-                if reason:
-                    return reason
-            return None
+        def going(active: list[_Row], drafted: bool = True) -> list[_Row]:
+            """The rows still decoding; the finished ones leave the target's cache and the drafter's (so
+            they cost no more forwards), with their count of draft forwards."""
+            index = [i for i, row in enumerate(active) if row.stop is None]
+            if len(index) < len(active):
+                if drafted:
+                    for row, count in zip(active, drafting.forwards()):
+                        row.stats.draft_forwards = count
+                if index:
+                    self.target.select_rows(index)
+                    if drafted:
+                        drafting.select(index)
+            return [active[i] for i in index]
 
-        with clock.total(stats):
-            # The prefill gives the first new token, exactly as plain decoding (and transformers) do;
-            # without sample_first it leaves the prompt's last token out of the cache, as a step does.
-            with clock.phase(stats, "time_prefill"):
-                if self.draft_length is not None:
-                    self.draft_length.reset()
-                self.target.reset()
-                self.target.keep_hidden = self.drafter.needs_hidden
-                logits = self.target.prefill(tokens[: start if sample_first else start - 1], reuse_prefill)  # [1, V]
-                if self.drafter.needs_hidden:
-                    hidden = self.target.hidden  # [T, H] the prompt tokens' (all but the last without sample_first)
-                stop_reason = append(self.verifier(_NO_DRAFT, logits_to_probs(logits, self.p_sampling), rng)) if sample_first else None
-                if stop_reason is None:
-                    self.drafter.prefill(context())
-            while stop_reason is None:
-                with clock.phase(stats, "time_draft"):
-                    draft = self.drafter.propose(context())
-                with clock.phase(stats, "time_verify"):
-                    cached = self.target.length
-                    last = tokens[start + len(new) - 1 : start + len(new)]  # [1] not yet in the cache
-                    fed = torch.cat([last, draft.tokens.to(self.device)])  # [1 + K]: the root, then the draft
-                    parents = None if draft.parents is None else torch.cat([_ROOT, draft.parents.cpu() + 1])
-                    logits = self.target.forward(fed, parents=parents)  # [1 + K, V]
-                with clock.phase(stats, "time_accept"):
+        clock.start()
+        # The prefill gives the first new token, exactly as plain decoding (and transformers) do;
+        # without sample_first it leaves the prompt's last token out of the cache, as a step does.
+        with clock.phase(rows, "time_prefill"):
+            self.target.reset()
+            self.target.keep_hidden = needs_hidden
+            logits = self.target.prefill_rows([row.context()[: None if sample_first else -1] for row in rows], reuse_prefill)  # [B, V]
+            for b, row in enumerate(rows):
+                if needs_hidden:
+                    row.hidden = self.target.hidden_rows[b]  # [T, H] the prompt tokens' (all but the last without sample_first)
+                if sample_first:
+                    append(row, self.verifier(_NO_DRAFT, logits_to_probs(logits[b : b + 1], self.p_sampling), row.rng))
+            active = going(rows, drafted=False)
+            if active:
+                drafting.prefill([context(row) for row in active])
+        while active:
+            with clock.phase(active, "time_draft"):
+                drafts = drafting.propose([context(row) for row in active])
+            with clock.phase(active, "time_verify"):
+                fed = [torch.cat([row.last(), draft.tokens.to(self.device)]) for row, draft in zip(active, drafts)]  # [1 + K]: the root, then the draft
+                parents = [None if draft.parents is None else torch.cat([_ROOT, draft.parents.cpu() + 1]) for draft in drafts]
+                logits = self.target.forward_rows(fed, parents)  # [1 + K, V] per row
+            with clock.phase(active, "time_accept"):
+                verdicts, kept = [], []
+                for b, (row, draft) in enumerate(zip(active, drafts)):
                     k = len(draft)  # proposals; scratch rows come after them
-                    p = logits_to_probs(logits[: k + 1], self.p_sampling)  # [K+1, V]
-                    verdict = self.verifier(draft, p, rng)
+                    verdict = self.verifier(draft, logits_to_probs(logits[b][: k + 1], self.p_sampling), row.rng)  # p: [K+1, V]
                     path = range(verdict.num_accepted) if verdict.path is None else verdict.path
-                    rows = [0] + [1 + i for i in path]  # the root and the accepted nodes
-                    if self.drafter.needs_hidden:
-                        hidden = self.target.hidden[rows]  # [R, H] the kept path's: the last gave the added token
-                    self.target.keep(cached, rows)
-                chain = self.drafter.k > 0 and draft.parents is None and draft.depth == min(self.drafter.k, room())
-                stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel(), off_chain=not chain)
-                if self.draft_length is not None:
-                    self.draft_length.update(draft.depth, verdict.num_accepted)
-                stop_reason = append(verdict)
-                if stop_reason is None:
-                    with clock.phase(stats, "time_draft"):
-                        if draft.scratch:
-                            self.drafter.observe(logits[k + 1 :])
-                        self.drafter.commit(context(), verdict)
-        stats.new_tokens = len(new)
-        stats.draft_forwards = self.drafter.draft_forwards - forwards_before
-        text = self._decode(new)
-        if stop_reason == "stop_string":
+                    kept.append([0] + [1 + i for i in path])  # the root and the accepted nodes
+                    if needs_hidden:
+                        row.hidden = self.target.hidden_rows[b][kept[-1]]  # [R, H] the kept path's: the last gave the added token
+                    verdicts.append(verdict)
+                self.target.keep_rows(kept)
+            for row, draft, verdict in zip(active, drafts, verdicts):
+                chain = self.drafter.k > 0 and draft.parents is None and draft.depth == min(self.drafter.k, row.room(max_new_tokens))
+                row.stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel(), off_chain=not chain)
+                if row.draft_length is not None:
+                    row.draft_length.update(draft.depth, verdict.num_accepted)
+                append(row, verdict)
+            index = [i for i, row in enumerate(active) if row.stop is None]
+            active = going(active)
+            if not active:
+                break
+            with clock.phase(active, "time_draft"):
+                for b, i in enumerate(index):
+                    if drafts[i].scratch:
+                        drafting.observe(b, logits[i][len(drafts[i]) + 1 :])
+                drafting.commit([context(row) for row in active], [verdicts[i] for i in index])
+        return [self._output(row, stops) for row in rows]
+
+    def _output(self, row: _Row, stops: list[str]) -> GenerationOutput:
+        row.stats.new_tokens = len(row.new)
+        text = self._decode_text(row.new)
+        if row.stop == "stop_string":
             text = text[: min(i for i in (text.find(s) for s in stops) if i >= 0)]
-        return GenerationOutput(tokens=new, text=text, stats=stats, stop_reason=stop_reason)
+        return GenerationOutput(tokens=row.new, text=text, stats=row.stats, stop_reason=row.stop)
 
     def check_request(self, prompt: Sequence[int] | Tensor, max_new_tokens: int, sample_first: bool = True) -> list[int]:
         """The prompt as a list of token ids, or a one-line SpecResearchError for a request the target
@@ -290,24 +301,20 @@ class Engine:
         """Whether plain decoding would stop after the last token of `new`."""
         if new[-1] in eos:
             return "eos"
-        if stops and any(s in self._decode(new[-_STOP_WINDOW:]) for s in stops):
+        if stops and any(s in self._decode_text(new[-_STOP_WINDOW:]) for s in stops):
             return "stop_string"
         if len(new) >= max_new:
             return "length"
         return None
 
-    def _decode(self, ids: list[int]) -> str:
+    def _decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
 
 def _batch(prompt) -> list | None:
-    """The rows of a batch of prompts (a list or tuple of prompts, or a 2-D tensor); None for one prompt."""
-    if isinstance(prompt, Tensor):
-        return list(prompt) if prompt.dim() == 2 else None
+    """The rows of a batch of prompts (a list or tuple of prompts); None for one prompt."""
     if isinstance(prompt, (list, tuple)):
-        if not prompt:
-            raise SpecResearchError("generate() got no prompt: give a list of token ids, or a list of such lists")
-        if all(isinstance(row, (Sequence, Tensor)) and not isinstance(row, (str, bytes)) for row in prompt):
+        if prompt and all(isinstance(row, (Sequence, Tensor)) and not isinstance(row, (str, bytes)) for row in prompt):
             return list(prompt)
     return None
 
@@ -327,21 +334,61 @@ _ROOT = torch.tensor([-1])  # the last committed token heads every tree
 _STOP_WINDOW = 24  # tokens decoded to look for a stop string ending at the newest token
 
 
+class _Row:
+    """One sequence of a batch: its tokens, generator, draft length and counters."""
+
+    def __init__(self, prompt: list[int], max_new_tokens: int, rng: torch.Generator, drafter: Drafter, device: torch.device):
+        self.start, self.rng = len(prompt), rng
+        self.tokens = torch.empty(len(prompt) + max_new_tokens, dtype=torch.long, device=device)  # prompt, then new tokens
+        self.tokens[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        self.new: list[int] = []  # the same tokens as tokens[start:], on the host, for the stop checks
+        self.draft_length = DraftLength.of(drafter)  # every sequence starts from the configured k
+        self.stats = SpecStats(prompt_tokens=len(prompt))
+        self.hidden: Tensor | None = None  # [R, H] the target's hidden states of the tokens it took in last (needs_hidden)
+        self.stop: str | None = None  # why the row ended: "eos" | "stop_string" | "length"
+
+    def context(self) -> Tensor:
+        """[T] the prompt and the new tokens so far."""
+        return self.tokens[: self.start + len(self.new)]
+
+    def last(self) -> Tensor:
+        """[1] the newest token, not yet in the target's cache."""
+        end = self.start + len(self.new)
+        return self.tokens[end - 1 : end]
+
+    def room(self, max_new_tokens: int) -> int:
+        """Draft tokens that fit: the recovered or bonus token comes on top."""
+        return max_new_tokens - len(self.new) - 1
+
+    def extend(self, tokens: Tensor) -> list[int]:
+        """Write `tokens` after the row's tokens; their ids, for the stop checks."""
+        at = self.start + len(self.new)
+        self.tokens[at : at + tokens.numel()] = tokens
+        return tokens.tolist()
+
+
 class _Clock:
-    """Wall-clock timing of the loop's phases; synchronises CUDA so GPU time lands in the right phase."""
+    """Wall-clock timing of the loop's phases, added to the rows decoding in them; synchronises CUDA
+    so GPU time lands in the right phase."""
 
     def __init__(self, device: torch.device):
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.t0 = 0.0
+
+    def start(self) -> None:
+        self.sync()
+        self.t0 = time.perf_counter()
+
+    def since_start(self) -> float:
+        self.sync()
+        return time.perf_counter() - self.t0
 
     @contextmanager
-    def phase(self, stats: SpecStats, name: str):
+    def phase(self, rows: list[_Row], name: str):
         self.sync()
         t0 = time.perf_counter()
         yield
         self.sync()
-        setattr(stats, name, getattr(stats, name) + time.perf_counter() - t0)
-
-    @contextmanager
-    def total(self, stats: SpecStats):
-        with self.phase(stats, "time_total"):
-            yield
+        seconds = time.perf_counter() - t0
+        for row in rows:
+            setattr(row.stats, name, getattr(row.stats, name) + seconds)

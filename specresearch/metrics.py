@@ -65,6 +65,20 @@ class SpecStats:
                 setattr(out, name, value + theirs)
         return out
 
+    @classmethod
+    def of_batch(cls, rows: Sequence[SpecStats]) -> SpecStats:
+        """The record of one batch decoded together: the rows' counters summed, and the times of the
+        row that finished last (each row's times are the batch's while it decoded, so the last row's
+        are the batch's wall clock)."""
+        out = SpecStats()
+        for row in rows:
+            out = out.merge(row)
+        last = max(rows, key=lambda row: row.time_total)
+        for name in asdict(out):
+            if name.startswith("time_"):
+                setattr(out, name, getattr(last, name))
+        return out
+
     @property
     def tau(self) -> float:
         """Mean tokens per verification step, the recovered/bonus token included (before truncation)."""

@@ -187,6 +187,9 @@ class SpeedRecord:
     leviathan_optimal_k: float = NAN
     leviathan_optimal_speedup: float = NAN
     predicted_speedup: float = NAN  # a drafter's own prediction (shape=auto, Sequoia's sizing); NaN = none
+    batch_size: float = NAN  # prompts decoded together (tokens/s above: a batch's tokens over its wall time)
+    baseline_row_tokens_per_s: float = NAN  # per row: a row's tokens over its own time (batch start to its last token)
+    method_row_tokens_per_s: float = NAN
     identity_rate: float = NAN  # share of prompts whose method output equals the baseline's
     mean_first_divergence: float = NAN
     max_divergence_logit_gap: float = NAN

@@ -40,12 +40,23 @@ class Results:
     gaps: list[float] = field(default_factory=list)  # target logit gap at that position, per differing prompt
     groups: dict[str, list[SpecStats]] = field(default_factory=dict)  # prompt category -> [baseline, method] (MT-bench)
     predicted_speedup: float = float("nan")  # the drafter's own prediction (shape=auto), if it makes one
+    batch_size: int = 1  # prompts decoded together
+    row_baseline: SpecStats = field(default_factory=SpecStats)  # the rows' own records summed (each row's time: its latency)
+    row_method: SpecStats = field(default_factory=SpecStats)
+
+    def add_batch(self, prompts: list[Prompt], bases: list[GenerationOutput], meths: list[GenerationOutput],
+                  gaps: list[float | None]) -> list[dict]:
+        """Record one batch (each side decoded its prompts together): the totals count the batch's
+        tokens over its wall time (`SpecStats.of_batch`); the rows' own records are kept too."""
+        self.baseline = self.baseline.merge(SpecStats.of_batch([o.stats for o in bases]))
+        self.method = self.method.merge(SpecStats.of_batch([o.stats for o in meths]))
+        return [self.add(*row) for row in zip(prompts, bases, meths, gaps)]
 
     def add(self, prompt: Prompt, base: GenerationOutput, meth: GenerationOutput, gap: float | None = None) -> dict:
-        """Record one prompt; `gap` is the target's logit gap between the two tokens at the first
-        divergence (see `divergence_gap`)."""
-        self.baseline = self.baseline.merge(base.stats)
-        self.method = self.method.merge(meth.stats)
+        """Record one prompt (of a batch: `add_batch` counted the totals); `gap` is the target's logit
+        gap between the two tokens at the first divergence (see `divergence_gap`)."""
+        self.row_baseline = self.row_baseline.merge(base.stats)
+        self.row_method = self.row_method.merge(meth.stats)
         category = prompt.meta.get("category")
         if category is not None:
             b, m = self.groups.get(category, (SpecStats(), SpecStats()))
@@ -91,6 +102,9 @@ class Results:
             leviathan_optimal_k=pred.best_k,
             leviathan_optimal_speedup=pred.best_speedup,
             predicted_speedup=self.predicted_speedup,
+            batch_size=self.batch_size,
+            baseline_row_tokens_per_s=self.row_baseline.tokens_per_s,
+            method_row_tokens_per_s=self.row_method.tokens_per_s,
             identity_rate=self.identical / n if n else float("nan"),
             mean_first_divergence=sum(self.divergences) / len(self.divergences) if self.divergences else float("nan"),
             max_divergence_logit_gap=max(self.gaps) if self.gaps else float("nan"),
@@ -131,29 +145,34 @@ def run(cfg: DictConfig) -> dict[str, float]:
     k = int(drafter.k or drafter.depth)  # draft tokens per step; a tree's depth, as the Leviathan prediction's chain length
     label = method.label
 
-    def generate(engine: Engine, ids: list[int], seed: int, max_new: int) -> GenerationOutput:
-        return engine.generate(ids, max_new, stop_strings=stops, seed=seed)
+    def generate(engine: Engine, ids: list[list[int]], seed: int, max_new: int) -> list[GenerationOutput]:
+        return engine.generate(ids, max_new, stop_strings=stops, seed=seed)  # row b: seed + b
 
+    batch = int(cfg.batch_size)
     if cfg.warmup:  # first calls pay one-off costs (allocator, kernels): keep them out of both timings
-        generate(baseline, prompt_ids[0], cfg.seed, min(8, cfg.max_new_tokens))
-        generate(method, prompt_ids[0], cfg.seed, min(8, cfg.max_new_tokens))
+        generate(baseline, prompt_ids[:batch], cfg.seed, min(8, cfg.max_new_tokens))
+        generate(method, prompt_ids[:batch], cfg.seed, min(8, cfg.max_new_tokens))
 
-    results = Results()
+    results = Results(batch_size=batch)
     tags = {**machine_tags(target), **trained_on}
-    with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked:
-        for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc=label, unit="prompt")):
-            seed = cfg.seed + i
-            if i % 2 == 0:  # alternate who goes first, so drifts in machine speed cancel
-                base = generate(baseline, ids, seed, cfg.max_new_tokens)
-                meth = generate(method, ids, seed, cfg.max_new_tokens)
+    with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked, \
+            tqdm(total=len(prompts), desc=label, unit="prompt") as progress:
+        for first in range(0, len(prompts), batch):  # prompt i (row i - first of its batch) is seeded cfg.seed + i
+            ids = prompt_ids[first : first + batch]
+            if first // batch % 2 == 0:  # alternate who goes first, so drifts in machine speed cancel
+                base = generate(baseline, ids, cfg.seed + first, cfg.max_new_tokens)
+                meth = generate(method, ids, cfg.seed + first, cfg.max_new_tokens)
             else:
-                meth = generate(method, ids, seed, cfg.max_new_tokens)
-                base = generate(baseline, ids, seed, cfg.max_new_tokens)
-            gap = divergence_gap(target, ids, base.tokens, meth.tokens) if sampling.greedy else None
-            record = results.add(prompt, base, meth, gap)
+                meth = generate(method, ids, cfg.seed + first, cfg.max_new_tokens)
+                base = generate(baseline, ids, cfg.seed + first, cfg.max_new_tokens)
+            gaps = [divergence_gap(target, p, b.tokens, m.tokens) if sampling.greedy else None for p, b, m in zip(ids, base, meth)]
+            records = results.add_batch(prompts[first : first + batch], base, meth, gaps)
             if drafter.predicted_speedup is not None:  # shape=auto: fixed (Medusa) or over the steps so far (dynamic trees)
                 results.predicted_speedup = drafter.predicted_speedup
-            tracked.log_metrics({**prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION), **_step_metrics(base, meth, record)}, step=i)
+            summary = prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION)
+            for i, (b, m, record) in enumerate(zip(base, meth, records), start=first):
+                tracked.log_metrics({**summary, **_step_metrics(b, m, record)}, step=i)
+            progress.update(len(ids))
         if cfg.stats.samples and not sampling.greedy:
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
     record = results.record(k)
@@ -279,6 +298,7 @@ def format_table(cfg: DictConfig, label: str, r: SpeedRecord, results: Results, 
     n = int(r.prompts)
     rows = [
         ("tokens/s", f"{b.tokens_per_s:.2f}", f"{m.tokens_per_s:.2f}"),
+        *([("tokens/s per row", f"{r.baseline_row_tokens_per_s:.2f}", f"{r.method_row_tokens_per_s:.2f}")] if r.batch_size > 1 else []),
         ("new tokens", f"{b.new_tokens:.0f}", f"{m.new_tokens:.0f}"),
         ("wall time (s)", f"{b.time_total:.1f}", f"{m.time_total:.1f}"),
         ("forwards after prefill", f"{b.steps:.0f}", f"{m.steps:.0f}"),
@@ -299,7 +319,7 @@ def format_table(cfg: DictConfig, label: str, r: SpeedRecord, results: Results, 
     lines = [
         "",
         f"specresearch  {label}  target={cfg.model.name} ({target.dtype}, {target.device})  "
-        f"dataset={cfg.dataset.name} x{n}  max_new_tokens={cfg.max_new_tokens}  "
+        f"dataset={cfg.dataset.name} x{n}  batch_size={r.batch_size:.0f}  max_new_tokens={cfg.max_new_tokens}  "
         f"sampling: T={sampling.temperature} top_k={sampling.top_k} top_p={sampling.top_p}",
         f"{'':{width}}  {'baseline':>10}  {'method':>10}",
         *(f"{name:{width}}  {x:>10}  {y:>10}" for name, x, y in rows),

@@ -18,11 +18,23 @@ from specresearch.types import SamplingParams
 
 
 class Target:
-    """A causal LM plus its KV cache, batch size 1.
+    """A causal LM plus its KV cache, for one sequence or a batch of them (rows).
 
-    `length` is the number of tokens in the cache. The engine keeps every token but the last one
-    sampled in the cache, so each step feeds [last token, draft tokens] and gets one distribution
-    per draft position plus the bonus position.
+    `length` is the number of cache slots. The engine keeps every token but the last one sampled in
+    the cache, so each step feeds [last token, draft tokens] and gets one distribution per draft
+    position plus the bonus position.
+
+    One sequence: `prefill`, `forward`, `rollback`, `keep` (draft models use these too).
+
+    Rows (`prefill_rows`, `forward_rows`, `keep_rows`, `select_rows`): B sequences share one cache of
+    `length` slots. Row b's tokens sit, in order, in the slots where `valid[b]` is True, and its next
+    position id is `lengths[b]`: positions and attention come from the row, not from the slot. A step
+    writes every row's fed tokens into the same new window of slots (padded to the widest row's);
+    `keep_rows` then moves each row's kept tokens to the front of that window (a gather inside the
+    window, nothing before it moves) and crops the window to the longest kept run. The slots a row
+    leaves unfilled stay behind as holes, masked out of every later attention (ragged acceptance by
+    pad-and-mask, compacted per step). A preallocated static cache fits the same layout: the window is
+    written at a moving write position, and `keep_rows` moves that position back.
     """
 
     def __init__(self, lm: LoadedModel):
@@ -37,11 +49,157 @@ class Target:
         self.hidden: Tensor | None = None  # [K, H] the final-norm hidden states of the last forward's tokens
         self.vocab_size = self.model.get_input_embeddings().num_embeddings  # valid token ids: [0, vocab_size)
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)  # the longest sequence; None = unsaid
+        self.lengths: list[int] = []  # rows: each row's tokens in the cache (its next position id)
+        self.valid: Tensor | None = None  # [B, length] rows: the slots that hold a row's tokens; None = all of them
+        self.hidden_rows: list[Tensor] = []  # rows, with keep_hidden: [n_b, H] each row's hidden states of its last fed tokens
+        self._window = 0  # rows: where the last forward_rows' window starts
 
     def reset(self) -> None:
         """Forget everything: the next forward starts a new sequence."""
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
+        self.lengths, self.valid = [], None
+
+    @property
+    def rows(self) -> int:
+        """The sequences in the cache (after prefill_rows)."""
+        return len(self.lengths)
+
+    def prefill_rows(self, prompts: Sequence[Tensor], reuse: bool = False) -> Tensor:
+        """Start B sequences: put each prompt ([T_b] token ids, T_b >= 1) into the cache, as row b.
+
+        Args:
+            prompts: B prompts.
+            reuse: as in `prefill` (a batch of one prompt repeated B times counts as that prompt).
+
+        Returns:
+            [B, V] the logits after each prompt's last token.
+        """
+        first = prompts[0]
+        if all(p.numel() == first.numel() and torch.equal(p, first) for p in prompts[1:]):  # one prefill serves every row
+            logits = self.prefill(first, reuse)  # [1, V]
+            self.lengths, self.valid = [first.numel()] * len(prompts), None
+            self.hidden_rows = [self.hidden] * len(prompts)
+            if len(prompts) > 1:
+                for layer in self.cache.layers:
+                    layer.keys, layer.values = layer.keys.repeat(len(prompts), 1, 1, 1), layer.values.repeat(len(prompts), 1, 1, 1)
+            return logits.expand(len(prompts), -1)
+        self.lengths = [0] * len(prompts)
+        self.valid = torch.zeros(len(prompts), self.length, dtype=torch.bool, device=self.device)
+        hidden = self._rows_hidden(list(prompts), [None] * len(prompts))  # [B, W, H]
+        last = hidden[torch.arange(len(prompts)), torch.tensor(self.lengths) - 1]  # [B, H]
+        self._compact_rows()
+        return self.model.get_output_embeddings()(last)  # [B, V]
+
+    def forward_rows(self, fed: Sequence[Tensor], parents: Sequence[Tensor | None], head: torch.nn.Module | None = None) -> list[Tensor]:
+        """Feed row b's tokens `fed[b]` ([n_b] >= 1: a chain, or a tree under `parents[b]`, as in
+        `forward`) after its cached ones, every row in one forward.
+
+        A row may feed nothing (n_b = 0): a drafter's row that is done drafting while others go on.
+
+        Returns:
+            [n_b, V] logits per row: row i of each is the distribution of the token after fed[b][i].
+        """
+        if self.rows == 1 and self.valid is None and fed[0].numel():  # one sequence: the plain forward (no mask for a chain)
+            self._window = self.length
+            logits = self.forward(fed[0], head=head, parents=parents[0])
+            self.hidden_rows = [self.hidden]
+            self.lengths = [self.length]
+            return [logits]
+        hidden = self._rows_hidden(list(fed), list(parents))  # [B, W, H]
+        logits = (head or self.model.get_output_embeddings())(hidden)  # [B, W, V] ([B, W, N] with a head over N tokens)
+        return [logits[b, : t.numel()] for b, t in enumerate(fed)]
+
+    def keep_rows(self, kept: Sequence[Sequence[int]]) -> None:
+        """Keep, of the tokens each row fed in the last `forward_rows`, those at `kept[b]` (in order:
+        the root and the accepted path, at least one), as `keep` does for one sequence."""
+        start = self._window
+        if self.rows == 1 and self.valid is None:
+            self.keep(start, list(kept[0]))
+            self.lengths = [self.length]
+            return
+        width = max(len(k) for k in kept)
+        index = torch.tensor([list(k) + [k[-1] if k else 0] * (width - len(k)) for k in kept], device=self.device)  # [B, W']
+        for layer in self.cache.layers:
+            layer.keys = torch.cat([layer.keys[:, :, :start], _gather_slots(layer.keys[:, :, start:], index)], dim=2)
+            layer.values = torch.cat([layer.values[:, :, :start], _gather_slots(layer.values[:, :, start:], index)], dim=2)
+        filled = torch.arange(width, device=self.device) < torch.tensor([len(k) for k in kept], device=self.device)[:, None]  # [B, W']
+        self.valid = torch.cat([self.valid[:, :start] if self.valid is not None else
+                                torch.ones(len(kept), start, dtype=torch.bool, device=self.device), filled], dim=1)
+        self.length = start + width
+        self.lengths = [n + len(k) - self._fed[b] for b, (n, k) in enumerate(zip(self.lengths, kept))]
+        if bool(self.valid.all()):
+            self.valid = None
+
+    def truncate_rows(self, lengths: Sequence[int]) -> None:
+        """Drop each row's cached tokens beyond its first `lengths[b]` (`rollback` for rows): their
+        slots become holes, compacted away once they are as many as the tokens."""
+        if self.rows == 1 and self.valid is None:
+            self.rollback(lengths[0])
+            self.lengths = [self.length]
+            return
+        valid = self.valid if self.valid is not None else torch.ones(self.rows, self.length, dtype=torch.bool, device=self.device)
+        keep = valid.cumsum(1) <= torch.tensor(list(lengths), device=self.device)[:, None]  # [B, L] a row's first lengths[b] tokens
+        self.valid = valid & keep
+        self.lengths = [min(n, int(m)) for n, m in zip(self.lengths, lengths)]
+        if self.length >= 2 * max(self.lengths):
+            self._compact_rows()
+        elif bool(self.valid.all()):
+            self.valid = None
+
+    def select_rows(self, index: Sequence[int]) -> None:
+        """Keep only the rows at `index` (in order): finished rows stop costing forwards. The cache
+        is then compacted: every row's tokens first, holes only after a row's end."""
+        at = torch.tensor(list(index), device=self.device)
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, at), layer.values.index_select(0, at)
+        self.lengths = [self.lengths[i] for i in index]
+        self.hidden_rows = [self.hidden_rows[i] for i in index] if self.hidden_rows else []
+        if self.valid is not None:
+            self.valid = self.valid.index_select(0, at)
+            self._compact_rows()
+
+    def _compact_rows(self) -> None:
+        """Move each row's tokens to its first slots and crop the slots no row uses."""
+        width = max(self.lengths)
+        index = torch.stack([torch.cat([slots, slots[-1:].expand(width - slots.numel())])
+                             for slots in (row.nonzero()[:, 0] for row in self.valid)])  # [B, W]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = _gather_slots(layer.keys, index), _gather_slots(layer.values, index)
+        self.valid = torch.arange(width, device=self.device) < torch.tensor(self.lengths, device=self.device)[:, None]  # [B, W]
+        self.length = width
+        if bool(self.valid.all()):
+            self.valid = None
+
+    def _rows_hidden(self, fed: list[Tensor], parents: list[Tensor | None]) -> Tensor:
+        """[B, W, H] the final hidden states of each row's fed tokens (padded to the widest, W), fed
+        after the cache into a new window of W slots; `hidden_rows` keeps each row's [n_b, H]."""
+        rows, width, dtype = len(fed), max(1, *(t.numel() for t in fed)), self.model.dtype
+        ids = torch.zeros(rows, width, dtype=torch.long, device=self.device)  # [B, W]
+        seen = torch.zeros(rows, width, width, dtype=torch.bool)  # [B, W, W] who each fed token attends to in the window
+        depth = torch.zeros(rows, width, dtype=torch.long)  # [B, W] its depth (a chain's i-th token: i + 1)
+        for b, (tokens, tree) in enumerate(zip(fed, parents)):
+            n = tokens.numel()
+            ids[b, :n] = tokens.to(self.device)
+            if tree is None:
+                seen[b, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+            else:
+                seen[b, :n, :n] = tree_attention(torch.ones(0, 0, dtype=torch.bool), tree.cpu(), 0, 0, dtype)[0]
+            depth[b, :n] = seen[b, :n, :n].sum(-1)
+            seen[b, n:, n:] = torch.eye(width - n, dtype=torch.bool)  # padding (a row with fewer tokens, or none) sees itself only
+        cached = self.valid if self.valid is not None else torch.ones(rows, self.length, dtype=torch.bool, device=self.device)
+        allowed = torch.cat([cached[:, None, :].expand(rows, width, -1), seen.to(self.device)], dim=-1)  # [B, W, L + W]
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = torch.tensor(self.lengths)[:, None] + (depth - 1).clamp(min=0)  # [B, W]
+        self._window, self._fed = self.length, [t.numel() for t in fed]
+        out = self.model.base_model(input_ids=ids, attention_mask=mask[:, None], position_ids=positions.to(self.device),
+                                    cache=self.cache, use_cache=True)
+        self.length += width
+        self.valid = torch.cat([cached, torch.arange(width, device=self.device) < torch.tensor(self._fed, device=self.device)[:, None]], dim=1)
+        self.lengths = [n + f for n, f in zip(self.lengths, self._fed)]
+        hidden = out.last_hidden_state  # [B, W, H]
+        self.hidden_rows = [hidden[b, :n] for b, n in enumerate(self._fed)] if self.keep_hidden else []
+        return hidden
 
     def prefill(self, tokens: Tensor, reuse: bool = False) -> Tensor | None:
         """Put `tokens` ([T], may be empty) into the cache.
@@ -141,6 +299,12 @@ class Target:
         )
         self.length += tokens.numel()
         return out.logits[0]  # [K, V]
+
+
+def _gather_slots(cache: Tensor, index: Tensor) -> Tensor:
+    """[B, H, W, D] the slots `index` ([B, W]) of each row of a [B, H, L, D] cache tensor."""
+    b, h, _, d = cache.shape
+    return cache.gather(2, index[:, None, :, None].expand(b, h, index.shape[1], d))
 
 
 COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65, 129)  # tokens per verification forward measured for a tree's sizing (shape=auto)

@@ -3,11 +3,12 @@ in each of its drafting modes (`Drafter.modes`), with each verifier of conf/veri
 `lossless`, on tiny fp32 models:
 
 - at T = 1, the law of what the method itself emits (the engine with sample_first=False, so no token
-  comes from the plain prefill): the first token, and the second given the first, against the
+  comes from the plain prefill), from the rows of batched decodes (each row an independent sample): the first token, and the second given the first, against the
   target's exact conditionals. Each is a G-test of the randomized PIT in 10 equal bins against the
   uniform law (exact under H0 for any conditionals), sized so that a TV of 0.05 between the binned
   laws (at most the tokens' TV) is detected with power 0.8 at alpha = 1e-3;
-- at T = 0, greedy identity with plain decoding.
+- at T = 0, greedy identity with plain decoding, one prompt at a time and for every row of a batch of
+  four prompts of different lengths whose rows stop at different steps.
 
 A new drafter, mode or lossless verifier is covered without editing this file. The control at the
 end shows the law test catches the defect it was written for.
@@ -91,17 +92,24 @@ def uniformity_p(u: np.ndarray) -> float:
     return float(st.power_divergence(counts, np.full(BINS, len(u) / BINS), lambda_="log-likelihood").pvalue)
 
 
+BATCH = 128  # samples decoded together: the rows of one batch are independent draws (row i seeded seed + i)
+
+
 @torch.inference_mode()
 def law_pvalues(engine: Engine, prompt: list[int], n: int = N, seed: int = 0) -> tuple[float, float, dict]:
-    """The method's first two tokens, n times: p-values of the first token's law and of the second
-    given the first against the target's exact conditionals, and the draft counters."""
+    """The method's first two tokens, n times (decoded BATCH at a time, so the law tested is that of a
+    batched decode's rows): p-values of the first token's law and of the second given the first
+    against the target's exact conditionals, and the draft counters."""
     depth = max(engine.drafter.k, engine.drafter.depth, 1)  # the first step drafts its full depth (k for chains)
     firsts, seconds, drafted, accepted = [], [], 0, 0
-    for i in range(n):
-        out = engine.generate(prompt, depth + 1, eos_token_ids=[], seed=seed + i, reuse_prefill=True, sample_first=False, stop_after=2)
-        firsts.append(out.tokens[0])
-        seconds.append(out.tokens[1])
-        drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
+    for first in range(0, n, BATCH):
+        rows = min(BATCH, n - first)
+        outs = engine.generate([prompt] * rows, depth + 1, eos_token_ids=[], seed=seed + first, reuse_prefill=True,
+                               sample_first=False, stop_after=2)
+        for out in outs:
+            firsts.append(out.tokens[0])
+            seconds.append(out.tokens[1])
+            drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
     model, sampling = engine.target.lm.model, engine.sampling
     x1, x2 = torch.tensor(firsts), torch.tensor(seconds)
     p1 = logits_to_probs(model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling)  # [V]
@@ -133,6 +141,13 @@ def test_greedy_output_equals_plain_decoding(drafter, overrides, verifier, tmp_p
     for prompt in (REPEATING, PLAIN):
         out = engine.generate(prompt, 24, eos_token_ids=[])
         assert out.tokens == plain.generate(prompt, 24, eos_token_ids=[]).tokens
+    # A batch of 4 prompts of different lengths whose rows stop at different steps (an EOS each reaches at its own time).
+    prompts = [REPEATING, PLAIN, REPEATING[3:] + PLAIN, PLAIN[:2]]
+    alone = [plain.generate(p, 24, eos_token_ids=[]).tokens for p in prompts]
+    eos = [alone[1][5], alone[3][14]]
+    expected = [plain.generate(p, 24, eos_token_ids=eos).tokens for p in prompts]
+    assert len({len(tokens) for tokens in expected}) > 1, expected  # the rows finish at different steps
+    assert [out.tokens for out in engine.generate(prompts, 24, eos_token_ids=eos)] == expected
 
 
 def test_the_law_test_detects_a_biased_tree_budget(monkeypatch):

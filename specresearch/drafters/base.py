@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from abc import ABC, abstractmethod
@@ -12,8 +13,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
+from transformers import PreTrainedTokenizerBase
 
 from specresearch.errors import SpecResearchError
+from specresearch.models import LoadedModel
 from specresearch.sampling import logits_to_probs, ranking_probs, sample
 from specresearch.types import Draft, SamplingParams, Verdict
 
@@ -88,10 +91,104 @@ class Drafter(ABC):
         """Forwards of a draft model so far (for the draft cost ratio c); 0 for model-free drafters."""
         return 0
 
+    def batched_rows(self) -> Rows | None:
+        """How this drafter drafts every row of a batch at once (one draft forward per level for all
+        rows), or None: each row then gets a fork of it (`Forks`), which drafts alone."""
+        return None
+
+    def fork(self) -> Drafter:
+        """A drafter like this one for another sequence of a batch: the same models, heads and
+        tokenizers (shared, never copied), its own state (caches, pools, counters): a deep copy of
+        everything else."""
+        shared: dict[int, object] = {}
+        _collect_shared(self, shared, set())
+        return copy.deepcopy(self, shared)
+
     @property
     def size_label(self) -> str:
         """How run names give the draft's size: "k=K" (draft tokens per step), or "depth=D" for trees."""
         return f"depth={self.depth}" if self.depth else f"k={self.k}"
+
+
+class Rows(ABC):
+    """The drafting of a batch's rows, for the engine: the Drafter interface with one context (and
+    verdict) per row still decoding. `Forks` gives every drafter one; a drafter that can draft its
+    rows together offers its own (`Drafter.batched_rows`)."""
+
+    @abstractmethod
+    def prefill(self, ctxs: list[Context]) -> None:
+        """Start one sequence per context (row b: ctxs[b])."""
+
+    @abstractmethod
+    def propose(self, ctxs: list[Context]) -> list[Draft]:
+        """One draft per row."""
+
+    @abstractmethod
+    def observe(self, b: int, logits: Tensor) -> None:
+        """Row b's target logits on its draft's scratch nodes (Drafter.observe)."""
+
+    @abstractmethod
+    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        """Each row's verdict (Drafter.commit)."""
+
+    @abstractmethod
+    def select(self, index: list[int]) -> None:
+        """Keep only the rows at `index` (in order): the others finished."""
+
+    @abstractmethod
+    def forwards(self) -> list[int]:
+        """Each row's draft forwards since its prefill (a forward that drafted for several rows counts for each)."""
+
+
+class Forks(Rows):
+    """Each row drafted by its own drafter: row 0 by the drafter itself, the others by forks of it
+    (`Drafter.fork`), kept across batches so each keeps its own reused prefill."""
+
+    def __init__(self, drafter: Drafter):
+        self.pool, self.active, self.base = [drafter], [drafter], [0]
+
+    def prefill(self, ctxs: list[Context]) -> None:
+        while len(self.pool) < len(ctxs):
+            self.pool.append(self.pool[0].fork())
+        self.active = self.pool[: len(ctxs)]
+        self.base = [d.draft_forwards for d in self.active]
+        for drafter, ctx in zip(self.active, ctxs):
+            drafter.prefill(ctx)
+
+    def propose(self, ctxs: list[Context]) -> list[Draft]:
+        return [drafter.propose(ctx) for drafter, ctx in zip(self.active, ctxs)]
+
+    def observe(self, b: int, logits: Tensor) -> None:
+        self.active[b].observe(logits)
+
+    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        for drafter, ctx, verdict in zip(self.active, ctxs, verdicts):
+            drafter.commit(ctx, verdict)
+
+    def select(self, index: list[int]) -> None:
+        self.active, self.base = [self.active[i] for i in index], [self.base[i] for i in index]
+
+    def forwards(self) -> list[int]:
+        return [d.draft_forwards - base for d, base in zip(self.active, self.base)]
+
+
+def _collect_shared(obj: object, shared: dict[int, object], seen: set[int]) -> None:
+    """Map the id of every model, module and tokenizer reachable from `obj` to itself (a deepcopy memo
+    that keeps them shared)."""
+    if id(obj) in seen or isinstance(obj, (Tensor, str, bytes, int, float, bool, type(None))):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, (torch.nn.Module, LoadedModel, PreTrainedTokenizerBase)):
+        shared[id(obj)] = obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _collect_shared(value, shared, seen)
+    elif isinstance(obj, (list, tuple, set)):
+        for value in obj:
+            _collect_shared(value, shared, seen)
+    elif hasattr(obj, "__dict__"):
+        for value in vars(obj).values():
+            _collect_shared(value, shared, seen)
 
 
 class Chain:

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Chain, Context, Drafter
+from specresearch.drafters.base import Chain, Context, Drafter, Rows
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.drafters.pld import lookup
 from specresearch.errors import SpecResearchError
@@ -137,4 +137,59 @@ class IndependentDrafter(Drafter):
     @property
     def draft_forwards(self) -> int:
         return self._forwards
+
+    def batched_rows(self) -> Rows | None:
+        return ChainRows(self) if not self.lookup else None  # the lookup cascade drafts per row (Forks)
+
+
+class ChainRows(Rows):
+    """The draft model drafting every row of a batch: one draft forward per level feeds each row still
+    drafting (rows done drafting feed nothing), each row in its own slots of one cache (Target's rows),
+    so a row's chain is the one `IndependentDrafter.propose` drafts for it alone."""
+
+    def __init__(self, drafter: IndependentDrafter):
+        self.drafter = drafter
+        self.draft = DraftModel(drafter.draft.lm, drafter.draft.shortlist, drafter.draft.head)  # shared weights, a cache of its own
+        self.chains: list[tuple[int, Chain]] = []  # each row's (context length, chain) of the last step
+        self.counts: list[int] = []
+
+    def prefill(self, ctxs: list[Context]) -> None:
+        self.draft.reset()
+        self.draft.prefill_rows([ctx.tokens[:-1] for ctx in ctxs], reuse=ctxs[0].reuse_prefill)
+        self.counts = [0] * len(ctxs)
+
+    def propose(self, ctxs: list[Context]) -> list[Draft]:
+        d = self.drafter
+        scored = d.confidence is not None or d.chain_confidence is not None
+        chains = [Chain(ctx, self.draft.shortlist, d.siblings, d.sibling_confidence, scored) for ctx in ctxs]
+        self.chains = [(ctx.tokens.numel(), chain) for ctx, chain in zip(ctxs, chains)]
+        pending = [ctx.tokens[n:] for ctx, n in zip(ctxs, self.draft.lengths)]  # [1], or [2] after a fully accepted step
+        live = [ctx.max_draft > 0 for ctx in ctxs]
+        while any(live):
+            fed = [tokens if on else tokens[:0] for tokens, on in zip(pending, live)]
+            logits = self.draft.forward_rows(fed, [None] * len(fed))  # [n_b, V or N] per row
+            self.draft.keep_rows([range(tokens.numel()) for tokens in fed])
+            for b, (ctx, chain) in enumerate(zip(ctxs, chains)):
+                if live[b]:
+                    self.counts[b] += 1
+                    x = chain.add(logits[b][-1])
+                    done = len(chain.tokens) == ctx.max_draft
+                    if scored:
+                        done = done or chain.confidence < (d.confidence or 0.0) or chain.path < (d.chain_confidence or 0.0)
+                    live[b], pending[b] = not done, x[None]
+        return [chain.draft() for chain in chains]
+
+    def observe(self, b: int, logits: Tensor) -> None:
+        pass
+
+    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        self.draft.truncate_rows([min(n, ctx.tokens.numel() - 1, start + chain.accepted(verdict))
+                                  for n, ctx, verdict, (start, chain) in zip(self.draft.lengths, ctxs, verdicts, self.chains)])
+
+    def select(self, index: list[int]) -> None:
+        self.draft.select_rows(index)
+        self.chains, self.counts = [self.chains[i] for i in index], [self.counts[i] for i in index]
+
+    def forwards(self) -> list[int]:
+        return self.counts
 
