@@ -52,11 +52,16 @@ def options(group: str) -> list[str]:
 def register_studies() -> None:
     """Make every study's preset the option `experiment=NAME` (a global package, as `# @package
     _global_` says in a group folder): Hydra's config store, so the preset can live in its study's
-    folder beside its README and analysis. Idempotent."""
+    folder beside its README and analysis. A subfolder of YAMLs there is a config group of the study's
+    own, `NAME/SUBFOLDER` (global package too): arms of a sweep that are no product of settings, e.g.
+    experiments/batch_synergy/arm/tree.yaml is `batch_synergy/arm=tree`. Idempotent."""
     store = ConfigStore.instance()
     for name, folder in studies().items():
         store.store(group=STUDY_GROUP, name=name, node=OmegaConf.load(folder / "preset.yaml"), package="_global_",
                     provider="specresearch")
+        for path in sorted(folder.glob("*/*.yaml")):  # the study's own groups: its sweep's arms
+            store.store(group=f"{name}/{path.parent.name}", name=path.stem, node=OmegaConf.load(path),
+                        package="_global_", provider="specresearch")
 
 
 def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str = "config") -> DictConfig:
