@@ -422,10 +422,13 @@ def test_batch_synergy_preset_sweeps_batch_sizes_and_arms():
         assert arm.drafter._target_.endswith("IndependentDrafter") and arm.drafter.k == k and arm.batch_size == 16
     tree = conf.compose(["experiment=batch_synergy", "batch_synergy/arm=tree"])
     assert tree.drafter._target_.endswith("TreeDrafter") and list(tree.drafter.branching) == [2, 1, 1, 1] and "k" not in tree.drafter
+    assert conf.unknown_option(["experiment=batch_synergy", "batch_synergy/arm=k3"]) == \
+        "unknown batch_synergy/arm 'k3': valid are k1, k2, k4, k8, tree"  # one line, before Hydra's dozen
+    assert conf.unknown_option(["-m", "experiment=batch_synergy", "batch_synergy/arm=k1,tree"]) is None
 
 
 def test_bad_arguments_are_one_clear_line(tmp_path):
-    with pytest.raises(AnalysisError, match="unknown study 'nope': valid are leviathan, lossless_vs_lossy, medusa_typical, specbench"):
+    with pytest.raises(AnalysisError, match="unknown study 'nope': valid are batch_synergy, leviathan, lossless_vs_lossy, medusa_typical, specbench"):
         parse(["experiment=nope"])
     with pytest.raises(AnalysisError, match="name a study"):
         parse(["out=x"])
@@ -448,7 +451,7 @@ def test_no_runs_is_an_error_that_says_what_to_run(leviathan_store, tmp_path):
 
 
 @pytest.mark.parametrize("module, args, message", [
-    ("specresearch.analysis", ["experiment=nope"], "error: unknown study 'nope': valid are leviathan, lossless_vs_lossy, medusa_typical, specbench"),
+    ("specresearch.analysis", ["experiment=nope"], "error: unknown study 'nope': valid are batch_synergy, leviathan, lossless_vs_lossy, medusa_typical, specbench"),
     ("specresearch.analysis.tables", ["experiment=leviathan", "tracker.store=/nonexistent/store"],
      "error: no MLflow store at /nonexistent/store/mlflow.db"),
 ])
