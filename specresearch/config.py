@@ -49,14 +49,26 @@ def options(group: str) -> list[str]:
     return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
 
 
+def study_groups() -> dict[str, list[str]]:
+    """The studies' own config groups, `NAME/SUBFOLDER` (e.g. batch_synergy/arm) -> their options."""
+    return {f"{name}/{sub.name}": sorted(path.stem for path in sub.glob("*.yaml"))
+            for name, folder in studies().items() for sub in sorted(folder.iterdir())
+            if sub.is_dir() and any(sub.glob("*.yaml"))}
+
+
 def register_studies() -> None:
     """Make every study's preset the option `experiment=NAME` (a global package, as `# @package
     _global_` says in a group folder): Hydra's config store, so the preset can live in its study's
-    folder beside its README and analysis. Idempotent."""
+    folder beside its README and analysis. A subfolder of YAMLs there is a config group of the study's
+    own, `NAME/SUBFOLDER` (global package too): arms of a sweep that are no product of settings, e.g.
+    experiments/batch_synergy/arm/tree.yaml is `batch_synergy/arm=tree`. Idempotent."""
     store = ConfigStore.instance()
     for name, folder in studies().items():
         store.store(group=STUDY_GROUP, name=name, node=OmegaConf.load(folder / "preset.yaml"), package="_global_",
                     provider="specresearch")
+        for path in sorted(folder.glob("*/*.yaml")):  # the study's own groups: its sweep's arms
+            store.store(group=f"{name}/{path.parent.name}", name=path.stem, node=OmegaConf.load(path),
+                        package="_global_", provider="specresearch")
 
 
 def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str = "config") -> DictConfig:
@@ -107,12 +119,13 @@ def unknown_option(args: Sequence[str], config_name: str = "config") -> str | No
     change does not have; None if neither. Checked before Hydra composes, whose own messages are a
     dozen lines; values Hydra's sweep grammar writes otherwise (`choice(...)`, globs) are left to Hydra."""
     known = groups()
+    own = study_groups()  # batch_synergy/arm=...: a study's own group (its folder's arm/)
     chosen: dict[str, list[str]] = {}  # group → the options the arguments select
     for arg in args:
         group, sep, value = arg.lstrip("+").partition("=")
-        if not sep or group not in known or not re.fullmatch(r"[\w.-]+(,[\w.-]+)*", value):
+        if not sep or (group not in known and group not in own) or not re.fullmatch(r"[\w.-]+(,[\w.-]+)*", value):
             continue
-        valid = options(group)
+        valid = own[group] if group in own else options(group)
         for name in value.split(","):
             if name not in valid and name != "null":
                 return f"unknown {group} '{name}': valid are {', '.join(valid)}"

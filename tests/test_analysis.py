@@ -370,8 +370,65 @@ def test_medusa_typical_joins_speed_and_quality(medusa_store, tmp_path):
 # --------------------------------------------------------------------------------------------------
 
 
+# batch size -> speedup of k = 1, 2, 4, 8 and the tree: the best k shrinks as the batch grows (4, 4, 2, 1, 1)
+SYNERGY = {1: (1.3, 1.6, 1.8, 1.5, 1.7), 2: (1.25, 1.5, 1.55, 1.2, 1.4), 4: (1.2, 1.35, 1.1, 0.9, 1.0),
+           8: (1.1, 1.0, 0.8, 0.6, 0.85), 16: (0.9, 0.7, 0.5, 0.4, 0.6)}
+
+
+def test_batch_synergy_best_k_and_crossover(tmp_path):
+    """Fake runs of the batch x k grid (and the tree) with known speedups, logged as `python -m
+    specresearch experiment=batch_synergy` logs them (params study, batch_size, drafter.*; metric speedup)."""
+    import mlflow
+
+    from specresearch.records import HASH_TAG, STUDY_TAG
+
+    store = tmp_path / "mlruns"
+    store.mkdir()
+    mlflow.set_tracking_uri(uri(store))
+    experiment = mlflow.create_experiment("specresearch")
+    arms = [("independent", k) for k in (1, 2, 4, 8)] + [("tree", None)]
+    for b, speedups in SYNERGY.items():
+        for (drafter, k), s in zip(arms, speedups):
+            params = {"study": "batch_synergy", "batch_size": b, "dataset.name": "humaneval", "sampling.temperature": 0.0,
+                      "drafter._target_": make_cfg(f"drafter={drafter}").drafter._target_}
+            with mlflow.start_run(experiment_id=experiment, tags={STUDY_TAG: "batch_synergy", HASH_TAG: f"{b}-{drafter}-{k}"}):
+                mlflow.log_params({**params, **({"drafter.k": k} if k else {})})
+                mlflow.log_metrics({"speedup": s})
+    study, report, out = analyse("batch_synergy", uri(store), out=tmp_path / "out", log=False)
+    grid = report.table("batch_synergy")
+    assert grid.headers == ["batch size", "k = 1", "k = 2", "k = 4", "k = 8", "tree", "best k", "its speedup"]
+    assert grid.column("batch size") == ["1", "2", "4", "8", "16"]
+    assert grid.column("best k") == ["4", "4", "2", "1", "1"]
+    assert grid.column("its speedup") == ["1.80×", "1.55×", "1.35×", "1.10×", "0.90×"]
+    assert grid.column("tree") == ["1.70×", "1.40×", "1.00×", "0.85×", "0.60×"]
+    arms_table = report.table("batch_synergy_crossover")
+    assert arms_table.column("arm") == ["k = 1", "k = 2", "k = 4", "k = 8", "tree"]
+    assert arms_table.column("crossover batch (< 1×)") == ["16", "16", "8", "4", "8"]  # 1.00× at 4 is no crossover
+    assert arms_table.column("best at batch sizes") == ["8, 16", "4", "1, 2", DASH, DASH]
+    assert "no arm is faster than plain decoding from batch size 16 on (of those measured)" in report.notes
+    published_findings = report.table("published_batch_synergy")
+    assert published_findings.published and "arXiv:2310.18813" in " ".join(published_findings.notes)
+    assert_pngs(out, ["batch_synergy_speedup_vs_batch.png"])
+    assert len(json.loads((out / "runs.json").read_text())["runs"]) == 25
+
+
+def test_batch_synergy_preset_sweeps_batch_sizes_and_arms():
+    """experiment=batch_synergy: HumanEval past the first 4 problems, greedy; each arm a config of the study's own group."""
+    cfg = conf.compose(["experiment=batch_synergy"])
+    assert (cfg.study, cfg.dataset.name, cfg.dataset.offset, cfg.dataset.num_prompts) == ("batch_synergy", "humaneval", 4, 16)
+    assert cfg.sampling.temperature == 0 and cfg.drafter.k == 4  # a single run: the k = 4 arm
+    for name, k in [("k1", 1), ("k8", 8)]:
+        arm = conf.compose(["experiment=batch_synergy", f"batch_synergy/arm={name}", "batch_size=16"])
+        assert arm.drafter._target_.endswith("IndependentDrafter") and arm.drafter.k == k and arm.batch_size == 16
+    tree = conf.compose(["experiment=batch_synergy", "batch_synergy/arm=tree"])
+    assert tree.drafter._target_.endswith("TreeDrafter") and list(tree.drafter.branching) == [2, 1, 1, 1] and "k" not in tree.drafter
+    assert conf.unknown_option(["experiment=batch_synergy", "batch_synergy/arm=k3"]) == \
+        "unknown batch_synergy/arm 'k3': valid are k1, k2, k4, k8, tree"  # one line, before Hydra's dozen
+    assert conf.unknown_option(["-m", "experiment=batch_synergy", "batch_synergy/arm=k1,tree"]) is None
+
+
 def test_bad_arguments_are_one_clear_line(tmp_path):
-    with pytest.raises(AnalysisError, match="unknown study 'nope': valid are leviathan, lossless_vs_lossy, medusa_typical, specbench"):
+    with pytest.raises(AnalysisError, match="unknown study 'nope': valid are batch_synergy, leviathan, lossless_vs_lossy, medusa_typical, specbench"):
         parse(["experiment=nope"])
     with pytest.raises(AnalysisError, match="name a study"):
         parse(["out=x"])
@@ -394,7 +451,7 @@ def test_no_runs_is_an_error_that_says_what_to_run(leviathan_store, tmp_path):
 
 
 @pytest.mark.parametrize("module, args, message", [
-    ("specresearch.analysis", ["experiment=nope"], "error: unknown study 'nope': valid are leviathan, lossless_vs_lossy, medusa_typical, specbench"),
+    ("specresearch.analysis", ["experiment=nope"], "error: unknown study 'nope': valid are batch_synergy, leviathan, lossless_vs_lossy, medusa_typical, specbench"),
     ("specresearch.analysis.tables", ["experiment=leviathan", "tracker.store=/nonexistent/store"],
      "error: no MLflow store at /nonexistent/store/mlflow.db"),
 ])
