@@ -39,6 +39,9 @@ def test_unknown_task_and_bad_limit_name_the_valid_choices(tmp_path):
         run_eval(make_cfg(*TINY_EVAL, "eval.task=mbpp", f"tracker.store={tmp_path}/mlruns"))
     with pytest.raises(SpecResearchError, match="eval.limit must be >= 1"):
         run_eval(make_cfg(*TINY_EVAL, "eval.limit=0", f"tracker.store={tmp_path}/mlruns"))
+    with pytest.raises(SpecResearchError, match="batch_size must be 1, got 2 .*--batch_size N") as err:
+        run_eval(make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", "batch_size=2", f"tracker.store={tmp_path}/mlruns"))
+    assert "\n" not in str(err.value) and not (tmp_path / "mlruns").exists()  # refused before anything was recorded
 
 
 def test_an_unusable_model_cache_is_refused_before_a_model_loads(tmp_path, monkeypatch):

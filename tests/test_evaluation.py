@@ -107,7 +107,7 @@ def test_plain_lm_eval_command_line(tmp_path):
     task = _tiny_task(tmp_path, lm)
     out = tmp_path / "out"
     cmd = [sys.executable, "-c", WITH_PTH + "from lm_eval.__main__ import cli_evaluate; cli_evaluate()", "run", "--model", "specresearch",
-           "--model_args", "model=tiny,drafter=pld,verifier=greedy", "--tasks", task,
+           "--model_args", "model=tiny,drafter=pld,verifier=greedy", "--tasks", task, "--batch_size", "3",
            "--include_path", str(tmp_path), "--output_path", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, env={**__import__("os").environ, "HF_DATASETS_OFFLINE": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
@@ -127,8 +127,65 @@ def test_task_sampling_settings_override_the_configured_ones():
 def test_bad_model_args_name_the_valid_choices():
     with pytest.raises(SpecResearchError, match="pld"):
         SpecResearchLM(**{**TINY_ARGS, "drafter": "nope"})
-    with pytest.raises(SpecResearchError, match="batch_size must be 1"):
-        SpecResearchLM(**TINY_ARGS, batch_size=8)
+
+
+@pytest.mark.parametrize("args", [{"batch_size": "auto"}, {"batch_size": "auto:4"}, {"batch_size": 0}, {"batch_size": "2.5"},
+                                  {"batch_size": True}, {"batch_size": 4, "max_batch_size": 8}])
+def test_a_bad_batch_size_is_refused_in_one_line_before_the_model_loads(args, monkeypatch):
+    monkeypatch.setattr("specresearch.evaluation.lm.build_engine", lambda cfg: pytest.fail("the model was built"))
+    with pytest.raises(SpecResearchError, match=r"model specresearch: .*batch_size=N|batch_size must be an integer >= 1") as err:
+        SpecResearchLM(**TINY_ARGS, **args)
+    assert "\n" not in str(err.value)
+
+
+def _requests(kwargs_of=lambda i: {"until": ["\n\n"], "max_gen_toks": MAX_NEW}):
+    from lm_eval.api.instance import Instance
+
+    contexts = ["def add(a, b):", "x", "import os\nimport sys\n\ndef main():\n    ", "hello world", "a = 1\nb = 2\n"]
+    return [Instance("generate_until", {}, (c, kwargs_of(i)), i) for i, c in enumerate(contexts)]
+
+
+@pytest.mark.parametrize("kwargs_of", [lambda i: {"until": ["\n\n"], "max_gen_toks": MAX_NEW},
+                                       lambda i: {"until": ["\n\n"], "max_gen_toks": MAX_NEW - 2} if i % 2 else
+                                       {"until": "\n" if i < 4 else ["\n"], "max_gen_toks": MAX_NEW}],
+                         ids=["one kind", "two kinds"])
+def test_a_batch_size_decodes_in_batches_with_the_texts_and_seeds_of_batch_size_1(kwargs_of, monkeypatch):
+    """5 requests of different lengths (second case: two kinds of stop strings and budgets, the odd ones
+    and the even ones): batch_size=3 gives batch size 1's texts, in order; each engine call holds at
+    most 3 requests that decode alike (longest first), request i seeded seed + i."""
+    from specresearch.engine import Engine
+
+    one = SpecResearchLM(**TINY_ARGS, drafter="pld", seed=7)
+    three = SpecResearchLM(**TINY_ARGS, drafter="pld", seed=7, batch_size="3")  # as lm-eval's command line gives it
+    assert (one.batch_size, three.batch_size) == (1, 3)
+    calls = []
+    generate = Engine.generate
+
+    def spy(self, prompts, max_new_tokens, stop_strings=(), seed=0, **kwargs):
+        calls.append(([len(p) for p in prompts], max_new_tokens, tuple(stop_strings), seed))
+        return generate(self, prompts, max_new_tokens, stop_strings=stop_strings, seed=seed, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", spy)
+    requests = _requests(kwargs_of)
+    want = one.generate_until(requests, disable_tqdm=True)
+    assert len(calls) == 5
+    calls.clear()
+    got = three.generate_until(requests, disable_tqdm=True)
+    assert got == want and any(want)
+    assert [o.tokens for _, o in three.outputs] == [o.tokens for _, o in one.outputs]
+    assert [r for r, _ in three.outputs] == requests  # kept in the requests' order
+    lengths = {len(one.tok_encode(r.args[0])): i for i, r in enumerate(requests)}
+    assert len(lengths) == 5  # the contexts' lengths differ
+    seen = []
+    for sizes, max_new, until, seeds in calls:
+        assert 1 <= len(sizes) <= 3 and sizes == sorted(sizes, reverse=True)  # longest first
+        members = [lengths[n] for n in sizes]
+        assert seeds == [7 + i for i in members]
+        assert all(requests[i].args[1]["max_gen_toks"] == max_new for i in members)
+        assert all(tuple([u] if isinstance(u := requests[i].args[1]["until"], str) else u) == until for i in members)
+        seen += members
+    assert sorted(seen) == list(range(5))
+    assert len(calls) == 2  # one kind: 3 + 2; two kinds: the 3 even ones ("\n" given as a string or a list), the 2 odd ones
 
 
 @torch.inference_mode()

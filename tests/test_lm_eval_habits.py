@@ -209,8 +209,8 @@ REFUSALS = {  # case -> (lm-eval arguments after `--model specresearch`, {env va
                       "error: unknown model 'no-such-model': not an embedded model (choices: "),
     "out of range": (["--model_args", "pretrained=tiny,drafter=pld,sampling.top_p=0"], {},
                      "error: model_args: sampling.top_p must lie in (0, 1] (1 = off), got 0"),
-    "batch size": (["--model_args", "pretrained=tiny,drafter=pld", "--batch_size", "4"], {},
-                   "error: model specresearch decodes one prompt at a time: batch_size must be 1, got 4"),
+    "batch size": (["--model_args", "pretrained=tiny,drafter=pld", "--batch_size", "auto"], {},
+                   "error: model specresearch: batch_size must be an integer >= 1 (lm-eval's 'auto' is not offered"),
     "code execution forbidden": (["--model_args", "pretrained=tiny,drafter=pld"], {ALLOW_ENV: "0"},
                                  f"error: {ALLOW_ENV}=0 forbids running model-written code"),
 }

@@ -40,11 +40,11 @@ _IGNORED_KEYS = ("until", "max_gen_toks", "max_new_tokens", "num_beams", "repeti
 
 @register_model("specresearch")
 class SpecResearchLM(TemplateLM):
-    """An lm-eval `LM` backed by one specresearch engine (batch size 1: speculative decoding decodes
-    one prompt at a time).
+    """An lm-eval `LM` backed by one specresearch engine; `generate_until` decodes `batch_size`
+    requests per `Engine.generate` call (lm-eval's `--batch_size N`).
 
     Every `generate_until` request and its output are kept in `self.outputs` (tokens, stop reason,
-    speed counters), so a runner can report τ and tokens/s next to the score.
+    speed counters), in the requests' order, so a runner can report τ and tokens/s next to the score.
     """
 
     backend = "causal"
@@ -59,7 +59,10 @@ class SpecResearchLM(TemplateLM):
                 `seed`, 0).
             max_length: the longest context scored by `loglikelihood_rolling` (default: the model's
                 position limit, at most 4096).
-            batch_size, max_batch_size: accepted from lm-eval's command line; only 1 is possible.
+            batch_size: requests decoded together by `generate_until` (lm-eval's `--batch_size N`): an
+                integer >= 1, or the string of one as lm-eval's command line gives it; default: the
+                config's `batch_size` (1). lm-eval's `auto` is refused: give a number.
+            max_batch_size: lm-eval's cap for `batch_size=auto`; refused, as `auto` is.
             device: lm-eval's `--device`: the same as the override `model.device=...` (its default
                 cuda:0 falls back to `auto` where CUDA is missing, as lm-eval's hf model does).
             pretrained: lm-eval's name for the target model: a preset of conf/model
@@ -71,8 +74,10 @@ class SpecResearchLM(TemplateLM):
         """
         super().__init__()
         quiet_git_hash()  # the hash lm-eval records for this run: no "fatal: not a git repository" outside a checkout
-        if batch_size not in (None, 1, "1", "auto") or max_batch_size not in (None, 1):
-            raise SpecResearchError(f"model specresearch decodes one prompt at a time: batch_size must be 1, got {batch_size}")
+        size = None if batch_size is None else batch_size_of(batch_size)  # refused before any model loads
+        if max_batch_size is not None:
+            raise SpecResearchError(f"model specresearch: max_batch_size goes with batch_size=auto, which it does not "
+                                    f"offer: give batch_size=N (an integer >= 1), got max_batch_size={max_batch_size!r}")
         if pretrained is not None:
             overrides = target_overrides(str(pretrained), overrides)
         if engine is None:
@@ -80,11 +85,13 @@ class SpecResearchLM(TemplateLM):
                 overrides.setdefault("model.device", device)  # lm-eval's default is cuda:0: where there is none, `auto`
             cfg = compose_config(overrides if seed is None else {**overrides, "seed": seed})
             engine, seed = build_engine(cfg), int(cfg.seed)
+            size = size or int(cfg.batch_size)
         elif overrides:
             raise SpecResearchError(f"give either an engine or config overrides, not both (got {sorted(overrides)})")
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.seed = seed or 0
+        self.batch_size = size or 1
         config = engine.target.lm.model.config
         self.max_length = max_length or min(int(getattr(config, "max_position_embeddings", 4096) or 4096), 4096)
         self._engines: dict[SamplingParams, Engine] = {engine.sampling: engine}
@@ -131,23 +138,50 @@ class SpecResearchLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Decode each request's context through the engine until one of its `until` strings, EOS or
         `max_gen_toks` tokens. The task's `do_sample`/`temperature`/`top_p`/`top_k`, where it sets
-        them, override the configured sampling (as in lm-eval's own models)."""
-        out = []
-        for i, request in enumerate(tqdm(requests, desc=f"generate ({self.engine.label})", disable=disable_tqdm)):
-            context, gen_kwargs = request.args
-            kwargs = dict(gen_kwargs or {})
-            until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            max_new = int(kwargs.get("max_gen_toks", kwargs.get("max_new_tokens", MAX_GEN_TOKS)))
-            ids = self.tok_encode(context)
-            if not ids:
-                raise SpecResearchError(f"request {i}: the context encodes to no tokens")
-            result = self._engine_for(kwargs).generate(ids, max_new, stop_strings=until, seed=self.seed + i)
-            self.outputs.append((request, result))
-            out.append(result.text)
-        return out
+        them, override the configured sampling (as in lm-eval's own models).
+
+        Requests that decode alike (same sampling, `until` and `max_gen_toks`) go to the engine
+        `batch_size` at a time, longest context first (as lm-eval's own models batch); request i is
+        seeded `seed + i` whatever its batch, so the texts do not depend on the batch size (exactly
+        at T = 0 in fp32). Every request is checked before the first is decoded.
+
+        Returns:
+            The generated texts, in the requests' order.
+        """
+        jobs = [self._job(i, request) for i, request in enumerate(requests)]  # refuse a bad request before any decoding
+        groups: dict[tuple, list[int]] = {}
+        for i, (ids, until, max_new, engine) in enumerate(jobs):
+            groups.setdefault((engine.sampling, until, max_new), []).append(i)
+        results: list[GenerationOutput | None] = [None] * len(jobs)
+        desc = f"generate ({self.engine.label}{f', batch {self.batch_size}' if self.batch_size > 1 else ''})"
+        try:
+            with tqdm(total=len(jobs), desc=desc, disable=disable_tqdm) as bar:
+                for (sampling, until, max_new), members in groups.items():
+                    members = sorted(members, key=lambda i: -len(jobs[i][0]))  # similar lengths share a batch
+                    for start in range(0, len(members), self.batch_size):
+                        batch = members[start:start + self.batch_size]
+                        outs = self._engines[sampling].generate([jobs[i][0] for i in batch], max_new, stop_strings=list(until),
+                                                                seed=[self.seed + i for i in batch])
+                        for i, output in zip(batch, outs):
+                            results[i] = output
+                        bar.update(len(batch))
+        finally:  # what was decoded, in the requests' order, even when a later batch fails
+            self.outputs.extend((request, r) for request, r in zip(requests, results) if r is not None)
+        return [r.text for r in results]
 
     # -- helpers ---------------------------------------------------------------------------------
+
+    def _job(self, i: int, request) -> tuple[list[int], tuple[str, ...], int, Engine]:
+        """Request i's context ids, stop strings, token budget and engine (refused in one line if unusable)."""
+        context, gen_kwargs = request.args
+        kwargs = dict(gen_kwargs or {})
+        until = kwargs.get("until") or []
+        until = (until,) if isinstance(until, str) else tuple(until)
+        max_new = int(kwargs.get("max_gen_toks", kwargs.get("max_new_tokens", MAX_GEN_TOKS)))
+        ids = self.tok_encode(context)
+        if not ids:
+            raise SpecResearchError(f"request {i}: the context encodes to no tokens")
+        return ids, until, max_new, self._engine_for(kwargs)
 
     def _engine_for(self, gen_kwargs: dict) -> Engine:
         """The engine for the request's sampling: the configured one unless the task sets its own."""
@@ -177,6 +211,20 @@ class SpecResearchLM(TemplateLM):
         logp = F.log_softmax(logits, dim=-1)
         target = torch.tensor(ids[-n:], device=logp.device)  # [n]
         return float(logp.gather(-1, target[:, None]).sum()), bool((logits.argmax(-1) == target).all())
+
+
+def batch_size_of(value: Any) -> int:
+    """lm-eval's `batch_size` (an integer, or the string of one from its command line) as an int.
+
+    Raises:
+        SpecResearchError: anything else, `auto` and `auto:N` included.
+    """
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise SpecResearchError(f"model specresearch: batch_size must be an integer >= 1 (lm-eval's 'auto' is not "
+                            f"offered: give a number, e.g. --batch_size 8), got {value!r}")
 
 
 def target_overrides(pretrained: str, overrides: dict[str, Any]) -> dict[str, Any]:

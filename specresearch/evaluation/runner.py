@@ -78,6 +78,9 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
 
     ec = cfg.eval
     check(ec)
+    if int(cfg.get("batch_size", 1)) != 1:  # the records' speed split counts one row at a time: not yet batched rows
+        raise SpecResearchError(f"eval={ec.task} decodes one prompt at a time for now: batch_size must be 1, got {cfg.batch_size} "
+                                "(the plain lm-eval command batches: lm-eval run --model specresearch --batch_size N ...)")
     tracker = build(cfg.tracker)
     tracker.check()  # where results go, before any model loads
     if ec.reuse_baseline:
