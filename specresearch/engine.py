@@ -62,11 +62,14 @@ class DraftLength:
 
 
 class Engine:
-    """Speculative decoding of one prompt at a time (batch size 1).
+    """Speculative decoding of one prompt, or of a batch of prompts together.
 
     The prefill of the prompt yields the first new token. Invariant between steps: the target's KV
     cache holds every token but the last one sampled, so a step feeds [last token, draft tokens]
-    (K + 1 tokens) and gets the K + 1 distributions the verifier needs in one forward.
+    (K + 1 tokens) and gets the K + 1 distributions the verifier needs in one forward. A batch does
+    this for every row in the same forward (ragged: each row feeds its own draft, keeps its own
+    accepted path, stops on its own; see `Target` for the cache layout), with one generator per row,
+    so a row decodes what its prompt decodes alone.
     """
 
     def __init__(self, target: LoadedModel, drafter: Drafter, verifier: Verifier, sampling: SamplingParams):
