@@ -81,7 +81,7 @@ class Target:
             self.lengths, self.valid = [first.numel()] * len(prompts), None
             self.hidden_rows = [self.hidden] * len(prompts)
             if len(prompts) > 1:
-                for layer in self.cache.layers:
+                for layer in self._layers():
                     layer.keys, layer.values = layer.keys.repeat(len(prompts), 1, 1, 1), layer.values.repeat(len(prompts), 1, 1, 1)
             return logits.expand(len(prompts), -1)
         self.lengths = [0] * len(prompts)
@@ -120,7 +120,7 @@ class Target:
             return
         width = max(len(k) for k in kept)
         index = torch.tensor([list(k) + [k[-1] if k else 0] * (width - len(k)) for k in kept], device=self.device)  # [B, W']
-        for layer in self.cache.layers:
+        for layer in self._layers():
             layer.keys = torch.cat([layer.keys[:, :, :start], _gather_slots(layer.keys[:, :, start:], index)], dim=2)
             layer.values = torch.cat([layer.values[:, :, :start], _gather_slots(layer.values[:, :, start:], index)], dim=2)
         filled = torch.arange(width, device=self.device) < torch.tensor([len(k) for k in kept], device=self.device)[:, None]  # [B, W']
@@ -151,7 +151,7 @@ class Target:
         """Keep only the rows at `index` (in order): finished rows stop costing forwards. The cache
         is then compacted: every row's tokens first, holes only after a row's end."""
         at = torch.tensor(list(index), device=self.device)
-        for layer in self.cache.layers:
+        for layer in self._layers():
             layer.keys, layer.values = layer.keys.index_select(0, at), layer.values.index_select(0, at)
         self.lengths = [self.lengths[i] for i in index]
         self.hidden_rows = [self.hidden_rows[i] for i in index] if self.hidden_rows else []
@@ -159,12 +159,16 @@ class Target:
             self.valid = self.valid.index_select(0, at)
             self._compact_rows()
 
+    def _layers(self) -> list:
+        """The cache's layers that hold tensors (a draft that skips layers leaves the others empty)."""
+        return [layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None]
+
     def _compact_rows(self) -> None:
         """Move each row's tokens to its first slots and crop the slots no row uses."""
         width = max(self.lengths)
         index = torch.stack([torch.cat([slots, slots[-1:].expand(width - slots.numel())])
                              for slots in (row.nonzero()[:, 0] for row in self.valid)])  # [B, W]
-        for layer in self.cache.layers:
+        for layer in self._layers():
             layer.keys, layer.values = _gather_slots(layer.keys, index), _gather_slots(layer.values, index)
         self.valid = torch.arange(width, device=self.device) < torch.tensor(self.lengths, device=self.device)[:, None]  # [B, W]
         self.length = width
