@@ -490,7 +490,7 @@ class Stats:
     alpha: float = MISSING      # family-wise error rate of the verdict
     power: float = MISSING      # the power the detectable-effect report is stated for
     aa_repeats: int = MISSING   # A/A calibration repeats; 0 = off
-    batch: int = MISSING        # sequences per batched forward
+    batch: int = MISSING        # sequences per batched forward (baseline and method sampling, teacher forcing)
 
 
 RESUME = ("auto", True, False)

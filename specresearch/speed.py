@@ -218,7 +218,7 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
     with bar("baseline") as b:
         base, base_cond = baseline_side(1_000_000, b.update)
     with bar("method") as b:
-        meth_parts = [sample_engine(method, ids, sc.samples, sc.length, seed + 2_000_000 + i * sc.samples, i, b.update)
+        meth_parts = [sample_engine(method, ids, sc.samples, sc.length, seed + 2_000_000 + i * sc.samples, sc.batch, i, b.update)
                       for i, ids in enumerate(prompts)]
     meth = Samples.concat(meth_parts)
     results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000),

@@ -77,6 +77,19 @@ def test_engine_reused_prefill_gives_the_same_outputs(target, far_draft):
     assert fresh == reused
 
 
+def test_batched_method_samples_equal_the_one_by_one_draws(target, far_draft):
+    """sample_engine draws `batch` rows per generate call; sample i is seeded seed + i whatever the
+    batch, so the samples equal one generate call per sample (T = 1, fp32), in order."""
+    engine = Engine(target, IndependentDrafter(target, k=3, model=far_draft), RejectionVerifier(), T1)
+    one_by_one = [engine.generate(PROMPT, L, eos_token_ids=[], seed=50 + i, sample_first=False).tokens for i in range(7)]
+    seen = []
+    for batch in (1, 3, 32):
+        s = sample_engine(engine, PROMPT, 7, L, seed=50, batch=batch, progress=seen.append)
+        assert s.tokens.tolist() == one_by_one and s.tokens.shape == (7, L)
+    assert seen == [1] * 7 + [3, 3, 1] + [7]
+    assert len({tuple(row) for row in one_by_one}) > 1  # the seeds differ, so do the samples
+
+
 @pytest.mark.parametrize("drafter", ["independent", "none"])
 def test_lossless_pairs_pass(target, far_draft, baseline, drafter):
     """Rejection sampling with a draft model (and plain decoding through the same harness, the
