@@ -484,13 +484,23 @@ class Eval:
 @dataclass
 class Stats:
     """The distribution-equivalence battery (specresearch.stats)."""
-    samples: int = MISSING      # N continuations per prompt from the baseline and the method; 0 = off
+    samples: Union[int, str] = MISSING  # N continuations per prompt from the baseline and the method; 0 = off; auto: sized for `tv`
     length: int = MISSING       # L: the first L new tokens of each continuation are tested
     prompts: int = MISSING      # the first `prompts` prompts of the dataset
     alpha: float = MISSING      # family-wise error rate of the verdict
     power: float = MISSING      # the power the detectable-effect report is stated for
+    tv: float = MISSING         # the position TV the power report (and samples=auto) sizes N for
     aa_repeats: int = MISSING   # A/A calibration repeats; 0 = off
-    batch: int = MISSING        # sequences per batched forward
+    batch: int = MISSING        # sequences per batched forward (baseline and method sampling, teacher forcing)
+
+    def check(self, path: str) -> None:
+        if _given(self.samples) and self.samples != "auto" and (
+                not isinstance(self.samples, int) or isinstance(self.samples, bool) or self.samples < 0):
+            raise SpecResearchError(f"{path}.samples must be an integer >= 0 (0: off) or auto, got {self.samples!r}")
+        given = [getattr(self, name) for name in ("alpha", "power", "tv") if _given(getattr(self, name))]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1 for v in given):
+            raise SpecResearchError(f"{path}.alpha, {path}.power and {path}.tv must lie in (0, 1), got "
+                                    f"{', '.join(repr(getattr(self, n)) for n in ('alpha', 'power', 'tv'))}")
 
 
 RESUME = ("auto", True, False)

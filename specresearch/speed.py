@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +18,9 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.records import HEADLINE_SECTION, Group, PromptStep, SpeedRecord, flatten, headline, json_text, prefixed
-from specresearch.stats import Conditionals, Report, Samples, battery, calibration, sample_engine, sample_target, teacher_force
+from specresearch.stats import (
+    Conditionals, Report, Samples, battery, calibration, family_size, position_df, sample_engine, sample_target, samples_for_tv, teacher_force,
+)
 from specresearch.target import Target
 from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput, SamplingParams
@@ -206,50 +209,100 @@ def trained_on_tags(drafter, prompts: list[Prompt]) -> dict[str, str]:
             "drafter.trained_on.prompts": str(record["prompts"]), "drafter.trained_on.prompts_sha256": record["prompts_sha256"]}
 
 
+AUTO_ROUNDS = 6  # stats.samples=auto: rounds of baseline draws to reach the N its position df asks for
+AUTO_MAX = 100_000  # stats.samples=auto: the most sequences per side (all prompts together) it draws
+
+
 def check_stats(sc: DictConfig) -> None:
     """Refuse stats settings that cannot run, before anything is loaded."""
-    if sc.samples < 0 or sc.aa_repeats < 0:
-        raise SpecResearchError(f"stats.samples and stats.aa_repeats must be >= 0, got {sc.samples}, {sc.aa_repeats}")
-    if sc.samples and (sc.samples < 10 or sc.length < 1 or sc.prompts < 1 or sc.batch < 1):
+    auto = sc.samples == "auto"
+    if not auto and (not isinstance(sc.samples, int) or isinstance(sc.samples, bool) or sc.samples < 0):
+        raise SpecResearchError(f"stats.samples must be an integer >= 0 (0: off) or auto, got {sc.samples!r}")
+    if sc.aa_repeats < 0:
+        raise SpecResearchError(f"stats.aa_repeats must be >= 0, got {sc.aa_repeats}")
+    if sc.samples and (not auto and sc.samples < 10 or sc.length < 1 or sc.prompts < 1 or sc.batch < 1):
         raise SpecResearchError(
-            f"stats needs samples >= 10 (or 0: off), length >= 1, prompts >= 1, batch >= 1; got samples={sc.samples}, "
+            f"stats needs samples >= 10 (or 0: off, or auto), length >= 1, prompts >= 1, batch >= 1; got samples={sc.samples}, "
             f"length={sc.length}, prompts={sc.prompts}, batch={sc.batch}"
         )
-    if not 0 < sc.alpha < 1 or not 0 < sc.power < 1:
-        raise SpecResearchError(f"stats.alpha and stats.power must lie in (0, 1), got {sc.alpha}, {sc.power}")
+    if not 0 < sc.alpha < 1 or not 0 < sc.power < 1 or not 0 < sc.tv < 1:
+        raise SpecResearchError(f"stats.alpha, stats.power and stats.tv must lie in (0, 1), got {sc.alpha}, {sc.power}, {sc.tv}")
 
 
 def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: list[list[int]], sampling: SamplingParams, results: Results) -> None:
     """The distribution battery: `sc.samples` continuations of `sc.length` tokens of each of the first
-    `sc.prompts` prompts, from the target alone (batched) and from the method; both scored by teacher
-    forcing; tests against each other and against the target's conditionals. With `sc.aa_repeats`,
-    also the A/A calibration (baseline against baseline, fresh seeds each time). Fills `results`."""
+    `sc.prompts` prompts, from the target alone and from the method (both batched, `sc.batch` rows at a
+    time); both scored by teacher forcing; tests against each other and against the target's
+    conditionals. With samples=auto, N is the one at which the position tests detect a TV of `sc.tv`
+    with `sc.power` (see `auto_samples`). With `sc.aa_repeats`, also the A/A calibration (baseline
+    against baseline, fresh seeds each time). Fills `results`."""
     prompts = prompt_ids[: sc.prompts]
 
-    def baseline_side(offset: int, progress=None) -> tuple[Samples, Conditionals]:
-        parts = [sample_target(target, ids, sc.samples, sc.length, sampling, seed + offset + i, sc.batch, i, progress)
-                 for i, ids in enumerate(prompts)]
+    def draw(n: int, offset: int, progress=None) -> list[Samples]:
+        return [sample_target(target, ids, n, sc.length, sampling, seed + offset + i, sc.batch, i, progress) for i, ids in enumerate(prompts)]
+
+    def baseline_side(n: int, offset: int, progress=None) -> tuple[Samples, Conditionals]:
+        parts = draw(n, offset, progress)
         return Samples.concat(parts), _score(target, prompts, parts, sampling, seed + offset)
 
-    def bar(side: str) -> tqdm:
-        return tqdm(total=sc.samples * len(prompts), desc=f"equivalence samples: {side}", unit="sample")
-
-    with bar("baseline") as b:
-        base, base_cond = baseline_side(1_000_000, b.update)
-    with bar("method") as b:
-        meth_parts = [sample_engine(method, ids, sc.samples, sc.length, seed + 2_000_000 + i * sc.samples, i, b.update)
+    auto = sc.samples == "auto"
+    n = sc.samples if not auto else -(-samples_for_tv(sc.tv, 1, sc.length, sc.alpha, sc.power) // len(prompts))
+    with tqdm(total=n * len(prompts), desc="equivalence samples: baseline", unit="sample") as b:
+        parts = draw(n, 1_000_000, b.update)
+        if auto:
+            parts, n = auto_samples(parts, n, lambda more, r: draw(more, 5_000_000 + r * len(prompts), b.update), sc, b)
+        base, base_cond = Samples.concat(parts), _score(target, prompts, parts, sampling, seed + 1_000_000)
+    with tqdm(total=n * len(prompts), desc="equivalence samples: method", unit="sample") as b:
+        meth_parts = [sample_engine(method, ids, n, sc.length, seed + 2_000_000 + i * n, sc.batch, i, b.update)
                       for i, ids in enumerate(prompts)]
     meth = Samples.concat(meth_parts)
     results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000),
-                                  alpha=sc.alpha, power=sc.power, seed=seed)
+                                  alpha=sc.alpha, power=sc.power, seed=seed, tv=sc.tv)
     results.rates.update(samples_per_s_baseline=base.samples_per_s, samples_per_s_method=meth.samples_per_s)
     if sc.aa_repeats:
         reports = []
         for r in tqdm(range(sc.aa_repeats), desc="A/A calibration", unit="repeat"):
-            a, a_cond = baseline_side(4_000_000 + 2 * r * len(prompts))
-            b, b_cond = baseline_side(4_000_000 + (2 * r + 1) * len(prompts))
-            reports.append(battery(a, a_cond, b, b_cond, alpha=sc.alpha, power=sc.power, bootstrap=0, seed=seed + r))
+            a, a_cond = baseline_side(n, 4_000_000 + 2 * r * len(prompts))
+            b, b_cond = baseline_side(n, 4_000_000 + (2 * r + 1) * len(prompts))
+            reports.append(battery(a, a_cond, b, b_cond, alpha=sc.alpha, power=sc.power, bootstrap=0, seed=seed + r, tv=sc.tv))
         results.calibration.update(calibration(reports, sc.alpha))
+
+
+def auto_samples(parts: list[Samples], n: int, more: Callable[[int, int], list[Samples]], sc: DictConfig, bar=None) -> tuple[list[Samples], int]:
+    """stats.samples=auto: grow the baseline's samples per prompt until N per side reaches what the
+    position tests need to detect a TV of `sc.tv` with `sc.power` at the degrees of freedom those tests
+    will have at that N (`position_df` of the baseline itself; more samples keep more categories, so
+    it is repeated, at most AUTO_ROUNDS times, and capped at AUTO_MAX sequences per side).
+
+    Args:
+        parts: the baseline's samples, one Samples of `n` sequences per prompt.
+        n: sequences per prompt drawn so far (start from the df = 1 bound: no smaller N can do).
+        more: more(m, round) draws m more sequences per prompt (fresh seeds per round).
+        sc: the stats settings (tv, power, alpha, length).
+        bar: a progress bar whose total is raised with N.
+
+    Returns:
+        The grown parts and N per prompt.
+    """
+    prompts = len(parts)
+    for r in range(AUTO_ROUNDS):
+        df = position_df(Samples.concat(parts))
+        need = -(-min(samples_for_tv(sc.tv, df, sc.length, sc.alpha, sc.power), AUTO_MAX) // prompts)
+        if need <= n:
+            break
+        if bar is not None:
+            bar.total = need * prompts
+            bar.refresh()
+        parts = [Samples.concat([p, extra]) for p, extra in zip(parts, more(need - n, r))]
+        n = need
+    else:
+        df = position_df(Samples.concat(parts))
+    if samples_for_tv(sc.tv, df, sc.length, sc.alpha, sc.power) > n * prompts:
+        log.warning(f"stats.samples=auto: a position TV of {sc.tv} needs {samples_for_tv(sc.tv, df, sc.length, sc.alpha, sc.power)} "
+                    f"sequences per side at position df {df}; testing with {n * prompts} (the power report says what it detects)")
+    log.info(f"stats.samples=auto: N = {n} per prompt ({n * prompts} per side) for a position TV of {sc.tv} with power "
+             f"{sc.power:.0%} at position df {df} (Holm over {family_size(sc.length)} tests at alpha={sc.alpha})")
+    return parts, n
 
 
 def _score(target, prompts: list[list[int]], parts: list[Samples], sampling: SamplingParams, seed: int) -> Conditionals:

@@ -131,7 +131,7 @@ def test_unknown_group_option_lists_valid_ones(tmp_path, group, valid):
         (["sampling=random"], "verifier=rejection"),
         (["max_new_tokens=0"], "max_new_tokens must be >= 1"),
         (["stats.samples=5"], "stats needs samples >= 10"),
-        (["stats.alpha=0"], "stats.alpha and stats.power must lie in"),
+        (["stats.alpha=0"], "stats.alpha, stats.power and stats.tv must lie in"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(overrides, message, tmp_path):

@@ -9,8 +9,11 @@ from scipy import stats as st
 
 from specresearch.drafters import IndependentDrafter, NoDrafter, PromptLookupDrafter
 from specresearch.engine import Engine
-from specresearch.stats import battery, calibration, holm, sample_engine, sample_target, teacher_force
-from specresearch.stats.battery import MIN_EXPECTED, noncentrality, pooled_table
+from omegaconf import OmegaConf
+
+from specresearch.speed import auto_samples
+from specresearch.stats import Samples, battery, calibration, holm, sample_engine, sample_target, teacher_force
+from specresearch.stats.battery import MIN_EXPECTED, family_size, noncentrality, pooled_table, position_df, samples_for_tv
 from specresearch.types import SamplingParams
 from specresearch.verifiers import RejectionVerifier, TopKVerifier, TypicalVerifier
 
@@ -75,6 +78,19 @@ def test_engine_reused_prefill_gives_the_same_outputs(target, far_draft):
     fresh = [engine.generate(PROMPT, 12, seed=s).tokens for s in range(3)]
     reused = [engine.generate(PROMPT, 12, seed=s, reuse_prefill=True).tokens for s in range(3)]
     assert fresh == reused
+
+
+def test_batched_method_samples_equal_the_one_by_one_draws(target, far_draft):
+    """sample_engine draws `batch` rows per generate call; sample i is seeded seed + i whatever the
+    batch, so the samples equal one generate call per sample (T = 1, fp32), in order."""
+    engine = Engine(target, IndependentDrafter(target, k=3, model=far_draft), RejectionVerifier(), T1)
+    one_by_one = [engine.generate(PROMPT, L, eos_token_ids=[], seed=50 + i, sample_first=False).tokens for i in range(7)]
+    seen = []
+    for batch in (1, 3, 32):
+        s = sample_engine(engine, PROMPT, 7, L, seed=50, batch=batch, progress=seen.append)
+        assert s.tokens.tolist() == one_by_one and s.tokens.shape == (7, L)
+    assert seen == [1] * 7 + [3, 3, 1] + [7]
+    assert len({tuple(row) for row in one_by_one}) > 1  # the seeds differ, so do the samples
 
 
 @pytest.mark.parametrize("drafter", ["independent", "none"])
@@ -145,3 +161,41 @@ def test_power_report_matches_its_formula(target, baseline):
     assert pw["min_tv_position"] == pytest.approx(np.sqrt(lam / (4 * N / 2)))
     # a method against itself: nothing rejects, the surprisal deficit is 0, no N is "needed"
     assert not report.reject and report.effects["surprisal_deficit"] == pytest.approx(0.0, abs=0.2)
+
+
+def test_samples_for_tv_is_the_smallest_n_with_the_power():
+    """N per side for a position TV at Holm's strictest level: at N the noncentral χ² power
+    (λ = 4 n_eff TV², n_eff = N / 2) reaches the target power, at N − 1 it does not."""
+    for df, length in ((1, 1), (7, 8), (30, 8)):
+        n = samples_for_tv(0.05, df, length, alpha=0.01, power=0.8)
+        critical = st.chi2.isf(0.01 / family_size(length), df)
+        assert st.ncx2.sf(critical, df, 2 * n * 0.05**2) >= 0.8 > st.ncx2.sf(critical, df, 2 * (n - 1) * 0.05**2)
+    assert samples_for_tv(0.05, 1, 8) == 3572 and samples_for_tv(0.05, 16, 8) == 7116  # the values docs/concepts/lossless.md quotes
+
+
+def test_family_size_and_position_df_are_the_battery_s(target, baseline):
+    """family_size(L) is the number of tests the battery gates, and position_df of a sample is the
+    df its position tests get against a second sample of the same law and size (here: itself)."""
+    base, cond = baseline
+    report = battery(base, cond, base, cond, bootstrap=0)
+    assert len(report.tests) == family_size(L) == len(report.holm)
+    assert position_df(base) == report.power["position_df"]
+    one = battery(Samples(base.tokens[:, :1], base.prompt, 1.0), cond, Samples(base.tokens[:, :1], base.prompt, 1.0), cond, bootstrap=0)
+    assert len(one.tests) == family_size(1)
+
+
+def test_auto_samples_grow_the_baseline_until_the_position_df_is_covered(target):
+    """stats.samples=auto: from the df = 1 bound, the baseline grows (fresh seeds per round) until
+    N per side reaches samples_for_tv at the df its own position tests have at that N."""
+    sc = OmegaConf.create({"tv": 0.3, "power": 0.8, "alpha": 0.01, "length": 2})
+    n0 = samples_for_tv(sc.tv, 1, sc.length, sc.alpha, sc.power)
+    rounds = []
+
+    def more(m, r):
+        rounds.append((m, r))
+        return [sample_target(target, PROMPT, m, sc.length, T1, seed=1000 + r)]
+
+    parts, n = auto_samples([sample_target(target, PROMPT, n0, sc.length, T1, seed=999)], n0, more, sc)
+    assert rounds and [r for _, r in rounds] == list(range(len(rounds)))  # it grew, with a new seed each round
+    assert len(parts) == 1 and len(parts[0].tokens) == n == n0 + sum(m for m, _ in rounds)
+    assert n >= samples_for_tv(sc.tv, position_df(parts[0]), sc.length, sc.alpha, sc.power)

@@ -1,12 +1,12 @@
 """Distribution equivalence: exact single-step laws of verifiers, and the sequence-level test battery
 that decides whether a drafter × verifier samples from the target's law (see ../shared/STATS.md)."""
 
-from specresearch.stats.battery import Report, battery, calibration, holm
+from specresearch.stats.battery import Report, battery, calibration, family_size, holm, position_df, samples_for_tv
 from specresearch.stats.exact import acceptance_rate, first_token_law, sibling_law, single_step_tv, total_variation
 from specresearch.stats.samples import Conditionals, Samples, sample_engine, sample_target, teacher_force
 
 __all__ = [
-    "Report", "battery", "calibration", "holm",
+    "Report", "battery", "calibration", "family_size", "holm", "position_df", "samples_for_tv",
     "acceptance_rate", "first_token_law", "sibling_law", "single_step_tv", "total_variation",
     "Conditionals", "Samples", "sample_engine", "sample_target", "teacher_force",
 ]

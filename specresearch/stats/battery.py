@@ -23,6 +23,7 @@ import numpy as np
 from scipy import stats as st
 from scipy.optimize import brentq
 
+from specresearch.errors import SpecResearchError
 from specresearch.stats.samples import Conditionals, Samples
 
 MIN_EXPECTED = 5  # pool categories until every expected count is at least this
@@ -116,6 +117,10 @@ class Report:
             f"{e['top1_share_baseline']:.3f}; mean position TV (pooled) {e['tv_position']:.3f} [{e['tv_position_ci_low']:.3f}, "
             f"{e['tv_position_ci_high']:.3f}] (noise floor {e['tv_position_null']:.3f})",
         ]
+        if not self.reject:
+            short = " (more than this run's: size N with stats.samples=auto)" if pw["n_for_tv"] > self.n_method else ""
+            lines.append(f"  sequences per side for a position TV of {pw['tv']:g} with power {pw['power']:.0%} at this run's "
+                         f"position df ({pw['position_df']:.0f}): {pw['n_for_tv']:.0f}{short}")
         if not self.reject and e["surprisal_deficit"] != 0:
             lines.append(f"  samples per side to detect the observed surprisal deficit with power {pw['power']:.0%}: "
                          f"{pw['n_for_observed_deficit']:.0f}")
@@ -126,7 +131,7 @@ class Report:
 
 def battery(
     base: Samples, base_cond: Conditionals, meth: Samples, meth_cond: Conditionals,
-    alpha: float = 0.01, power: float = 0.8, bootstrap: int = 200, seed: int = 0,
+    alpha: float = 0.01, power: float = 0.8, bootstrap: int = 200, seed: int = 0, tv: float = 0.05,
 ) -> Report:
     """Run every test of the battery on one method's samples against the baseline's.
 
@@ -135,10 +140,13 @@ def battery(
         meth, meth_cond: the method's samples (same prompts) and their conditionals.
         alpha: family-wise error rate of the verdict (Holm).
         power: the power the report's detectable effects are stated for.
+        tv: the position TV the report states the needed N for (`power["n_for_tv"]`).
         bootstrap: resamples for the TV confidence intervals.
         seed: seeds the bootstrap and permutation draws.
     """
     length = meth.tokens.shape[1]
+    if not 0 < tv < 1:
+        raise SpecResearchError(f"battery: tv must lie in (0, 1), got {tv}")
     tests = [
         _surprisal_z(meth_cond, "surprisal_z"),
         _pit_ks(meth_cond, "pit_ks"),
@@ -162,7 +170,7 @@ def battery(
     )
     rng = np.random.default_rng(seed)
     report.effects = _effects(base, base_cond, meth, meth_cond, bootstrap, rng)
-    report.power = _power(tests, meth_cond, report, alpha, power)
+    report.power = _power(tests, meth_cond, report, alpha, power, tv)
     return report
 
 
@@ -320,7 +328,41 @@ def noncentrality(df: int, level: float, power: float) -> float:
     return brentq(lambda lam: st.ncx2.sf(critical, df, lam) - power, 1e-9, 1e6)
 
 
-def _power(tests: list[TestResult], meth_cond: Conditionals, report: Report, alpha: float, power: float) -> dict[str, float]:
+def family_size(length: int) -> int:
+    """The number of tests `battery` gates with Holm for sequences of `length` tokens: surprisal z,
+    PIT KS, two log-likelihood tests, the joints of the first 2 and 3 tokens (when that long), and one
+    G-test per position."""
+    return 4 + (length >= 2) + (length >= 3) + length
+
+
+def samples_for_tv(tv: float, df: int, length: int, alpha: float = 0.01, power: float = 0.8) -> int:
+    """Sequences per side (equal sizes, all prompts together) at which a position G-test with `df`
+    degrees of freedom detects a position TV of `tv` with `power`, at Holm's strictest level
+    alpha / family_size(length): N = λ* / (2 TV²), from λ = n_eff Σ (a − b)² / m_i ≥ 4 n_eff TV² with
+    n_eff = N / 2 (Cauchy–Schwarz over the pooled categories; conservative).
+
+    Args:
+        tv: the total variation between the method's and the target's law at one position.
+        df: the position test's degrees of freedom (pooled categories − 1; see `position_df`).
+        length: tokens per sequence (sets the size of the Holm family).
+        alpha: family-wise error rate of the verdict.
+        power: the probability of rejecting at that TV.
+
+    Returns:
+        N per side.
+    """
+    return int(np.ceil(noncentrality(max(int(df), 1), alpha / family_size(length), power) / (2 * tv**2)))
+
+
+def position_df(s: Samples) -> int:
+    """The median over positions of the degrees of freedom the position G-tests will have when another
+    sample of the same size and law is tested against `s` (categories pooled as `pooled_table` pools
+    them: a category is kept when its count in `s` is at least MIN_EXPECTED); at least 1."""
+    dfs = [pooled_table(labels, labels).shape[1] - 1 for labels in (_labels(s, t, t + 1) for t in range(s.tokens.shape[1]))]
+    return max(int(np.median(dfs)), 1) if dfs else 1
+
+
+def _power(tests: list[TestResult], meth_cond: Conditionals, report: Report, alpha: float, power: float, tv: float) -> dict[str, float]:
     """What the battery can detect at this N, at Holm's strictest level alpha / m (conservative).
 
     Two-sample χ² with n_a, n_b draws: noncentrality λ = n_eff Σ (a − b)² / m_i ≥ 4 n_eff TV², with
@@ -343,7 +385,7 @@ def _power(tests: list[TestResult], meth_cond: Conditionals, report: Report, alp
         "position_df": df,
         "min_tv_position": float(np.sqrt(lam / (4 * n_eff))),
         "min_surprisal_shift": float(z * sigma / np.sqrt(n_tokens)),
-        "n_for_tv_0.05": float(np.ceil(lam / (2 * 0.05**2))),  # per side, equal sizes
+        "tv": tv,
+        "n_for_tv": float(np.ceil(lam / (2 * tv**2))),  # per side, equal sizes (samples_for_tv at this df)
         "n_for_observed_deficit": float(np.ceil((z * sigma / abs(deficit)) ** 2 / per_seq)) if deficit else float("inf"),
     }
-

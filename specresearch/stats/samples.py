@@ -1,7 +1,8 @@
 """Samples of the first L new tokens of a prompt, and the target's exact conditionals along them.
 
 The baseline draws N sequences in batches from the target alone, sharing one prefill of the prompt;
-a speculative method draws them one by one through the engine (its prefill kept and restored).
+a speculative method draws them in batches through the engine's batch API (its prefill kept and
+restored), sample i seeded seed + i whatever the batch size.
 `teacher_force` then scores every sequence with the target in one batched pass per chunk, so the
 tests see p_t at each position independently of the code that produced the tokens.
 """
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 
 from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
 from specresearch.sampling import logits_to_probs, sample
 from specresearch.target import Target, decode_batch
@@ -87,21 +89,42 @@ def sample_target(
 
 
 def sample_engine(
-    engine: Engine, prompt: list[int], n: int, length: int, seed: int, prompt_index: int = 0, progress: Callable[[int], None] | None = None
+    engine: Engine, prompt: list[int], n: int, length: int, seed: int, batch: int = 32, prompt_index: int = 0,
+    progress: Callable[[int], None] | None = None,
 ) -> Samples:
-    """Draw `n` continuations of `length` tokens through a speculative engine (seeds seed .. seed + n − 1;
-    no EOS or stop string ends them). Every token comes from the method's own draft-and-verify steps
-    (Engine.generate's sample_first=False: the prompt's last token stands for the newest one sampled),
-    so the first position tests the method too, not the plain prefill; a one-token prompt cannot, and
-    gets its first token from the prefill. `progress`, if given, is called with 1 after each sequence."""
+    """Draw `n` continuations of `length` tokens through a speculative engine, `batch` rows per
+    `Engine.generate` call (no EOS or stop string ends them).
+
+    Sample i is seeded seed + i whatever the batch, and a batch's row b is what `generate(prompt,
+    seed=seed[b])` returns, so the samples do not depend on `batch` (exactly at fp32). Every token
+    comes from the method's own draft-and-verify steps (Engine.generate's sample_first=False: the
+    prompt's last token stands for the newest one sampled), so the first position tests the method
+    too, not the plain prefill; a one-token prompt cannot, and gets its first token from the prefill.
+
+    Args:
+        engine: the method.
+        prompt: the prompt's token ids.
+        n: sequences to draw.
+        length: new tokens per sequence.
+        seed: sample i is seeded seed + i.
+        batch: rows per generate call (stats.batch).
+        prompt_index: recorded with each sequence (which prompt it continues).
+        progress: if given, called with the number of sequences drawn after each batch (a bar's update).
+
+    Returns:
+        The tokens ([n, length]) and the wall time of the drawing.
+    """
+    if batch < 1:
+        raise SpecResearchError(f"sample_engine needs batch >= 1 (stats.batch), got {batch}")
     t0 = time.perf_counter()
-    rows = []
-    for i in range(n):
-        out = engine.generate(prompt, length, eos_token_ids=[], seed=seed + i, reuse_prefill=True, sample_first=len(prompt) < 2)
-        rows.append(out.tokens)
+    rows: list[list[int]] = []
+    for start, b in zip(range(0, n, batch), _chunks(n, batch)):
+        outs = engine.generate([list(prompt)] * b, length, eos_token_ids=[], seed=[seed + start + j for j in range(b)],
+                               reuse_prefill=True, sample_first=len(prompt) < 2)
+        rows.extend(out.tokens for out in outs)
         if progress is not None:
-            progress(1)
-    return Samples(np.asarray(rows, dtype=np.int64), np.full(n, prompt_index), time.perf_counter() - t0)
+            progress(b)
+    return Samples(np.asarray(rows, dtype=np.int64).reshape(n, length), np.full(n, prompt_index), time.perf_counter() - t0)
 
 
 @torch.inference_mode()
