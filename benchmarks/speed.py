@@ -17,6 +17,11 @@ has α, τ, the measured c and v and the Leviathan prediction. `vs_fastest` is e
 over the fastest plain decoding it ran beside (generate, generate_torch, generate_compiled or baseline): the honest
 ratio when one of them beats the reference.
 
+--batch 1,2,4,8,16 decodes the prompts B at a time for each batch size B (transformers left-padded,
+our engine through its batch call): tokens/s and the speedup over the fastest plain decoding at each
+B, and each speculative method's crossover, the first B where its speedup falls below 1. Assisted
+generation takes one sequence: skipped at B > 1, with the reason in the table.
+
     python benchmarks/speed.py                                  # Qwen2.5-Coder 1.5B / 0.5B, bf16
     python benchmarks/speed.py --prompts 6 --tokens 96 --repeats 3 --k 4
     python benchmarks/speed.py --methods generate,baseline      # our baseline vs generate only
@@ -24,6 +29,7 @@ ratio when one of them beats the reference.
     python benchmarks/speed.py --dtype float32 --profile        # and where the time goes, op by op
     python benchmarks/speed.py --dataset mtbench --prompts 8    # chat: one MT-bench question per category
     python benchmarks/speed.py --quick --tracker none           # tiny random models, seconds
+    python benchmarks/speed.py --offset 100 --prompts 16 --batch 1,2,4,8,16 --methods generate,baseline,pld,independent
 """
 
 from __future__ import annotations
