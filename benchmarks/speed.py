@@ -17,6 +17,11 @@ has α, τ, the measured c and v and the Leviathan prediction. `vs_fastest` is e
 over the fastest plain decoding it ran beside (generate, generate_torch, generate_compiled or baseline): the honest
 ratio when one of them beats the reference.
 
+--batch 1,2,4,8,16 decodes the prompts B at a time for each batch size B (transformers left-padded,
+our engine through its batch call): tokens/s and the speedup over the fastest plain decoding at each
+B, and each speculative method's crossover, the first B where its speedup falls below 1. Assisted
+generation takes one sequence: skipped at B > 1, with the reason in the table.
+
     python benchmarks/speed.py                                  # Qwen2.5-Coder 1.5B / 0.5B, bf16
     python benchmarks/speed.py --prompts 6 --tokens 96 --repeats 3 --k 4
     python benchmarks/speed.py --methods generate,baseline      # our baseline vs generate only
@@ -24,6 +29,7 @@ ratio when one of them beats the reference.
     python benchmarks/speed.py --dtype float32 --profile        # and where the time goes, op by op
     python benchmarks/speed.py --dataset mtbench --prompts 8    # chat: one MT-bench question per category
     python benchmarks/speed.py --quick --tracker none           # tiny random models, seconds
+    python benchmarks/speed.py --offset 100 --prompts 16 --batch 1,2,4,8,16 --methods generate,baseline,pld,independent
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import platform
 import re
 import statistics
@@ -69,9 +76,9 @@ PLAIN = ("generate", "generate_torch", "generate_compiled", "baseline")  # plain
 
 @dataclass
 class Run:
-    tokens: list[int]
-    seconds: float
-    stats: SpecStats | None = None  # our engine's counters; None for transformers
+    tokens: list[list[int]]  # [B][n] new tokens of each prompt of the batch
+    seconds: float  # the batch's wall time
+    stats: SpecStats | None = None  # our engine's counters, summed over the rows; None for transformers
 
 
 @dataclass
@@ -79,29 +86,47 @@ class Method:
     """One way to decode, and what it measured over all prompts and repeats."""
 
     name: str
-    decode: Callable[[list[int], int], Run]
+    decode: Callable[[list[list[int]], int], Run]  # (a batch of prompts, new tokens) -> Run
     seconds: list[float] = field(default_factory=list)  # [R] total time of each repeat
     tokens: list[int] = field(default_factory=list)  # [R] new tokens of each repeat
     stats: SpecStats = field(default_factory=SpecStats)
     outputs: list[list[int]] = field(default_factory=list)  # first repeat's tokens, per prompt
 
+    def fresh(self) -> Method:
+        """The same decoding with nothing measured yet (one per batch size)."""
+        return Method(self.name, self.decode)
+
+
+def pad_id(lm: LoadedModel) -> int:
+    """The pad token of left-padded batches: the model's, else its EOS (the first of several), else 0."""
+    pad = lm.model.generation_config.pad_token_id
+    if pad is None:
+        pad = lm.model.generation_config.eos_token_id
+    if isinstance(pad, (list, tuple)):
+        pad = pad[0] if pad else None
+    return 0 if pad is None else int(pad)
+
 
 def hf(name: str, lm: LoadedModel, **generate_kwargs) -> Method:
-    """A transformers `generate` call with extra arguments (assistant_model, prompt_lookup_num_tokens)."""
+    """A transformers `generate` call with extra arguments (assistant_model, prompt_lookup_num_tokens).
+    A batch is left-padded to its longest prompt, with an attention mask that hides the padding."""
 
-    def decode(ids: list[int], n: int, **call_kwargs) -> Run:
-        x = torch.tensor([ids], device=lm.device)  # [1, T]
+    def decode(batch: list[list[int]], n: int, **call_kwargs) -> Run:
+        width = max(map(len, batch))
+        pad = pad_id(lm)
+        x = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=lm.device)  # [B, T]
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=lm.device)  # [B, T]
         t0 = time.perf_counter()
         with torch.inference_mode():
             # EOS ignored as our engine's eos_token_ids=[] does (no EOS ends it; min_new_tokens would mask EOS out
             # instead, and its processor, given to the assistant too, makes assisted generation warn)
-            out = lm.model.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=n, eos_token_id=[], do_sample=False,
+            out = lm.model.generate(  # [B, T + n]
+                x, attention_mask=mask, max_new_tokens=n, eos_token_id=[], pad_token_id=pad, do_sample=False,
                 **generate_kwargs, **call_kwargs,
             )
         if lm.device.type == "cuda":
             torch.cuda.synchronize()
-        return Run(out[0, len(ids) :].tolist(), time.perf_counter() - t0)
+        return Run(out[:, width:].tolist(), time.perf_counter() - t0)
 
     return Method(name, decode)
 
@@ -126,11 +151,11 @@ def hf_torch_kernels(name: str, lm: LoadedModel) -> Method:
     method = hf(name, lm)
     plain = method.decode
 
-    def decode(ids: list[int], n: int) -> Run:
+    def decode(batch: list[list[int]], n: int) -> Run:
         skinny = [m for m in lm.model.modules() if type(m) is SkinnyLinear]
         use_skinny_linear(lm.model, False)
         try:
-            return plain(ids, n)
+            return plain(batch, n)
         finally:
             for module in skinny:
                 module.__class__ = SkinnyLinear
@@ -150,18 +175,32 @@ def hf_compiled(name: str, lm: LoadedModel, cache_len: int) -> Method:
     method = hf(name, lm, compile_config=config)
     plain = method.decode
 
-    def decode(ids: list[int], n: int) -> Run:
-        cache = StaticCache(config=lm.model.config, max_cache_len=cache_len)
-        return plain(ids, n, cache=cache)
+    def decode(batch: list[list[int]], n: int) -> Run:
+        cache = StaticCache(config=lm.model.config, max_cache_len=cache_len)  # its batch size: the first forward's
+        return plain(batch, n, cache=cache)
 
     method.decode = decode
     return method
 
 
 def ours(name: str, engine: Engine) -> Method:
-    def decode(ids: list[int], n: int) -> Run:
-        out = engine.generate(ids, n, eos_token_ids=[])
-        return Run(out.tokens, out.stats.time_total, out.stats)
+    """Our engine: one prompt through its one-sequence call, timed by the engine (as without --batch); a
+    batch through its batch call (`engine.generate(prompts, n)`), timed by the clock around the call: the
+    longest row's time once rows decode together, and still the batch's time while they decode in turn."""
+
+    def decode(batch: list[list[int]], n: int) -> Run:
+        if len(batch) == 1:
+            out = engine.generate(batch[0], n, eos_token_ids=[])
+            return Run([out.tokens], out.stats.time_total, out.stats)
+        t0 = time.perf_counter()
+        outs = engine.generate(batch, n, eos_token_ids=[])
+        if engine.target.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        stats = outs[0].stats
+        for out in outs[1:]:
+            stats = stats.merge(out.stats)
+        return Run([out.tokens for out in outs], seconds, stats)
 
     return Method(name, decode)
 
@@ -271,29 +310,82 @@ def load(args, texts: list[Prompt]) -> tuple[LoadedModel, LoadedModel, list[list
     return target, draft, prompts
 
 
-def measure(methods: list[Method], prompts: list[list[int]], n: int, repeats: int) -> None:
-    """Decode every prompt with every method, `repeats` times, rotating who goes first."""
-    for m in methods:  # warm-up: one-off costs (allocator, kernels, lazy init) stay out of the timings
-        m.decode(prompts[0], min(8, n))
+def measure(methods: list[Method], groups: list[list[list[int]]], n: int, repeats: int, label: str = "prompt",
+            warm: bool = False) -> None:
+    """Decode every group of prompts (one batch each) with every method, `repeats` times, rotating who
+    goes first from group to group, after one untimed warm-up each on the first group (unless `warm`)."""
+    for m in [] if warm else methods:  # warm-up: one-off costs (allocator, kernels, lazy init) stay out of the timings
+        m.decode(groups[0], min(8, n))
     turn = 0
     for r in range(repeats):
         for m in methods:
             m.seconds.append(0.0)
             m.tokens.append(0)
-        for i, ids in enumerate(prompts):
+        for i, group in enumerate(groups):
             took = {}
             for m in methods[turn % len(methods) :] + methods[: turn % len(methods)]:
-                run = m.decode(ids, n)
+                run = m.decode(group, n)
                 took[m.name] = run.seconds
                 m.seconds[r] += run.seconds
-                m.tokens[r] += len(run.tokens)
+                m.tokens[r] += sum(map(len, run.tokens))
                 if run.stats is not None:
                     m.stats = m.stats.merge(run.stats)
                 if r == 0:
-                    m.outputs.append(run.tokens)
+                    m.outputs.extend(run.tokens)
             turn += 1
             seconds = ", ".join(f"{name} {t:.1f}s" for name, t in took.items())
-            print(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)}: {seconds}", flush=True)
+            print(f"repeat {r + 1}/{repeats}, {label} {i + 1}/{len(groups)}: {seconds}", flush=True)
+
+
+ONE_SEQUENCE = {  # methods transformers refuses to batch, and why
+    "hf_assisted": "transformers' assisted generation takes one sequence (batch_size = 1)",
+    "hf_prompt_lookup": "transformers' prompt lookup is assisted generation: one sequence (batch_size = 1)",
+}
+
+
+@dataclass
+class BatchSize:
+    """What one batch size measured: each method that could batch, and why the others could not."""
+
+    batch: int
+    methods: list[Method]
+    skipped: dict[str, str]  # method -> why it did not run at this batch size
+
+
+def warm_batchable(methods: list[Method], group: list[list[int]], n: int) -> tuple[list[Method], dict[str, str]]:
+    """Warm every method up on `group` (one batch, `n` new tokens, untimed) and return those that decoded
+    it (fresh, nothing measured yet) and the reason of each that cannot: transformers' assisted generation
+    refuses batches; any other of transformers' methods that fails on a batch (generate_compiled, say) is
+    skipped with its error's first line. Ours must batch: an error of theirs is raised."""
+    keep, skipped = [], {}
+    for m in methods:
+        if len(group) > 1 and m.name in ONE_SEQUENCE:
+            skipped[m.name] = ONE_SEQUENCE[m.name]
+            continue
+        try:
+            m.decode(group, n)
+        except Exception as err:  # noqa: BLE001 - transformers' refusal, whatever its class: noted, not fatal
+            if len(group) == 1 or m.name not in HF_METHODS:
+                raise
+            first = str(err).splitlines()[0] if str(err) else ""
+            skipped[m.name] = f"transformers failed on a batch: {type(err).__name__}" + (f": {first}" if first else "")
+            continue
+        keep.append(m.fresh())
+    return keep, skipped
+
+
+def measure_batches(methods: list[Method], prompts: list[list[int]], n: int, repeats: int, sizes: list[int]) -> list[BatchSize]:
+    """For each batch size B of `sizes`, every prompt in groups of B (in order; B divides their number),
+    every method that can batch, interleaved group by group as `measure` does."""
+    done = []
+    for b in sizes:
+        groups = [prompts[i : i + b] for i in range(0, len(prompts), b)]
+        at_b, skipped = warm_batchable(methods, groups[0], min(8, n))
+        for name, why in skipped.items():
+            print(f"batch size {b}: skipped {name}: {why}", flush=True)
+        measure(at_b, groups, n, repeats, label=f"batch size {b}, batch", warm=True)
+        done.append(BatchSize(b, at_b, skipped))
+    return done
 
 
 def verify_costs(target: LoadedModel, ids: list[int], k_max: int, repeats: int = 5) -> list[float]:
@@ -320,7 +412,7 @@ def profile(methods: list[Method], ids: list[int], n: int) -> dict[str, dict[str
     for m in methods:
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
-            m.decode(ids, n)
+            m.decode([ids], n)
             wall = time.perf_counter() - t0
         groups = dict.fromkeys([*OP_GROUPS, "other ops"], 0.0)
         for event in prof.key_averages():
@@ -425,6 +517,95 @@ def metrics(rows: list[dict]) -> dict[str, float]:
     }
 
 
+BATCH_KEYS = ("method", "tokens_per_s", "tokens_per_s_std", "fastest_plain", "speedup_vs_fastest_plain", "speedup_vs_baseline",
+              "identical_to_reference", "alpha", "tau", "k")  # what a batch row keeps of summarize's row (c, v, Leviathan are one-sequence models)
+
+
+def summarize_batches(done: list[BatchSize]) -> tuple[list[dict], dict[str, int | None]]:
+    """Per batch size: its rows (summarize's tokens/s, speedups over the fastest plain decoding at that
+    batch size and over our baseline, identity to the reference's tokens at that batch size, α, τ) and the
+    methods it skipped; and the crossover of each speculative method: the smallest batch size where its
+    speedup over the fastest plain decoding falls below 1, or None when it never does where it ran."""
+    batches = []
+    for size in done:
+        rows = [{"batch": size.batch, **{k: r[k] for k in BATCH_KEYS if k in r}} for r in summarize(size.methods)] if size.methods else []
+        reference = next((m for m in size.methods if m.name == "generate"), size.methods[0]) if size.methods else None
+        batches.append({"batch": size.batch, "prompts": len(reference.outputs) if reference else 0,
+                        "reference": reference.name if reference else None, "rows": rows, "skipped": size.skipped})
+    crossover: dict[str, int | None] = {}
+    for entry in batches:
+        for r in entry["rows"]:
+            if r["method"] in PLAIN or "speedup_vs_fastest_plain" not in r:
+                continue
+            crossover.setdefault(r["method"], None)
+            if crossover[r["method"]] is None and r["speedup_vs_fastest_plain"] < 1:
+                crossover[r["method"]] = entry["batch"]
+    return batches, crossover
+
+
+def batch_table(batches: list[dict], crossover: dict[str, int | None], header: str) -> str:
+    """Methods down, batch sizes across: tokens/s and (speedup over the fastest plain decoding at that
+    batch size); the crossover last; then which plain decoding was fastest, what was skipped and why,
+    and outputs that differ from the reference's at the same batch size."""
+    names = list(dict.fromkeys([r["method"] for e in batches for r in e["rows"]] + [m for e in batches for m in e["skipped"]]))
+    w = max(len(n) for n in [*names, "fastest plain"]) + 2
+    cw = 18
+    sizes = [e["batch"] for e in batches]
+    lines = [header, "tok/s (speedup over the fastest plain decoding at the same batch size); crossover: the first batch size "
+             "where speculation stops paying (speedup < 1)",
+             f"{'method':<{w}}" + "".join(f"{f'B={b}':>{cw}}" for b in sizes) + f"{'crossover':>{cw}}"]
+    for name in names:
+        cells = []
+        for e in batches:
+            r = next((r for r in e["rows"] if r["method"] == name), None)
+            if r is None:
+                cells.append("skipped" if name in e["skipped"] else "-")
+            else:
+                cells.append(f"{r['tokens_per_s']:.2f} ({r['speedup_vs_fastest_plain']:.2f}x)" if "speedup_vs_fastest_plain" in r
+                             else f"{r['tokens_per_s']:.2f}")
+        lines.append(f"{name:<{w}}" + "".join(f"{c:>{cw}}" for c in cells) + f"{crossover_text(name, crossover, batches):>{cw}}")
+    lines.append(f"{'fastest plain':<{w}}" + "".join(f"{(e['rows'][0].get('fastest_plain', '-') if e['rows'] else '-'):>{cw}}" for e in batches))
+    for note in batch_notes(batches):
+        lines.append(note)
+    return "\n".join(lines)
+
+
+def crossover_text(name: str, crossover: dict[str, int | None], batches: list[dict]) -> str:
+    """`B=4`, `none to B=16` (the largest batch size it ran at), or `-` for plain decoding."""
+    if name not in crossover:
+        return "-"
+    if crossover[name] is not None:
+        return f"B={crossover[name]}"
+    ran = [e["batch"] for e in batches if any(r["method"] == name for r in e["rows"])]
+    return f"none to B={max(ran)}"
+
+
+def batch_notes(batches: list[dict]) -> list[str]:
+    """What was skipped at which batch sizes (and why), and where outputs differ from the reference's."""
+    notes = []
+    why: dict[tuple[str, str], list[int]] = {}
+    for e in batches:
+        for name, reason in e["skipped"].items():
+            why.setdefault((name, reason), []).append(e["batch"])
+    for (name, reason), sizes in why.items():
+        notes.append(f"skipped {name} at B={', '.join(map(str, sizes))}: {reason}")
+    for e in batches:
+        for r in e["rows"]:
+            if r["identical_to_reference"] != e["prompts"]:
+                notes.append(f"B={e['batch']}: {r['method']} decoded {r['identical_to_reference']} of {e['prompts']} prompts "
+                             f"token for token as {e['reference']} did at this batch size")
+    return notes
+
+
+def batch_metrics(batches: list[dict], crossover: dict[str, int | None]) -> dict[str, float]:
+    """Every number of every batch row as an MLflow metric `b<B>.<method>.<key>`, and `<method>.crossover`."""
+    out = {}
+    for e in batches:
+        out.update({f"b{e['batch']}.{k}": v for k, v in metrics(e["rows"]).items() if not k.endswith(".batch")})
+    out.update({re.sub(r"[^\w./ -]", "_", f"{name}.crossover"): b for name, b in crossover.items() if b is not None})
+    return out
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, refusing as every command of the package does: one `error:` line, exit 2 (cli.fail)."""
 
@@ -445,6 +626,25 @@ def at_least(low: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def batch_sizes(text: str) -> list[int]:
+    """An argparse type: comma-separated batch sizes, each an integer >= 1 ("1,2,4,8,16"), sorted, once each."""
+    try:
+        sizes = [int(t) for t in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1 (1,2,4,8,16), got {text}")
+    return sorted(set(sizes))
+
+
+def check_batches(prompts: int, sizes: list[int]) -> None:
+    """Every batch size decodes the same prompts in whole batches: --prompts must be a multiple of each."""
+    common = math.lcm(*sizes)
+    if prompts % common:
+        raise SpecResearchError(f"--prompts {prompts} is not a multiple of every --batch size ({', '.join(map(str, sizes))}): "
+                                f"give a multiple of {common}")
 
 
 def destinations(args) -> tuple[Path, MLflowTracker | NullTracker]:
@@ -482,14 +682,23 @@ def parse_args() -> argparse.Namespace:
         "--methods", default="",
         help=f"comma-separated (default: all of {', '.join(HF_METHODS)}, baseline, our drafters); drafter options after colons",
     )
+    parser.add_argument(
+        "--batch", type=batch_sizes, default=None,
+        help="batch sizes (1,2,4,8,16): the prompts B at a time, each method batched; a table of tokens/s and speedup per batch size "
+             "and each method's crossover. --prompts must be a multiple of each",
+    )
     parser.add_argument("--profile", action="store_true", help="then decode the first prompt once more per method under torch's profiler")
-    parser.add_argument("--quick", action="store_true", help="tiny random models, 2 prompts x 16 tokens: checks the script runs")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny random models, 2 prompts (with --batch: the least common multiple of the batch sizes) "
+                             "x 16 tokens: checks the script runs")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here (default: benchmarks/results/speed-TIME.json)")
     parser.add_argument("--tracker", choices=["mlflow", "none"], default="mlflow")
     parser.add_argument("--store", default="mlruns", help="MLflow store folder")
     args = parser.parse_args()
     if args.quick:
         args.prompts, args.tokens, args.repeats, args.model, args.draft = min(args.prompts, 2), min(args.tokens, 16), min(args.repeats, 2), "tiny", "tiny"
+        if args.batch:
+            args.prompts = math.lcm(*args.batch)
     return args
 
 
@@ -503,37 +712,60 @@ def main() -> None:
         fail(str(err))
 
 
+def report_args(args) -> dict:
+    """The command line as the report records it (and the docs rebuild the command from): --batch as typed."""
+    return {**vars(args), "json": str(args.json), "batch": ",".join(map(str, args.batch)) if args.batch else None}
+
+
 def run(args) -> None:
     """Check every setting and destination, load, measure, report."""
+    if args.batch:
+        check_batches(args.prompts, args.batch)
     drafters = drafter_configs(args)
     texts = prompt_set(args.dataset, args.prompts, args.offset)
     out, tracker = destinations(args)
     target, draft, prompts = load(args, texts)
     methods = build_methods(args, target, draft, max(map(len, prompts)) + args.tokens, drafters)
     report: dict = {}
+    done: list[BatchSize] = []
 
     def measured() -> tuple[dict[str, float], dict[str, str]]:
-        """The finished report, or of a failed run the repeats done so far."""
+        """The finished report, or of a failed run the repeats done so far (with --batch: the batch sizes done)."""
         if report:
-            rows = report["rows"] + [{"method": f"{name}.profile", **row} for name, row in report["profile"].items()]
-            return metrics(rows), {"speed.json": json.dumps(report, indent=2)}
+            rows = report.get("rows", []) + [{"method": f"{name}.profile", **row} for name, row in report["profile"].items()]
+            found = metrics(rows) if rows else {}
+            if "batches" in report:
+                found.update(batch_metrics(report["batches"], report["crossover"]))
+            return found, {"speed.json": json.dumps(report, indent=2)}
+        if args.batch:
+            return (batch_metrics(*summarize_batches(done)) if done else {}), {}
         return (metrics(summarize(methods)) if all(m.seconds and m.seconds[0] for m in methods) else {}), {}
 
-    with tracked_run(tracker, OmegaConf.create({**vars(args), "json": str(args.json)}), "speed", measured):
-        measure(methods, prompts, args.tokens, args.repeats)
-        v_curve = verify_costs(target, prompts[0], max(args.k, 8))
-        rows = summarize(methods, v_curve)
-        prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
+    with tracked_run(tracker, OmegaConf.create(report_args(args)), "speed", measured):
         header = (
             f"\n{args.model} <- {args.draft} ({target.dtype}, {target.device}, kernels {args.kernels}; torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, {platform.machine()} {torch.backends.cpu.get_cpu_capability()}): "
             f"{len(prompts)} {DATASETS[args.dataset]} x {args.tokens} tokens x {args.repeats} repeats, greedy"
         )
-        report.update(header=header.strip(), args={**vars(args), "json": str(args.json)}, rows=rows, v_curve=v_curve, profile=prof)
+        if args.batch:
+            done.extend(measure_batches(methods, prompts, args.tokens, args.repeats, args.batch))
+            batches, crossover = summarize_batches(done)
+            prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
+            header += f", batch sizes {', '.join(map(str, args.batch))}"
+            report.update(header=header.strip(), args=report_args(args), batches=batches, crossover=crossover, profile=prof)
+        else:
+            measure(methods, [[ids] for ids in prompts], args.tokens, args.repeats)
+            v_curve = verify_costs(target, prompts[0], max(args.k, 8))
+            rows = summarize(methods, v_curve)
+            prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
+            report.update(header=header.strip(), args=report_args(args), rows=rows, v_curve=v_curve, profile=prof)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2))
-    print(table(rows, header))
-    print("target forward of k+1 tokens / one token, k = 0, 1, ...: " + " ".join(f"{v:.2f}" for v in v_curve))
+    if args.batch:
+        print(batch_table(report["batches"], report["crossover"], header))
+    else:
+        print(table(rows, header))
+        print("target forward of k+1 tokens / one token, k = 0, 1, ...: " + " ".join(f"{v:.2f}" for v in v_curve))
     if prof:
         print("\n" + profile_table(prof))
     print(f"\nwrote {out}")

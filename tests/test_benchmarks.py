@@ -99,11 +99,70 @@ def test_speed_quick_on_mtbench_chat(tmp_path):
     assert all(r["identical_to_reference"] == 2 for r in report["rows"])
 
 
+def test_speed_quick_batch_mode_has_rows_per_batch_size_and_a_crossover(tmp_path):
+    """--batch: per batch size a row per method with tokens/s and the speedup over the fastest plain decoding at
+    that size, transformers' assisted generation skipped at B > 1 with its reason, each speculative method's
+    crossover, every output still greedy-identical (fp32), and a docs page from the JSON."""
+    out = tmp_path / "speed.json"
+    result = subprocess.run([sys.executable, SPEED, "--quick", "--batch", "2,1", "--json", str(out), "--tracker", "none",
+                             "--methods", "generate,hf_assisted,baseline,pld"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["args"]["batch"] == "1,2" and report["args"]["prompts"] == 2  # --quick: the sizes' least common multiple
+    assert [e["batch"] for e in report["batches"]] == [1, 2] and "rows" not in report
+    one, two = report["batches"]
+    assert [r["method"] for r in one["rows"]] == ["generate", "hf_assisted", "baseline", "pld(k=4)"]
+    assert [r["method"] for r in two["rows"]] == ["generate", "baseline", "pld(k=4)"]
+    assert one["skipped"] == {} and list(two["skipped"]) == ["hf_assisted"] and "batch_size = 1" in two["skipped"]["hf_assisted"]
+    for entry in report["batches"]:
+        plain = {r["method"]: r["tokens_per_s"] for r in entry["rows"] if r["method"] in ("generate", "baseline")}
+        fastest = max(plain, key=plain.get)
+        for r in entry["rows"]:
+            assert r["batch"] == entry["batch"] and r["tokens_per_s"] > 0 and r["fastest_plain"] == fastest
+            assert r["speedup_vs_fastest_plain"] == r["tokens_per_s"] / plain[fastest]
+            assert r["identical_to_reference"] == 2, f"B={entry['batch']} {r['method']}: greedy fp32 must equal generate's tokens"
+        assert entry["prompts"] == 2 and entry["reference"] == "generate"
+    assert set(report["crossover"]) == {"hf_assisted", "pld(k=4)"}  # plain decoding has none
+    for method, b in report["crossover"].items():
+        below = [e["batch"] for e in report["batches"] for r in e["rows"] if r["method"] == method and r["speedup_vs_fastest_plain"] < 1]
+        assert b == (below[0] if below else None)
+    assert "B=1" in result.stdout and "B=2" in result.stdout and "crossover" in result.stdout
+    assert "skipped hf_assisted at B=2: transformers' assisted generation takes one sequence" in result.stdout
+
+    hook = _docs_hook()
+    assert hook.is_batch_report(report) and not hook.is_speed_report(report)
+    out.rename(tmp_path / "speed-20261127-120000.json")
+    data = hook.load(tmp_path / "speed-20261127-120000.json")
+    assert data["columns"] == ["method", "B=1 tok/s", "B=1 vs fastest plain", "B=2 tok/s", "B=2 vs fastest plain", "crossover"]
+    assert [row[0] for row in data["rows"]] == ["generate", "hf_assisted", "baseline", "pld(k=4)"]
+    assert data["rows"][1][3] == "skipped" and data["rows"][0][-1] == ""
+    assert "--batch 1,2" in data["command"][0] and data["machine"] == report["header"] and data["date"] == "2026-11-27 12:00"
+    page = hook.render(data, "speed-20261127-120000.json")
+    assert "| method | B=1 tok/s |" in page and "hf_assisted skipped at B=2" in page
+
+
+def test_batch_sizes_must_divide_the_prompts():
+    speed = speed_module()
+    speed.check_batches(16, [1, 2, 4, 8, 16])
+    with pytest.raises(speed.SpecResearchError, match=r"--prompts 12 is not a multiple of every --batch size \(1, 8\): give a multiple of 8"):
+        speed.check_batches(12, [1, 8])
+
+
+def _docs_hook():
+    spec = importlib.util.spec_from_file_location("docs_results_hook", ROOT / "docs" / "hooks" / "results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 REFUSED = {  # arguments -> the start of the one error line
     "--prompts 0": "error: argument --prompts: must be an integer >= 1, got 0",
     "--tokens 0": "error: argument --tokens: must be an integer >= 1, got 0",
     "--repeats 0": "error: argument --repeats: must be an integer >= 1, got 0",
     "--k 0": "error: argument --k: must be an integer >= 1, got 0",
+    "--batch 1,0": "error: argument --batch: must be comma-separated integers >= 1 (1,2,4,8,16), got 1,0",
+    "--batch x": "error: argument --batch: must be comma-separated integers >= 1 (1,2,4,8,16), got x",
     "--offset -1": "error: argument --offset: must be an integer >= 0, got -1",
     "--offset 1000": "error: --offset 1000 is past the prompts: there are 164 humaneval prompts (--offset 0 to 163)",
     "--offset 10 --dataset mtbench": "error: --offset 10 is past the prompts: there are at most 10 questions in an MT-bench category",

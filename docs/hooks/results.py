@@ -3,7 +3,8 @@
 - `results/NAME.md` for every `docs/results/data/NAME.json`. Two formats are read:
   a curated table (`title`, `date`, `machine`, `command`, `columns`, `rows`, `notes`, optionally
   `prompts`) and the report `benchmarks/speed.py --json` writes (`header`, `args`, `rows`,
-  `v_curve`, `profile`): drop such a file into the folder and it becomes a page.
+  `v_curve`, `profile`; with `--batch`: `batches` and `crossover` instead of `rows` and `v_curve`):
+  drop such a file into the folder and it becomes a page.
 - `results/index.md`: every results page, newest first.
 - `studies/NAME.md` for every study README: `experiments/NAME/README.md` when that folder
   exists, else `specresearch/studies/NAME/README.md`.
@@ -56,6 +57,11 @@ def study_readmes(root: Path) -> dict[str, Path]:
 def is_speed_report(data: dict) -> bool:
     """What benchmarks/speed.py --json writes."""
     return {"header", "args", "rows"} <= data.keys() and "columns" not in data
+
+
+def is_batch_report(data: dict) -> bool:
+    """What benchmarks/speed.py --batch ... --json writes: rows per batch size and each method's crossover."""
+    return {"header", "args", "batches", "crossover"} <= data.keys() and "columns" not in data
 
 
 def _cell(value) -> str:
@@ -139,11 +145,74 @@ def speed_to_table(data: dict, name: str) -> dict:
     return out
 
 
+def batch_to_table(data: dict, name: str) -> dict:
+    """A speed.py --batch report in the curated format: methods down, batch sizes across (tokens/s and
+    the speedup over the fastest plain decoding at that batch size), each method's crossover (the first
+    batch size where its speedup falls below 1) last; args -> command, header -> machine; what was skipped
+    and why, the fastest plain decoding per batch size and outputs unlike the reference's as notes."""
+    args = data.get("args", {})
+    batches, crossover = data["batches"], data["crossover"]
+    sizes = [e["batch"] for e in batches]
+    names = list(dict.fromkeys([r["method"] for e in batches for r in e["rows"]] + [m for e in batches for m in e.get("skipped", {})]))
+    table_rows = []
+    for method in names:
+        row = [method]
+        for e in batches:
+            r = next((r for r in e["rows"] if r["method"] == method), None)
+            if r is None:
+                row += ["skipped" if method in e.get("skipped", {}) else "", ""]
+            else:
+                speedup = r.get("speedup_vs_fastest_plain")
+                row += [f"{r['tokens_per_s']:.2f}", "" if speedup is None else f"{speedup:.2f}x"]
+        if method not in crossover:
+            row.append("")
+        elif crossover[method] is not None:
+            row.append(f"B={crossover[method]}")
+        else:
+            ran = [e["batch"] for e in batches if any(r["method"] == method for r in e["rows"])]
+            row.append(f"none to B={max(ran)}")
+        table_rows.append(row)
+    columns = ["method", *(c for b in sizes for c in (f"B={b} tok/s", f"B={b} vs fastest plain")), "crossover"]
+    notes = [
+        "tok/s: new tokens over the wall time of the batches (every prompt, B at a time, left-padded for transformers); "
+        "vs fastest plain: over the fastest plain decoding at the same batch size; crossover: the first batch size "
+        "where the method's speedup falls below 1.",
+        "Fastest plain decoding per batch size: " + ", ".join(
+            f"B={e['batch']} {e['rows'][0]['fastest_plain']}" for e in batches if e["rows"] and "fastest_plain" in e["rows"][0]) + ".",
+    ]
+    skipped: dict[tuple[str, str], list[int]] = {}
+    for e in batches:
+        for method, why in e.get("skipped", {}).items():
+            skipped.setdefault((method, why), []).append(e["batch"])
+    notes += [f"{method} skipped at B={', '.join(map(str, at))}: {why}." for (method, why), at in skipped.items()]
+    for e in batches:
+        for r in e["rows"]:
+            if "prompts" in e and r.get("identical_to_reference") != e["prompts"]:
+                notes.append(f"B={e['batch']}: {r['method']} decoded {r.get('identical_to_reference')} of {e['prompts']} prompts "
+                             f"token for token as {e.get('reference')} did at that batch size.")
+    match = re.search(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})", name)
+    date = data.get("date") or (f"{match[1]}-{match[2]}-{match[3]} {match[4]}:{match[5]}" if match else "not recorded")
+    dataset = args.get("dataset", "humaneval")
+    return {
+        "title": data.get("title") or f"benchmarks/speed.py: {dataset}, batch sizes {args.get('batch', '?')}",
+        "date": date,
+        "machine": data["header"],
+        "command": [speed_command(args)],
+        "prompts": f"{dataset}, {args.get('prompts')} prompts from offset {args.get('offset', 0)}, {args.get('tokens')} new tokens, "
+                   f"{args.get('repeats')} repeats, greedy, batch sizes {args.get('batch')} (from the report's args)",
+        "columns": columns,
+        "rows": table_rows,
+        "notes": data.get("notes", []) + notes,
+    }
+
+
 def load(path: Path) -> dict:
     """A data file in the curated format (speed.py reports converted). Refuses one without a
     command or a machine: every results page states both."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    if is_speed_report(data):
+    if is_batch_report(data):
+        data = batch_to_table(data, path.stem)
+    elif is_speed_report(data):
         data = speed_to_table(data, path.stem)
     for key in ("title", "date", "machine", "command", "columns", "rows"):
         if not data.get(key):
