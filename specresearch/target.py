@@ -119,10 +119,13 @@ class Target:
             self.lengths = [self.length]
             return
         width = max(len(k) for k in kept)
-        index = torch.tensor([list(k) + [k[-1] if k else 0] * (width - len(k)) for k in kept], device=self.device)  # [B, W']
-        for layer in self._layers():
-            layer.keys = torch.cat([layer.keys[:, :, :start], _gather_slots(layer.keys[:, :, start:], index)], dim=2)
-            layer.values = torch.cat([layer.values[:, :, :start], _gather_slots(layer.values[:, :, start:], index)], dim=2)
+        if any(list(k) != list(range(len(k))) for k in kept):  # a tree's path: move it to the window's front
+            index = torch.tensor([list(k) + [k[-1] if k else 0] * (width - len(k)) for k in kept], device=self.device)  # [B, W']
+            for layer in self._layers():
+                layer.keys[:, :, start : start + width] = _gather_slots(layer.keys[:, :, start:], index)
+                layer.values[:, :, start : start + width] = _gather_slots(layer.values[:, :, start:], index)
+        for layer in self._layers():  # chains keep a prefix of what they fed: a crop, no copy
+            layer.keys, layer.values = layer.keys[:, :, : start + width], layer.values[:, :, : start + width]
         filled = torch.arange(width, device=self.device) < torch.tensor([len(k) for k in kept], device=self.device)[:, None]  # [B, W']
         self.valid = torch.cat([self.valid[:, :start] if self.valid is not None else
                                 torch.ones(len(kept), start, dtype=torch.bool, device=self.device), filled], dim=1)
