@@ -158,8 +158,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     results = Results(batch_size=batch)
     tags = {**machine_tags(target), **trained_on}
-    with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked, \
-            tqdm(total=len(prompts), desc=label, unit="prompt") as progress:
+    with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked:
+        progress = tqdm(total=len(prompts), desc=label, unit="prompt")
         for first in range(0, len(prompts), batch):  # prompt i (row i - first of its batch) is seeded cfg.seed + i
             ids = prompt_ids[first : first + batch]
             if first // batch % 2 == 0:  # alternate who goes first, so drifts in machine speed cancel
@@ -176,6 +176,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
             for i, (b, m, record) in enumerate(zip(base, meth, records), start=first):
                 tracked.log_metrics({**summary, **_step_metrics(b, m, record)}, step=i)
             progress.update(len(ids))
+        progress.close()  # before the battery's bars
         if cfg.stats.samples and not sampling.greedy:
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
     record = results.record(k)
