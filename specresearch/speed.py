@@ -159,24 +159,23 @@ def run(cfg: DictConfig) -> dict[str, float]:
     results = Results(batch_size=batch)
     tags = {**machine_tags(target), **trained_on}
     with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked:
-        progress = tqdm(total=len(prompts), desc=label, unit="prompt")
-        for first in range(0, len(prompts), batch):  # prompt i (row i - first of its batch) is seeded cfg.seed + i
-            ids = prompt_ids[first : first + batch]
-            if first // batch % 2 == 0:  # alternate who goes first, so drifts in machine speed cancel
-                base = generate(baseline, ids, cfg.seed + first, cfg.max_new_tokens)
-                meth = generate(method, ids, cfg.seed + first, cfg.max_new_tokens)
-            else:
-                meth = generate(method, ids, cfg.seed + first, cfg.max_new_tokens)
-                base = generate(baseline, ids, cfg.seed + first, cfg.max_new_tokens)
-            gaps = [divergence_gap(target, p, b.tokens, m.tokens) if sampling.greedy else None for p, b, m in zip(ids, base, meth)]
-            records = results.add_batch(prompts[first : first + batch], base, meth, gaps)
-            if drafter.predicted_speedup is not None:  # shape=auto: fixed (Medusa) or over the steps so far (dynamic trees)
-                results.predicted_speedup = drafter.predicted_speedup
-            summary = prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION)
-            for i, (b, m, record) in enumerate(zip(base, meth, records), start=first):
-                tracked.log_metrics({**summary, **_step_metrics(b, m, record)}, step=i)
-            progress.update(len(ids))
-        progress.close()  # before the battery's bars
+        with tqdm(total=len(prompts), desc=label, unit="prompt") as progress:  # closed before the battery's bars
+            for first in range(0, len(prompts), batch):  # prompt i (row i - first of its batch) is seeded cfg.seed + i
+                ids = prompt_ids[first : first + batch]
+                if first // batch % 2 == 0:  # alternate who goes first, so drifts in machine speed cancel
+                    base = generate(baseline, ids, cfg.seed + first, cfg.max_new_tokens)
+                    meth = generate(method, ids, cfg.seed + first, cfg.max_new_tokens)
+                else:
+                    meth = generate(method, ids, cfg.seed + first, cfg.max_new_tokens)
+                    base = generate(baseline, ids, cfg.seed + first, cfg.max_new_tokens)
+                gaps = [divergence_gap(target, p, b.tokens, m.tokens) if sampling.greedy else None for p, b, m in zip(ids, base, meth)]
+                records = results.add_batch(prompts[first : first + batch], base, meth, gaps)
+                if drafter.predicted_speedup is not None:  # shape=auto: fixed (Medusa) or over the steps so far (dynamic trees)
+                    results.predicted_speedup = drafter.predicted_speedup
+                summary = prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION)
+                for i, (b, m, record) in enumerate(zip(base, meth, records), start=first):
+                    tracked.log_metrics({**summary, **_step_metrics(b, m, record)}, step=i)
+                progress.update(len(ids))
         if cfg.stats.samples and not sampling.greedy:
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
     record = results.record(k)
