@@ -88,7 +88,8 @@ class Target:
         self.valid = torch.zeros(len(prompts), self.length, dtype=torch.bool, device=self.device)
         hidden = self._rows_hidden(list(prompts), [None] * len(prompts))  # [B, W, H]
         last = hidden[torch.arange(len(prompts)), torch.tensor(self.lengths) - 1]  # [B, H]
-        self._compact_rows()
+        if bool(self.valid.all()):  # right-padded prompts: each row's tokens already come first
+            self.valid = None
         return self.model.get_output_embeddings()(last)  # [B, V]
 
     def forward_rows(self, fed: Sequence[Tensor], parents: Sequence[Tensor | None], head: torch.nn.Module | None = None) -> list[Tensor]:

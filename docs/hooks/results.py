@@ -121,8 +121,7 @@ def speed_to_table(data: dict, name: str) -> dict:
     for r in rows:
         if "time_split" in r:
             notes.append(f"{r['method']}: time split " + ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items()))
-    match = re.search(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})", name)
-    date = data.get("date") or (f"{match[1]}-{match[2]}-{match[3]} {match[4]}:{match[5]}" if match else "not recorded")
+    date = report_date(data, name)
     dataset = args.get("dataset", "humaneval")
     out = {
         "title": data.get("title") or f"benchmarks/speed.py: {dataset}, {args.get('prompts', '?')} prompts x {args.get('tokens', '?')} tokens",
@@ -190,8 +189,7 @@ def batch_to_table(data: dict, name: str) -> dict:
             if "prompts" in e and r.get("identical_to_reference") != e["prompts"]:
                 notes.append(f"B={e['batch']}: {r['method']} decoded {r.get('identical_to_reference')} of {e['prompts']} prompts "
                              f"token for token as {e.get('reference')} did at that batch size.")
-    match = re.search(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})", name)
-    date = data.get("date") or (f"{match[1]}-{match[2]}-{match[3]} {match[4]}:{match[5]}" if match else "not recorded")
+    date = report_date(data, name)
     dataset = args.get("dataset", "humaneval")
     return {
         "title": data.get("title") or f"benchmarks/speed.py: {dataset}, batch sizes {args.get('batch', '?')}",
@@ -204,6 +202,12 @@ def batch_to_table(data: dict, name: str) -> dict:
         "rows": table_rows,
         "notes": data.get("notes", []) + notes,
     }
+
+
+def report_date(data: dict, name: str) -> str:
+    """A speed.py report's date: its own `date`, else the stamp in its file name (speed-YYYYMMDD-HHMMSS)."""
+    match = re.search(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})", name)
+    return data.get("date") or (f"{match[1]}-{match[2]}-{match[3]} {match[4]}:{match[5]}" if match else "not recorded")
 
 
 def load(path: Path) -> dict:

@@ -111,14 +111,17 @@ class IndependentDrafter(Drafter):
             self._forwards += 1
             for i, row in enumerate(logits):  # row i: the draft's law after the pending tokens and guess[:i]
                 x = chain.add(row)
-                done = len(chain.tokens) == ctx.max_draft
-                if scored:
-                    done = done or chain.confidence < (self.confidence or 0.0) or chain.path < (self.chain_confidence or 0.0)
+                done = self._done(ctx, chain)
                 if done or i == guess.numel() or x != guess[i]:
                     break
             self.draft.rollback(fed + i)  # keep the guesses that became the chain's (x itself is pending)
             pending = x[None]
         return chain.draft()
+
+    def _done(self, ctx: Context, chain: Chain) -> bool:
+        """Whether the chain is drafted: it reached the step's draft length, or a confidence stop fired."""
+        return (len(chain.tokens) == ctx.max_draft or chain.confidence < (self.confidence or 0.0)
+                or chain.path < (self.chain_confidence or 0.0))
 
     def _guess(self, ctx: Context, chain: Chain) -> Tensor:
         """[G] prompt lookup's continuation of the context and the chain so far (G < what is left to draft)."""
@@ -173,10 +176,7 @@ class ChainRows(Rows):
                 if live[b]:
                     self.counts[b] += 1
                     x = chain.add(logits[b][-1])
-                    done = len(chain.tokens) == ctx.max_draft
-                    if scored:
-                        done = done or chain.confidence < (d.confidence or 0.0) or chain.path < (d.chain_confidence or 0.0)
-                    live[b], pending[b] = not done, x[None]
+                    live[b], pending[b] = not d._done(ctx, chain), x[None]
         return [chain.draft() for chain in chains]
 
     def observe(self, b: int, logits: Tensor) -> None:
