@@ -53,6 +53,8 @@ class Target:
         self.valid: Tensor | None = None  # [B, length] rows: the slots that hold a row's tokens; None = all of them
         self.hidden_rows: list[Tensor] = []  # rows, with keep_hidden: [n_b, H] each row's hidden states of its last fed tokens
         self._window = 0  # rows: where the last forward_rows' window starts
+        self._trees: tuple[int, list[int], list[Tensor], list[list[int]]] | None = None  # rows' trees: (start slot, lengths
+        # before them, each row's [n, n] ancestry of its nodes, their slots)
 
     def reset(self) -> None:
         """Forget everything: the next forward starts a new sequence."""
@@ -92,22 +94,27 @@ class Target:
             self.valid = None
         return self.model.get_output_embeddings()(last)  # [B, V]
 
-    def forward_rows(self, fed: Sequence[Tensor], parents: Sequence[Tensor | None], head: torch.nn.Module | None = None) -> list[Tensor]:
+    def forward_rows(self, fed: Sequence[Tensor], parents: Sequence[Tensor | None], head: torch.nn.Module | None = None,
+                     tree: int | None = None) -> list[Tensor]:
         """Feed row b's tokens `fed[b]` ([n_b] >= 1: a chain, or a tree under `parents[b]`, as in
         `forward`) after its cached ones, every row in one forward.
 
         A row may feed nothing (n_b = 0): a drafter's row that is done drafting while others go on.
+        With `tree` (a slot: `length` when the rows' trees began), each row's nodes grow the tree it
+        fed since then, level by level, as `forward(..., tree=)` does for one sequence: parents index
+        the row's tree nodes in the order fed; a node sees the row's tokens before the tree and its
+        own ancestors. `crop_rows` drops the trees again.
 
         Returns:
             [n_b, V] logits per row: row i of each is the distribution of the token after fed[b][i].
         """
         if self.rows == 1 and self.valid is None and fed[0].numel():  # one sequence: the plain forward (no mask for a chain)
             self._window = self.length
-            logits = self.forward(fed[0], head=head, parents=parents[0])
+            logits = self.forward(fed[0], head=head, parents=parents[0], tree=tree)
             self.hidden_rows = [self.hidden]
             self.lengths = [self.length]
             return [logits]
-        hidden = self._rows_hidden(list(fed), list(parents))  # [B, W, H]
+        hidden = self._rows_hidden(list(fed), list(parents), tree)  # [B, W, H]
         logits = (head or self.model.get_output_embeddings())(hidden)  # [B, W, V] ([B, W, N] with a head over N tokens)
         return [logits[b, : t.numel()] for b, t in enumerate(fed)]
 
@@ -151,6 +158,18 @@ class Target:
         elif bool(self.valid.all()):
             self.valid = None
 
+    def crop_rows(self, slots: int, lengths: Sequence[int]) -> None:
+        """Drop every slot from `slots` on, where each row then holds `lengths[b]` tokens (a drafter's
+        trees, fed after slot `slots`, dropped after drafting)."""
+        if self.rows == 1 and self.valid is None:
+            self.rollback(slots)
+            self.lengths = [self.length]
+            return
+        for layer in self._layers():
+            layer.keys, layer.values = layer.keys[:, :, :slots], layer.values[:, :, :slots]
+        self.length, self.lengths = slots, list(lengths)
+        self.valid = None if self.valid is None or bool(self.valid[:, :slots].all()) else self.valid[:, :slots]
+
     def select_rows(self, index: Sequence[int]) -> None:
         """Keep only the rows at `index` (in order): finished rows stop costing forwards. The cache
         is then compacted: every row's tokens first, holes only after a row's end."""
@@ -179,35 +198,68 @@ class Target:
         if bool(self.valid.all()):
             self.valid = None
 
-    def _rows_hidden(self, fed: list[Tensor], parents: list[Tensor | None]) -> Tensor:
+    def _rows_hidden(self, fed: list[Tensor], parents: list[Tensor | None], tree: int | None = None) -> Tensor:
         """[B, W, H] the final hidden states of each row's fed tokens (padded to the widest, W), fed
-        after the cache into a new window of W slots; `hidden_rows` keeps each row's [n_b, H]."""
-        rows, width, dtype = len(fed), max(1, *(t.numel() for t in fed)), self.model.dtype
-        ids = torch.zeros(rows, width, dtype=torch.long, device=self.device)  # [B, W]
-        seen = torch.zeros(rows, width, width, dtype=torch.bool)  # [B, W, W] who each fed token attends to in the window
-        depth = torch.zeros(rows, width, dtype=torch.long)  # [B, W] its depth (a chain's i-th token: i + 1)
-        for b, (tokens, tree) in enumerate(zip(fed, parents)):
-            n = tokens.numel()
-            ids[b, :n] = tokens.to(self.device)
-            if tree is None:
-                seen[b, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
-            else:
-                seen[b, :n, :n] = tree_attention(torch.ones(0, 0, dtype=torch.bool), tree.cpu(), 0, 0, dtype)[0]
-            depth[b, :n] = seen[b, :n, :n].sum(-1)
-            seen[b, n:, n:] = torch.eye(width - n, dtype=torch.bool)  # padding (a row with fewer tokens, or none) sees itself only
-        cached = self.valid if self.valid is not None else torch.ones(rows, self.length, dtype=torch.bool, device=self.device)
-        allowed = torch.cat([cached[:, None, :].expand(rows, width, -1), seen.to(self.device)], dim=-1)  # [B, W, L + W]
+        after the cache into a new window of W slots (under `tree`: see `forward_rows`); `hidden_rows`
+        keeps each row's [n_b, H]."""
+        rows, dtype = len(fed), self.model.dtype
+        n = [t.numel() for t in fed]
+        width = max(1, *n)
+        ids = torch.nn.utils.rnn.pad_sequence([t.to(self.device) for t in fed], batch_first=True)  # [B, <= W]
+        ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]))  # [B, W]
+        filled = torch.arange(width) < torch.tensor(n)[:, None]  # [B, W] the slots a row's tokens take
+        seen = torch.ones(width, width, dtype=torch.bool).tril() & filled[:, None, :] & filled[:, :, None]  # [B, W, W] a chain sees its tokens so far
+        seen |= torch.eye(width, dtype=torch.bool) & ~filled[:, :, None]  # padding (a row with fewer tokens, or none) sees itself only
+        depth = torch.arange(1, width + 1).expand(rows, width) * filled  # [B, W] each token's depth (a chain's i-th: i + 1)
+        valid = self.valid if self.valid is not None else torch.ones(rows, self.length, dtype=torch.bool, device=self.device)
+        cached = valid[:, None, :].expand(rows, width, -1)  # [B, W, L] the cached slots each fed token sees
+        base = self.lengths  # the position after which row b's tokens (or its tree's) go on
+        if tree is not None:
+            cached, base = self._grow_trees(tree, parents, n, cached, seen, depth)
+        elif any(p is not None for p in parents):
+            for b, p in enumerate(parents):
+                if p is not None:
+                    seen[b, : n[b], : n[b]] = tree_attention(torch.ones(0, 0, dtype=torch.bool), p.cpu(), 0, 0, dtype)[0]
+                    depth[b, : n[b]] = seen[b, : n[b], : n[b]].sum(-1)
+        allowed = torch.cat([cached, seen.to(self.device)], dim=-1)  # [B, W, L + W]
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        positions = torch.tensor(self.lengths)[:, None] + (depth - 1).clamp(min=0)  # [B, W]
-        self._window, self._fed = self.length, [t.numel() for t in fed]
+        positions = torch.tensor(base)[:, None] + (depth - 1).clamp(min=0)  # [B, W]
+        self._window, self._fed = self.length, n
         out = self.model.base_model(input_ids=ids, attention_mask=mask[:, None], position_ids=positions.to(self.device),
                                     cache=self.cache, use_cache=True)
         self.length += width
-        self.valid = torch.cat([cached, torch.arange(width, device=self.device) < torch.tensor(self._fed, device=self.device)[:, None]], dim=1)
-        self.lengths = [n + f for n, f in zip(self.lengths, self._fed)]
+        self.valid = torch.cat([valid, filled.to(self.device)], dim=1)
+        self.lengths = [length + f for length, f in zip(self.lengths, n)]
         hidden = out.last_hidden_state  # [B, W, H]
-        self.hidden_rows = [hidden[b, :n] for b, n in enumerate(self._fed)] if self.keep_hidden else []
+        self.hidden_rows = [hidden[b, :f] for b, f in enumerate(n)] if self.keep_hidden else []
         return hidden
+
+    def _grow_trees(self, start: int, parents: list[Tensor | None], n: list[int], cached: Tensor, seen: Tensor,
+                    depth: Tensor) -> tuple[Tensor, list[int]]:
+        """For `_rows_hidden` under a tree begun at slot `start`: each row's new nodes see, of the
+        slots from `start` on, only their ancestors' (`seen` and `depth` [B, W] are set in place).
+
+        Returns:
+            [B, W, L] the cached slots each new node sees, and each row's length before its tree.
+        """
+        if self.length == start:  # a new tree per row: no node yet
+            self._trees = (start, list(self.lengths), [torch.ones(0, 0, dtype=torch.bool)] * len(n), [[] for _ in n])
+        elif self._trees is None or self._trees[0] != start:
+            raise ValueError(f"the slots cached since {start} are not trees fed by forward_rows()")
+        _, base, known, slots = self._trees
+        cached = cached.clone()
+        cached[:, :, start:] = False
+        for b, p in enumerate(parents):
+            old = known[b].shape[0]
+            if not n[b]:
+                continue
+            known[b] = tree_attention(known[b], p.cpu(), old, 0, self.model.dtype)[0]  # [old + n_b, old + n_b]
+            new = known[b][old:]  # [n_b, old + n_b] each new node's ancestors, itself included
+            cached[b, : n[b], slots[b]] = new[:, :old].to(self.device)
+            seen[b, : n[b], : n[b]] = new[:, old:]
+            depth[b, : n[b]] = new.sum(-1)
+            slots[b] = slots[b] + list(range(self.length, self.length + n[b]))
+        return cached, base
 
     def prefill(self, tokens: Tensor, reuse: bool = False) -> Tensor | None:
         """Put `tokens` ([T], may be empty) into the cache.

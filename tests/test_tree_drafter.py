@@ -36,6 +36,57 @@ def test_a_tree_grown_over_several_forwards_sees_only_its_ancestors(target):
 
 
 @torch.inference_mode()
+def test_rows_trees_grown_over_several_forwards_see_only_their_ancestors(target):
+    """Two rows of different lengths grow their trees in the same forwards (forward_rows with tree=start),
+    one row feeding nothing in the second: every node gets the logits of its path decoded as a chain."""
+    prompts = [torch.tensor([5, 9, 33, 2]), torch.tensor([7, 3])]
+    grown = Target(target)
+    grown.reset()
+    grown.prefill_rows(prompts)
+    start = grown.length
+    first = grown.forward_rows([torch.tensor([40, 41, 42]), torch.tensor([60])], [torch.tensor([-1, -1, -1]), torch.tensor([-1])], tree=start)
+    second = grown.forward_rows([torch.tensor([50, 51]), torch.tensor([], dtype=torch.long)], [torch.tensor([2, 0]), torch.tensor([], dtype=torch.long)],
+                                tree=start)
+    third = grown.forward_rows([torch.tensor([52]), torch.tensor([61])], [torch.tensor([3]), torch.tensor([0])], tree=start)
+    paths = [(0, [42, 50], second[0][0]), (0, [40, 51], second[0][1]), (0, [41], first[0][1]), (0, [42, 50, 52], third[0][0]),
+             (1, [60], first[1][0]), (1, [60, 61], third[1][0])]
+    for b, nodes, logits in paths:
+        chain = Target(target)
+        chain.reset()
+        chain.prefill(prompts[b])
+        torch.testing.assert_close(logits, chain.forward(torch.tensor(nodes))[-1], atol=1e-4, rtol=0)
+    grown.crop_rows(start, [4, 2])  # the trees dropped: each row goes on after its prompt
+    after = grown.forward_rows([torch.tensor([8]), torch.tensor([8])], [None, None])
+    for b in range(2):
+        chain = Target(target)
+        chain.reset()
+        chain.prefill(prompts[b])
+        torch.testing.assert_close(after[b][0], chain.forward(torch.tensor([8]))[-1], atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="not trees"):
+        grown.forward_rows([torch.tensor([1]), torch.tensor([1])], [torch.tensor([-1]), torch.tensor([-1])], tree=start - 1)
+
+
+@torch.inference_mode()
+def test_a_batch_grows_every_rows_tree_in_one_draft_forward_per_level(target, close_draft):
+    """A batch's trees (TreeRows) are each row's own, grown together: the draft model runs once per
+    level for all rows, not once per row."""
+    prompts = [REPEATING, PLAIN, REPEATING[3:] + PLAIN]
+    drafter = TreeDrafter(target, model=close_draft, branching=None, topk=3, depth=3, nodes=8)
+    engine = Engine(target, drafter, GreedyVerifier(), SamplingParams())
+    alone = [engine.generate(p, 16, eos_token_ids=[]) for p in prompts]
+    calls = []
+    hook = close_draft.model.base_model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        batch = engine.generate(prompts, 16, eos_token_ids=[])
+    finally:
+        hook.remove()
+    assert [out.tokens for out in batch] == [out.tokens for out in alone]
+    assert [out.stats.draft_forwards for out in batch] == [out.stats.draft_forwards for out in alone]
+    forwards = [out.stats.draft_forwards for out in batch]
+    assert max(forwards) + 1 <= len(calls) < sum(forwards)  # one prefill, then forwards the rows share
+
+
+@torch.inference_mode()
 def test_static_trees_take_their_branching_and_dynamic_trees_their_node_budget(target, close_draft):
     """A static tree has branching[d] children per node at depth d (one draft forward per fed level); a
     dynamic one keeps `nodes` nodes at most `depth` deep, parents first, never deeper than the tokens left."""

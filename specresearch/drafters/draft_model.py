@@ -64,9 +64,9 @@ class DraftModel(Target):
         """Target.forward, scored by the shortlist's head when there is one: [K, N] logits."""
         return super().forward(tokens, head=head if head is not None else self.head, parents=parents, tree=tree)
 
-    def forward_rows(self, fed, parents, head=None) -> list[Tensor]:
+    def forward_rows(self, fed, parents, head=None, tree: int | None = None) -> list[Tensor]:
         """Target.forward_rows, scored by the shortlist's head when there is one: [n_b, N] logits per row."""
-        return super().forward_rows(fed, parents, head=head if head is not None else self.head)
+        return super().forward_rows(fed, parents, head=head if head is not None else self.head, tree=tree)
 
     def token(self, x: int) -> int:
         """The token id of index `x` of this draft's logits."""

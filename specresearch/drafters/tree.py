@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.base import Context, Drafter, Rows
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
@@ -134,6 +134,13 @@ class TreeShape:
             token, widen: a shortlisted draft's index → token id, and [N] law → [V] (see DraftModel).
             started: when the step's drafting began (time.perf_counter; the sizer counts it); None = now.
         """
+        return finish(self.growing(logits, ctx, depth, token, widen, started), expand)
+
+    def growing(self, logits: Tensor, ctx: Context, depth: int, token: Callable[[int], int] = int,
+                widen: Callable[[Tensor], Tensor] = lambda q: q, started: float | None = None) -> Growing:
+        """`grow` as a generator, for drafting many rows' trees in lockstep (one draft forward per level
+        for all of them): it yields each level's (tokens [W], parents [W]) to expand, is sent their
+        [W, V] logits, and returns the tree (see `finish`)."""
         started = time.perf_counter() if started is None else started
         nodes: list[tuple[int, int, Tensor | None, float]] = []  # (token, parent, q, cumulative log q)
         fed: dict[int, int] = {}  # node -> its index among the nodes expanded
@@ -163,7 +170,7 @@ class TreeShape:
             for i in new:
                 fed[i] = len(fed)
             frontier = new
-            logits = expand(torch.tensor([nodes[i][0] for i in new], device=ctx.tokens.device),
+            logits = yield (torch.tensor([nodes[i][0] for i in new], device=ctx.tokens.device),
                             torch.tensor([fed.get(nodes[i][1], -1) for i in new]))  # [W, V]
         if self.branching is None and (len(nodes) > self.nodes or self.sizer is not None):
             budget = min(self.nodes, len(nodes))
@@ -205,6 +212,19 @@ class TreeShape:
             if room <= len(groups[parent]):
                 break
         return sorted(kept)
+
+Growing = Generator[tuple[Tensor, Tensor], Tensor, list[tuple[int, int, Tensor | None]]]  # TreeShape.growing
+
+
+def finish(tree: Growing, expand: Callable[[Tensor, Tensor], Tensor]) -> list[tuple[int, int, Tensor | None]]:
+    """Run a growing tree to its end, each level's nodes expanded by `expand`: its (token, parent, q) nodes."""
+    try:
+        request = next(tree)
+        while True:
+            request = tree.send(expand(*request))
+    except StopIteration as done:
+        return done.value
+
 
 class TreeDrafter(Drafter):
     """Each step, every draft model grows a tree (`TreeShape`: static, or EAGLE-2's dynamic one) after
@@ -314,3 +334,90 @@ class TreeDrafter(Drafter):
     def predicted_speedup(self) -> float | None:
         """shape=auto's predicted speedup over the steps so far (None without it)."""
         return None if self.shape.sizer is None else self.shape.sizer.predicted_speedup
+
+    def batched_rows(self) -> Rows | None:
+        return TreeRows(self)
+
+
+class TreeRows(Rows):
+    """Every row's tree grown together: one draft forward per level feeds every row's nodes of that
+    level (each row's tree under its own mask, in its own slots of one cache: Target's rows), so a
+    row's tree is the one `TreeDrafter.propose` grows for it alone."""
+
+    def __init__(self, drafter: TreeDrafter):
+        self.drafter = drafter
+        self.drafts = [DraftModel(d.lm, d.shortlist, d.head) for d in drafter.drafts]  # shared weights, caches of their own
+        self.counts: list[int] = []
+
+    def prefill(self, ctxs: list[Context]) -> None:
+        for draft in self.drafts:
+            draft.reset()
+            draft.prefill_rows([ctx.tokens[:-1] for ctx in ctxs], reuse=ctxs[0].reuse_prefill)
+        self.counts = [0] * len(ctxs)
+
+    def propose(self, ctxs: list[Context]) -> list[Draft]:
+        depths = [min(self.drafter.depth, ctx.max_draft) for ctx in ctxs]
+        tries, qs = [Trie() for _ in ctxs], [[] for _ in ctxs]  # per row, as TreeDrafter.propose merges the drafts' trees
+        merge = self.drafter.shape.children == "top"
+        for draft in self.drafts:
+            for trie, q_row, nodes in zip(tries, qs, self._grow(draft, ctxs, depths)):
+                local: list[int] = []
+                for token, parent, q in nodes:
+                    local.append(trie.add(-1 if parent < 0 else local[parent], token, merge=merge))
+                    if q is not None:
+                        q_row.append(q)
+        device = ctxs[0].tokens.device
+        return [Draft(tokens=torch.tensor(trie.tokens, dtype=torch.long, device=device), q=torch.stack(q_row) if q_row else None,
+                      parents=torch.tensor(trie.parents, dtype=torch.long)) if depth > 0 else Draft.empty(device)
+                for trie, q_row, depth in zip(tries, qs, depths)]
+
+    def _grow(self, draft: DraftModel, ctxs: list[Context], depths: list[int]) -> list[list[tuple[int, int, Tensor | None]]]:
+        """One draft model's tree per row (TreeDrafter._grow for all rows), [] for a row that drafts nothing."""
+        started = time.perf_counter()
+        live = [depth > 0 for depth in depths]
+        fed = [ctx.tokens[n:] if on else ctx.tokens[:0] for ctx, n, on in zip(ctxs, draft.lengths, live)]  # [P] unseen committed tokens
+        logits = draft.forward_rows(fed, [None] * len(fed))  # [P, V] per row ([P, N] over a shortlist)
+        draft.keep_rows([range(tokens.numel()) for tokens in fed])
+        start, lengths = draft.length, list(draft.lengths)
+        trees: list[list] = [[] for _ in ctxs]
+        growing: dict[int, Growing] = {}
+        requests: dict[int, tuple[Tensor, Tensor]] = {}
+        for b, ctx in enumerate(ctxs):
+            if live[b]:
+                self.counts[b] += 1
+                growing[b] = self.drafter.shape.growing(logits[b][-1:], ctx, depths[b], draft.token, draft.widen, started)
+                self._step(b, growing, requests, trees, None)
+        while requests:
+            rows = range(len(ctxs))
+            empty = torch.zeros(0, dtype=torch.long)
+            out = draft.forward_rows([requests[b][0] if b in requests else empty for b in rows],
+                                     [requests[b][1] if b in requests else empty for b in rows], tree=start)  # [W_b, V] per row
+            for b in list(requests):
+                self.counts[b] += 1
+                self._step(b, growing, requests, trees, out[b])
+        draft.crop_rows(start, lengths)
+        return trees
+
+    @staticmethod
+    def _step(b: int, growing: dict, requests: dict, trees: list, logits: Tensor | None) -> None:
+        """Row b's tree takes its level's logits (None: it starts); its next request, or its nodes once grown."""
+        try:
+            requests[b] = next(growing[b]) if logits is None else growing[b].send(logits)
+        except StopIteration as done:
+            requests.pop(b, None)
+            trees[b] = done.value
+
+    def observe(self, b: int, logits: Tensor) -> None:
+        pass
+
+    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        for draft in self.drafts:  # each draft cache holds the accepted sequence but its last token
+            draft.truncate_rows([min(n, ctx.tokens.numel() - 1) for n, ctx in zip(draft.lengths, ctxs)])
+
+    def select(self, index: list[int]) -> None:
+        for draft in self.drafts:
+            draft.select_rows(index)
+        self.counts = [self.counts[i] for i in index]
+
+    def forwards(self) -> list[int]:
+        return self.counts
