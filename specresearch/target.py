@@ -78,9 +78,9 @@ class Target:
             [B, V] the logits after each prompt's last token.
         """
         first = prompts[0]
-        if all(p.numel() == first.numel() and torch.equal(p, first) for p in prompts[1:]):  # one prefill serves every row
+        if all(p.shape == first.shape and torch.equal(p, first) for p in prompts[1:]):  # one prefill serves every row
             logits = self.prefill(first, reuse)  # [1, V]
-            self.lengths, self.valid = [first.numel()] * len(prompts), None
+            self.lengths, self.valid = [len(first)] * len(prompts), None
             self.hidden_rows = [self.hidden] * len(prompts)
             if len(prompts) > 1:
                 for layer in self._layers():
@@ -97,7 +97,8 @@ class Target:
     def forward_rows(self, fed: Sequence[Tensor], parents: Sequence[Tensor | None], head: torch.nn.Module | None = None,
                      tree: int | None = None) -> list[Tensor]:
         """Feed row b's tokens `fed[b]` ([n_b] >= 1: a chain, or a tree under `parents[b]`, as in
-        `forward`) after its cached ones, every row in one forward.
+        `forward`; [n_b, H] input embeddings for a model fed embeddings, such as EAGLE's head) after
+        its cached ones, every row in one forward.
 
         A row may feed nothing (n_b = 0): a drafter's row that is done drafting while others go on.
         With `tree` (a slot: `length` when the rows' trees began), each row's nodes grow the tree it
@@ -108,7 +109,7 @@ class Target:
         Returns:
             [n_b, V] logits per row: row i of each is the distribution of the token after fed[b][i].
         """
-        if self.rows == 1 and self.valid is None and fed[0].numel():  # one sequence: the plain forward (no mask for a chain)
+        if self.rows == 1 and self.valid is None and len(fed[0]):  # one sequence: the plain forward (no mask for a chain)
             self._window = self.length
             logits = self.forward(fed[0], head=head, parents=parents[0], tree=tree)
             self.hidden_rows = [self.hidden]
@@ -116,7 +117,7 @@ class Target:
             return [logits]
         hidden = self._rows_hidden(list(fed), list(parents), tree)  # [B, W, H]
         logits = (head or self.model.get_output_embeddings())(hidden)  # [B, W, V] ([B, W, N] with a head over N tokens)
-        return [logits[b, : t.numel()] for b, t in enumerate(fed)]
+        return [logits[b, : len(t)] for b, t in enumerate(fed)]
 
     def keep_rows(self, kept: Sequence[Sequence[int]]) -> None:
         """Keep, of the tokens each row fed in the last `forward_rows`, those at `kept[b]` (in order:
@@ -203,10 +204,10 @@ class Target:
         after the cache into a new window of W slots (under `tree`: see `forward_rows`); `hidden_rows`
         keeps each row's [n_b, H]."""
         rows, dtype = len(fed), self.model.dtype
-        n = [t.numel() for t in fed]
+        n = [len(t) for t in fed]
         width = max(1, *n)
-        ids = torch.nn.utils.rnn.pad_sequence([t.to(self.device) for t in fed], batch_first=True)  # [B, <= W]
-        ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]))  # [B, W]
+        ids = torch.nn.utils.rnn.pad_sequence([t.to(self.device) for t in fed], batch_first=True)  # [B, <= W] (ids; or [B, <= W, H] embeddings)
+        ids = torch.nn.functional.pad(ids, (0, 0) * (ids.dim() - 2) + (0, width - ids.shape[1]))  # [B, W] ([B, W, H])
         filled = torch.arange(width) < torch.tensor(n)[:, None]  # [B, W] the slots a row's tokens take
         seen = torch.ones(width, width, dtype=torch.bool).tril() & filled[:, None, :] & filled[:, :, None]  # [B, W, W] a chain sees its tokens so far
         seen |= torch.eye(width, dtype=torch.bool) & ~filled[:, :, None]  # padding (a row with fewer tokens, or none) sees itself only
@@ -225,7 +226,7 @@ class Target:
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
         positions = torch.tensor(base)[:, None] + (depth - 1).clamp(min=0)  # [B, W]
         self._window, self._fed = self.length, n
-        out = self.model.base_model(input_ids=ids, attention_mask=mask[:, None], position_ids=positions.to(self.device),
+        out = self.model.base_model(**_inputs(ids), attention_mask=mask[:, None], position_ids=positions.to(self.device),
                                     cache=self.cache, use_cache=True)
         self.length += width
         self.valid = torch.cat([valid, filled.to(self.device)], dim=1)
@@ -273,10 +274,10 @@ class Target:
             [1, V] the logits after the last token (the lm head runs on that position only), or None
             when `tokens` is empty.
         """
-        if not tokens.numel():
+        if not len(tokens):
             return None
         if reuse and self._kept is not None and torch.equal(self._kept[0], tokens):
-            self.cache, self.length, self.hidden = copy.deepcopy(self._kept[1]), tokens.numel(), self._kept[3]
+            self.cache, self.length, self.hidden = copy.deepcopy(self._kept[1]), len(tokens), self._kept[3]
             return self._kept[2]
         logits = self._run(tokens, logits_to_keep=1)
         if reuse:
@@ -342,8 +343,8 @@ class Target:
 
     def _hidden_states(self, tokens: Tensor, **extra: Tensor) -> Tensor:
         """[K, H] the base model's final (normed) hidden states of `tokens`, fed after the cache."""
-        out = self.model.base_model(input_ids=tokens.to(self.device)[None], cache=self.cache, use_cache=True, **extra)
-        self.length += tokens.numel()
+        out = self.model.base_model(**_inputs(tokens.to(self.device)[None]), cache=self.cache, use_cache=True, **extra)
+        self.length += len(tokens)
         return out.last_hidden_state[0]
 
     def _run(self, tokens: Tensor, logits_to_keep: int, **extra: Tensor) -> Tensor:
@@ -351,14 +352,19 @@ class Target:
             self.hidden = self._hidden_states(tokens, **extra)  # [K, H]
             return self.model.get_output_embeddings()(self.hidden[-logits_to_keep:])  # [K or 1, V]
         out = self.model(
-            input_ids=tokens.to(self.device)[None],  # [1, K]
+            **_inputs(tokens.to(self.device)[None]),  # [1, K]
             cache=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
             **extra,
         )
-        self.length += tokens.numel()
+        self.length += len(tokens)
         return out.logits[0]  # [K, V]
+
+
+def _inputs(x: Tensor) -> dict[str, Tensor]:
+    """A forward's inputs: [B, K] token ids, or [B, K, H] input embeddings (a draft head's, see drafters.eagle)."""
+    return {"inputs_embeds": x} if x.is_floating_point() else {"input_ids": x}
 
 
 def _gather_slots(cache: Tensor, index: Tensor) -> Tensor:

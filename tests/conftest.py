@@ -13,6 +13,10 @@ from specresearch.models import SkinnyLinear, load_model
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N`: N workers share the cores, one thread each (their subprocesses too)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 # Tiny models for both target and draft, so composing the default config needs no real model.
 TINY = ["model=tiny", "drafter.model.name=tiny", "+drafter.model.tiny={vocab_size: 320, seed: 0, noise: 0.03}"]
 

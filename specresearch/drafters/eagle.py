@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,12 +21,12 @@ from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
 from specresearch import settings
-from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
+from specresearch.drafters.base import Chain, Context, Drafter, Rows, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, optimise, rate_name
-from specresearch.drafters.tree import TreeShape, sizer
+from specresearch.drafters.tree import TreeShape, advance, sizer
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
-from specresearch.target import tree_attention
+from specresearch.target import Target, tree_attention
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.vocab import Shortlist
 
@@ -63,10 +64,13 @@ class EagleHead(nn.Module):
         """[B, T, H] token embeddings e(x_{t+1}) and [B, T, H] features f_t → [B, T, H] predicted f̂_{t+1}
         (after the pairs in `cache`; `mask` [B, past + T]: 0 = padding, or a 4D additive one;
         `positions` [B, T]: None = after the cache)."""
-        dtype = self.fc.weight.dtype
-        x = self.fc(torch.cat([self.embed_norm(embeds.to(dtype)), self.feature_norm(features.to(dtype))], dim=-1))  # [B, T, H]
-        return self.layer(inputs_embeds=x, cache=cache, use_cache=cache is not None, attention_mask=mask,
+        return self.layer(inputs_embeds=self.inputs(embeds, features), cache=cache, use_cache=cache is not None, attention_mask=mask,
                           position_ids=positions).last_hidden_state
+
+    def inputs(self, embeds: Tensor, features: Tensor) -> Tensor:
+        """[..., T, H] the decoder layer's inputs fc([norm(e(x)); norm(f)]) of the pairs (f_t, x_{t+1})."""
+        dtype = self.fc.weight.dtype
+        return self.fc(torch.cat([self.embed_norm(embeds.to(dtype)), self.feature_norm(features.to(dtype))], dim=-1))
 
     def save(self, path: Path, meta: dict | None = None) -> None:
         """safetensors weights, with `meta` (target, training) in a JSON file beside them."""
@@ -370,3 +374,137 @@ class EagleDrafter(Drafter):
     def predicted_speedup(self) -> float | None:
         """shape=auto's predicted speedup over the steps so far (None without it)."""
         return None if self.shape is None or self.shape.sizer is None else self.shape.sizer.predicted_speedup
+
+    def batched_rows(self) -> Rows | None:
+        return EagleRows(self)
+
+
+class _Features(nn.Module):
+    """The head's decoder layer as the model a Target runs: fed input embeddings (the pairs'
+    `EagleHead.inputs`), its "logits" are its output features f̂."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    @property
+    def base_model(self) -> nn.Module:
+        return self.layer
+
+    @property
+    def config(self):
+        return self.layer.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layer.dtype
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.layer.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return nn.Identity()
+
+    def forward(self, logits_to_keep: int = 0, **inputs) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.layer(**inputs).last_hidden_state[:, -logits_to_keep:])  # [B, K, H]
+
+
+class EagleRows(Rows):
+    """The head drafting every row of a batch: one head forward per drafted token (a chain) or tree
+    level feeds every row still drafting, each row's pairs in its own slots of one cache (Target's rows
+    over the head's decoder layer), so a row's draft is the one `EagleDrafter` drafts for it alone."""
+
+    def __init__(self, drafter: EagleDrafter):
+        self.d = drafter
+        weight = drafter.head.fc.weight
+        self.head = Target(LoadedModel(_Features(drafter.head.layer), None, "eagle head", weight.device, weight.dtype))
+        self.features: list[Tensor] = []  # per row, [H] f̂ after its last accepted pair
+        self.counts: list[int] = []
+
+    def _pairs(self, features: Tensor, tokens: Tensor) -> Tensor:
+        """[T, H] the head layer's inputs of the pairs (features [T, H], tokens [T])."""
+        return self.d.head.inputs(self.d.embed(tokens), features)
+
+    def _feed(self, features: list[Tensor], tokens: list[Tensor], parents: list[Tensor | None] | None = None,
+              tree: int | None = None) -> list[Tensor]:
+        """Feed each row's pairs (none where tokens[b] is empty); [n_b, H] their f̂ per row."""
+        fed = [self._pairs(f, x) for f, x in zip(features, tokens)]
+        out = self.head.forward_rows(fed, parents or [None] * len(fed), tree=tree)
+        if tree is None:
+            self.head.keep_rows([range(len(x)) for x in fed])
+        self.counts = [c + bool(len(x)) for c, x in zip(self.counts, fed)]
+        return out
+
+    def prefill(self, ctxs: list[Context]) -> None:
+        if any(ctx.hidden is None for ctx in ctxs):
+            raise SpecResearchError("drafter=eagle needs the target's hidden states (Context.hidden); run it through the Engine")
+        self.head.reset()
+        out = self.head.prefill_rows([self._pairs(ctx.hidden, ctx.tokens[1:]) for ctx in ctxs])  # [B, H]
+        self.counts = [1] * len(ctxs)
+        self.features = list(out)
+
+    def propose(self, ctxs: list[Context]) -> list[Draft]:
+        start, lengths = self.head.length, list(self.head.lengths)  # the drafted pairs are dropped after drafting
+        drafts = self._trees(ctxs) if self.d.shape is not None else self._chains(ctxs)
+        self.head.crop_rows(start, lengths)
+        return drafts
+
+    def _chains(self, ctxs: list[Context]) -> list[Draft]:
+        chains = [Chain(ctx, self.d.shortlist) for ctx in ctxs]
+        f = list(self.features)
+        none = torch.zeros(0, dtype=torch.long, device=ctxs[0].tokens.device)
+        for i in range(max(ctx.max_draft for ctx in ctxs)):
+            x = [chain.add(self.d.lm_head(f[b]).float())[None] if i < ctx.max_draft else none
+                 for b, (ctx, chain) in enumerate(zip(ctxs, chains))]
+            x = [token if i + 1 < ctx.max_draft else none for token, ctx in zip(x, ctxs)]  # the chain's last token is not fed
+            if not any(len(token) for token in x):
+                break
+            out = self._feed([f[b][None][: len(token)] for b, token in enumerate(x)], x)
+            f = [o[-1] if len(token) else old for o, token, old in zip(out, x, f)]
+        return [chain.draft() for chain in chains]
+
+    def _trees(self, ctxs: list[Context]) -> list[Draft]:
+        started = time.perf_counter()
+        depths = [min(self.d.depth, ctx.max_draft) for ctx in ctxs]
+        start, device = self.head.length, ctxs[0].tokens.device
+        token = (lambda x: x) if self.d.shortlist is None else (lambda x: int(self.d.shortlist.ids[x]))
+        widen = (lambda q: q) if self.d.shortlist is None else self.d.shortlist.widen
+        expanded: list[list[Tensor]] = [[] for _ in ctxs]  # per row, per expanded node its f̂ [H]
+        trees: list[list] = [[] for _ in ctxs]
+        growing, requests = {}, {}
+        for b, ctx in enumerate(ctxs):
+            if depths[b] > 0:
+                growing[b] = self.d.shape.growing(self.d.lm_head(self.features[b])[None].float(), ctx, depths[b], token, widen, started)
+                advance(b, growing, requests, trees, None)
+        none = torch.zeros(0, dtype=torch.long)
+        while requests:
+            rows = range(len(ctxs))
+            features = [torch.stack([self.features[b] if p < 0 else expanded[b][p] for p in requests[b][1].tolist()])
+                        if b in requests else self.features[b][None][:0] for b in rows]  # [W_b, H] each node's parent's f̂
+            out = self._feed(features, [requests[b][0] if b in requests else none.to(device) for b in rows],
+                             [requests[b][1] if b in requests else none for b in rows], tree=start)
+            for b in list(requests):
+                expanded[b].extend(out[b])
+                advance(b, growing, requests, trees, self.d.lm_head(out[b]).float())
+        drafts = []
+        for nodes, depth in zip(trees, depths):
+            qs = [q for _, _, q in nodes if q is not None]
+            drafts.append(Draft(tokens=torch.tensor([t for t, _, _ in nodes], dtype=torch.long, device=device),
+                                q=torch.stack(qs) if qs else None, parents=torch.tensor([p for _, p, _ in nodes], dtype=torch.long))
+                          if depth > 0 else Draft.empty(device))
+        return drafts
+
+    def observe(self, b: int, logits: Tensor) -> None:
+        pass
+
+    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        # The target's own features of the tokens it kept, each with the token that followed it.
+        out = self._feed([ctx.hidden for ctx in ctxs], [ctx.tokens[-ctx.hidden.shape[0]:] for ctx in ctxs])
+        self.features = [o[-1] for o in out]
+
+    def select(self, index: list[int]) -> None:
+        self.head.select_rows(index)
+        self.features, self.counts = [self.features[i] for i in index], [self.counts[i] for i in index]
+
+    def forwards(self) -> list[int]:
+        return self.counts

@@ -226,6 +226,16 @@ def finish(tree: Growing, expand: Callable[[Tensor, Tensor], Tensor]) -> list[tu
         return done.value
 
 
+def advance(b: int, growing: dict[int, Growing], requests: dict[int, tuple[Tensor, Tensor]], trees: list, logits: Tensor | None) -> None:
+    """Row b's growing tree (of a batch's, grown in lockstep) takes its level's logits (None: it
+    starts): its next level to expand goes to requests[b], or once grown its nodes to trees[b]."""
+    try:
+        requests[b] = next(growing[b]) if logits is None else growing[b].send(logits)
+    except StopIteration as done:
+        requests.pop(b, None)
+        trees[b] = done.value
+
+
 class TreeDrafter(Drafter):
     """Each step, every draft model grows a tree (`TreeShape`: static, or EAGLE-2's dynamic one) after
     the last committed token, one draft forward per level (the level's nodes fed together under the
@@ -386,7 +396,7 @@ class TreeRows(Rows):
             if live[b]:
                 self.counts[b] += 1
                 growing[b] = self.drafter.shape.growing(logits[b][-1:], ctx, depths[b], draft.token, draft.widen, started)
-                self._step(b, growing, requests, trees, None)
+                advance(b, growing, requests, trees, None)
         while requests:
             rows = range(len(ctxs))
             empty = torch.zeros(0, dtype=torch.long)
@@ -394,18 +404,9 @@ class TreeRows(Rows):
                                      [requests[b][1] if b in requests else empty for b in rows], tree=start)  # [W_b, V] per row
             for b in list(requests):
                 self.counts[b] += 1
-                self._step(b, growing, requests, trees, out[b])
+                advance(b, growing, requests, trees, out[b])
         draft.crop_rows(start, lengths)
         return trees
-
-    @staticmethod
-    def _step(b: int, growing: dict, requests: dict, trees: list, logits: Tensor | None) -> None:
-        """Row b's tree takes its level's logits (None: it starts); its next request, or its nodes once grown."""
-        try:
-            requests[b] = next(growing[b]) if logits is None else growing[b].send(logits)
-        except StopIteration as done:
-            requests.pop(b, None)
-            trees[b] = done.value
 
     def observe(self, b: int, logits: Tensor) -> None:
         pass
