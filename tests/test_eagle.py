@@ -61,6 +61,27 @@ def test_the_head_learns_and_its_drafts_are_accepted(cyclic):
             assert out.stats.accepted > out.stats.drafted / 2  # its own features carry it along the chain
 
 
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_batch_drafts_every_row_in_one_head_forward_per_token_or_level(cyclic, tree, temperature):
+    """EagleRows: each row of a batch drafts (and decodes) what it drafts alone with its seed, accepted
+    drafts included, while the head runs once per drafted token or tree level for all rows."""
+    lm, head, _ = cyclic
+    engine = Engine(lm, EagleDrafter(lm, k=4, head=head, tree=tree, depth=4, nodes=8), RejectionVerifier(), SamplingParams(temperature=temperature))
+    prompts = [*CODE, CODE[0][4:], CODE[1][7:]]  # the cycles the head learnt, from prompts of four lengths
+    alone = [engine.generate(p, 24, eos_token_ids=[], seed=b) for b, p in enumerate(prompts)]
+    calls = []
+    hook = head.layer.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        batch = engine.generate(prompts, 24, eos_token_ids=[], seed=0)
+    finally:
+        hook.remove()
+    assert [(o.tokens, o.stats.accepted, o.stats.draft_forwards) for o in batch] == [(o.tokens, o.stats.accepted, o.stats.draft_forwards) for o in alone]
+    assert sum(o.stats.accepted for o in batch) > sum(o.stats.drafted for o in batch) / 4  # the drafts land: their path is exercised
+    forwards = [o.stats.draft_forwards for o in batch]
+    assert max(forwards) <= len(calls) < sum(forwards)
+
+
 @pytest.mark.parametrize("start", [0, 5])
 def test_training_time_test_sees_what_drafting_sees(target, start):
     """Step l of `unroll` at row i is the head's guess after the target's features up to i - l and l
