@@ -251,9 +251,9 @@ class Target:
         cached = cached.clone()
         cached[:, :, start:] = False
         for b, p in enumerate(parents):
-            old = known[b].shape[0]
             if not n[b]:
                 continue
+            old = known[b].shape[0]
             known[b] = tree_attention(known[b], p.cpu(), old, 0, self.model.dtype)[0]  # [old + n_b, old + n_b]
             new = known[b][old:]  # [n_b, old + n_b] each new node's ancestors, itself included
             cached[b, : n[b], slots[b]] = new[:, :old].to(self.device)

@@ -23,7 +23,7 @@ from transformers import AutoModel, DynamicCache
 from specresearch import settings
 from specresearch.drafters.base import Chain, Context, Drafter, Rows, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, optimise, rate_name
-from specresearch.drafters.tree import TreeShape, advance, sizer
+from specresearch.drafters.tree import TreeShape, grow_rows, sizer, tree_draft
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.target import Target, tree_attention
@@ -346,15 +346,16 @@ class EagleDrafter(Drafter):
             fed.extend(out)
             return self.lm_head(out).float()  # [W, V] or [W, N]
 
-        token = (lambda x: x) if self.shortlist is None else (lambda x: int(self.shortlist.ids[x]))
-        widen = (lambda q: q) if self.shortlist is None else self.shortlist.widen
-        nodes = self.shape.grow(self.lm_head(self.feature)[None].float(), expand, ctx, depth, token, widen, started)
-        qs = [q for _, _, q in nodes if q is not None]
-        return Draft(
-            tokens=torch.tensor([t for t, _, _ in nodes], dtype=torch.long, device=ctx.tokens.device),
-            q=torch.stack(qs) if qs else None,  # [N, V]
-            parents=torch.tensor([p for _, p, _ in nodes], dtype=torch.long),
-        )
+        nodes = self.shape.grow(self.lm_head(self.feature)[None].float(), expand, ctx, depth, self.token, self.widen, started)
+        return tree_draft([nodes], ctx.tokens.device)
+
+    def token(self, x: int) -> int:
+        """The token id of index `x` of the head's logits (its shortlist's, if it has one)."""
+        return x if self.shortlist is None else int(self.shortlist.ids[x])
+
+    def widen(self, q: Tensor) -> Tensor:
+        """[..., N] a law over the head's logits → [..., V] over the whole vocabulary."""
+        return q if self.shortlist is None else self.shortlist.widen(q)
 
     def commit(self, ctx: Context, verdict: Verdict) -> None:
         # Drop the drafted pairs, then feed the target's own features of the tokens it kept, each with
@@ -467,32 +468,22 @@ class EagleRows(Rows):
         started = time.perf_counter()
         depths = [min(self.d.depth, ctx.max_draft) for ctx in ctxs]
         start, device = self.head.length, ctxs[0].tokens.device
-        token = (lambda x: x) if self.d.shortlist is None else (lambda x: int(self.d.shortlist.ids[x]))
-        widen = (lambda q: q) if self.d.shortlist is None else self.d.shortlist.widen
         expanded: list[list[Tensor]] = [[] for _ in ctxs]  # per row, per expanded node its f̂ [H]
-        trees: list[list] = [[] for _ in ctxs]
-        growing, requests = {}, {}
-        for b, ctx in enumerate(ctxs):
-            if depths[b] > 0:
-                growing[b] = self.d.shape.growing(self.d.lm_head(self.features[b])[None].float(), ctx, depths[b], token, widen, started)
-                advance(b, growing, requests, trees, None)
         none = torch.zeros(0, dtype=torch.long)
-        while requests:
+
+        def expand(requests: dict[int, tuple[Tensor, Tensor]]) -> dict[int, Tensor]:
             rows = range(len(ctxs))
             features = [torch.stack([self.features[b] if p < 0 else expanded[b][p] for p in requests[b][1].tolist()])
                         if b in requests else self.features[b][None][:0] for b in rows]  # [W_b, H] each node's parent's f̂
             out = self._feed(features, [requests[b][0] if b in requests else none.to(device) for b in rows],
                              [requests[b][1] if b in requests else none for b in rows], tree=start)
-            for b in list(requests):
+            for b in requests:
                 expanded[b].extend(out[b])
-                advance(b, growing, requests, trees, self.d.lm_head(out[b]).float())
-        drafts = []
-        for nodes, depth in zip(trees, depths):
-            qs = [q for _, _, q in nodes if q is not None]
-            drafts.append(Draft(tokens=torch.tensor([t for t, _, _ in nodes], dtype=torch.long, device=device),
-                                q=torch.stack(qs) if qs else None, parents=torch.tensor([p for _, p, _ in nodes], dtype=torch.long))
-                          if depth > 0 else Draft.empty(device))
-        return drafts
+            return {b: self.d.lm_head(out[b]).float() for b in requests}  # [W_b, V] or [W_b, N]
+
+        trees = grow_rows(self.d.shape, ctxs, depths, lambda b: self.d.lm_head(self.features[b])[None].float(), expand,
+                          self.d.token, self.d.widen, started)
+        return [tree_draft([nodes], device) if depth > 0 else Draft.empty(device) for nodes, depth in zip(trees, depths)]
 
     def observe(self, b: int, logits: Tensor) -> None:
         pass

@@ -226,14 +226,54 @@ def finish(tree: Growing, expand: Callable[[Tensor, Tensor], Tensor]) -> list[tu
         return done.value
 
 
-def advance(b: int, growing: dict[int, Growing], requests: dict[int, tuple[Tensor, Tensor]], trees: list, logits: Tensor | None) -> None:
-    """Row b's growing tree (of a batch's, grown in lockstep) takes its level's logits (None: it
-    starts): its next level to expand goes to requests[b], or once grown its nodes to trees[b]."""
-    try:
-        requests[b] = next(growing[b]) if logits is None else growing[b].send(logits)
-    except StopIteration as done:
-        requests.pop(b, None)
-        trees[b] = done.value
+Nodes = list[tuple[int, int, Tensor | None]]  # a grown tree: (token, parent, q or None) per node, parents first
+
+
+def grow_rows(shape: TreeShape, ctxs: list[Context], depths: list[int], root: Callable[[int], Tensor],
+              expand: Callable[[dict[int, tuple[Tensor, Tensor]]], Sequence[Tensor]], token: Callable[[int], int] = int,
+              widen: Callable[[Tensor], Tensor] = lambda q: q, started: float | None = None) -> list[Nodes]:
+    """Every row's tree (`TreeShape.growing`) grown in lockstep, one expansion for all rows per level:
+    `root(b)` is row b's [1, V] logits after its last committed token, `expand(requests)` feeds each
+    requesting row b its level's (tokens [W_b], parents [W_b]) in one forward and returns logits
+    indexable by b ([W_b, V]). A row with depth 0 gets no tree ([])."""
+    trees: list[Nodes] = [[] for _ in ctxs]
+    growing: dict[int, Growing] = {}
+    requests: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def advance(b: int, logits: Tensor | None) -> None:
+        try:
+            requests[b] = next(growing[b]) if logits is None else growing[b].send(logits)
+        except StopIteration as done:
+            requests.pop(b, None)
+            trees[b] = done.value
+
+    for b, ctx in enumerate(ctxs):
+        if depths[b] > 0:
+            growing[b] = shape.growing(root(b), ctx, depths[b], token, widen, started)
+            advance(b, None)
+    while requests:
+        out = expand(requests)
+        for b in list(requests):
+            advance(b, out[b])
+    return trees
+
+
+def tree_draft(trees: Sequence[Nodes], device: torch.device, merge: bool = False) -> Draft:
+    """One draft of one or more grown trees: merged as a trie with `merge` (top children), else side
+    by side (sampled children: merging them would change their law)."""
+    trie = Trie()
+    qs: list[Tensor] = []
+    for nodes in trees:
+        local: list[int] = []  # this tree's node -> merged node
+        for token, parent, q in nodes:
+            local.append(trie.add(-1 if parent < 0 else local[parent], token, merge=merge))
+            if q is not None:  # sampled children: every one is a new node
+                qs.append(q)
+    return Draft(
+        tokens=torch.tensor(trie.tokens, dtype=torch.long, device=device),
+        q=torch.stack(qs) if qs else None,  # [N, V]: row i is the law node i was drawn from
+        parents=torch.tensor(trie.parents, dtype=torch.long),
+    )
 
 
 class TreeDrafter(Drafter):
@@ -302,21 +342,9 @@ class TreeDrafter(Drafter):
         device = ctx.tokens.device
         if depth <= 0:
             return Draft.empty(device)
-        trie = Trie()  # the drafts' trees merged: top children as a trie, sampled ones side by side
-        qs: list[Tensor] = []
-        for draft in self.drafts:
-            local: list[int] = []  # this tree's node -> merged node
-            for token, parent, q in self._grow(draft, ctx, depth):
-                local.append(trie.add(-1 if parent < 0 else local[parent], token, merge=self.shape.children == "top"))
-                if q is not None:  # sampled children: every one is a new node
-                    qs.append(q)
-        return Draft(
-            tokens=torch.tensor(trie.tokens, dtype=torch.long, device=device),
-            q=torch.stack(qs) if qs else None,  # [N, V]: row i is the law node i was drawn from
-            parents=torch.tensor(trie.parents, dtype=torch.long),
-        )
+        return tree_draft([self._grow(draft, ctx, depth) for draft in self.drafts], device, merge=self.shape.children == "top")
 
-    def _grow(self, draft: DraftModel, ctx: Context, depth: int) -> list[tuple[int, int, Tensor | None]]:
+    def _grow(self, draft: DraftModel, ctx: Context, depth: int) -> Nodes:
         """One draft model's tree: (token, parent, q or None) per node, parents first."""
         started = time.perf_counter()
         pending = ctx.tokens[draft.length :]  # [P] committed tokens the draft has not seen, the last one included
@@ -367,21 +395,12 @@ class TreeRows(Rows):
 
     def propose(self, ctxs: list[Context]) -> list[Draft]:
         depths = [min(self.drafter.depth, ctx.max_draft) for ctx in ctxs]
-        tries, qs = [Trie() for _ in ctxs], [[] for _ in ctxs]  # per row, as TreeDrafter.propose merges the drafts' trees
-        merge = self.drafter.shape.children == "top"
-        for draft in self.drafts:
-            for trie, q_row, nodes in zip(tries, qs, self._grow(draft, ctxs, depths)):
-                local: list[int] = []
-                for token, parent, q in nodes:
-                    local.append(trie.add(-1 if parent < 0 else local[parent], token, merge=merge))
-                    if q is not None:
-                        q_row.append(q)
-        device = ctxs[0].tokens.device
-        return [Draft(tokens=torch.tensor(trie.tokens, dtype=torch.long, device=device), q=torch.stack(q_row) if q_row else None,
-                      parents=torch.tensor(trie.parents, dtype=torch.long)) if depth > 0 else Draft.empty(device)
-                for trie, q_row, depth in zip(tries, qs, depths)]
+        grown = [self._grow(draft, ctxs, depths) for draft in self.drafts]  # per draft model, per row
+        device, merge = ctxs[0].tokens.device, self.drafter.shape.children == "top"
+        return [tree_draft([trees[b] for trees in grown], device, merge) if depth > 0 else Draft.empty(device)
+                for b, depth in enumerate(depths)]
 
-    def _grow(self, draft: DraftModel, ctxs: list[Context], depths: list[int]) -> list[list[tuple[int, int, Tensor | None]]]:
+    def _grow(self, draft: DraftModel, ctxs: list[Context], depths: list[int]) -> list[Nodes]:
         """One draft model's tree per row (TreeDrafter._grow for all rows), [] for a row that drafts nothing."""
         started = time.perf_counter()
         live = [depth > 0 for depth in depths]
@@ -389,22 +408,17 @@ class TreeRows(Rows):
         logits = draft.forward_rows(fed, [None] * len(fed))  # [P, V] per row ([P, N] over a shortlist)
         draft.keep_rows([range(tokens.numel()) for tokens in fed])
         start, lengths = draft.length, list(draft.lengths)
-        trees: list[list] = [[] for _ in ctxs]
-        growing: dict[int, Growing] = {}
-        requests: dict[int, tuple[Tensor, Tensor]] = {}
-        for b, ctx in enumerate(ctxs):
-            if live[b]:
+        self.counts = [c + on for c, on in zip(self.counts, live)]
+        empty = torch.zeros(0, dtype=torch.long)
+
+        def expand(requests: dict[int, tuple[Tensor, Tensor]]) -> list[Tensor]:
+            for b in requests:
                 self.counts[b] += 1
-                growing[b] = self.drafter.shape.growing(logits[b][-1:], ctx, depths[b], draft.token, draft.widen, started)
-                advance(b, growing, requests, trees, None)
-        while requests:
             rows = range(len(ctxs))
-            empty = torch.zeros(0, dtype=torch.long)
-            out = draft.forward_rows([requests[b][0] if b in requests else empty for b in rows],
-                                     [requests[b][1] if b in requests else empty for b in rows], tree=start)  # [W_b, V] per row
-            for b in list(requests):
-                self.counts[b] += 1
-                advance(b, growing, requests, trees, out[b])
+            return draft.forward_rows([requests[b][0] if b in requests else empty for b in rows],
+                                      [requests[b][1] if b in requests else empty for b in rows], tree=start)  # [W_b, V] per row
+
+        trees = grow_rows(self.drafter.shape, ctxs, depths, lambda b: logits[b][-1:], expand, draft.token, draft.widen, started)
         draft.crop_rows(start, lengths)
         return trees
 
