@@ -195,6 +195,25 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     return root
 
 
+MIN_TRANSFORMERS = "5.24"  # models take `cache=`: 5.23 and older ignore it (no error, wrong tokens)
+
+
+def check_transformers(version: str | None = None) -> None:
+    """Refuse a transformers older than MIN_TRANSFORMERS (`version`: the installed one by default).
+
+    The engine hands the model its KV cache as `cache=`; an older transformers takes the keyword
+    silently and decodes without the cache, so every token after the first is wrong, with no error.
+    """
+    import transformers
+    from packaging.version import Version
+
+    version = version or transformers.__version__
+    if Version(version) < Version(MIN_TRANSFORMERS):
+        raise SpecResearchError(f"transformers {version} is installed; specresearch needs >= {MIN_TRANSFORMERS} (older "
+                                f"versions ignore the engine's KV cache and decode wrong tokens): pip install "
+                                f"'transformers>={MIN_TRANSFORMERS},<6'")
+
+
 def load_model(
     name: str,
     dtype: str = "auto",
@@ -219,6 +238,7 @@ def load_model(
     Returns:
         The model in eval mode on `device` in `dtype`, and its tokenizer.
     """
+    check_transformers()
     if kernels not in ("auto", "torch"):
         raise SpecResearchError(f"unknown model.kernels '{kernels}': valid are auto, torch")
     lm = _load(name, dtype, resolve_device(device), cache_dir, tiny)
@@ -247,15 +267,14 @@ def _load(name: str, dtype: str, dev: torch.device, cache_dir: str | None, tiny:
             "verification) cost about as many single-token ones, so speculative speedups shrink; "
             "model.dtype=auto picks float32 here"
         )
-    root = cache_root(cache_dir)
     path = Path(name).expanduser()
     if name in ZOO:
-        cached = root / name
+        cached = cache_root(cache_dir) / name
         return _load_cache_entry(cached, name, want, dev, lambda: _build_zoo_cache(name, ZOO[name], cached))
     if path.is_file() and path.suffix == ".gguf":
         stat = path.resolve().stat()  # a changed file gets a new cache entry; hashing GBs on every load would cost seconds
         key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-        cached = root / f"gguf-{path.stem}-{key}"
+        cached = cache_root(cache_dir) / f"gguf-{path.stem}-{key}"
         return _load_cache_entry(cached, name, want, dev, lambda: _dequantize_to(path, cached, path.name))
     if path.is_dir():
         _check_model_folder(path, name)
@@ -311,7 +330,7 @@ class SkinnyLinear(torch.nn.Linear):
         if rows == 1:  # bf16: a one-row product takes a slower kernel than a two-row one
             x2 = torch.cat([x2, torch.zeros_like(x2)])
         y = self.weight @ x2.T if self.bias is None else torch.addmm(self.bias[:, None], self.weight, x2.T)  # [out, rows]
-        return y[:, :rows].T.reshape(*x.shape[:-1], -1)  # [..., out]
+        return y[:, :rows].T.contiguous().reshape(*x.shape[:-1], -1)  # [..., out]
 
 
 def use_skinny_linear(model: torch.nn.Module, on: bool = True) -> torch.nn.Module:

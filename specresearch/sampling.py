@@ -67,7 +67,10 @@ def draw(logits: Tensor, params: SamplingParams, rng: torch.Generator | None) ->
 
 
 def sample(probs: Tensor, rng: torch.Generator | None) -> Tensor:
-    """Draw one token per row.
+    """Draw one token per row by inverting its CDF: one uniform u per row, the first token whose
+    cumulative mass (float64) exceeds u times the row's total. A token of probability 0 is never drawn.
+    torch.multinomial draws V exponentials per row instead: on a 151,936-token vocabulary that took
+    half of a 64-row bf16 decode step of Qwen2.5-Coder-0.5B on the 2-core CPU.
 
     Args:
         probs: [..., V] probabilities (need not be normalised).
@@ -77,7 +80,13 @@ def sample(probs: Tensor, rng: torch.Generator | None) -> Tensor:
         [...] token ids (int64).
     """
     flat = probs.reshape(-1, probs.shape[-1])  # [N, V]
-    return torch.multinomial(flat, 1, generator=rng).reshape(probs.shape[:-1])
+    cdf = flat.double().cumsum(-1)  # [N, V]
+    total = cdf[:, -1:]  # [N, 1]
+    if flat.device.type == "cpu" and not bool((total > 0).all()):  # (no device sync on a GPU)
+        raise ValueError("sample: every row needs a positive, finite total probability")
+    u = torch.rand(total.shape, generator=rng, dtype=torch.float64, device=flat.device)  # [N, 1]
+    x = torch.searchsorted(cdf, u * total, right=True).clamp_max_(flat.shape[-1] - 1)  # [N, 1]
+    return x.reshape(probs.shape[:-1])
 
 
 _UNIT = SamplingParams(temperature=1.0)  # plain softmax: logits / 1.0 is exact

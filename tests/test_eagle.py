@@ -29,7 +29,7 @@ CODE = [ids for ids in (list(p.text.encode()) for p in training_prompts(["python
 def cyclic():
     """A tiny model whose greedy text cycles, and an EAGLE head trained on its own continuations."""
     lm = cyclic_tiny(0)
-    cfg = train_cfg(data="self", corpora=["python-stdlib", "sharegpt"], tokens=96 * 24, new=24, epochs=6, lr=1e-2)
+    cfg = train_cfg(data="self", corpora=["python-stdlib", "sharegpt"], tokens=96 * 24, new=24, epochs=6, lr=5e-3)  # lr 1e-2 spiked: a last-bit change of the kernels cost half the acceptance
     cfg.drafter = {"_target_": EAGLE}
     head, summary = train(cfg, lm)
     return lm, head, summary

@@ -183,7 +183,7 @@ def test_sampled_speculative_follows_target_law(target, far_draft):
     observed.append(sum(c for (a, _), c in counts.items() if a not in top.tolist()))
     expected = np.array(expected) * n
     assert len(expected) > 20 and sum(observed) == n
-    assert 0.3 < stats.alpha < 0.9, "both acceptances and recoveries must occur"
+    assert 0.2 < stats.alpha < 0.9, "both acceptances and recoveries must occur"
     assert stats.accepted_at[0] > 0.2 * n, "the second token must often come from an accepted draft"
     pvalue = power_divergence(np.array(observed), expected, lambda_="log-likelihood").pvalue
     assert pvalue > 1e-3

@@ -97,8 +97,8 @@ def test_rejection_sampling_with_lookahead_follows_the_target():
     target = cyclic_tiny(0, head=3e-4)
     prompt = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams()).generate(REPEATING, 11, eos_token_ids=[]).tokens
     engine = Engine(target, LookaheadDrafter(window=4, ngram=3, guesses=4), RejectionVerifier(), SamplingParams(temperature=1.0))
-    stats = engine.generate(prompt, 40, eos_token_ids=[], seed=3).stats
-    assert 0 < stats.accepted < stats.drafted
+    outs = engine.generate([prompt] * 8, 40, eos_token_ids=[], seed=0)  # eight seeds: some draws accept guesses, some not
+    assert 0 < sum(o.stats.accepted for o in outs) < sum(o.stats.drafted for o in outs)
     report = equivalence_report(engine, prompt, seed=50)
     assert not report.reject, report.format()
 

@@ -77,7 +77,8 @@ def test_self_cache_labels_are_the_generated_tokens_after_the_next(target):
     assert cache.seq.tolist() == [i for i, n in enumerate(sizes) for _ in range(n)]
     tokens, hidden = generate_batch(target, prompts, 10)
     gen = ~cache.prompt
-    torch.testing.assert_close(cache.hidden[gen], hidden.flatten(0, 1))  # in prompt order, though batched by length
+    torch.testing.assert_close(cache.hidden[gen], hidden.flatten(0, 1), rtol=1e-4, atol=1e-4)  # in prompt order, though batched by
+    # length (batches of other widths take other kernels: fp32 rounding, not a wrong row)
     assert torch.equal(cache.tokens[gen], tokens.flatten())
     start = 0
     for i, p in enumerate(prompts):

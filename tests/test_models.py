@@ -571,3 +571,26 @@ def test_a_folder_whose_model_does_not_load_is_one_line(tmp_path):
         load_model(str(folder), cache_dir=tmp_path / "cache")
     msg = str(err.value)
     assert msg.startswith(f"model.name={folder}: transformers cannot load the model in {folder} (") and "\n" not in msg
+
+
+def test_a_local_model_folder_loads_without_the_model_cache(tiny_gguf, tmp_path, monkeypatch):
+    """A folder holds the whole model: loading it neither needs nor checks the cache (here unusable)."""
+    load_tiny_gguf(tiny_gguf, tmp_path / "cache")
+    [folder] = (tmp_path / "cache").iterdir()
+    monkeypatch.setenv("SPECRESEARCH_CACHE", "/proc/x")
+    lm = load_model(str(folder), dtype="bf16", device="cpu")
+    assert lm.model.config.vocab_size == load_tiny_gguf(tiny_gguf, tmp_path / "cache").model.config.vocab_size
+
+
+@pytest.mark.parametrize("version, refused", [("5.17.0", True), ("5.23.9", True), ("5.24.0", False), ("5.30.1.dev0", False)])
+def test_an_old_transformers_is_refused_in_one_line_naming_the_version(monkeypatch, version, refused):
+    """transformers before 5.24 ignores the `cache=` the engine passes (wrong tokens, no error)."""
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", version)
+    if not refused:
+        assert load_model("tiny", device="cpu").model is not None
+        return
+    with pytest.raises(SpecResearchError) as err:
+        load_model("tiny", device="cpu")
+    assert str(err.value).startswith(f"transformers {version} is installed; specresearch needs >= 5.24") and "\n" not in str(err.value)

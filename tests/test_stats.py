@@ -73,6 +73,16 @@ def test_batched_sampler_first_token_follows_p(target):
     assert st.chi2_contingency(table, lambda_="log-likelihood").pvalue > ALPHA
 
 
+@torch.inference_mode()
+def test_pit_is_uniform_when_sampler_and_scorer_share_a_seed(target):
+    """The PIT's uniforms do not replay the sampler's: drawn one row at a time with seed s and scored
+    with seed s, sample() inverts the CDF with uniforms from the very stream teacher_force would use
+    unsalted (the PIT KS then rejected at p = 7e-6 on the tiny model)."""
+    s = sample_target(target, PROMPT, N, L, T1, seed=7, batch=1)
+    cond = teacher_force(target, PROMPT, s.tokens, T1, seed=7)
+    assert st.kstest(cond.pit.ravel(), "uniform").pvalue > ALPHA
+
+
 def test_engine_reused_prefill_gives_the_same_outputs(target, far_draft):
     engine = Engine(target, IndependentDrafter(target, k=3, model=far_draft), RejectionVerifier(), T1)
     fresh = [engine.generate(PROMPT, 12, seed=s).tokens for s in range(3)]

@@ -139,10 +139,12 @@ def teacher_force(
         prompt: the prompt the sequences continue.
         tokens: [N, L] sampled continuations.
         sampling: the sampling settings the sequences were drawn with.
-        seed: seeds the PIT's uniform draws.
+        seed: seeds the PIT's uniform draws, from a stream hashed from it (numpy's SeedSequence), so they
+            are independent of the draws that made `tokens` even when those were seeded with `seed` too
+            (the same stream would make U the sampler's own uniform: the PIT is then not uniform).
         batch: sequences per forward.
     """
-    rng = torch.Generator().manual_seed(seed)
+    rng = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 0x5017]).generate_state(1, np.uint64)[0] >> 1))
     cache, first = _prompt_cache(lm, prompt)
     parts = []
     for start, b in zip(range(0, len(tokens), batch), _chunks(len(tokens), batch)):
