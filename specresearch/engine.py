@@ -149,6 +149,8 @@ class Engine:
                 raise SpecResearchError(f"generate() of one prompt takes one integer seed, got {seed!r}")
             return self._decode([self.check_request(prompt, max_new_tokens, sample_first)], [int(seed)], max_new_tokens,
                                 stop_strings, eos_token_ids, reuse_prefill, sample_first, stop_after)[0]
+        if self.target.static and len(rows) > 1:
+            raise SpecResearchError(f"model.cache=static decodes one sequence at a time; a batch of {len(rows)} needs model.cache=dynamic")
         seeds = _seeds(seed, len(rows))
         checked = []
         for b, row in enumerate(rows):
@@ -205,7 +207,7 @@ class Engine:
         # The prefill gives the first new token, exactly as plain decoding (and transformers) do;
         # without sample_first it leaves the prompt's last token out of the cache, as a step does.
         with clock.phase(rows, "time_prefill"):
-            self.target.reset()
+            self.target.reset(max(len(p) for p in prompts) + max_new_tokens + 1)
             self.target.keep_hidden = needs_hidden
             logits = self.target.prefill_rows([row.context()[: None if sample_first else -1] for row in rows], reuse_prefill)  # [B, V]
             for b, row in enumerate(rows):

@@ -46,6 +46,9 @@ class LoadedModel:
     dtype: torch.dtype
     cache_dir: str | None = None  # the model cache it was loaded with (model.cache_dir; None = the default): where
     # what is made for it (trained heads, vocabulary counts, distillation data) is kept
+    cache: str = "dynamic"  # the KV cache its Targets keep (model.cache): dynamic (grows per token) or static (preallocated)
+    compile: bool = False  # model.compile: its decoder runs under torch.compile at fixed widths (needs cache static)
+    compiled: Any = None  # the compiled decoder, made at the first compiled forward (target.StaticSlots)
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,8 @@ def load_model(
     cache_dir: str | None = None,
     tiny: dict | None = None,
     kernels: str = "auto",
+    cache: str = "dynamic",
+    compile: bool = False,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer, without network access.
 
@@ -234,6 +239,9 @@ def load_model(
         kernels: "auto": float32 and bfloat16 linear layers on the CPU compute inputs of up to 64 rows
             (decoding, speculative verification, short prompts; float32 from 2 rows; bfloat16 where
             the CPU has native bf16) with SkinnyLinear; "torch": torch's nn.Linear everywhere.
+        cache: the KV cache its Targets keep: "dynamic" (grows per token) or "static" (preallocated
+            slots, see target.StaticSlots).
+        compile: run the decoder under torch.compile at fixed widths (needs cache="static").
 
     Returns:
         The model in eval mode on `device` in `dtype`, and its tokenizer.
@@ -241,8 +249,15 @@ def load_model(
     check_transformers()
     if kernels not in ("auto", "torch"):
         raise SpecResearchError(f"unknown model.kernels '{kernels}': valid are auto, torch")
+    if cache not in ("dynamic", "static"):
+        raise SpecResearchError(f"unknown model.cache '{cache}': valid are dynamic, static")
+    if compile not in (True, False):
+        raise SpecResearchError(f"model.compile must be true or false, got {compile!r}")
+    if compile and cache != "static":
+        raise SpecResearchError("model.compile=true needs model.cache=static (compiled graphs keep fixed shapes)")
     lm = _load(name, dtype, resolve_device(device), cache_dir, tiny)
     lm.cache_dir = None if cache_dir is None else str(cache_dir)
+    lm.cache, lm.compile = cache, compile
     fast = lm.dtype == torch.float32 or (lm.dtype == torch.bfloat16 and cpu_has_fast_bf16())  # measured on such CPUs only
     use_skinny_linear(lm.model, kernels == "auto" and lm.device.type == "cpu" and fast)
     return lm

@@ -51,8 +51,15 @@ class Model:
     dtype: str = MISSING         # auto = bfloat16 (float16 on GPUs without bf16, float32 on CPUs without native bf16)
     device: str = MISSING        # auto = cuda if available, else cpu
     kernels: str = MISSING       # auto = SkinnyLinear for few rows on the CPU; torch = nn.Linear as is
+    cache: str = MISSING         # the KV cache: dynamic or static (preallocated)
+    compile: bool = MISSING      # the decoder under torch.compile at fixed widths (needs cache=static)
     cache_dir: Optional[str] = MISSING  # null = $SPECRESEARCH_CACHE or the user cache dir
     tiny: Optional[Dict[str, Any]] = extra()  # name=tiny: the random model's arguments (tiny_model's; a free mapping)
+
+    def check(self, path: str) -> None:
+        _one_of(path, "cache", self.cache, CACHES)
+        if _given(self.compile) and self.compile and _given(self.cache) and self.cache != "static":
+            raise SpecResearchError(f"{path}.compile=true needs {path}.cache=static (compiled graphs keep fixed shapes)")
 
 
 @dataclass
@@ -76,6 +83,7 @@ K_POLICIES = ("fixed", "heuristic")  # how k evolves within a sequence (engine.D
 MATCH = ("first", "last")  # drafter=pld: which earlier occurrence it continues
 CHILDREN = ("top", "sample")  # a tree's children: the draft's likeliest tokens, or drawn from its law
 SHAPES = ("auto",)  # a tree's sizing (drafters.tree.Sizer); null = nodes as given
+CACHES = ("dynamic", "static")  # a model's KV cache (target.Target; static: target.StaticSlots)
 RECOVER = ("sample", "greedy")  # a relaxed verifier's added token
 
 
@@ -629,6 +637,14 @@ def check(cfg: DictConfig) -> None:
             valid = [*(k for k in top if not k.startswith("_")), *dict.fromkeys([*groups, *OPTIONS])]
             raise SpecResearchError(f"unknown setting '{key}': valid are {', '.join(valid)}")
     _ranges(primary, {k: _resolved(cfg, k) for k in top if k in cfg}, "")
+    model = _resolved(cfg, "model") if "model" in cfg else None
+    if isinstance(model, dict) and model.get("cache") == "static":  # one sequence at a time (target.StaticSlots)
+        stats = _resolved(cfg, "stats") if "stats" in cfg else {}
+        if cfg.get("batch_size", 1) > 1:
+            raise SpecResearchError(f"model.cache=static decodes one sequence at a time: batch_size={cfg.batch_size} needs model.cache=dynamic")
+        if isinstance(stats, dict) and stats.get("samples") and stats.get("batch", 1) > 1:
+            raise SpecResearchError(f"model.cache=static decodes one sequence at a time: stats.batch={stats['batch']} needs "
+                                    "stats.batch=1 or model.cache=dynamic")
 
 
 def _check_target(node: dict, group: str) -> None:

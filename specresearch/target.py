@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
+from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
 from specresearch.sampling import draw
 from specresearch.types import SamplingParams
@@ -37,7 +38,7 @@ class Target:
     written at a moving write position, and `keep_rows` moves that position back.
     """
 
-    def __init__(self, lm: LoadedModel):
+    def __init__(self, lm: LoadedModel, static: bool | None = None):
         self.lm = lm
         self.model = lm.model
         self.device = lm.device
@@ -55,10 +56,14 @@ class Target:
         self._window = 0  # rows: where the last forward_rows' window starts
         self._trees: tuple[int, list[int], list[Tensor], list[list[int]]] | None = None  # rows' trees: (start slot, lengths
         # before them, each row's [n, n] ancestry of its nodes, their slots)
+        # A static cache (the model's `cache`, model.cache=static; `static` overrides it): one sequence in preallocated
+        # slots; `length` is the write position, a rollback moves it back. See `StaticSlots`.
+        self.static = StaticSlots(lm) if (lm.cache == "static" if static is None else static) else None
 
-    def reset(self) -> None:
-        """Forget everything: the next forward starts a new sequence."""
-        self.cache = DynamicCache(config=self.model.config)
+    def reset(self, capacity: int = 0) -> None:
+        """Forget everything: the next forward starts a new sequence (of about `capacity` tokens: a static
+        cache's first size, grown when a forward needs more)."""
+        self.cache = self.static.reset(capacity) if self.static else DynamicCache(config=self.model.config)
         self.length = 0
         self.lengths, self.valid = [], None
 
@@ -78,6 +83,8 @@ class Target:
             [B, V] the logits after each prompt's last token.
         """
         first = prompts[0]
+        if self.static and len(prompts) > 1:
+            raise SpecResearchError(f"model.cache=static decodes one sequence at a time; a batch of {len(prompts)} needs model.cache=dynamic")
         if all(p.shape == first.shape and torch.equal(p, first) for p in prompts[1:]):  # one prefill serves every row
             logits = self.prefill(first, reuse)  # [1, V]
             self.lengths, self.valid = [len(first)] * len(prompts), None
@@ -277,11 +284,16 @@ class Target:
         if not len(tokens):
             return None
         if reuse and self._kept is not None and torch.equal(self._kept[0], tokens):
-            self.cache, self.length, self.hidden = copy.deepcopy(self._kept[1]), len(tokens), self._kept[3]
+            if self.static:  # the slots keep their addresses (compiled graphs hold them): copy the prompt's back in
+                self.static.restore(self._kept[1], len(tokens))
+            else:
+                self.cache = copy.deepcopy(self._kept[1])
+            self.length, self.hidden = len(tokens), self._kept[3]
             return self._kept[2]
         logits = self._run(tokens, logits_to_keep=1)
         if reuse:
-            self._kept = (tokens.clone(), copy.deepcopy(self.cache), logits, self.hidden)
+            kept = self.static.copy(len(tokens)) if self.static else copy.deepcopy(self.cache)
+            self._kept = (tokens.clone(), kept, logits, self.hidden)
         return logits
 
     def forward(
@@ -312,7 +324,10 @@ class Target:
     def rollback(self, length: int) -> None:
         """Drop cached tokens beyond the first `length` (after a rejection)."""
         if length < self.length:
-            self.cache.crop(length - self.length)  # transformers 5: a negative count drops the newest tokens
+            if self.static:
+                self.static.seek(length)
+            else:
+                self.cache.crop(length - self.length)  # transformers 5: a negative count drops the newest tokens
             self.length = length
 
     def keep(self, start: int, rows: list[int]) -> None:
@@ -323,6 +338,10 @@ class Target:
             self.rollback(start + len(rows))
             return
         index = torch.tensor(rows, device=self.device) + start  # [R]
+        if self.static:
+            self.static.keep(start, index)
+            self.length = start + len(rows)
+            return
         for layer in self.cache.layers:
             layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, index)], dim=-2)
             layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, index)], dim=-2)
@@ -341,16 +360,32 @@ class Target:
         self._tree = (start, ancestors)
         return {"attention_mask": mask.to(self.device), "position_ids": positions[None].to(self.device)}
 
+    def _static_forward(self, ids: Tensor, **extra: Tensor) -> Tensor:
+        """[1, K, H] the final hidden states of `ids` ([1, K] or [1, K, H]) fed at the static cache's write
+        position: a chain (causal) or a tree (`extra`'s mask and positions), see `StaticSlots.forward`."""
+        k = ids.shape[1]
+        mask = extra.get("attention_mask")  # [1, 1, K, length + K] a tree's, else None: a chain
+        positions = extra.get("position_ids")
+        if positions is None:
+            positions = torch.arange(self.length, self.length + k, device=self.device)[None]  # [1, K]
+        hidden = self.static.forward(ids, self.length, positions, mask)
+        self.cache = self.static.cache  # (a larger one when the sequence outgrew it)
+        self.length += k
+        return hidden
+
     def _hidden_states(self, tokens: Tensor, **extra: Tensor) -> Tensor:
         """[K, H] the base model's final (normed) hidden states of `tokens`, fed after the cache."""
+        if self.static:
+            return self._static_forward(tokens.to(self.device)[None], **extra)[0]
         out = self.model.base_model(**_inputs(tokens.to(self.device)[None]), cache=self.cache, use_cache=True, **extra)
         self.length += len(tokens)
         return out.last_hidden_state[0]
 
     def _run(self, tokens: Tensor, logits_to_keep: int, **extra: Tensor) -> Tensor:
-        if self.keep_hidden:  # the base model, then the lm head on the rows asked for
-            self.hidden = self._hidden_states(tokens, **extra)  # [K, H]
-            return self.model.get_output_embeddings()(self.hidden[-logits_to_keep:])  # [K or 1, V]
+        if self.keep_hidden or self.static:  # the base model, then the lm head on the rows asked for
+            hidden = self._hidden_states(tokens, **extra)  # [K, H]
+            self.hidden = hidden if self.keep_hidden else None
+            return self.model.get_output_embeddings()(hidden[-logits_to_keep:])  # [K or 1, V]
         out = self.model(
             **_inputs(tokens.to(self.device)[None]),  # [1, K]
             cache=self.cache,
@@ -360,6 +395,109 @@ class Target:
         )
         self.length += len(tokens)
         return out.logits[0]  # [K, V]
+
+
+class StaticSlots:
+    """One sequence's KV cache preallocated (transformers' StaticCache): the write position is `length`,
+    a rollback moves it back (gpt-fast), a tree's accepted path is copied to the front of its slots in
+    place, and a forward attends over every slot under a mask that hides the ones past its tokens.
+
+    With the model's `compile` (model.compile=true) the decoder runs under torch.compile at fixed
+    shapes: a forward of K tokens is padded to the next of COMPILED_WIDTHS (the padding's slots lie past
+    the write position, which then moves back to K), so a run compiles one graph per width it meets
+    (CUDA graphs on a GPU: mode reduce-overhead); wider forwards (long prompts) run eagerly. The slots
+    never move while they last: a sequence that outgrows them gets a larger cache (BLOCK-rounded).
+    """
+
+    BLOCK = 256  # slots are allocated in multiples of this
+    COMPILED_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+
+    def __init__(self, lm: LoadedModel):
+        self.lm = lm
+        self.model = lm.model
+        self.cache: StaticCache | None = None
+        self.capacity = 0
+        self._decoder = _compiled_decoder(lm) if lm.compile else lm.model.base_model
+
+    def reset(self, capacity: int) -> StaticCache:
+        """The cache for a new sequence of about `capacity` tokens (the same one when it is large enough)."""
+        capacity = max(self.BLOCK, -(-capacity // self.BLOCK) * self.BLOCK)
+        if self.cache is None or capacity > self.capacity:
+            self.cache, self.capacity = StaticCache(config=self.model.config, max_cache_len=capacity), capacity
+        self.seek(0)
+        return self.cache
+
+    def seek(self, length: int) -> None:
+        """Move the write position to slot `length`."""
+        for layer in self._layers():
+            layer.cumulative_length.fill_(length)
+
+    def keep(self, start: int, index: Tensor) -> None:
+        """Copy the slots `index` ([R], from `start` on, in order) to slots start..start + R - 1 and write after them."""
+        for layer in self._layers():
+            layer.keys[:, :, start : start + len(index)] = layer.keys.index_select(2, index)
+            layer.values[:, :, start : start + len(index)] = layer.values.index_select(2, index)
+        self.seek(start + len(index))
+
+    def copy(self, length: int) -> list[tuple[Tensor, Tensor]]:
+        """The first `length` slots of every layer (a prefill kept for reuse)."""
+        return [(layer.keys[:, :, :length].clone(), layer.values[:, :, :length].clone()) for layer in self._layers()]
+
+    def restore(self, kept: list[tuple[Tensor, Tensor]], length: int) -> None:
+        """Put back what `copy` kept, in place, and write after it."""
+        for layer, (keys, values) in zip(self._layers(), kept):
+            layer.keys[:, :, :length] = keys
+            layer.values[:, :, :length] = values
+        self.seek(length)
+
+    def forward(self, ids: Tensor, length: int, positions: Tensor, tree: Tensor | None) -> Tensor:
+        """[1, K, H] the decoder's final hidden states of `ids` ([1, K] tokens or [1, K, H] embeddings)
+        written from slot `length` on, at `positions` ([1, K]), a chain (causal) or under `tree` (the
+        [1, 1, K, length + K] additive mask of `Target._tree_inputs`); the write position ends at length + K."""
+        k = ids.shape[1]
+        width = next((w for w in self.COMPILED_WIDTHS if w >= k), k) if self.lm.compile else k
+        if length + width > self.capacity:
+            self._grow(length + width)
+        dtype, device = self.model.dtype, ids.device
+        slot = torch.arange(self.capacity, device=device)  # [S]
+        reach = length + torch.arange(width, device=device)  # [W] a chain's token i sees the slots up to its own
+        mask = torch.zeros(1, 1, width, self.capacity, dtype=dtype, device=device).masked_fill_(slot > reach[:, None], torch.finfo(dtype).min)
+        if tree is not None:
+            mask[:, :, :k, : length + k] = tree
+            mask[:, :, :k, length + k :] = torch.finfo(dtype).min
+        if width > k:  # padding: repeats the last token at the next positions; its slots lie past the write position
+            ids = torch.cat([ids, ids[:, -1:].expand(-1, width - k, *ids.shape[2:])], 1)
+            positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, width - k + 1, device=device)], 1)
+        out = self._decoder(**_inputs(ids), attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True)
+        self.seek(length + k)
+        return out.last_hidden_state[:, :k]
+
+    def _grow(self, needed: int) -> None:
+        """A larger cache holding what this one wrote (new addresses: compiled graphs are made again)."""
+        old = self.cache.layers
+        self.cache = StaticCache(config=self.model.config, max_cache_len=-(-needed // self.BLOCK) * self.BLOCK)
+        self.capacity = self.cache.layers[0].max_cache_len
+        for new, prev in zip(self.cache.layers, old):
+            if getattr(prev, "is_initialized", False):
+                new.lazy_initialization(prev.keys, prev.values)
+                new.keys[:, :, : prev.max_cache_len] = prev.keys
+                new.values[:, :, : prev.max_cache_len] = prev.values
+                new.cumulative_length.copy_(prev.cumulative_length)
+
+    def _layers(self) -> list:
+        """The layers that hold slots (a draft that skips layers leaves the others empty)."""
+        return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
+
+
+def _compiled_decoder(lm: LoadedModel) -> Callable:
+    """The model's decoder under torch.compile, one per model (its Targets share the graphs)."""
+    if lm.compiled is None:
+        limit = len(StaticSlots.COMPILED_WIDTHS) + 2
+        for name in ("recompile_limit", "cache_size_limit"):  # a graph per width; torch renamed the setting
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+        lm.compiled = torch.compile(lm.model.base_model, dynamic=False, mode="reduce-overhead" if lm.device.type == "cuda" else None)
+    return lm.compiled
 
 
 def _inputs(x: Tensor) -> dict[str, Tensor]:

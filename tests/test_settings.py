@@ -104,7 +104,7 @@ def test_in_range_values_pass(overrides):
 def test_unknown_option_reads_the_schema():
     """A setting only `+` adds (an `extra()` field) is not one the option has."""
     assert unknown_option(["model=qwen2.5-coder-0.5b", "model.tiny.vocab_size=8"]).startswith(
-        "model=qwen2.5-coder-0.5b has no setting 'model.tiny': valid are model.cache_dir, model.device,")
+        "model=qwen2.5-coder-0.5b has no setting 'model.tiny': valid are model.cache, model.cache_dir, model.compile, model.device,")
     assert unknown_option(["model=tiny", "model.tiny.vocab_size=8"]) is None
     assert unknown_option(["drafter.model.tiny.vocab_size=8"]).startswith("drafter=independent has no setting 'drafter.model.tiny'")
     assert [f.name for f in fields(settings.DraftModel)][-3:] == ["vocab", "vocab_corpus", "quantize"]

@@ -120,7 +120,7 @@ def quantize_int8(lm: LoadedModel) -> LoadedModel:
     if lm.device.type != "cpu":
         raise SpecResearchError(f"drafter.model.quantize=int8 runs on the CPU only (torch's dynamic int8 kernels); the draft is on {lm.device}")
     model = quantize_int8_module(copy.deepcopy(lm.model).float())
-    return dataclasses.replace(lm, model=model, dtype=torch.float32, name=f"{lm.name} (int8)")
+    return dataclasses.replace(lm, model=model, dtype=torch.float32, name=f"{lm.name} (int8)", compiled=None)
 
 
 def quantize_int8_module(module: torch.nn.Module) -> torch.nn.Module:

@@ -102,7 +102,7 @@ def without_layers(lm: LoadedModel, skip: Sequence[int]) -> LoadedModel:
     skipped = set(skip)
     inner.layers = nn.ModuleList([layer for i, layer in enumerate(decoder_layers(lm.model)) if i not in skipped])
     outer.model = inner
-    return dataclasses.replace(lm, model=outer, name=f"{lm.name} without layers {list(skip)}")
+    return dataclasses.replace(lm, model=outer, name=f"{lm.name} without layers {list(skip)}", compiled=None)
 
 
 @torch.inference_mode()

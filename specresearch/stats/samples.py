@@ -177,7 +177,7 @@ def _reduce(p: Tensor, x: Tensor, rng: torch.Generator) -> Conditionals:
 
 
 def _prompt_cache(lm: LoadedModel, prompt: list[int]):
-    target = Target(lm)
+    target = Target(lm, static=False)  # a cache the batch copies row by row
     target.reset()
     logits = target.prefill(torch.tensor(prompt, device=lm.device))  # [1, V]
     return target.cache, logits
