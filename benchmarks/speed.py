@@ -7,6 +7,7 @@ Methods, each decoding greedily a fixed number of new tokens (EOS ignored) after
   hf_assisted        transformers assisted generation with the same draft model, its defaults
   hf_prompt_lookup   transformers prompt lookup (`prompt_lookup_num_tokens`)
   baseline           our engine with the `none` drafter
+  baseline_compiled  the same with a static KV cache and the decoder compiled (model.cache=static, model.compile=true)
   <drafter>          our engine with each drafter of conf/drafter/ and the greedy verifier;
                      options after colons: independent:model.vocab=32768:model.quantize=int8
 
@@ -14,7 +15,7 @@ The methods are interleaved prompt by prompt, in an order that rotates every run
 untimed warm-up each, so machine noise hits all alike. Tokens/s are total new tokens / total time;
 the spread is over repeats (each repeat decodes every prompt once). For our drafters the table also
 has α, τ, the measured c and v and the Leviathan prediction. `vs_fastest` is each method's speedup
-over the fastest plain decoding it ran beside (generate, generate_torch, generate_compiled or baseline): the honest
+over the fastest plain decoding it ran beside (generate, generate_torch, generate_compiled, baseline or baseline_compiled): the honest
 ratio when one of them beats the reference.
 
 --batch 1,2,4,8,16 decodes the prompts B at a time for each batch size B (transformers left-padded,
@@ -35,6 +36,7 @@ generation takes one sequence: skipped at B > 1, with the reason in the table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -71,7 +73,8 @@ GREEDY = SamplingParams()
 DATASETS = {"humaneval": "HumanEval prompts", "mtbench": "MT-bench questions (first turn, chat template)",
             "sharegpt": "ShareGPT first turns (evaluation side, chat template)"}
 HF_METHODS = ("generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup")
-PLAIN = ("generate", "generate_torch", "generate_compiled", "baseline")  # plain decoding, one token per target forward
+PLAIN = ("generate", "generate_torch", "generate_compiled", "baseline", "baseline_compiled")  # plain decoding, one token per target forward
+OURS_PLAIN = ("baseline", "baseline_compiled")
 
 
 @dataclass
@@ -211,7 +214,7 @@ def drafter_names() -> list[str]:
 
 def wanted_methods(spec: str) -> list[str]:
     """The names in --methods (all when empty), checked before any model loads."""
-    valid = [*HF_METHODS, "baseline", *drafter_names()]
+    valid = [*HF_METHODS, *OURS_PLAIN, *drafter_names()]
     wanted = [m.strip() for m in spec.split(",")] if spec else valid
     unknown = [m for m in wanted if m.split(":")[0] not in valid]
     if unknown:
@@ -226,7 +229,7 @@ def drafter_configs(args) -> dict[str, tuple[str, list[str], DictConfig]]:
     (config.compose) before any model loads."""
     found = {}
     for name in wanted_methods(args.methods):
-        if name in (*HF_METHODS, "baseline"):
+        if name in (*HF_METHODS, *OURS_PLAIN):
             continue
         group, *options = name.split(":")
         if "k" in compose([f"drafter={group}"]).drafter:
@@ -255,6 +258,9 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
             methods.append(hf(name, target, prompt_lookup_num_tokens=args.pld_tokens))
         elif name == "baseline":
             methods.append(ours(name, Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)))
+        elif name == "baseline_compiled":  # the same weights, its own static cache and compiled graphs
+            compiled = dataclasses.replace(target, cache="static", compile=True, compiled=None)
+            methods.append(ours(name, Engine(compiled, NoDrafter(), GreedyVerifier(), GREEDY)))
         else:  # one of our drafters, with options: "independent:model.vocab=32768:model.quantize=int8"
             group, options, node = drafters[name]
             extra = {}
@@ -340,6 +346,7 @@ def measure(methods: list[Method], groups: list[list[list[int]]], n: int, repeat
 ONE_SEQUENCE = {  # methods transformers refuses to batch, and why
     "hf_assisted": "transformers' assisted generation takes one sequence (batch_size = 1)",
     "hf_prompt_lookup": "transformers' prompt lookup is assisted generation: one sequence (batch_size = 1)",
+    "baseline_compiled": "our static cache (model.cache=static) decodes one sequence at a time",
 }
 
 
@@ -355,7 +362,7 @@ class BatchSize:
 def warm_batchable(methods: list[Method], group: list[list[int]], n: int) -> tuple[list[Method], dict[str, str]]:
     """Warm every method up on `group` (one batch, `n` new tokens, untimed) and return those that decoded
     it (fresh, nothing measured yet) and the reason of each that cannot: transformers' assisted generation
-    refuses batches; any other of transformers' methods that fails on a batch (generate_compiled, say) is
+    refuses batches (and our static cache); any other of transformers' methods that fails on a batch (generate_compiled, say) is
     skipped with its error's first line. Ours must batch: an error of theirs is raised."""
     keep, skipped = [], {}
     for m in methods:

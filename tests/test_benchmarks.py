@@ -27,7 +27,7 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path):
     result = subprocess.run(
         [
             sys.executable, SPEED, "--quick", "--profile", "--json", str(out), "--store", str(tmp_path / "mlruns"), "--methods",
-            "generate,generate_torch,generate_compiled,hf_assisted,hf_prompt_lookup,baseline,independent,independent:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8,"
+            "generate,generate_torch,generate_compiled,hf_assisted,hf_prompt_lookup,baseline,baseline_compiled,independent,independent:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8,"
             "independent:k=2:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8",  # the same options: one int8 copy for both
         ],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
@@ -36,9 +36,9 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path):
     report = json.loads(out.read_text())
     rows = {r["method"]: r for r in report["rows"]}
     cheap = "independent(k=4) model.vocab=100 model.vocab_corpus=mtbench model.quantize=int8"
-    assert list(rows) == ["generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "baseline", "independent(k=4)", cheap,
+    assert list(rows) == ["generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "baseline", "baseline_compiled", "independent(k=4)", cheap,
                           cheap.replace("k=4", "k=2")]
-    plain = {name: rows[name]["tokens_per_s"] for name in ("generate", "generate_torch", "generate_compiled", "baseline")}
+    plain = {name: rows[name]["tokens_per_s"] for name in ("generate", "generate_torch", "generate_compiled", "baseline", "baseline_compiled")}
     fastest = max(plain, key=plain.get)
     assert {r["fastest_plain"] for r in rows.values()} == {fastest} and rows[fastest]["speedup_vs_fastest_plain"] == 1
     assert rows[cheap]["speedup_vs_fastest_plain"] == rows[cheap]["tokens_per_s"] / plain[fastest]
@@ -71,7 +71,7 @@ def test_speed_unknown_method_lists_the_valid_ones(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     assert result.returncode != 0
-    assert "unknown method(s) eagle3: valid are generate, generate_torch, generate_compiled, hf_assisted, hf_prompt_lookup, baseline, eagle, independent, lookahead, medusa" in result.stderr
+    assert "unknown method(s) eagle3: valid are generate, generate_torch, generate_compiled, hf_assisted, hf_prompt_lookup, baseline, baseline_compiled, eagle, independent, lookahead, medusa" in result.stderr
 
 
 def test_table_without_generate_refers_to_the_first_method():

@@ -14,14 +14,13 @@ from specresearch.target import StaticSlots, Target
 from .conftest import PLAIN, REPEATING, drafter_cfg, make_cfg
 from .test_lossless import _modes
 
-PROMPTS = [REPEATING, PLAIN[:5], PLAIN]
+PROMPTS = [REPEATING, PLAIN]
 
 
 @pytest.mark.parametrize("drafter, overrides", [pytest.param(d, o, id=f"{d}[{m}]") for d, m, o in _modes()])
 def test_static_cache_decodes_what_the_dynamic_one_does(drafter, overrides, tmp_path):
     """Greedy tokens of every drafter x mode equal the dynamic cache's (the draft
-    model's cache follows model.cache too), over sequences that outgrow the first slots (rollbacks,
-    tree paths kept in place, a grown cache)."""
+    model's cache follows model.cache too): rollbacks and tree paths kept in place."""
     outs = {}
     for cache in ("dynamic", "static"):
         try:
@@ -32,7 +31,7 @@ def test_static_cache_decodes_what_the_dynamic_one_does(drafter, overrides, tmp_
             # its cache paths (tree levels, paths kept in place) are its greedy sibling mode's
             pytest.skip("samples its draft: no greedy run")
         assert (engine.target.static is not None) == (cache == "static")
-        outs[cache] = [engine.generate(p, 40, eos_token_ids=[]) for p in PROMPTS]
+        outs[cache] = [engine.generate(p, 32, eos_token_ids=[]) for p in PROMPTS]
     assert [o.tokens for o in outs["static"]] == [o.tokens for o in outs["dynamic"]]
     # (accepted counts may differ: a forward over the masked slots rounds in the last bits, which flips
     # a random draft's near-ties; the tokens may not)
@@ -65,13 +64,22 @@ def test_slots_are_preallocated_reused_and_grown_in_blocks():
 
 @torch.inference_mode()
 def test_a_compiled_decoder_decodes_what_the_eager_one_does(tmp_path):
-    """model.compile=true (inductor on the CPU): plain decoding and prompt lookup give the eager tokens."""
-    outs = {}
+    """model.compile=true (inductor on the CPU): plain decoding gives the eager tokens, and a padded chain
+    and a padded tree (3 tokens at width 4) give the eager logits. Two graphs: widths 4 and 1."""
+    tokens, logits = {}, {}
     for compiled in (False, True):
-        cfg = drafter_cfg("pld", tmp_path, "verifier=greedy", "sampling=greedy", "model.cache=static", f"model.compile={str(compiled).lower()}")
-        outs[compiled] = [build_engine(cfg).generate(p, 24, eos_token_ids=[]).tokens for p in (REPEATING, PLAIN[:5])]
-        outs[compiled, "plain"] = build_engine(cfg, baseline=True).generate(PLAIN[:5], 24, eos_token_ids=[]).tokens
-    assert outs[True] == outs[False] and outs[True, "plain"] == outs[False, "plain"]
+        cfg = make_cfg("model=tiny", "drafter=none", "verifier=greedy", "sampling=greedy", "model.cache=static", f"model.compile={str(compiled).lower()}")
+        engine = build_engine(cfg, baseline=True)
+        tokens[compiled] = engine.generate(PLAIN, 12, eos_token_ids=[]).tokens  # prefill at width 4, then width 1
+        target = Target(engine.target.lm)
+        target.reset(len(PLAIN) + 8)
+        target.prefill(torch.tensor(PLAIN))
+        chain = target.forward(torch.tensor([5, 6, 7]))  # [3, V]
+        target.rollback(len(PLAIN))
+        tree = target.forward(torch.tensor([5, 6, 9]), parents=torch.tensor([-1, 0, 0]))
+        logits[compiled] = torch.cat([chain, tree])
+    assert engine.target.lm.compiled is not None and tokens[True] == tokens[False]
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("overrides, says", [

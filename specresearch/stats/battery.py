@@ -250,8 +250,12 @@ def _contingency(a: np.ndarray, b: np.ndarray, name: str) -> TestResult:
 def pooled_table(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[2, C] counts of each category in a and b; categories whose smaller expected count is below
     MIN_EXPECTED go to one 'other' column, itself merged into the rarest kept one if still too small."""
-    counts = category_counts(a, b)  # [2, C]
-    share = min(len(a), len(b)) / (len(a) + len(b))
+    return _pooled(category_counts(a, b), len(a), len(b))
+
+
+def _pooled(counts: np.ndarray, na: int, nb: int) -> np.ndarray:
+    """`pooled_table` of [2, C] counts of samples of sizes na and nb (empty categories change nothing)."""
+    share = min(na, nb) / (na + nb)
     keep = counts.sum(0) * share >= MIN_EXPECTED
     kept, other = counts[:, keep], counts[:, ~keep].sum(1, keepdims=True)
     if other.sum() * share >= MIN_EXPECTED or kept.shape[1] == 0:
@@ -285,13 +289,14 @@ def _effects(base, base_cond, meth, meth_cond, bootstrap: int, rng) -> dict[str,
     }
 
 
-def _mean_tv(a: np.ndarray, b: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> float:
-    """Mean over positions of the TV between the two samples' (prompt, token) histograms, pooled as the
+def _mean_tv(codes: list[tuple[np.ndarray, int]], x: np.ndarray, y: np.ndarray) -> float:
+    """Mean over positions of the TV between two samples' (prompt, token) histograms, pooled as the
     tests pool them: a coarsening, so it bounds the true TV from below, with far less small-sample bias
-    than the raw histograms over a whole vocabulary."""
+    than the raw histograms over a whole vocabulary. The samples are the sequences at indices x and y
+    of a pool whose category codes at each position are `codes` ([N] codes, their number)."""
     tvs = []
-    for t in range(a.shape[1]):
-        table = pooled_table(np.stack([pa, a[:, t]], 1), np.stack([pb, b[:, t]], 1))  # [2, C]
+    for code, c in codes:
+        table = _pooled(np.stack([np.bincount(code[x], minlength=c), np.bincount(code[y], minlength=c)]), len(x), len(y))  # [2, C']
         tvs.append(0.5 * np.abs(table[0] / table[0].sum() - table[1] / table[1].sum()).sum())
     return float(np.mean(tvs))
 
@@ -307,15 +312,19 @@ def category_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _tv_position(base, meth, pbase, pmeth, bootstrap: int, rng) -> tuple[float, float, float, float]:
     """Mean position TV, its bootstrap 95% percentile interval, and its mean under random relabelling
     of the two samples (what two samples of one law give at these sizes: the noise floor)."""
-    tv = _mean_tv(base, meth, pbase, pmeth)
-    boots, nulls = [], []
     both, pboth = np.concatenate([base, meth]), np.concatenate([pbase, pmeth])
+    codes = []  # per position, each sequence's (prompt, token) category as one integer: resamples only count them
+    for t in range(both.shape[1]):
+        _, inverse = np.unique(np.stack([pboth, both[:, t]], 1), axis=0, return_inverse=True)
+        codes.append((inverse.ravel(), int(inverse.max()) + 1))
+    n = len(base)
+    tv = _mean_tv(codes, np.arange(n), np.arange(n, len(both)))
+    boots, nulls = [], []
     for _ in range(bootstrap):
-        i, j = rng.integers(len(base), size=len(base)), rng.integers(len(meth), size=len(meth))
-        boots.append(_mean_tv(base[i], meth[j], pbase[i], pmeth[j]))
+        i, j = rng.integers(n, size=n), rng.integers(len(meth), size=len(meth))
+        boots.append(_mean_tv(codes, i, n + j))
         perm = rng.permutation(len(both))
-        x, y = perm[: len(base)], perm[len(base):]
-        nulls.append(_mean_tv(both[x], both[y], pboth[x], pboth[y]))
+        nulls.append(_mean_tv(codes, perm[:n], perm[n:]))
     if not boots:
         return tv, float("nan"), float("nan"), float("nan")
     low, high = np.percentile(boots, [2.5, 97.5])
