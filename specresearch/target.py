@@ -455,7 +455,8 @@ class StaticSlots:
         written from slot `length` on, at `positions` ([1, K]), a chain (causal) or under `tree` (the
         [1, 1, K, length + K] additive mask of `Target._tree_inputs`); the write position ends at length + K."""
         k = ids.shape[1]
-        width = next((w for w in self.COMPILED_WIDTHS if w >= k), k) if self.lm.compile else k
+        compiled = self.lm.compile and k <= self.COMPILED_WIDTHS[-1]  # a wider forward (a long prompt) runs eagerly
+        width = next(w for w in self.COMPILED_WIDTHS if w >= k) if compiled else k
         if length + width > self.capacity:
             self._grow(length + width)
         dtype, device = self.model.dtype, ids.device
@@ -468,7 +469,8 @@ class StaticSlots:
         if width > k:  # padding: repeats the last token at the next positions; its slots lie past the write position
             ids = torch.cat([ids, ids[:, -1:].expand(-1, width - k, *ids.shape[2:])], 1)
             positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, width - k + 1, device=device)], 1)
-        out = self._decoder(**_inputs(ids), attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True)
+        decoder = self._decoder if compiled else self.model.base_model
+        out = decoder(**_inputs(ids), attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True)
         self.seek(length + k)
         return out.last_hidden_state[:, :k]
 
