@@ -149,8 +149,6 @@ class Engine:
                 raise SpecResearchError(f"generate() of one prompt takes one integer seed, got {seed!r}")
             return self._decode([self.check_request(prompt, max_new_tokens, sample_first)], [int(seed)], max_new_tokens,
                                 stop_strings, eos_token_ids, reuse_prefill, sample_first, stop_after)[0]
-        if self.target.static and len(rows) > 1:
-            raise SpecResearchError(f"model.cache=static decodes one sequence at a time; a batch of {len(rows)} needs model.cache=dynamic")
         seeds = _seeds(seed, len(rows))
         checked = []
         for b, row in enumerate(rows):

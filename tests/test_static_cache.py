@@ -43,7 +43,6 @@ def test_slots_are_preallocated_reused_and_grown_in_blocks():
     target = Target(lm)
     target.reset(10)
     slots = target.static
-    keys = None
     target.prefill(torch.tensor(PLAIN))
     keys = slots.cache.layers[0].keys
     assert slots.capacity == StaticSlots.BLOCK and keys.shape[2] == StaticSlots.BLOCK
