@@ -58,9 +58,10 @@ def build_engine(cfg: DictConfig, baseline: bool = False, target: LoadedModel | 
     check_buildable(cfg)
     sampling = SamplingParams(**cfg.sampling)
     target = target if target is not None else load_model(**cfg.model)
+    split = cfg.stats.get("time_split", "auto") if "stats" in cfg else "auto"
     if baseline:
-        return Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling)
-    return Engine(target, build(cfg.drafter, target=target), build(cfg.verifier), sampling)
+        return Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling, split)
+    return Engine(target, build(cfg.drafter, target=target), build(cfg.verifier), sampling, split)
 
 
 ENGINE_NODES = ("model", "drafter", "verifier", "sampling")  # what build_engine reads of a config

@@ -72,13 +72,17 @@ class Engine:
     so a row decodes what its prompt decodes alone.
     """
 
-    def __init__(self, target: LoadedModel, drafter: Drafter, verifier: Verifier, sampling: SamplingParams):
+    def __init__(self, target: LoadedModel, drafter: Drafter, verifier: Verifier, sampling: SamplingParams,
+                 time_split: bool | str = "auto"):
         """
         Args:
             target: the model whose distribution we decode from.
             drafter: proposes draft tokens (NoDrafter for plain decoding).
             verifier: decides which draft tokens to keep.
             sampling: temperature / top-k / top-p for p (and for q, through the drafter's Context).
+            time_split: time each step's phases (stats' time_draft, time_verify, time_accept), with a
+                device sync at each phase's ends; without it a step syncs only where its decisions read
+                the device (the accepted lengths, the tokens). "auto": on unless the target is on CUDA.
         """
         verifier.check(sampling)
         drafter.check(sampling)
@@ -92,6 +96,7 @@ class Engine:
         self.sampling = sampling
         self.p_sampling = verifier.p_sampling(sampling)  # how logits become the p the verifier reads (the decoding's, as a rule)
         self.device = target.device
+        self.time_split = self.device.type != "cuda" if time_split == "auto" else bool(time_split)
 
     @property
     def label(self) -> str:
@@ -152,6 +157,9 @@ class Engine:
         seeds = _seeds(seed, len(rows))
         checked = []
         for b, row in enumerate(rows):
+            if b and row is rows[b - 1]:  # one prompt object repeated (many samples of a prompt): checked once
+                checked.append(checked[-1])
+                continue
             try:
                 checked.append(self.check_request(row, max_new_tokens, sample_first))
             except SpecResearchError as err:
@@ -167,7 +175,7 @@ class Engine:
             eos_token_ids = [] if eos is None else [eos]
         eos_set, stops = set(eos_token_ids), list(stop_strings)
         limit = min(max_new_tokens, stop_after or max_new_tokens)  # new tokens out before a row ends
-        clock = _Clock(self.device)
+        clock = _Clock(self.device, self.time_split)
         rows = [_Row(prompt, max_new_tokens, torch.Generator(device=self.device).manual_seed(seed), self.drafter, self.device)
                 for prompt, seed in zip(prompts, seeds)]
         drafting = self._forks if len(rows) == 1 or self._batched is None else self._batched
@@ -208,11 +216,13 @@ class Engine:
             self.target.reset(max(len(p) for p in prompts) + max_new_tokens + 1)
             self.target.keep_hidden = needs_hidden
             logits = self.target.prefill_rows([row.context()[: None if sample_first else -1] for row in rows], reuse_prefill)  # [B, V]
-            for b, row in enumerate(rows):
-                if needs_hidden:
+            if needs_hidden:
+                for b, row in enumerate(rows):
                     row.hidden = self.target.hidden_rows[b]  # [T, H] the prompt tokens' (all but the last without sample_first)
-                if sample_first:
-                    append(row, self.verifier(_NO_DRAFT, logits_to_probs(logits[b : b + 1], self.p_sampling), row.rng))
+            if sample_first:
+                p = logits_to_probs(logits[:, None], self.p_sampling)  # [B, 1, V]
+                for row, verdict in zip(rows, self.verifier.verify_rows([_NO_DRAFT] * len(rows), p, [row.rng for row in rows])):
+                    append(row, verdict)
             active = going(rows, drafted=False)
             if active:
                 drafting.prefill([context(row) for row in active])
@@ -222,17 +232,15 @@ class Engine:
             with clock.phase(active, "time_verify"):
                 fed = [torch.cat([row.last(), draft.tokens.to(self.device)]) for row, draft in zip(active, drafts)]  # [1 + K]: the root, then the draft
                 parents = [None if draft.parents is None else torch.cat([_ROOT, draft.parents.cpu() + 1]) for draft in drafts]
-                logits = self.target.forward_rows(fed, parents)  # [1 + K, V] per row
+                logits = self.target.forward_rows(fed, parents, padded=True)  # [B, W, V]: row b's first 1 + K_b (+ scratch) its own
             with clock.phase(active, "time_accept"):
-                verdicts, kept = [], []
-                for b, (row, draft) in enumerate(zip(active, drafts)):
-                    k = len(draft)  # proposals; scratch rows come after them
-                    verdict = self.verifier(draft, logits_to_probs(logits[b][: k + 1], self.p_sampling), row.rng)  # p: [K+1, V]
-                    path = range(verdict.num_accepted) if verdict.path is None else verdict.path
-                    kept.append([0] + [1 + i for i in path])  # the root and the accepted nodes
-                    if needs_hidden:
-                        row.hidden = self.target.hidden_rows[b][kept[-1]]  # [R, H] the kept path's: the last gave the added token
-                    verdicts.append(verdict)
+                width = 1 + max(len(draft) for draft in drafts)  # proposals; scratch positions come after them
+                p = logits_to_probs(logits[:, :width], self.p_sampling)  # [B, 1 + K, V]
+                verdicts = self.verifier.verify_rows(drafts, p, [row.rng for row in active])
+                kept = [[0] + [1 + i for i in (range(v.num_accepted) if v.path is None else v.path)] for v in verdicts]  # the root and the accepted nodes
+                if needs_hidden:
+                    for b, row in enumerate(active):
+                        row.hidden = self.target.hidden_rows[b][kept[b]]  # [R, H] the kept path's: the last gave the added token
                 self.target.keep_rows(kept)
             for row, draft, verdict in zip(active, drafts, verdicts):
                 chain = self.drafter.k > 0 and draft.parents is None and draft.depth == min(self.drafter.k, row.room(max_new_tokens))
@@ -247,7 +255,7 @@ class Engine:
             with clock.phase(active, "time_draft"):
                 for b, i in enumerate(index):
                     if drafts[i].scratch:
-                        drafting.observe(b, logits[i][len(drafts[i]) + 1 :])
+                        drafting.observe(b, logits[i, len(drafts[i]) + 1 : len(fed[i])])
                 drafting.commit([context(row) for row in active], [verdicts[i] for i in index])
         return [self._output(row, stops) for row in rows]
 
@@ -272,10 +280,12 @@ class Engine:
             ids = prompt.tolist()
         elif isinstance(prompt, Sequence) or hasattr(prompt, "tolist"):  # a list, a tuple, a numpy array
             ids = list(prompt) if isinstance(prompt, Sequence) else prompt.tolist()
-            for at, token in enumerate(ids):
-                if not isinstance(token, numbers.Integral) or isinstance(token, bool):
-                    raise SpecResearchError(f"generate() takes the prompt as a list of integer token ids, got {token!r} "
-                                            f"({type(token).__name__}) at position {at}")
+            if not all(type(token) is int for token in ids):  # (the common case, plain ints, skips the slow ABC check)
+                for at, token in enumerate(ids):
+                    if not isinstance(token, numbers.Integral) or isinstance(token, bool):
+                        raise SpecResearchError(f"generate() takes the prompt as a list of integer token ids, got {token!r} "
+                                                f"({type(token).__name__}) at position {at}")
+                ids = [int(token) for token in ids]  # numpy integers and the like: plain ints from here on
         else:
             raise SpecResearchError(f"generate() takes the prompt as a list (or 1-D tensor) of integer token ids, got "
                                     f"{type(prompt).__name__}")
@@ -289,7 +299,6 @@ class Engine:
             bad = low if low < 0 else high
             raise SpecResearchError(f"token id {bad} at position {ids.index(bad)} of the prompt is outside {name}'s "
                                     f"vocabulary: ids must be in [0, {vocab})")
-        ids = [int(token) for token in ids]  # numpy integers and the like: plain ints from here on
         if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise SpecResearchError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         limit = self.target.max_positions
@@ -372,10 +381,11 @@ class _Row:
 
 class _Clock:
     """Wall-clock timing of the loop's phases, added to the rows decoding in them; synchronises CUDA
-    so GPU time lands in the right phase."""
+    so GPU time lands in the right phase. Without `split` only the total is timed (a sync at a row's end)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, split: bool = True):
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.split = split
         self.t0 = 0.0
 
     def start(self) -> None:
@@ -388,6 +398,9 @@ class _Clock:
 
     @contextmanager
     def phase(self, rows: list[_Row], name: str):
+        if not self.split:  # (the phases' times stay 0: SpecStats.split_timed)
+            yield
+            return
         self.sync()
         t0 = time.perf_counter()
         yield

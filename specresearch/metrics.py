@@ -116,6 +116,11 @@ class SpecStats:
     TIME_SPLIT = ("prefill", "draft", "verify", "accept", "other")  # the phases that add up to time_total
 
     @property
+    def split_timed(self) -> bool:
+        """Whether the phases were timed (the engine's time_split; off, only time_total is)."""
+        return self.time_verify > 0 or not self.steps
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.time_total if self.time_total > 0 else float("nan")
 
@@ -177,7 +182,7 @@ def cost_ratios(baseline: SpecStats, method: SpecStats) -> tuple[float, float]:
         (c, v): c = seconds per draft-model forward / seconds per baseline forward (0 for a
         model-free drafter); v = seconds per verification forward / seconds per baseline forward.
     """
-    t_target = baseline.time_verify / baseline.steps if baseline.steps else float("nan")
+    t_target = baseline.time_verify / baseline.steps if baseline.steps and baseline.split_timed else float("nan")
     c = (method.time_draft / method.draft_forwards) / t_target if method.draft_forwards else 0.0
     v = (method.time_verify / method.steps) / t_target if method.steps else float("nan")
     return c, v

@@ -4,6 +4,8 @@ issue #47932 is what happens otherwise)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -79,12 +81,32 @@ def sample(probs: Tensor, rng: torch.Generator | None) -> Tensor:
     Returns:
         [...] token ids (int64).
     """
+    rows = probs.reshape(-1, probs.shape[-1]).shape[0]
+    return _invert_cdf(probs, torch.rand((rows, 1), generator=rng, dtype=torch.float64, device=probs.device))
+
+
+def sample_rows(probs: Tensor, rngs: Sequence[torch.Generator | None]) -> Tensor:
+    """Draw one token per row, row b with its own generator: exactly what `sample(probs[b], rngs[b])`
+    draws, for B rows at once (a batch whose rows decode as they would alone).
+
+    Args:
+        probs: [B, V] probabilities (need not be normalised).
+        rngs: B generators (None: torch's global one).
+
+    Returns:
+        [B] token ids (int64).
+    """
+    u = [torch.rand((1, 1), generator=rng, dtype=torch.float64, device=probs.device) for rng in rngs]
+    return _invert_cdf(probs, torch.cat(u) if u else probs.new_empty(0, 1, dtype=torch.float64))
+
+
+def _invert_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """[..., V] probabilities and [N, 1] uniforms (N rows of probs) → [...] the tokens they pick."""
     flat = probs.reshape(-1, probs.shape[-1])  # [N, V]
     cdf = flat.double().cumsum(-1)  # [N, V]
     total = cdf[:, -1:]  # [N, 1]
     if flat.device.type == "cpu" and not bool((total > 0).all()):  # (no device sync on a GPU)
         raise ValueError("sample: every row needs a positive, finite total probability")
-    u = torch.rand(total.shape, generator=rng, dtype=torch.float64, device=flat.device)  # [N, 1]
     x = torch.searchsorted(cdf, u * total, right=True).clamp_max_(flat.shape[-1] - 1)  # [N, 1]
     return x.reshape(probs.shape[:-1])
 

@@ -500,6 +500,7 @@ class Stats:
     tv: float = MISSING         # the position TV the power report (and samples=auto) sizes N for
     aa_repeats: int = MISSING   # A/A calibration repeats; 0 = off
     batch: int = MISSING        # sequences per batched forward (baseline and method sampling, teacher forcing)
+    time_split: Union[bool, str] = MISSING  # time the phases of each step (a device sync each): true, false or auto (on the CPU only)
 
     def check(self, path: str) -> None:
         if _given(self.samples) and self.samples != "auto" and (
@@ -509,6 +510,8 @@ class Stats:
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1 for v in given):
             raise SpecResearchError(f"{path}.alpha, {path}.power and {path}.tv must lie in (0, 1), got "
                                     f"{', '.join(repr(getattr(self, n)) for n in ('alpha', 'power', 'tv'))}")
+        if _given(self.time_split) and self.time_split not in (True, False, "auto"):
+            raise SpecResearchError(f"{path}.time_split must be true, false or auto, got {self.time_split!r}")
 
 
 RESUME = ("auto", True, False)
@@ -638,13 +641,9 @@ def check(cfg: DictConfig) -> None:
             raise SpecResearchError(f"unknown setting '{key}': valid are {', '.join(valid)}")
     _ranges(primary, {k: _resolved(cfg, k) for k in top if k in cfg}, "")
     model = _resolved(cfg, "model") if "model" in cfg else None
-    if isinstance(model, dict) and model.get("cache") == "static":  # one sequence at a time (target.StaticSlots)
-        stats = _resolved(cfg, "stats") if "stats" in cfg else {}
-        if cfg.get("batch_size", 1) > 1:
-            raise SpecResearchError(f"model.cache=static decodes one sequence at a time: batch_size={cfg.batch_size} needs model.cache=dynamic")
-        if isinstance(stats, dict) and stats.get("samples") and stats.get("batch", 1) > 1:
-            raise SpecResearchError(f"model.cache=static decodes one sequence at a time: stats.batch={stats['batch']} needs "
-                                    "stats.batch=1 or model.cache=dynamic")
+    if isinstance(model, dict) and model.get("compile") and cfg.get("batch_size", 1) > 1:  # (target.StaticSlots.forward)
+        raise SpecResearchError(f"model.compile=true compiles the decoder of one sequence: batch_size={cfg.batch_size} would run "
+                                "eagerly; use model.compile=false (model.cache=static decodes batches eagerly) or batch_size=1")
 
 
 def _check_target(node: dict, group: str) -> None:

@@ -359,7 +359,7 @@ def format_table(cfg: DictConfig, label: str, r: SpeedRecord, results: Results, 
     ]
     split = ", ".join(
         f"{name} {getattr(m, 'time_' + name) / m.time_total:.0%}" for name in SpecStats.TIME_SPLIT
-    )
+    ) if m.split_timed else "not timed (stats.time_split=false, or auto on a GPU: a device sync per phase would slow the step)"
     by_pos = " ".join(f"{a:.2f}" for a in m.acceptance_at) or "-"
     identity = (
         f"{results.identical}/{n} prompts identical to the baseline"

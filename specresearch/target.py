@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import StaticLayer
 
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
@@ -83,16 +84,20 @@ class Target:
             [B, V] the logits after each prompt's last token.
         """
         first = prompts[0]
-        if self.static and len(prompts) > 1:
-            raise SpecResearchError(f"model.cache=static decodes one sequence at a time; a batch of {len(prompts)} needs model.cache=dynamic")
         if all(p.shape == first.shape and torch.equal(p, first) for p in prompts[1:]):  # one prefill serves every row
+            if self.static:
+                self.cache = self.static.rows(1)
             logits = self.prefill(first, reuse)  # [1, V]
             self.lengths, self.valid = [len(first)] * len(prompts), None
             self.hidden_rows = [self.hidden] * len(prompts)
-            if len(prompts) > 1:
+            if len(prompts) > 1 and self.static:
+                self.cache = self.static.repeat(len(prompts), len(first))
+            elif len(prompts) > 1:
                 for layer in self._layers():
                     layer.keys, layer.values = layer.keys.repeat(len(prompts), 1, 1, 1), layer.values.repeat(len(prompts), 1, 1, 1)
             return logits.expand(len(prompts), -1)
+        if self.static:
+            self.cache = self.static.rows(len(prompts))
         self.lengths = [0] * len(prompts)
         self.valid = torch.zeros(len(prompts), self.length, dtype=torch.bool, device=self.device)
         hidden = self._rows_hidden(list(prompts), [None] * len(prompts))  # [B, W, H]
@@ -102,7 +107,7 @@ class Target:
         return self.model.get_output_embeddings()(last)  # [B, V]
 
     def forward_rows(self, fed: Sequence[Tensor], parents: Sequence[Tensor | None], head: torch.nn.Module | None = None,
-                     tree: int | None = None) -> list[Tensor]:
+                     tree: int | None = None, padded: bool = False) -> list[Tensor] | Tensor:
         """Feed row b's tokens `fed[b]` ([n_b] >= 1: a chain, or a tree under `parents[b]`, as in
         `forward`; [n_b, H] input embeddings for a model fed embeddings, such as EAGLE's head) after
         its cached ones, every row in one forward.
@@ -114,17 +119,18 @@ class Target:
         own ancestors. `crop_rows` drops the trees again.
 
         Returns:
-            [n_b, V] logits per row: row i of each is the distribution of the token after fed[b][i].
+            [n_b, V] logits per row: row i of each is the distribution of the token after fed[b][i]; with
+            `padded`, one [B, W, V] tensor instead (W >= every n_b; row b's first n_b positions are its own).
         """
         if self.rows == 1 and self.valid is None and len(fed[0]):  # one sequence: the plain forward (no mask for a chain)
             self._window = self.length
             logits = self.forward(fed[0], head=head, parents=parents[0], tree=tree)
             self.hidden_rows = [self.hidden]
             self.lengths = [self.length]
-            return [logits]
+            return logits[None] if padded else [logits]
         hidden = self._rows_hidden(list(fed), list(parents), tree)  # [B, W, H]
         logits = (head or self.model.get_output_embeddings())(hidden)  # [B, W, V] ([B, W, N] with a head over N tokens)
-        return [logits[b, : len(t)] for b, t in enumerate(fed)]
+        return logits if padded else [logits[b, : len(t)] for b, t in enumerate(fed)]
 
     def keep_rows(self, kept: Sequence[Sequence[int]]) -> None:
         """Keep, of the tokens each row fed in the last `forward_rows`, those at `kept[b]` (in order:
@@ -137,11 +143,13 @@ class Target:
         width = max(len(k) for k in kept)
         if any(list(k) != list(range(len(k))) for k in kept):  # a tree's path: move it to the window's front
             index = torch.tensor([list(k) + [k[-1] if k else 0] * (width - len(k)) for k in kept], device=self.device)  # [B, W']
-            for layer in self._layers():
-                layer.keys[:, :, start : start + width] = _gather_slots(layer.keys[:, :, start:], index)
-                layer.values[:, :, start : start + width] = _gather_slots(layer.values[:, :, start:], index)
-        for layer in self._layers():  # chains keep a prefix of what they fed: a crop, no copy
-            layer.keys, layer.values = layer.keys[:, :, : start + width], layer.values[:, :, : start + width]
+            if self.static:
+                self.static.gather(start, index)
+            else:
+                for layer in self._layers():
+                    layer.keys[:, :, start : start + width] = _gather_slots(layer.keys[:, :, start:], index)
+                    layer.values[:, :, start : start + width] = _gather_slots(layer.values[:, :, start:], index)
+        self._crop(start + width)  # chains keep a prefix of what they fed: a crop, no copy
         filled = torch.arange(width, device=self.device) < torch.tensor([len(k) for k in kept], device=self.device)[:, None]  # [B, W']
         self.valid = torch.cat([self.valid[:, :start] if self.valid is not None else
                                 torch.ones(len(kept), start, dtype=torch.bool, device=self.device), filled], dim=1)
@@ -173,8 +181,7 @@ class Target:
             self.rollback(slots)
             self.lengths = [self.length]
             return
-        for layer in self._layers():
-            layer.keys, layer.values = layer.keys[:, :, :slots], layer.values[:, :, :slots]
+        self._crop(slots)
         self.length, self.lengths = slots, list(lengths)
         self.valid = None if self.valid is None or bool(self.valid[:, :slots].all()) else self.valid[:, :slots]
 
@@ -182,13 +189,23 @@ class Target:
         """Keep only the rows at `index` (in order): finished rows stop costing forwards. The cache
         is then compacted: every row's tokens first, holes only after a row's end."""
         at = torch.tensor(list(index), device=self.device)
-        for layer in self._layers():
+        if self.static:
+            self.static.select(at)
+        for layer in self._layers() if not self.static else ():
             layer.keys, layer.values = layer.keys.index_select(0, at), layer.values.index_select(0, at)
         self.lengths = [self.lengths[i] for i in index]
         self.hidden_rows = [self.hidden_rows[i] for i in index] if self.hidden_rows else []
         if self.valid is not None:
             self.valid = self.valid.index_select(0, at)
             self._compact_rows()
+
+    def _crop(self, slots: int) -> None:
+        """Drop every slot from `slots` on (a static cache: write from there on)."""
+        if self.static:
+            self.static.seek(slots)
+            return
+        for layer in self._layers():
+            layer.keys, layer.values = layer.keys[:, :, :slots], layer.values[:, :, :slots]
 
     def _layers(self) -> list:
         """The cache's layers that hold tensors (a draft that skips layers leaves the others empty)."""
@@ -199,7 +216,9 @@ class Target:
         width = max(self.lengths)
         index = torch.stack([torch.cat([slots, slots[-1:].expand(width - slots.numel())])
                              for slots in (row.nonzero()[:, 0] for row in self.valid)])  # [B, W]
-        for layer in self._layers():
+        if self.static:
+            self.static.gather(0, index)
+        for layer in self._layers() if not self.static else ():
             layer.keys, layer.values = _gather_slots(layer.keys, index), _gather_slots(layer.values, index)
         self.valid = torch.arange(width, device=self.device) < torch.tensor(self.lengths, device=self.device)[:, None]  # [B, W]
         self.length = width
@@ -233,12 +252,15 @@ class Target:
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
         positions = torch.tensor(base)[:, None] + (depth - 1).clamp(min=0)  # [B, W]
         self._window, self._fed = self.length, n
-        out = self.model.base_model(**_inputs(ids), attention_mask=mask[:, None], position_ids=positions.to(self.device),
-                                    cache=self.cache, use_cache=True)
+        if self.static:
+            hidden = self.static.forward(ids, self.length, positions.to(self.device), mask[:, None])  # [B, W, H]
+            self.cache = self.static.cache  # (a larger one when the rows outgrew it)
+        else:
+            hidden = self.model.base_model(**_inputs(ids), attention_mask=mask[:, None], position_ids=positions.to(self.device),
+                                           cache=self.cache, use_cache=True).last_hidden_state  # [B, W, H]
         self.length += width
         self.valid = torch.cat([valid, filled.to(self.device)], dim=1)
         self.lengths = [length + f for length, f in zip(self.lengths, n)]
-        hidden = out.last_hidden_state  # [B, W, H]
         self.hidden_rows = [hidden[b, :f] for b, f in enumerate(n)] if self.keep_hidden else []
         return hidden
 
@@ -398,15 +420,18 @@ class Target:
 
 
 class StaticSlots:
-    """One sequence's KV cache preallocated (transformers' StaticCache): the write position is `length`,
-    a rollback moves it back (gpt-fast), a tree's accepted path is copied to the front of its slots in
-    place, and a forward attends over every slot under a mask that hides the ones past its tokens.
+    """A KV cache preallocated (transformers' StaticCache) for one sequence or B rows: the write position
+    is `length`, a rollback moves it back (gpt-fast), a tree's accepted path is copied to the front of its
+    slots in place. Run eagerly, a forward attends over the slots written so far (`_Slots`: no copy of the
+    cache per step, as a DynamicCache makes, and no attention over empty slots); compiled, over every slot
+    under a mask that hides the ones past its tokens.
 
-    With the model's `compile` (model.compile=true) the decoder runs under torch.compile at fixed
-    shapes: a forward of K tokens is padded to the next of COMPILED_WIDTHS (the padding's slots lie past
-    the write position, which then moves back to K), so a run compiles one graph per width it meets
-    (CUDA graphs on a GPU: mode reduce-overhead); wider forwards (long prompts) run eagerly. The slots
-    never move while they last: a sequence that outgrows them gets a larger cache (BLOCK-rounded).
+    With the model's `compile` (model.compile=true) the decoder of one sequence runs under torch.compile
+    at fixed shapes: a forward of K tokens is padded to the next of COMPILED_WIDTHS (the padding's slots
+    lie past the write position, which then moves back to K), so a run compiles one graph per width it
+    meets (CUDA graphs on a GPU: mode reduce-overhead); wider forwards (long prompts) and rows run
+    eagerly. The slots never move while they last: a sequence that outgrows them gets a larger cache
+    (BLOCK-rounded).
     """
 
     BLOCK = 256  # slots are allocated in multiples of this
@@ -417,15 +442,36 @@ class StaticSlots:
         self.model = lm.model
         self.cache: StaticCache | None = None
         self.capacity = 0
+        self.batch = 1  # rows the cache holds
         self._decoder = _compiled_decoder(lm) if lm.compile else lm.model.base_model
 
     def reset(self, capacity: int) -> StaticCache:
         """The cache for a new sequence of about `capacity` tokens (the same one when it is large enough)."""
         capacity = max(self.BLOCK, -(-capacity // self.BLOCK) * self.BLOCK)
-        if self.cache is None or capacity > self.capacity:
-            self.cache, self.capacity = StaticCache(config=self.model.config, max_cache_len=capacity), capacity
+        if self.cache is None or capacity > self.capacity or self.batch != 1:
+            self.cache, self.capacity, self.batch = _static_cache(self.model.config, capacity), capacity, 1
         self.seek(0)
         return self.cache
+
+    def rows(self, batch: int) -> StaticCache:
+        """An empty cache of `batch` rows (this one, emptied, when it holds that many; else a new one of the same capacity)."""
+        if batch != self.batch:
+            self.cache, self.batch = _static_cache(self.model.config, self.capacity), batch
+        self.seek(0)
+        return self.cache
+
+    def repeat(self, batch: int, length: int) -> StaticCache:
+        """A cache of `batch` rows, each holding this one-row cache's first `length` slots (a prompt every row shares)."""
+        kept = self.copy(length)
+        self.cache, self.batch = _static_cache(self.model.config, self.capacity), batch
+        self.restore(kept, length)
+        return self.cache
+
+    def select(self, index: Tensor) -> None:
+        """Keep only the rows at `index` ([B'], in order)."""
+        for layer in self._layers():
+            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+        self.batch = len(index)
 
     def seek(self, length: int) -> None:
         """Move the write position to slot `length`."""
@@ -439,45 +485,62 @@ class StaticSlots:
             layer.values[:, :, start : start + len(index)] = layer.values.index_select(2, index)
         self.seek(start + len(index))
 
-    def copy(self, length: int) -> list[tuple[Tensor, Tensor]]:
-        """The first `length` slots of every layer (a prefill kept for reuse)."""
-        return [(layer.keys[:, :, :length].clone(), layer.values[:, :, :length].clone()) for layer in self._layers()]
+    def gather(self, start: int, index: Tensor) -> None:
+        """Row b: copy its slots `start + index[b]` ([B, W]) to slots start..start + W - 1 and write after them."""
+        for layer in self._layers():
+            layer.keys[:, :, start : start + index.shape[1]] = _gather_slots(layer.keys[:, :, start:], index)
+            layer.values[:, :, start : start + index.shape[1]] = _gather_slots(layer.values[:, :, start:], index)
+        self.seek(start + index.shape[1])
 
-    def restore(self, kept: list[tuple[Tensor, Tensor]], length: int) -> None:
-        """Put back what `copy` kept, in place, and write after it."""
-        for layer, (keys, values) in zip(self._layers(), kept):
-            layer.keys[:, :, :length] = keys
-            layer.values[:, :, :length] = values
+    def copy(self, length: int) -> list[tuple[Tensor, Tensor] | None]:
+        """The first `length` slots of every layer (None for a layer that holds none: a draft that skips
+        it), a prefill kept for reuse."""
+        return [(layer.keys[:, :, :length].clone(), layer.values[:, :, :length].clone()) if getattr(layer, "is_initialized", False)
+                else None for layer in self.cache.layers]
+
+    def restore(self, kept: list[tuple[Tensor, Tensor] | None], length: int) -> None:
+        """Put back what `copy` kept (in every row), in place, and write after it."""
+        for layer, slots in zip(self.cache.layers, kept):
+            if slots is not None:
+                if not layer.is_initialized:  # (a new cache: of another batch, or after a larger one)
+                    layer.lazy_initialization(*(t.expand(self.batch, -1, -1, -1) for t in slots))
+                layer.keys[:, :, :length] = slots[0]
+                layer.values[:, :, :length] = slots[1]
         self.seek(length)
 
-    def forward(self, ids: Tensor, length: int, positions: Tensor, tree: Tensor | None) -> Tensor:
-        """[1, K, H] the decoder's final hidden states of `ids` ([1, K] tokens or [1, K, H] embeddings)
-        written from slot `length` on, at `positions` ([1, K]), a chain (causal) or under `tree` (the
-        [1, 1, K, length + K] additive mask of `Target._tree_inputs`); the write position ends at length + K."""
+    def forward(self, ids: Tensor, length: int, positions: Tensor, mask: Tensor | None) -> Tensor:
+        """[B, K, H] the decoder's final hidden states of `ids` ([B, K] tokens or [B, K, H] embeddings)
+        written from slot `length` on, at `positions` ([B, K]), a chain (causal) or under `mask` (the
+        [B, 1, K, length + K] additive mask of a tree or of rows, over the slots before and the K new ones);
+        the write position ends at length + K."""
         k = ids.shape[1]
-        compiled = self.lm.compile and k <= self.COMPILED_WIDTHS[-1]  # a wider forward (a long prompt) runs eagerly
+        compiled = self.lm.compile and ids.shape[0] == 1 and k <= self.COMPILED_WIDTHS[-1]  # wider forwards and rows run eagerly
         width = next(w for w in self.COMPILED_WIDTHS if w >= k) if compiled else k
         if length + width > self.capacity:
             self._grow(length + width)
         dtype, device = self.model.dtype, ids.device
-        slot = torch.arange(self.capacity, device=device)  # [S]
         reach = length + torch.arange(width, device=device)  # [W] a chain's token i sees the slots up to its own
-        mask = torch.zeros(1, 1, width, self.capacity, dtype=dtype, device=device).masked_fill_(slot > reach[:, None], torch.finfo(dtype).min)
-        if tree is not None:
-            mask[:, :, :k, : length + k] = tree
-            mask[:, :, :k, length + k :] = torch.finfo(dtype).min
+        slots = self.capacity if compiled else length + width  # compiled: every slot (fixed shapes); eagerly the written ones
+        causal = torch.zeros(1, 1, width, slots, dtype=dtype, device=device).masked_fill_(
+            torch.arange(slots, device=device) > reach[:, None], torch.finfo(dtype).min)  # [1, 1, W, S]
+        if mask is not None:
+            causal = causal.expand(mask.shape[0], 1, width, slots).clone()
+            causal[:, :, :k, : length + k] = mask
         if width > k:  # padding: repeats the last token at the next positions; its slots lie past the write position
             ids = torch.cat([ids, ids[:, -1:].expand(-1, width - k, *ids.shape[2:])], 1)
             positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, width - k + 1, device=device)], 1)
+        for layer in self.cache.layers:
+            layer.end = None if compiled else length + width
+        self.seek(length)
         decoder = self._decoder if compiled else self.model.base_model
-        out = decoder(**_inputs(ids), attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True)
+        out = decoder(**_inputs(ids), attention_mask=causal, position_ids=positions, cache=self.cache, use_cache=True)
         self.seek(length + k)
         return out.last_hidden_state[:, :k]
 
     def _grow(self, needed: int) -> None:
         """A larger cache holding what this one wrote (new addresses: compiled graphs are made again)."""
         old = self.cache.layers
-        self.cache = StaticCache(config=self.model.config, max_cache_len=-(-needed // self.BLOCK) * self.BLOCK)
+        self.cache = _static_cache(self.model.config, -(-needed // self.BLOCK) * self.BLOCK)
         self.capacity = self.cache.layers[0].max_cache_len
         for new, prev in zip(self.cache.layers, old):
             if getattr(prev, "is_initialized", False):
@@ -489,6 +552,25 @@ class StaticSlots:
     def _layers(self) -> list:
         """The layers that hold slots (a draft that skips layers leaves the others empty)."""
         return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
+
+
+class _Slots(StaticLayer):
+    """transformers' StaticLayer that returns, when `end` is set (an eager forward), only the slots up to
+    `end`, the end of what the forward writes: attention reads the written slots, as with a DynamicCache,
+    without its copy of the whole cache every step. `end` None (compiled): every slot (fixed shapes)."""
+
+    end: int | None = None
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        return (keys, values) if self.end is None else (keys[:, :, : self.end], values[:, :, : self.end])
+
+
+def _static_cache(config, capacity: int) -> StaticCache:
+    """transformers' StaticCache of `capacity` slots, its full-attention layers `_Slots`."""
+    cache = StaticCache(config=config, max_cache_len=capacity)
+    cache.layers = [_Slots(max_cache_len=capacity) if type(layer) is StaticLayer else layer for layer in cache.layers]
+    return cache
 
 
 def _compiled_decoder(lm: LoadedModel) -> Callable:

@@ -526,3 +526,15 @@ def test_generate_takes_a_list_a_tuple_a_tensor_or_an_array_of_ids_up_to_the_las
     assert len(short_engine.generate([5, 6], 3, eos_token_ids=[], sample_first=False).tokens) == 3
     with pytest.raises(SpecResearchError, match=r"at least 2 token ids with sample_first=False, got 1"):
         short_engine.generate([5], 3, sample_first=False)
+
+
+def test_without_the_time_split_a_run_times_only_its_total(target, close_draft):
+    """time_split=False (stats.time_split; auto turns it off on CUDA, where each phase's sync would slow
+    the step): the same tokens and counters, the total timed, the phases not."""
+    outs = {split: Engine(target, IndependentDrafter(close_draft, k=3), RejectionVerifier(), SamplingParams(temperature=1.0),
+                          time_split=split).generate(PLAIN, 16, eos_token_ids=[], seed=5) for split in (True, False)}
+    on, off = outs[True].stats, outs[False].stats
+    assert outs[True].tokens == outs[False].tokens and (on.steps, on.accepted) == (off.steps, off.accepted)
+    assert on.split_timed and on.time_verify > 0 and on.time_draft > 0
+    assert not off.split_timed and off.time_total > 0 and off.time_draft == off.time_verify == off.time_accept == 0
+    assert Engine(target, NoDrafter(), GreedyVerifier(), GREEDY).time_split  # auto: on the CPU

@@ -199,7 +199,7 @@ class SpecResearchLM(TemplateLM):
             sampling = replace(sampling, top_k=int(gen_kwargs["top_k"]))
         if sampling not in self._engines:
             base = self.engine
-            self._engines[sampling] = Engine(base.target.lm, base.drafter, base.verifier, sampling)
+            self._engines[sampling] = Engine(base.target.lm, base.drafter, base.verifier, sampling, base.time_split)
         return self._engines[sampling]
 
     def _score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:

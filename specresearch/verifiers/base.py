@@ -5,11 +5,12 @@ one-step law (`specresearch.stats.exact`) is computed from the same two."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from specresearch.sampling import sample
+from specresearch.sampling import sample, sample_rows
 from specresearch.types import Draft, SamplingParams, Verdict
 
 
@@ -75,17 +76,67 @@ class Verifier(ABC):
         Returns:
             The accepted prefix (or tree path) plus one recovered or bonus token.
         """
-        if draft.parents is not None:
-            return self._verify_tree(draft, p, rng)
-        k = len(draft)
-        x = draft.tokens.to(p.device)  # [K]
-        q = draft_law(draft, p)  # [K, V]
-        n = 0
-        if k:
-            u = torch.rand(k, generator=rng, device=p.device)  # [K]; u in [0, 1): probability 0 never accepts
-            n = int((u < self.acceptance(p[:k], q, x)).int().cumprod(0).sum())
-        y = sample(self.fallback(p[n], q[n] if n < k else None), rng)
-        return Verdict(tokens=torch.cat([x[:n], y[None]]), num_accepted=n)
+        return self.verify_rows([draft], p[None], [rng])[0]
+
+    def verify_rows(self, drafts: Sequence[Draft], p: Tensor, rngs: Sequence[torch.Generator | None]) -> list[Verdict]:
+        """Verify the drafts of B rows (a batch), row b exactly as `self(drafts[b], p[b, :K_b + 1], rngs[b])`
+        would: the chains together (one `acceptance` and at most two `fallback` calls for all of them,
+        each row drawing its uniforms from its own generator in the same order), trees one at a time.
+
+        Args:
+            drafts: B drafts (chains or trees).
+            p: [B, W, V] row b's target laws in its first K_b + 1 positions (W >= every K_b + 1).
+            rngs: B generators.
+
+        Returns:
+            B verdicts.
+        """
+        verdicts: list[Verdict | None] = [None] * len(drafts)
+        chains = [b for b, draft in enumerate(drafts) if draft.parents is None]
+        for b, draft in enumerate(drafts):
+            if draft.parents is not None:
+                verdicts[b] = self._verify_tree(draft, p[b, : len(draft) + 1], rngs[b])
+        if chains:
+            whole = len(chains) == len(drafts)  # (no copy of p for a batch of chains)
+            laws = p if whole else p[chains]
+            for b, verdict in zip(chains, self._verify_chains([drafts[b] for b in chains], laws, [rngs[b] for b in chains])):
+                verdicts[b] = verdict
+        return verdicts
+
+    def _verify_chains(self, drafts: list[Draft], p: Tensor, rngs: list[torch.Generator | None]) -> list[Verdict]:
+        """The chains of `verify_rows`: p [B, W, V]. Row b accepts its first n_b tokens (u_i < acceptance_i
+        up to the first failure; K_b uniforms from its generator), then draws the added token from
+        `fallback` at position n_b (one more uniform)."""
+        rows, vocab = len(drafts), p.shape[-1]
+        k = [len(draft) for draft in drafts]
+        width = max(k)
+        n = torch.zeros(rows, dtype=torch.long, device=p.device)  # [B] accepted per row
+        if width:
+            x = torch.zeros(rows, width, dtype=torch.long, device=p.device)  # [B, K] (zeros past a row's K_b)
+            q = torch.zeros(rows, width, vocab, dtype=p.dtype, device=p.device)  # [B, K, V]
+            u = torch.ones(rows, width, device=p.device)  # [B, K] 1 past a row's K_b: never accepted
+            for b, draft in enumerate(drafts):
+                if k[b]:
+                    x[b, : k[b]] = draft.tokens.to(p.device)
+                    q[b, : k[b]] = draft_law(draft, p)
+                    u[b, : k[b]] = torch.rand(k[b], generator=rngs[b], device=p.device)  # u in [0, 1): probability 0 never accepts
+            accept = self.acceptance(p[:, :width].reshape(-1, vocab), q.reshape(-1, vocab), x.reshape(-1)).view(rows, width)
+            n = (u < accept).int().cumprod(1).sum(1)  # [B]
+        at = n.tolist()
+        p_n = p[torch.arange(rows, device=p.device), n]  # [B, V] the law where each row's added token goes
+        bonus = [b for b in range(rows) if at[b] == k[b]]
+        rejected = [b for b in range(rows) if at[b] < k[b]]
+        if not rejected:  # [B, V] the law of each row's added token
+            law = self.fallback(p_n, None)
+        elif not bonus:
+            law = self.fallback(p_n, q[torch.arange(rows, device=p.device), n])
+        else:
+            law = torch.empty_like(p_n)
+            law[bonus] = self.fallback(p_n[bonus], None)
+            law[rejected] = self.fallback(p_n[rejected], q[rejected, n[rejected]])
+        y = sample_rows(law, rngs)  # [B]
+        return [Verdict(tokens=torch.cat([x[b, : at[b]], y[b : b + 1]]) if at[b] else y[b : b + 1], num_accepted=at[b])
+                for b in range(rows)]
 
     def _verify_tree(self, draft: Draft, p: Tensor, rng: torch.Generator | None) -> Verdict:
         """Multi-step speculative sampling (SpecInfer, Miao et al. 2024) in terms of the same two
