@@ -180,6 +180,8 @@ class SpeedRecord:
     prompts: float = NAN
     k: float = NAN  # draft tokens per step (0: a drafter without k)
     speedup: float = NAN  # tokens/s of the method / of the baseline
+    compiled_baseline_tokens_per_s: float = NAN  # plain decoding compiled, timed beside them (compiled_reference); NaN = not timed
+    speedup_vs_fastest_plain: float = NAN  # tokens/s of the method / of the fastest plain decoding timed (baseline or compiled)
     time_ratio: float = NAN  # total time of the baseline / of the method
     draft_cost_ratio_c: float = NAN
     verify_cost_v: float = NAN

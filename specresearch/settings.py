@@ -514,7 +514,7 @@ class Stats:
             raise SpecResearchError(f"{path}.time_split must be true, false or auto, got {self.time_split!r}")
 
 
-RESUME = ("auto", True, False)
+SWITCH = ("auto", True, False)  # a setting that is auto, true or false (resume, compiled_reference)
 
 
 @dataclass
@@ -525,6 +525,7 @@ class Config:
     max_new_tokens: int = MISSING     # per prompt, for baseline and method alike
     batch_size: int = MISSING         # prompts decoded together (one target forward verifies every row's draft)
     warmup: bool = MISSING            # one short untimed generation of each engine first
+    compiled_reference: Any = MISSING  # time compiled plain decoding beside the baseline: auto (on CUDA), true or false
     resume: Any = MISSING             # auto (in sweeps only), true or false
     exclusive: bool = MISSING         # a speed job holds the machine's speed lock
     objective: Optional[str] = None   # the summary metric a job returns (for Optuna)
@@ -535,8 +536,14 @@ class Config:
             raise SpecResearchError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if _given(self.batch_size) and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1):
             raise SpecResearchError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if _given(self.resume) and not any(self.resume is v if isinstance(v, bool) else self.resume == v for v in RESUME):
+        if _given(self.resume) and not any(self.resume is v if isinstance(v, bool) else self.resume == v for v in SWITCH):
             raise SpecResearchError(f"resume must be auto, true or false, got {self.resume!r}")
+        if _given(self.compiled_reference) and not any(self.compiled_reference is v if isinstance(v, bool) else self.compiled_reference == v
+                                                       for v in SWITCH):
+            raise SpecResearchError(f"compiled_reference must be auto, true or false, got {self.compiled_reference!r}")
+        if self.compiled_reference is True and _given(self.batch_size) and self.batch_size > 1:
+            raise SpecResearchError(f"compiled_reference=true times compiled decoding of one sequence: batch_size={self.batch_size} "
+                                    "needs compiled_reference=false (or auto)")
 
 
 @dataclass

@@ -3,6 +3,7 @@ interleaved prompt by prompt so machine noise hits both alike; results printed a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -46,13 +47,17 @@ class Results:
     batch_size: int = 1  # prompts decoded together
     row_baseline: SpecStats = field(default_factory=SpecStats)  # the rows' own records summed (each row's time: its latency)
     row_method: SpecStats = field(default_factory=SpecStats)
+    compiled: SpecStats = field(default_factory=SpecStats)  # plain decoding compiled (compiled_reference), when timed
 
     def add_batch(self, prompts: list[Prompt], bases: list[GenerationOutput], meths: list[GenerationOutput],
-                  gaps: list[float | None]) -> list[dict]:
+                  gaps: list[float | None], compiled: list[GenerationOutput] | None = None) -> list[dict]:
         """Record one batch (each side decoded its prompts together): the totals count the batch's
-        tokens over its wall time (`SpecStats.of_batch`); the rows' own records are kept too."""
+        tokens over its wall time (`SpecStats.of_batch`); the rows' own records are kept too.
+        `compiled`: the compiled plain decoding of the same prompts, when timed."""
         self.baseline = self.baseline.merge(SpecStats.of_batch([o.stats for o in bases]))
         self.method = self.method.merge(SpecStats.of_batch([o.stats for o in meths]))
+        if compiled:
+            self.compiled = self.compiled.merge(SpecStats.of_batch([o.stats for o in compiled]))
         return [self.add(*row) for row in zip(prompts, bases, meths, gaps)]
 
     def add(self, prompt: Prompt, base: GenerationOutput, meth: GenerationOutput, gap: float | None = None) -> dict:
@@ -91,6 +96,8 @@ class Results:
         base, meth = self.baseline, self.method
         pred = predict(base, meth, k)
         n = len(self.records)
+        compiled = self.compiled.tokens_per_s if self.compiled.new_tokens else float("nan")
+        fastest = max(base.tokens_per_s, compiled) if math.isfinite(compiled) else base.tokens_per_s
         return SpeedRecord(
             baseline=base,
             method=meth,
@@ -98,6 +105,8 @@ class Results:
             k=k,
             # per token: at T > 0 the method and the baseline stop at different lengths
             speedup=meth.tokens_per_s / base.tokens_per_s if base.tokens_per_s else float("nan"),
+            compiled_baseline_tokens_per_s=compiled,
+            speedup_vs_fastest_plain=meth.tokens_per_s / fastest if fastest else float("nan"),
             time_ratio=base.time_total / meth.time_total if meth.time_total else float("nan"),
             draft_cost_ratio_c=pred.c,
             verify_cost_v=pred.v,
@@ -141,6 +150,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     prompts = load_prompts(**cfg.dataset)
     method = build_engine(cfg)
     baseline = build_engine(cfg, baseline=True, target=method.target.lm)
+    compiled = compiled_reference(cfg, baseline)
     target, drafter = method.target.lm, method.drafter
     trained_on = trained_on_tags(drafter, prompts)  # refuses heads trained on any of these prompts
     prompt_ids = [encode(target.tokenizer, p) for p in prompts]
@@ -152,9 +162,11 @@ def run(cfg: DictConfig) -> dict[str, float]:
         return engine.generate(ids, max_new, stop_strings=stops, seed=seed)  # row b: seed + b
 
     batch = int(cfg.batch_size)
-    if cfg.warmup:  # first calls pay one-off costs (allocator, kernels): keep them out of both timings
-        generate(baseline, prompt_ids[:batch], cfg.seed, min(8, cfg.max_new_tokens))
-        generate(method, prompt_ids[:batch], cfg.seed, min(8, cfg.max_new_tokens))
+    if compiled is not None:  # its slots sized once for the longest prompt (a larger cache would compile its graphs again)
+        compiled.target.reset(max(map(len, prompt_ids)) + cfg.max_new_tokens + 1)
+    if cfg.warmup:  # first calls pay one-off costs (allocator, kernels, compilation): keep them out of every timing
+        for engine in (baseline, method) if compiled is None else (baseline, method, compiled):
+            generate(engine, prompt_ids[:batch], cfg.seed, min(8, cfg.max_new_tokens))
 
     results = Results(batch_size=batch)
     tags = {**machine_tags(target), **trained_on}
@@ -168,8 +180,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 else:
                     meth = generate(method, ids, cfg.seed + first, cfg.max_new_tokens)
                     base = generate(baseline, ids, cfg.seed + first, cfg.max_new_tokens)
+                comp = generate(compiled, ids, cfg.seed + first, cfg.max_new_tokens) if compiled is not None else None
                 gaps = [divergence_gap(target, p, b.tokens, m.tokens) if sampling.greedy else None for p, b, m in zip(ids, base, meth)]
-                records = results.add_batch(prompts[first : first + batch], base, meth, gaps)
+                records = results.add_batch(prompts[first : first + batch], base, meth, gaps, comp)
                 if drafter.predicted_speedup is not None:  # shape=auto: fixed (Medusa) or over the steps so far (dynamic trees)
                     results.predicted_speedup = drafter.predicted_speedup
                 summary = prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION)
@@ -188,6 +201,18 @@ def run(cfg: DictConfig) -> dict[str, float]:
         log.info("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
     browse_line(tracker)
     return flatten(record)
+
+
+def compiled_reference(cfg: DictConfig, baseline: Engine) -> Engine | None:
+    """Plain decoding compiled (model.cache=static, model.compile=true, the target's weights shared), to
+    time beside the baseline when `cfg.compiled_reference` asks for it (auto: on CUDA); None when not
+    asked, when the baseline is compiled itself, or for a batch (compiled graphs decode one sequence)."""
+    lm = baseline.target.lm
+    wanted = lm.device.type == "cuda" if cfg.get("compiled_reference", "auto") == "auto" else bool(cfg.compiled_reference)
+    if not wanted or lm.compile or cfg.batch_size > 1:
+        return None
+    compiled = dataclasses.replace(lm, cache="static", compile=True, compiled=None)
+    return Engine(compiled, baseline.drafter, baseline.verifier, baseline.sampling, baseline.time_split)
 
 
 def trained_on_tags(drafter, prompts: list[Prompt]) -> dict[str, str]:
@@ -378,6 +403,11 @@ def format_table(cfg: DictConfig, label: str, r: SpeedRecord, results: Results, 
         *(f"{name:{width}}  {x:>10}  {y:>10}" for name, x, y in rows),
         "",
         f"speedup (tokens/s ratio)        {r.speedup:.2f}x   [ratio of total times {r.time_ratio:.2f}x]",
+        f"over the fastest plain decoding {r.speedup_vs_fastest_plain:.2f}x   " + (
+            "(the baseline is compiled: model.compile=true)" if target.compile else
+            f"(compiled plain decoding: {r.compiled_baseline_tokens_per_s:.1f} tokens/s, "
+            f"{r.compiled_baseline_tokens_per_s / b.tokens_per_s:.2f}x the baseline)" if math.isfinite(r.compiled_baseline_tokens_per_s) else
+            "(compiled plain decoding not timed: compiled_reference=true times it)"),
         (f"Leviathan prediction            {r.leviathan_speedup:.2f}x   from alpha per tried token={m.alpha_token:.3f}, "
          f"k={r.k:.0f}, c={r.draft_cost_ratio_c:.3f}, v={r.verify_cost_v:.3f}"
          + (f"; its best k: {r.leviathan_optimal_k:.0f} ({r.leviathan_optimal_speedup:.2f}x)" if r.leviathan_optimal_k else "")

@@ -450,6 +450,8 @@ class StaticSlots:
         capacity = max(self.BLOCK, -(-capacity // self.BLOCK) * self.BLOCK)
         if self.cache is None or capacity > self.capacity or self.batch != 1:
             self.cache, self.capacity, self.batch = _static_cache(self.model.config, capacity), capacity, 1
+            if self.lm.compile:  # slots allocated now: a first compiled forward would otherwise meet them uninitialised
+                self.cache.early_initialization(1, *_kv_shape(self.model.config), self.model.dtype, self.lm.device)
         self.seek(0)
         return self.cache
 
@@ -564,6 +566,12 @@ class _Slots(StaticLayer):
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         keys, values = super().update(key_states, value_states, *args, **kwargs)
         return (keys, values) if self.end is None else (keys[:, :, : self.end], values[:, :, : self.end])
+
+
+def _kv_shape(config) -> tuple[int, int]:
+    """(key/value heads, head dim) of a decoder's attention."""
+    heads = config.num_attention_heads
+    return getattr(config, "num_key_value_heads", None) or heads, getattr(config, "head_dim", None) or config.hidden_size // heads
 
 
 def _static_cache(config, capacity: int) -> StaticCache:

@@ -2,6 +2,7 @@
 sweeps with a parent run, and the error cases (one line, non-zero exit, nothing recorded)."""
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -176,3 +177,16 @@ def test_bad_config_value_is_one_line_before_anything_runs(tmp_path):
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == ["error: drafter.k must be an integer, got 'abc'"]
+
+
+def test_a_compiled_reference_states_the_speedup_over_the_fastest_plain_decoding(caplog):
+    """compiled_reference=true: plain decoding compiled is timed beside the baseline, and the run states
+    the method's speedup over the faster of the two (console and record); off, that speedup is the plain one."""
+    common = ("model=tiny", "drafter=pld", "verifier=greedy", "dataset.num_prompts=2", "max_new_tokens=8", "tracker=none")
+    with caplog.at_level("INFO"):
+        on = run(make_cfg(*common, "compiled_reference=true"))
+    fastest = max(on["baseline_tokens_per_s"], on["compiled_baseline_tokens_per_s"])
+    assert on["compiled_baseline_tokens_per_s"] > 0 and on["speedup_vs_fastest_plain"] == pytest.approx(on["method_tokens_per_s"] / fastest)
+    assert "over the fastest plain decoding" in caplog.text and "compiled plain decoding:" in caplog.text
+    off = run(make_cfg(*common, "compiled_reference=false"))
+    assert math.isnan(off["compiled_baseline_tokens_per_s"]) and off["speedup_vs_fastest_plain"] == pytest.approx(off["speedup"])

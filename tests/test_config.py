@@ -37,7 +37,7 @@ def test_experiment_presets_compose(name):
     (["drafter.lookup=4"], "config", None),  # the default drafter (independent) has it
     (["-m", "drafter=independent,tree", "drafter.lookup=4"], "config", "drafter=tree has no setting 'drafter.lookup'"),
     (["drafter=tree", "drafter.model.vocabb=8"], "config", "drafter=tree has no setting 'drafter.model.vocabb': valid are drafter.model.cache, drafter.model.cache_dir,"),
-    (["max_new_token=8"], "config", "python -m specresearch has no setting 'max_new_token': valid are batch_size, dataset, drafter,"),
+    (["max_new_token=8"], "config", "python -m specresearch has no setting 'max_new_token': valid are batch_size, compiled_reference, dataset, drafter,"),
     (["dataset=mtbench", "dataset.per_category=1", "stats.samples=8"], "config", None),
     (["dataset.per_category=1"], "config", "dataset=humaneval has no setting 'dataset.per_category'"),
     (["eval.limit=2"], "config", "eval.limit sets a setting of eval, which is off: choose one, eval=NAME (humaneval, stdlib_doctest)"),

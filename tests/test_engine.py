@@ -531,7 +531,7 @@ def test_generate_takes_a_list_a_tuple_a_tensor_or_an_array_of_ids_up_to_the_las
 def test_without_the_time_split_a_run_times_only_its_total(target, close_draft):
     """time_split=False (stats.time_split; auto turns it off on CUDA, where each phase's sync would slow
     the step): the same tokens and counters, the total timed, the phases not."""
-    outs = {split: Engine(target, IndependentDrafter(close_draft, k=3), RejectionVerifier(), SamplingParams(temperature=1.0),
+    outs = {split: Engine(target, IndependentDrafter(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=1.0),
                           time_split=split).generate(PLAIN, 16, eos_token_ids=[], seed=5) for split in (True, False)}
     on, off = outs[True].stats, outs[False].stats
     assert outs[True].tokens == outs[False].tokens and (on.steps, on.accepted) == (off.steps, off.accepted)

@@ -1,0 +1,135 @@
+"""benchmarks/gpu_check.py, the GPU check anyone can run, keeps working: its --dry run (the same code
+paths on the CPU, tiny shapes) covers every drafter x verifier of conf/ identical to plain decoding at
+T = 0, every lossless verifier at T = 1, every drafting mode, and times every speed method; and its
+YAML reader (no Hydra on the GPU machines) composes every option as Hydra does."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from specresearch.config import CONF_DIR, compose
+
+from .conftest import ROOT
+
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+
+def gpu_check():
+    """benchmarks/gpu_check.py, imported (a script, not a module of the package)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = sys.modules["gpu_check"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check") / "x.json"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--out", str(out)], capture_output=True, text=True,
+                            cwd=out.parent, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"wrote {out}" in result.stdout
+    return json.loads(out.read_text())
+
+
+def test_the_report_records_versions_device_and_settings(report):
+    assert report["dry"] is True and report["device"]["type"] == "cpu" and report["device"]["name"]
+    for key in ("python", "torch", "transformers", "specresearch"):
+        assert report["versions"][key], key
+    assert report["settings"]["tokens"] == 16 and report["settings"]["prompt_tokens"] == 228
+
+
+def test_every_drafter_x_verifier_equals_plain_decoding_at_t0(report):
+    m = report["matrix"]
+    assert m["status"] == "ok" and m["device"] == "cpu"
+    drafters, verifiers = _options("drafter"), _options("verifier")
+    assert m["drafters"] == drafters and m["verifiers"] == verifiers and len(drafters) >= 8
+    assert set(m["t0"]) == set(drafters)
+    for d in drafters:
+        assert set(m["t0"][d]) == set(verifiers), d
+        for v, c in m["t0"][d].items():
+            assert c["status"] == "ok" and c["identical"] == c["of"] == m["prompts"] == 2, (d, v, c)
+    assert all(m["baseline_equals_generate"])  # our plain decoding is transformers' greedy generate
+    summary = m["summary"]
+    assert summary["ok"] and summary["t0_identical"] == summary["t0_cells"] == len(drafters) * len(verifiers)
+
+
+def test_every_drafter_samples_with_every_lossless_verifier_and_runs_every_mode(report):
+    m = report["matrix"]
+    assert m["t1_verifiers"] == ["rejection"]  # greedy verification refuses T = 1; the relaxed rules are lossy
+    for d in m["drafters"]:
+        assert set(m["t1"][d]) == set(m["t1_verifiers"])
+        assert all(c["status"] == "ok" and c["all_tokens"] and c["tau"] >= 1 for c in m["t1"][d].values()), d
+        cls = get_class(OmegaConf.load(CONF_DIR / "drafter" / f"{d}.yaml")._target_)
+        other = [mode for mode, overrides in cls.modes.items() if overrides]
+        assert list(m["modes"][d]) == other, d
+        for mode, c in m["modes"][d].items():  # on the CPU every mode runs: int8 drafts are refused on CUDA only
+            assert c["status"] == "ok", (d, mode, c)
+            if "sampling" in c:  # a mode for T > 0 (children=sample): refused at T = 0, run at T = 1
+                assert "children=sample" in c["overrides"] and c["all_tokens"]
+            else:
+                assert c["identical"] == c["of"], (d, mode, c)
+    assert any("sampling" in c for row in m["modes"].values() for c in row.values())
+
+
+def test_the_speed_section_times_every_method(report):
+    s = report["speed"]
+    assert s["status"] == "ok" and not s["failed"]
+    names = [r["method"] for r in s["rows"]]
+    assert names[:4] == ["generate", "generate_compiled", "baseline", "baseline_compiled"]
+    assert [n.split("(")[0] for n in names[4:]] == ["pld", "medusa", "independent"]
+    for r in s["rows"]:
+        assert r["tokens_per_s"] > 0 and len(r["warmup_seconds"]) == 2, r
+        assert r["identical_to_generate"], r["method"]  # fp32: every plain and speculative greedy decoding is generate's
+    ours = {r["method"]: r for r in s["rows"][2:]}
+    for name, r in ours.items():
+        assert r["tau"] >= 1 and r["v"] > 0 and abs(sum(r["time_split"].values()) - 1) < 1e-6, name
+    independent = next(r for n, r in ours.items() if n.startswith("independent"))
+    assert independent["c"] > 0 and independent["draft_forwards"] > 0
+    assert len(s["v_curve"]) == 9 and s["v_curve"][0] == 1 and min(s["v_curve"]) > 0
+    assert s["c_draft"] > 0 and s["prompt_tokens"] == 228 and s["new_tokens"] == 16
+
+
+@pytest.mark.parametrize("group", ["drafter", "verifier"])
+def test_the_yaml_reader_composes_every_option_as_hydra_does(group):
+    g = gpu_check()
+    model = g.node("model", "tiny")
+    for name in _options(group):
+        hydra = OmegaConf.to_container(compose(["model=tiny", f"{group}={name}"])[group], resolve=True)
+        assert g.node(group, name, model) == hydra, name
+    if group == "drafter":  # overrides: a changed setting, a new nested key (Hydra's +key)
+        overrides = ["branching=null", *g.TINY_DRAFT]
+        hydra = compose(["model=tiny", "drafter=tree", *(f"drafter.{o}" for o in overrides[:2]), f"+drafter.{overrides[2]}"])
+        assert g.node("drafter", "tree", model, overrides) == OmegaConf.to_container(hydra.drafter, resolve=True)
+
+
+def test_the_yaml_reader_refuses_an_interpolation_it_cannot_fill(tmp_path, monkeypatch):
+    g = gpu_check()
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "drafter" / "odd.yaml").write_text("_target_: x.Y\nseed: ${seed}\n")
+    monkeypatch.setattr(g, "CONF", tmp_path)
+    with pytest.raises(ValueError, match=r"drafter/odd.yaml: .*\$\{seed\}"):
+        g.node("drafter", "odd", {"dtype": "auto"})
+
+
+def test_the_check_fails_on_a_cell_that_differs_and_passes_a_refused_mode():
+    g = gpu_check()
+    ok = {"status": "ok", "identical": 2, "of": 2}
+    matrix = {"t0": {"pld": {"greedy": dict(ok)}}, "t1": {"pld": {"rejection": {"status": "ok", "all_tokens": True}}},
+              "modes": {"tree": {"int8": {"status": "refused", "error": "SpecResearchError: CPU only"}}},
+              "baseline_equals_generate": [True, True]}
+    assert g.matrix_summary(matrix)["ok"]
+    matrix["t0"]["pld"]["greedy"]["identical"] = 1
+    assert not g.matrix_summary(matrix)["ok"]
+    matrix["t0"]["pld"]["greedy"]["identical"] = 2
+    matrix["modes"]["tree"]["int8"]["status"] = "error"
+    assert not g.matrix_summary(matrix)["ok"]
