@@ -22,7 +22,7 @@ from specresearch.records import HEADLINE_SECTION, Group, PromptStep, SpeedRecor
 from specresearch.stats import (
     Conditionals, Report, Samples, battery, calibration, family_size, position_df, sample_engine, sample_target, samples_for_tv, teacher_force,
 )
-from specresearch.target import Target
+from specresearch.target import StaticSlots, Target
 from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput, SamplingParams
 
@@ -162,11 +162,16 @@ def run(cfg: DictConfig) -> dict[str, float]:
         return engine.generate(ids, max_new, stop_strings=stops, seed=seed)  # row b: seed + b
 
     batch = int(cfg.batch_size)
-    if compiled is not None:  # its slots sized once for the longest prompt (a larger cache would compile its graphs again)
-        compiled.target.reset(max(map(len, prompt_ids)) + cfg.max_new_tokens + 1)
+    engines = (baseline, method) if compiled is None else (baseline, method, compiled)
+    longest = max(prompt_ids, key=len)
+    for engine in engines:  # compiled slots sized once for the longest prompt (a larger cache would compile its graphs again),
+        if engine.target.lm.compile:  # and a graph made for every width a verification may feed (one token for plain decoding)
+            engine.target.reset(len(longest) + cfg.max_new_tokens + 1)
+            engine.target.precompile(1 if engine.drafter.k == 0 and not engine.drafter.depth else StaticSlots.COMPILED_WIDTHS[-1])
     if cfg.warmup:  # first calls pay one-off costs (allocator, kernels, compilation): keep them out of every timing
-        for engine in (baseline, method) if compiled is None else (baseline, method, compiled):
-            generate(engine, prompt_ids[:batch], cfg.seed, min(8, cfg.max_new_tokens))
+        for engine in engines:  # a compiled engine decodes the longest prompt in full: its draft model's slots grow to their size too
+            compiled_run = engine.target.lm.compile
+            generate(engine, [longest] if compiled_run else prompt_ids[:batch], cfg.seed, cfg.max_new_tokens if compiled_run else min(8, cfg.max_new_tokens))
 
     results = Results(batch_size=batch)
     tags = {**machine_tags(target), **trained_on}

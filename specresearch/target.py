@@ -13,7 +13,6 @@ from torch import Tensor
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
 from specresearch.sampling import draw
 from specresearch.types import SamplingParams
@@ -382,6 +381,20 @@ class Target:
         self._tree = (start, ancestors)
         return {"attention_mask": mask.to(self.device), "position_ids": positions[None].to(self.device)}
 
+    @torch.inference_mode()  # (as the engine decodes: graphs made with grad mode on would be made again)
+    def precompile(self, upto: int = 64) -> None:
+        """With a compiled decoder (model.compile=true): make its graph for every compiled width up to the one
+        that holds `upto` tokens now, a warm-up (a forward of that width at the write position, rolled back),
+        so a timed decode meets no compilation. Call it after `reset(capacity)`: the graphs hold these slots."""
+        if not (self.static and self.lm.compile):
+            return
+        start = self.length
+        for width in StaticSlots.COMPILED_WIDTHS:
+            self._static_forward(torch.zeros(1, width, dtype=torch.long, device=self.device))
+            self.rollback(start)
+            if width >= upto:
+                break
+
     def _static_forward(self, ids: Tensor, **extra: Tensor) -> Tensor:
         """[1, K, H] the final hidden states of `ids` ([1, K] or [1, K, H]) fed at the static cache's write
         position: a chain (causal) or a tree (`extra`'s mask and positions), see `StaticSlots.forward`."""
@@ -582,9 +595,9 @@ def _static_cache(config, capacity: int) -> StaticCache:
 
 
 def _compiled_decoder(lm: LoadedModel) -> Callable:
-    """The model's decoder under torch.compile, one per model (its Targets share the graphs)."""
+    """The model's decoder under torch.compile, one per model (its Targets share it; the graphs are per width and per Target's slots)."""
     if lm.compiled is None:
-        limit = len(StaticSlots.COMPILED_WIDTHS) + 2
+        limit = 8 * len(StaticSlots.COMPILED_WIDTHS)  # a graph per width for each of a run's caches (baseline, method, reference)
         for name in ("recompile_limit", "cache_size_limit"):  # a graph per width; torch renamed the setting
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))

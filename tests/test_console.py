@@ -9,7 +9,6 @@ import sys
 
 from specresearch.models import ZOO, Part, ZooEntry, load_model
 
-from .conftest import ROOT
 from .test_models import sha256_of, write_tiny_gguf
 
 # a whole tqdm line: "desc:  40%|████      | 2/5 [00:01<00:01, 2.0it/s]", or without a total "desc: 0it [00:00, ?it/s]"
@@ -48,16 +47,6 @@ def test_the_battery_has_one_bar_per_side(tmp_path):
     drawn = bars(result.stderr)
     for side in ("baseline", "method"):
         assert "| 20/20 [" in drawn[f"equivalence samples: {side}"]  # every sample counted, once
-
-
-def test_the_benchmark_prints_no_warning(tmp_path):
-    """transformers' generate (plain, with a static cache, assisted, with prompt lookup) beside our baseline."""
-    result = run(str(ROOT / "benchmarks" / "speed.py"), "--quick", "--tracker", "none", "--methods",
-                 "generate,generate_compiled,hf_assisted,hf_prompt_lookup,baseline", "--prompts", "1", "--tokens", "4", "--repeats", "1",
-                 "--json", str(tmp_path / "speed.json"), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not_bars(result.stderr) == [], result.stderr[-3000:]
-    assert "wrote" in result.stdout
 
 
 def test_a_model_load_has_one_bar_named_after_the_model(tmp_path, monkeypatch, capsys):

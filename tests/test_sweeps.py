@@ -152,8 +152,10 @@ def test_an_interrupted_job_says_whether_its_run_was_recorded(tmp_path, capsys, 
 # --- resume ------------------------------------------------------------------------------------------
 
 def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path):
-    first = cli(tmp_path, "-m", *FAST, "drafter.k=1,2", "study=resume_test")
+    """The first sweep runs on the joblib launcher (two processes): its jobs nest under one parent too."""
+    first = cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *FAST, "drafter.k=1,2", "study=resume_test")
     assert "2 jobs: 2 ran, 0 skipped" in first.stdout
+    _check_nested_under_one_parent(tmp_path)
     jobs, parents = runs(tmp_path)
     assert sorted(k_of(r) for r in jobs) == ["1", "2"] and all(r.info.status == "FINISHED" for r in jobs)
     tags = jobs[0].data.tags
@@ -227,12 +229,6 @@ def _check_nested_under_one_parent(tmp_path, ks=("1", "2")):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None, reason='pip install -e ".[sweeps]"')
-def test_joblib_launcher_records_both_jobs_under_the_parent(tmp_path):
-    result = cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *FAST, "drafter.k=1,2")
-    assert "2 jobs: 2 ran, 0 skipped" in result.stdout
-    _check_nested_under_one_parent(tmp_path)
-
-
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is None, reason='pip install -e ".[sweeps]"')
 def test_ray_launcher_on_a_local_instance_records_both_jobs_under_the_parent(tmp_path):
     result = cli(tmp_path, "-m", "hydra/launcher=ray", "hydra.launcher.ray.init.address=local", "+hydra.launcher.ray.init.num_cpus=2",
