@@ -1,7 +1,8 @@
 """The static KV cache (model.cache=static: target.StaticSlots) and the compiled decoder
 (model.compile=true): every drafter in each of its modes decodes exactly what it decodes with the
-dynamic cache (fp32, tiny models, greedy); the slots are preallocated and reused; a compiled run
-equals the eager one; what the static cache cannot do is refused in one line."""
+dynamic cache (fp32, tiny models, greedy), one sequence and a batch; the slots are preallocated and
+reused; a compiled engine decodes what the eager one does, for every drafter; what the static cache
+cannot do is refused in one line."""
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from specresearch.models import load_model
 from specresearch.target import StaticSlots, Target
 
 from .conftest import PLAIN, REPEATING, drafter_cfg, make_cfg
-from .test_lossless import _modes
+from .test_lossless import _modes, _options
 
 PROMPTS = [REPEATING, PLAIN]
 
@@ -37,6 +38,19 @@ def test_static_cache_decodes_what_the_dynamic_one_does(drafter, overrides, tmp_
     assert [o.tokens for o in outs["static"]] == [o.tokens for o in outs["dynamic"]]
     # (accepted counts may differ: a forward over the masked slots rounds in the last bits, which flips
     # a random draft's near-ties; the tokens may not)
+
+
+@pytest.mark.parametrize("drafter", _options("drafter"))
+def test_a_compiled_engine_decodes_what_the_eager_one_does(drafter, tmp_path):
+    """model.compile=true (inductor on the CPU; target and draft model compiled) against the eager static
+    engine, every drafter of conf/drafter in its default mode: the same greedy tokens at fp32."""
+    tokens = {}
+    for compiled in (False, True):
+        engine = build_engine(drafter_cfg(drafter, tmp_path, "verifier=greedy", "sampling=greedy", "model.cache=static",
+                                          f"model.compile={str(compiled).lower()}"))
+        assert (engine.target.lm.compiled is not None) == compiled
+        tokens[compiled] = engine.generate(REPEATING, 12, eos_token_ids=[]).tokens
+    assert tokens[True] == tokens[False]
 
 
 @torch.inference_mode()
