@@ -27,6 +27,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 # Speed jobs hold the machine's speed lock (one timing at a time); these tiny jobs time nothing we
 # read, and must not wait for other people's long measurements on a shared machine.
 NO_LOCK = ["exclusive=false"] if "exclusive" in make_cfg() else []
+pytestmark = pytest.mark.xdist_group("analysis")  # (pytest -n: one worker runs the module, each study's store made once)
 SMALL = ["dataset.num_prompts=1", "dataset.per_category=1", "++dataset.categories=[writing,coding]", "max_new_tokens=6"]
 
 

@@ -16,6 +16,7 @@ from specresearch.config import CONF_DIR, compose
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.xdist_group("gpu_check")  # (pytest -n: one worker runs the module, its --dry report made once)
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
