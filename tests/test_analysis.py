@@ -27,7 +27,6 @@ PNG = b"\x89PNG\r\n\x1a\n"
 # Speed jobs hold the machine's speed lock (one timing at a time); these tiny jobs time nothing we
 # read, and must not wait for other people's long measurements on a shared machine.
 NO_LOCK = ["exclusive=false"] if "exclusive" in make_cfg() else []
-pytestmark = pytest.mark.xdist_group("analysis")  # (pytest -n: one worker runs the module, each study's store made once)
 SMALL = ["dataset.num_prompts=1", "dataset.per_category=1", "++dataset.categories=[writing,coding]", "max_new_tokens=6"]
 
 
@@ -66,12 +65,12 @@ def assert_pngs(out, names):
             image.verify()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
 def store(tmp_path_factory):
     return tmp_path_factory.mktemp("analysis") / "mlruns"  # every study's runs in one store, as in real use
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
 def leviathan_store(store, tmp_path_factory):
     common = ["experiment=leviathan", *TINY, *SMALL]
     run_cli(store, tmp_path_factory, "leviathan", *common, "drafter.k=1,2")  # 2 tasks x 2 T x 2 k = 8 jobs
@@ -80,7 +79,7 @@ def leviathan_store(store, tmp_path_factory):
     return store
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
 def specbench_store(store, tmp_path_factory):
     # model-free or self-drafting methods (no draft model, no trained heads); 4 layers so self_draft skips some
     run_cli(store, tmp_path_factory, "specbench", "experiment=specbench", "model=tiny", "model.tiny.num_layers=4",
@@ -88,7 +87,7 @@ def specbench_store(store, tmp_path_factory):
     return store
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
 def lossless_store(store, tmp_path_factory):
     run_cli(store, tmp_path_factory, "lossless", "experiment=lossless_vs_lossy", *TINY, "dataset.num_prompts=1",
             "max_new_tokens=6", "stats.samples=10", "stats.length=2")
@@ -101,7 +100,7 @@ def _sandbox_ready() -> bool:
     return sys.platform.startswith("linux") and all(sandbox.isolation().get(layer) for layer in sandbox.REQUIRED)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
 def medusa_store(store, tmp_path_factory):
     """The medusa_typical grid on tiny models (an independent tiny draft stands in for Medusa heads, which
     need training): speed + battery for ε = 0.09 and 0.3, the rejection reference alone, and quality

@@ -16,7 +16,6 @@ from specresearch.config import CONF_DIR, compose
 
 from .conftest import ROOT
 
-pytestmark = pytest.mark.xdist_group("gpu_check")  # (pytest -n: one worker runs the module, its --dry report made once)
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
@@ -32,7 +31,7 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check") / "x.json"
     result = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--out", str(out)], capture_output=True, text=True,
