@@ -510,11 +510,16 @@ class Stats:
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1 for v in given):
             raise SpecResearchError(f"{path}.alpha, {path}.power and {path}.tv must lie in (0, 1), got "
                                     f"{', '.join(repr(getattr(self, n)) for n in ('alpha', 'power', 'tv'))}")
-        if _given(self.time_split) and self.time_split not in (True, False, "auto"):
+        if _given(self.time_split) and not _switch(self.time_split):
             raise SpecResearchError(f"{path}.time_split must be true, false or auto, got {self.time_split!r}")
 
 
-SWITCH = ("auto", True, False)  # a setting that is auto, true or false (resume, compiled_reference)
+SWITCH = ("auto", True, False)  # a setting that is auto, true or false (resume, compiled_reference, stats.time_split)
+
+
+def _switch(value) -> bool:
+    """Whether `value` is one of SWITCH (the booleans themselves: 1 and 0 are not true and false)."""
+    return any(value is v if isinstance(v, bool) else value == v for v in SWITCH)
 
 
 @dataclass
@@ -536,10 +541,9 @@ class Config:
             raise SpecResearchError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if _given(self.batch_size) and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1):
             raise SpecResearchError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if _given(self.resume) and not any(self.resume is v if isinstance(v, bool) else self.resume == v for v in SWITCH):
+        if _given(self.resume) and not _switch(self.resume):
             raise SpecResearchError(f"resume must be auto, true or false, got {self.resume!r}")
-        if _given(self.compiled_reference) and not any(self.compiled_reference is v if isinstance(v, bool) else self.compiled_reference == v
-                                                       for v in SWITCH):
+        if _given(self.compiled_reference) and not _switch(self.compiled_reference):
             raise SpecResearchError(f"compiled_reference must be auto, true or false, got {self.compiled_reference!r}")
         if self.compiled_reference is True and _given(self.batch_size) and self.batch_size > 1:
             raise SpecResearchError(f"compiled_reference=true times compiled decoding of one sequence: batch_size={self.batch_size} "

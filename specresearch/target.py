@@ -142,12 +142,7 @@ class Target:
         width = max(len(k) for k in kept)
         if any(list(k) != list(range(len(k))) for k in kept):  # a tree's path: move it to the window's front
             index = torch.tensor([list(k) + [k[-1] if k else 0] * (width - len(k)) for k in kept], device=self.device)  # [B, W']
-            if self.static:
-                self.static.gather(start, index)
-            else:
-                for layer in self._layers():
-                    layer.keys[:, :, start : start + width] = _gather_slots(layer.keys[:, :, start:], index)
-                    layer.values[:, :, start : start + width] = _gather_slots(layer.values[:, :, start:], index)
+            _move_slots(self._layers(), start, index)
         self._crop(start + width)  # chains keep a prefix of what they fed: a crop, no copy
         filled = torch.arange(width, device=self.device) < torch.tensor([len(k) for k in kept], device=self.device)[:, None]  # [B, W']
         self.valid = torch.cat([self.valid[:, :start] if self.valid is not None else
@@ -190,8 +185,9 @@ class Target:
         at = torch.tensor(list(index), device=self.device)
         if self.static:
             self.static.select(at)
-        for layer in self._layers() if not self.static else ():
-            layer.keys, layer.values = layer.keys.index_select(0, at), layer.values.index_select(0, at)
+        else:
+            for layer in self._layers():
+                layer.keys, layer.values = layer.keys.index_select(0, at), layer.values.index_select(0, at)
         self.lengths = [self.lengths[i] for i in index]
         self.hidden_rows = [self.hidden_rows[i] for i in index] if self.hidden_rows else []
         if self.valid is not None:
@@ -215,10 +211,8 @@ class Target:
         width = max(self.lengths)
         index = torch.stack([torch.cat([slots, slots[-1:].expand(width - slots.numel())])
                              for slots in (row.nonzero()[:, 0] for row in self.valid)])  # [B, W]
-        if self.static:
-            self.static.gather(0, index)
-        for layer in self._layers() if not self.static else ():
-            layer.keys, layer.values = _gather_slots(layer.keys, index), _gather_slots(layer.values, index)
+        _move_slots(self._layers(), 0, index)
+        self._crop(width)
         self.valid = torch.arange(width, device=self.device) < torch.tensor(self.lengths, device=self.device)[:, None]  # [B, W]
         self.length = width
         if bool(self.valid.all()):
@@ -500,13 +494,6 @@ class StaticSlots:
             layer.values[:, :, start : start + len(index)] = layer.values.index_select(2, index)
         self.seek(start + len(index))
 
-    def gather(self, start: int, index: Tensor) -> None:
-        """Row b: copy its slots `start + index[b]` ([B, W]) to slots start..start + W - 1 and write after them."""
-        for layer in self._layers():
-            layer.keys[:, :, start : start + index.shape[1]] = _gather_slots(layer.keys[:, :, start:], index)
-            layer.values[:, :, start : start + index.shape[1]] = _gather_slots(layer.values[:, :, start:], index)
-        self.seek(start + index.shape[1])
-
     def copy(self, length: int) -> list[tuple[Tensor, Tensor] | None]:
         """The first `length` slots of every layer (None for a layer that holds none: a draft that skips
         it), a prefill kept for reuse."""
@@ -608,6 +595,13 @@ def _compiled_decoder(lm: LoadedModel) -> Callable:
 def _inputs(x: Tensor) -> dict[str, Tensor]:
     """A forward's inputs: [B, K] token ids, or [B, K, H] input embeddings (a draft head's, see drafters.eagle)."""
     return {"inputs_embeds": x} if x.is_floating_point() else {"input_ids": x}
+
+
+def _move_slots(layers: list, start: int, index: Tensor) -> None:
+    """In every layer, row b's slots `start + index[b]` ([B, W]) copied to slots start..start + W - 1."""
+    for layer in layers:
+        layer.keys[:, :, start : start + index.shape[1]] = _gather_slots(layer.keys[:, :, start:], index)
+        layer.values[:, :, start : start + index.shape[1]] = _gather_slots(layer.values[:, :, start:], index)
 
 
 def _gather_slots(cache: Tensor, index: Tensor) -> Tensor:
