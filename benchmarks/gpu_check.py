@@ -9,8 +9,8 @@
 (b) speed: random weights of the real shapes (Qwen2.5-Coder-1.5B target, 0.5B draft; bf16; speed does
     not depend on the values): transformers `generate` eager and with a static cache + torch.compile,
     our baseline eager (model.cache=dynamic) and compiled (model.cache=static, model.compile=true), and
-    our engine with prompt lookup, untrained Medusa heads and an independent 0.5B draft, greedy, EOS
-    ignored, interleaved after two warm-ups each. Per method: tokens/s, tau, and c and v from one more decode
+    our engine with prompt lookup, untrained Medusa heads and an independent 0.5B draft, and prompt lookup
+    and Medusa again on the compiled target, greedy, EOS ignored, interleaved after two warm-ups each. Per method: tokens/s, tau, and c and v from one more decode
     with the phases timed; beside them the target's v(k) curve and the draft's c, measured directly.
 
 Everything goes into one JSON (--out), rewritten after each section: versions, device, settings and
@@ -33,6 +33,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -72,6 +73,8 @@ DRY_SHAPES = {"1.5b": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_
               "0.5b": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                        "num_key_value_heads": 1}}
 SPEED_DRAFTERS = ("pld", "medusa", "independent")  # our speculative methods timed on the real shapes
+COMPILED_DRAFTERS = ("pld", "medusa")  # ... and timed again with the target compiled (model.cache=static model.compile=true);
+# --dry leaves Medusa's out: inductor takes ~30 s on the CPU for its tree's graph (tests/test_static_cache.py compiles every drafter)
 PROMPT = '''import heapq
 from dataclasses import dataclass, field
 
@@ -388,6 +391,7 @@ class Method:
     name: str
     run: Callable[[int], tuple[list[int], float, Any]]  # new tokens -> (tokens, seconds, SpecStats or None)
     engine: Any = None  # ours: the Engine (for the phase-timed decode)
+    compiled: bool = False  # warm-ups decode all n tokens: every width a timed greedy run meets is compiled by then
     warmups: list[float] = dataclasses.field(default_factory=list)  # seconds of the untimed warm-ups (compilation shows here)
     seconds: list[float] = dataclasses.field(default_factory=list)
     tokens: list[list[int]] = dataclasses.field(default_factory=list)
@@ -417,22 +421,27 @@ def hf_method(name: str, lm, ids: list[int], cache_len: int | None = None) -> Me
         sync(lm.device)
         return out[0, len(ids):].tolist(), time.perf_counter() - t0, None
 
-    return Method(name, run)
+    return Method(name, run, compiled=cache_len is not None)
 
 
-def our_method(name: str, engine, ids: list[int]) -> Method:
-    """Our engine on the prompt, timed by the engine itself (stats.time_total, synced)."""
+def our_method(name: str, engine, ids: list[int], cache_len: int) -> Method:
+    """Our engine on the prompt, timed by the engine itself (stats.time_total, synced); a compiled target's
+    slots are sized once, `cache_len` (every run replays the warm-up's graphs)."""
+    if engine.target.lm.compile:
+        engine.target.reset(cache_len)
 
     def run(n: int) -> tuple[list[int], float, Any]:
         out = engine.generate(ids, max_new_tokens=n, eos_token_ids=[], seed=0)
         return out.tokens, out.stats.time_total, out.stats
 
-    return Method(name, run, engine)
+    return Method(name, run, engine, compiled=bool(engine.target.lm.compile))
 
 
-def speed_methods(target, draft, ids: list[int], n: int, k: int, folder: Path) -> tuple[list[Method], dict]:
-    """generate, generate_compiled, baseline, baseline_compiled and our SPEED_DRAFTERS (greedy verifier,
-    k draft tokens), sharing the target; a method that cannot be built is reported, not timed."""
+def speed_methods(target, draft, ids: list[int], n: int, k: int, folder: Path,
+                  compiled_drafters: Sequence[str] = COMPILED_DRAFTERS) -> tuple[list[Method], dict]:
+    """generate, generate_compiled, baseline, baseline_compiled, our SPEED_DRAFTERS (greedy verifier, k draft
+    tokens) and the `compiled_drafters` again on the compiled target, all sharing the target's weights (the
+    compiled methods one compiled decoder); a method that cannot be built is reported, not timed."""
     from specresearch.drafters.none import NoDrafter
     from specresearch.engine import Engine
     from specresearch.types import SamplingParams
@@ -443,27 +452,28 @@ def speed_methods(target, draft, ids: list[int], n: int, k: int, folder: Path) -
     model = {**node("model", "qwen2.5-coder-1.5b"), "name": target.name, "device": str(target.device),
              "dtype": str(target.dtype).removeprefix("torch.")}
     methods, failed = [hf_method("generate", target, ids), hf_method("generate_compiled", target, ids, cache_len)], {}
-    methods.append(our_method("baseline", Engine(target, NoDrafter(), GreedyVerifier(), greedy), ids))
-    compiled = Engine(dataclasses.replace(target, cache="static", compile=True, compiled=None), NoDrafter(), GreedyVerifier(), greedy)
-    compiled.target.reset(cache_len)  # the slots sized once: every run replays the warm-up's graphs
-    methods.append(our_method("baseline_compiled", compiled, ids))
-    for name in SPEED_DRAFTERS:
-        k_option = [f"k={k}"] if "k" in node("drafter", name, model) else []
-        try:
-            drafter = make_drafter(name, target, model, folder, k_option, draft=draft)
-            label = f"{name}({drafter.size_label})" + (" untrained" if "checkpoint" in node("drafter", name, model) else "")
-            methods.append(our_method(label, Engine(target, drafter, GreedyVerifier(), greedy), ids))
-        except Exception as err:  # noqa: BLE001 - the other methods still run
-            failed[name] = failure(err)
+    methods.append(our_method("baseline", Engine(target, NoDrafter(), GreedyVerifier(), greedy), ids, cache_len))
+    compiled = dataclasses.replace(target, cache="static", compile=True, compiled=None)
+    methods.append(our_method("baseline_compiled", Engine(compiled, NoDrafter(), GreedyVerifier(), greedy), ids, cache_len))
+    for lm, names, suffix in ((target, SPEED_DRAFTERS, ""), (compiled, compiled_drafters, "_compiled")):
+        for name in names:
+            k_option = [f"k={k}"] if "k" in node("drafter", name, model) else []
+            try:
+                drafter = make_drafter(name, lm, model, folder, k_option, draft=draft)
+                label = f"{name}({drafter.size_label})" + (" untrained" if "checkpoint" in node("drafter", name, model) else "")
+                methods.append(our_method(label + suffix, Engine(lm, drafter, GreedyVerifier(), greedy), ids, cache_len))
+            except Exception as err:  # noqa: BLE001 - the other methods still run
+                failed[name + suffix] = failure(err)
     return methods, failed
 
 
 def time_methods(methods: list[Method], n: int, repeats: int, warm: int, deadline: float) -> dict[str, dict]:
-    """Two warm-ups of `warm` tokens each (compilation, allocator, lazy init stay out of the timings: a
-    compiled decoder may compile again on its second call, once its cache is initialised), then
+    """Two warm-ups of `warm` tokens each, of all n for a compiled method (compilation, allocator, lazy init
+    stay out of the timings: a compiled decoder may compile again on its second call, once its cache is
+    initialised, and a greedy decode meets the same widths every time), then
     `repeats` rounds of n tokens each, the order rotating every round so drifts hit all alike; a round
-    after the first starts only before `deadline` (time.monotonic). A method that fails leaves the
-    list, its error returned (the others are still timed)."""
+    after the first starts only before `deadline` (time.monotonic), and so do a method's warm-ups. A method
+    that fails or is skipped leaves the list, its error returned (the others are still timed)."""
     failed = {}
 
     def attempt(m: Method, tokens: int) -> tuple | None:
@@ -475,11 +485,16 @@ def time_methods(methods: list[Method], n: int, repeats: int, warm: int, deadlin
             return None
 
     for m in list(methods):
+        if time.monotonic() > deadline:  # (a compiled method's warm-ups compile: minutes on a GPU)
+            failed[m.name] = {"status": "skipped", "error": "past --budget before its warm-ups"}
+            methods.remove(m)
+            continue
         for _ in range(2):
             t0 = time.perf_counter()
-            if attempt(m, warm) is None:
+            if attempt(m, n if m.compiled else warm) is None:
                 break
             m.warmups.append(time.perf_counter() - t0)
+        print(f"speed: {m.name}: warm-ups " + ", ".join(f"{s:.1f}s" for s in m.warmups), flush=True)
     for r in range(repeats):
         if not methods or (r and time.monotonic() > deadline):
             break
@@ -510,16 +525,19 @@ def phase_timed(methods: list[Method], n: int) -> dict[str, dict]:
             print(f"speed: {m.name}: no phase-timed decode: {one_line(err)}", flush=True)
         finally:
             m.engine.time_split = before
-    base = stats.get("baseline")
     found = {}
-    for name, s in stats.items():
+    for m in methods:  # a compiled method's costs against the compiled baseline's forward, the others' against the eager one's
+        if (s := stats.get(m.name)) is None:
+            continue
+        base = stats.get("baseline_compiled" if m.compiled else "baseline")
         c, v = cost_ratios(base, s) if base is not None else (float("nan"), float("nan"))
-        found[name] = {"c": c if s.drafted else None, "v": v, "steps": s.steps, "draft_forwards": s.draft_forwards,
+        found[m.name] = {"c": c if s.drafted else None, "v": v, "steps": s.steps, "draft_forwards": s.draft_forwards,
                        "time_split": {p: getattr(s, f"time_{p}") / s.time_total for p in SpecStats.TIME_SPLIT}}
     return found
 
 
-def speed(device: torch.device, dry: bool, n: int, repeats: int, k: int, prompt_tokens: int, deadline: float) -> dict:
+def speed(device: torch.device, dry: bool, n: int, repeats: int, k: int, prompt_tokens: int, deadline: float,
+          only: Sequence[str] = ()) -> dict:
     """Section (b); see the module docstring."""
     from specresearch.models import check_transformers
     from specresearch.target import cost_curve, forward_seconds
@@ -538,11 +556,12 @@ def speed(device: torch.device, dry: bool, n: int, repeats: int, k: int, prompt_
                      "medusa": "untrained heads (zero-initialised blocks: each head proposes the target's next-token guess): "
                                "the cost side only",
                      "independent": "draft = random 0.5B-shape weights, unrelated to the target: acceptance ~0, the cost side only",
-                     "c, v": "per method from one more decode with the phases timed (cost_ratios against the baseline's): "
+                     "c, v": "per method from one more decode with the phases timed (cost_ratios against the baseline's, a compiled method's against baseline_compiled's): "
                              "c = seconds per draft-model forward / one-token target forward, v = per verification forward; "
                              "v_curve and c_draft below are measured on the bare models"}}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        methods, res["failed"] = speed_methods(target, draft, ids, n, k, Path(tmp))
+        methods, res["failed"] = speed_methods(target, draft, ids, n, k, Path(tmp), COMPILED_DRAFTERS[:1] if dry else COMPILED_DRAFTERS)
+        methods = [m for m in methods if not only or short(m.name) in only]
         res["failed"].update(time_methods(methods, n, repeats, min(8, n), deadline))
         costs = phase_timed(methods, n)
     by_name = {m.name: m for m in methods}
@@ -571,14 +590,19 @@ def speed(device: torch.device, dry: bool, n: int, repeats: int, k: int, prompt_
     return res
 
 
+def short(method: str) -> str:
+    """A method's name as --only takes it: pld(k=4)_compiled -> pld_compiled, medusa(depth=3) untrained -> medusa."""
+    return re.sub(r"\(.*\)( untrained)?", "", method)
+
+
 def speed_table(res: dict) -> str:
-    lines = [f"{'method':<28}{'tok/s':>9}{'vs_generate':>13}{'vs_baseline':>13}{'tau':>7}{'c':>8}{'v':>7}  identical"]
+    lines = [f"{'method':<36}{'tok/s':>9}{'vs_generate':>13}{'vs_baseline':>13}{'tau':>7}{'c':>8}{'v':>7}  identical"]
     for r in res["rows"]:
         def f(key: str, fmt: str) -> str:
             value = r.get(key)
             return "-" if value is None or value != value else format(value, fmt)
 
-        lines.append(f"{r['method']:<28}{r['tokens_per_s']:>9.1f}{f('speedup_vs_generate', '.2f'):>12}x{f('speedup_vs_baseline', '.2f'):>12}x"
+        lines.append(f"{r['method']:<36}{r['tokens_per_s']:>9.1f}{f('speedup_vs_generate', '.2f'):>12}x{f('speedup_vs_baseline', '.2f'):>12}x"
                      f"{f('tau', '.2f'):>7}{f('c', '.3f'):>8}{f('v', '.2f'):>7}  {r['identical_to_generate']}")
     lines.append("v(k), k = 0..8: " + " ".join(f"{v:.2f}" for v in res["v_curve"]) + f"; c of the 0.5B draft: {res['c_draft']:.3f}")
     return "\n".join(lines)
@@ -597,6 +621,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=4, help="draft tokens per step of our drafters that have a k")
     parser.add_argument("--prompt-tokens", type=int, default=228, help="speed prompt length (228: as the earlier H200 run)")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds: no timed round after the first starts past this")
+    parser.add_argument("--only", type=lambda s: s.split(","), default=[],
+                        help="speed: time only these methods, e.g. generate_compiled,baseline_compiled,pld_compiled (default all)")
     parser.add_argument("--skip", choices=["matrix", "speed"], action="append", default=[], help="leave a section out")
     args = parser.parse_args(argv)
     args.tokens = args.tokens or (16 if args.dry else 256)
@@ -618,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     sections = {"matrix": lambda: matrix(device, 2 if args.dry else 4, 8 if args.dry else 32),
                 "speed": lambda: speed(device, args.dry, args.tokens, args.repeats, args.k, args.prompt_tokens,
-                                       start + args.budget)}
+                                       start + args.budget, args.only)}
     for name, run in sections.items():
         if name in args.skip:
             continue

@@ -1,7 +1,9 @@
 import os
+import shutil
 import sqlite3
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,25 @@ def _offline(tmp_path_factory):
     # The tests' speed jobs time tiny models: they take a lock of their own, not the machine's (a
     # user's study holding ~/.cache/specresearch/speed.lock would stall the suite).
     os.environ["SPECRESEARCH_SPEED_LOCK"] = str(tmp_path_factory.mktemp("lock") / "speed.lock")
+
+
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """The folder `name` that `make(folder)` fills once per test run: under `pytest -n` the first worker to
+    ask makes it and any other that asks meanwhile waits on a file lock (rather than making its own, which
+    would cost both cores the same work), then all read it. A make that fails leaves no mark: the next asker tries again."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # (the workers' base folders share this one)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
 
 
 def train_cfg(**overrides):

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from specresearch.config import CONF_DIR, compose
 
-from .conftest import ROOT
+from .conftest import ROOT, made_once
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
@@ -31,14 +31,18 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-@pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu_check") / "x.json"
+def _dry_run(folder):
+    out = folder / "x.json"
     result = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--out", str(out)], capture_output=True, text=True,
-                            cwd=out.parent, timeout=600)
+                            cwd=folder, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"wrote {out}" in result.stdout
-    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="session")
+def report(tmp_path_factory):
+    """The --dry run's report, made once for the whole run (its workers share it: conftest.made_once)."""
+    return json.loads((made_once(tmp_path_factory, "gpu_check", _dry_run) / "x.json").read_text())
 
 
 def test_the_report_records_versions_device_and_settings(report):
@@ -86,7 +90,7 @@ def test_the_speed_section_times_every_method(report):
     assert s["status"] == "ok" and not s["failed"]
     names = [r["method"] for r in s["rows"]]
     assert names[:4] == ["generate", "generate_compiled", "baseline", "baseline_compiled"]
-    assert [n.split("(")[0] for n in names[4:]] == ["pld", "medusa", "independent"]
+    assert [gpu_check().short(n) for n in names[4:]] == ["pld", "medusa", "independent", "pld_compiled"]
     for r in s["rows"]:
         assert r["tokens_per_s"] > 0 and len(r["warmup_seconds"]) == 2, r
         assert r["identical_to_generate"], r["method"]  # fp32: every plain and speculative greedy decoding is generate's
@@ -97,6 +101,27 @@ def test_the_speed_section_times_every_method(report):
     assert independent["c"] > 0 and independent["draft_forwards"] > 0
     assert len(s["v_curve"]) == 9 and s["v_curve"][0] == 1 and min(s["v_curve"]) > 0
     assert s["c_draft"] > 0 and s["prompt_tokens"] == 228 and s["new_tokens"] == 16
+
+
+def test_the_report_becomes_a_results_page(report, tmp_path):
+    """A report dropped into docs/results/data/ renders (docs/hooks/results.py): a row per timed method with
+    its ratios, the device and versions as the machine, the command, the matrix's summary among the notes."""
+    spec = importlib.util.spec_from_file_location("docs_results_hook", ROOT / "docs" / "hooks" / "results.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    (path := tmp_path / "gpu.json").write_text(json.dumps(report))
+    page = hook.load(path)
+    assert [row[0] for row in page["rows"]] == [r["method"] for r in report["speed"]["rows"]]
+    assert all(len(row) == len(page["columns"]) for row in page["rows"])
+    by_name = {row[0]: dict(zip(page["columns"], row)) for row in page["rows"]}
+    assert by_name["generate"]["vs generate"] == "1.00x" and by_name["baseline"]["vs our baseline"] == "1.00x"
+    assert by_name["baseline_compiled"]["vs our baseline"] == "1.00x"  # a compiled method against the compiled baseline
+    assert report["device"]["name"] in page["machine"] and report["versions"]["torch"] in page["machine"]
+    assert page["command"][0].startswith("python benchmarks/gpu_check.py --dry")
+    summary = report["matrix"]["summary"]
+    matrix = [note for note in page["notes"] if note.startswith("Matrix on cpu")]
+    assert len(matrix) == 1 and f"T = 0 {summary['t0_identical']}/{summary['t0_cells']}" in matrix[0]
+    assert "| method | tok/s |" in hook.render(page, path.name)
 
 
 @pytest.mark.parametrize("group", ["drafter", "verifier"])
