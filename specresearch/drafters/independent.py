@@ -142,13 +142,14 @@ class IndependentDrafter(Drafter):
         return self._forwards
 
     def batched_rows(self) -> Rows | None:
-        return ChainRows(self) if not self.lookup else None  # the lookup cascade drafts per row (Forks)
+        return ChainRows(self)
 
 
 class ChainRows(Rows):
     """The draft model drafting every row of a batch: one draft forward per level feeds each row still
-    drafting (rows done drafting feed nothing), each row in its own slots of one cache (Target's rows),
-    so a row's chain is the one `IndependentDrafter.propose` drafts for it alone."""
+    drafting (rows done drafting feed nothing) its pending tokens and, with `lookup`, its own prompt-lookup
+    guesses (ragged rows), each row in its own slots of one cache (Target's rows), so a row's chain is the
+    one `IndependentDrafter.propose` drafts for it alone."""
 
     def __init__(self, drafter: IndependentDrafter):
         self.drafter = drafter
@@ -169,14 +170,22 @@ class ChainRows(Rows):
         pending = [ctx.tokens[n:] for ctx, n in zip(ctxs, self.draft.lengths)]  # [1], or [2] after a fully accepted step
         live = [ctx.max_draft > 0 for ctx in ctxs]
         while any(live):
-            fed = [tokens if on else tokens[:0] for tokens, on in zip(pending, live)]
+            guesses = [d._guess(ctx, chain) if on else ctx.tokens[:0] for ctx, chain, on in zip(ctxs, chains, live)]  # [G_b]
+            fed = [torch.cat([tokens, guess]) if on else tokens[:0] for tokens, guess, on in zip(pending, guesses, live)]
             logits = self.draft.forward_rows(fed, [None] * len(fed))  # [n_b, V or N] per row
-            self.draft.keep_rows([range(tokens.numel()) for tokens in fed])
+            kept = [range(0)] * len(ctxs)  # per row, the fed tokens its cache keeps
             for b, (ctx, chain) in enumerate(zip(ctxs, chains)):
-                if live[b]:
-                    self.counts[b] += 1
-                    x = chain.add(logits[b][-1])
-                    live[b], pending[b] = not d._done(ctx, chain), x[None]
+                if not live[b]:
+                    continue
+                self.counts[b] += 1
+                n, guess = pending[b].numel(), guesses[b]
+                for i, row in enumerate(logits[b][n - 1 :]):  # as in IndependentDrafter.propose: through the guesses it repeats
+                    x = chain.add(row)
+                    live[b] = not d._done(ctx, chain)
+                    if not live[b] or i == guess.numel() or x != guess[i]:
+                        break
+                kept[b], pending[b] = range(n + i), x[None]  # the guesses that became the chain's (x itself is pending)
+            self.draft.keep_rows(kept)
         return [chain.draft() for chain in chains]
 
     def observe(self, b: int, logits: Tensor) -> None:
