@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from specresearch.config import CONF_DIR, compose
 
 from .conftest import ROOT, made_once
+from .test_docs import _hook as results_hook
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
@@ -106,9 +107,7 @@ def test_the_speed_section_times_every_method(report):
 def test_the_report_becomes_a_results_page(report, tmp_path):
     """A report dropped into docs/results/data/ renders (docs/hooks/results.py): a row per timed method with
     its ratios, the device and versions as the machine, the command, the matrix's summary among the notes."""
-    spec = importlib.util.spec_from_file_location("docs_results_hook", ROOT / "docs" / "hooks" / "results.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
+    hook = results_hook()
     (path := tmp_path / "gpu.json").write_text(json.dumps(report))
     page = hook.load(path)
     assert [row[0] for row in page["rows"]] == [r["method"] for r in report["speed"]["rows"]]

@@ -109,14 +109,21 @@ class IndependentDrafter(Drafter):
             fed = self.draft.length + pending.numel()  # the cache's length once `pending` is in
             logits = self.draft.forward(torch.cat([pending, guess]))[pending.numel() - 1 :]  # [G + 1, V or N]
             self._forwards += 1
-            for i, row in enumerate(logits):  # row i: the draft's law after the pending tokens and guess[:i]
-                x = chain.add(row)
-                done = self._done(ctx, chain)
-                if done or i == guess.numel() or x != guess[i]:
-                    break
+            i, x, done = self._walk(ctx, chain, logits, guess)
             self.draft.rollback(fed + i)  # keep the guesses that became the chain's (x itself is pending)
             pending = x[None]
         return chain.draft()
+
+    def _walk(self, ctx: Context, chain: Chain, logits: Tensor, guess: Tensor) -> tuple[int, Tensor, bool]:
+        """Add the draft's token of each row of `logits` ([G + 1, V or N]; row i: the draft's law after the
+        pending tokens and guess[:i]) to the chain while it repeats the guess. Returns (i, the last token
+        added, whether the chain is drafted): guess[:i] became the chain's."""
+        for i, row in enumerate(logits):
+            x = chain.add(row)
+            done = self._done(ctx, chain)
+            if done or i == guess.numel() or x != guess[i]:
+                break
+        return i, x, done
 
     def _done(self, ctx: Context, chain: Chain) -> bool:
         """Whether the chain is drafted: it reached the step's draft length, or a confidence stop fired."""
@@ -178,13 +185,9 @@ class ChainRows(Rows):
                 if not live[b]:
                     continue
                 self.counts[b] += 1
-                n, guess = pending[b].numel(), guesses[b]
-                for i, row in enumerate(logits[b][n - 1 :]):  # as in IndependentDrafter.propose: through the guesses it repeats
-                    x = chain.add(row)
-                    live[b] = not d._done(ctx, chain)
-                    if not live[b] or i == guess.numel() or x != guess[i]:
-                        break
-                kept[b], pending[b] = range(n + i), x[None]  # the guesses that became the chain's (x itself is pending)
+                n = pending[b].numel()
+                i, x, done = d._walk(ctx, chain, logits[b][n - 1 :], guesses[b])
+                live[b], kept[b], pending[b] = not done, range(n + i), x[None]  # guesses[b][:i] became the chain's (x is pending)
             self.draft.keep_rows(kept)
         return [chain.draft() for chain in chains]
 
