@@ -176,7 +176,11 @@ class Engine:
         eos_set, stops = set(eos_token_ids), list(stop_strings)
         limit = min(max_new_tokens, stop_after or max_new_tokens)  # new tokens out before a row ends
         clock = _Clock(self.device, self.time_split)
-        rows = [_Row(prompt, max_new_tokens, torch.Generator(device=self.device).manual_seed(seed), self.drafter, self.device)
+        ids: dict[int, Tensor] = {}  # each prompt's ids as a tensor, made once for a prompt repeated (many samples of it)
+        for prompt in prompts:
+            if id(prompt) not in ids:
+                ids[id(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        rows = [_Row(ids[id(prompt)], max_new_tokens, torch.Generator(device=self.device).manual_seed(seed), self.drafter, self.device)
                 for prompt, seed in zip(prompts, seeds)]
         drafting = self._forks if len(rows) == 1 or self._batched is None else self._batched
         needs_hidden = self.drafter.needs_hidden
@@ -349,10 +353,10 @@ _STOP_WINDOW = 24  # tokens decoded to look for a stop string ending at the newe
 class _Row:
     """One sequence of a batch: its tokens, generator, draft length and counters."""
 
-    def __init__(self, prompt: list[int], max_new_tokens: int, rng: torch.Generator, drafter: Drafter, device: torch.device):
-        self.start, self.rng = len(prompt), rng
+    def __init__(self, prompt: Tensor, max_new_tokens: int, rng: torch.Generator, drafter: Drafter, device: torch.device):
+        self.start, self.rng = len(prompt), rng  # prompt: [T] its ids
         self.tokens = torch.empty(len(prompt) + max_new_tokens, dtype=torch.long, device=device)  # prompt, then new tokens
-        self.tokens[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        self.tokens[: len(prompt)] = prompt
         self.new: list[int] = []  # the same tokens as tokens[start:], on the host, for the stop checks
         self.draft_length = DraftLength.of(drafter)  # every sequence starts from the configured k
         self.stats = SpecStats(prompt_tokens=len(prompt))

@@ -438,6 +438,8 @@ def tiny_model(
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from specresearch.attention import use_prefix_attention
+
     _check_tiny(vocab_size, hidden_size, num_layers, num_heads, max_position_embeddings, init_std, noise)
     config = Qwen2Config(
         vocab_size=vocab_size,
@@ -462,7 +464,7 @@ def tiny_model(
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * noise)
     model.generation_config.pad_token_id = config.eos_token_id
-    return LoadedModel(model, ByteTokenizer(vocab_size), "tiny", torch.device("cpu"), torch.float32)
+    return LoadedModel(use_prefix_attention(model), ByteTokenizer(vocab_size), "tiny", torch.device("cpu"), torch.float32)
 
 
 TINY_MIN_VOCAB = 2  # the fewest tokens a model can choose between
@@ -533,12 +535,14 @@ def _loading_bar(name: str) -> Iterator[None]:
 
 
 def _ready(model: torch.nn.Module, tokenizer: Any, name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    from specresearch.attention import use_prefix_attention
+
     model = _aligned(model.to(device).eval())
     gen = model.generation_config
     if gen.pad_token_id is None:  # else transformers' generate warns on every call
         eos = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
         gen.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
-    return LoadedModel(model, tokenizer, name, device, dtype)
+    return LoadedModel(use_prefix_attention(model), tokenizer, name, device, dtype)
 
 
 @torch.no_grad()

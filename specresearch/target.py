@@ -13,6 +13,7 @@ from torch import Tensor
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
+from specresearch.attention import SharedPrefix, shares_prefix
 from specresearch.models import LoadedModel
 from specresearch.sampling import draw
 from specresearch.types import SamplingParams
@@ -36,6 +37,11 @@ class Target:
     leaves unfilled stay behind as holes, masked out of every later attention (ragged acceptance by
     pad-and-mask, compacted per step). A preallocated static cache fits the same layout: the window is
     written at a moving write position, and `keep_rows` moves that position back.
+
+    Rows that continue one prompt share it (`prefix`, see specresearch.attention): its keys and values
+    are held once, every row attends over them, and the slots hold only each row's tokens after it
+    (positions still count from the prompt's first token). A model whose attention cannot take a
+    shared prefix (not SDPA) copies the prompt into every row instead.
     """
 
     def __init__(self, lm: LoadedModel, static: bool | None = None):
@@ -50,7 +56,8 @@ class Target:
         self.hidden: Tensor | None = None  # [K, H] the final-norm hidden states of the last forward's tokens
         self.vocab_size = self.model.get_input_embeddings().num_embeddings  # valid token ids: [0, vocab_size)
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)  # the longest sequence; None = unsaid
-        self.lengths: list[int] = []  # rows: each row's tokens in the cache (its next position id)
+        self.lengths: list[int] = []  # rows: each row's tokens in the cache (its next position id), the shared prefix's included
+        self.prefix: SharedPrefix | None = None  # rows: the prompt every row attends over, held once (the slots hold what follows)
         self.valid: Tensor | None = None  # [B, length] rows: the slots that hold a row's tokens; None = all of them
         self.hidden_rows: list[Tensor] = []  # rows, with keep_hidden: [n_b, H] each row's hidden states of its last fed tokens
         self._window = 0  # rows: where the last forward_rows' window starts
@@ -65,12 +72,22 @@ class Target:
         cache's first size, grown when a forward needs more)."""
         self.cache = self.static.reset(capacity) if self.static else DynamicCache(config=self.model.config)
         self.length = 0
-        self.lengths, self.valid = [], None
+        self.lengths, self.valid, self.prefix = [], None, None
 
     @property
     def rows(self) -> int:
         """The sequences in the cache (after prefill_rows)."""
         return len(self.lengths)
+
+    @property
+    def _single(self) -> bool:
+        """One sequence in the plain layout: its tokens fill the slots (no holes, no shared prefix)."""
+        return self.rows == 1 and self.valid is None and self.prefix is None
+
+    @property
+    def _shared(self) -> int:
+        """The tokens of the shared prefix (0: none), which no slot holds."""
+        return self.prefix.length if self.prefix is not None else 0
 
     def prefill_rows(self, prompts: Sequence[Tensor], reuse: bool = False) -> Tensor:
         """Start B sequences: put each prompt ([T_b] token ids, T_b >= 1) into the cache, as row b.
@@ -89,7 +106,11 @@ class Target:
             logits = self.prefill(first, reuse)  # [1, V]
             self.lengths, self.valid = [len(first)] * len(prompts), None
             self.hidden_rows = [self.hidden] * len(prompts)
-            if len(prompts) > 1 and self.static:
+            if len(prompts) > 1 and shares_prefix(self.model):  # the prompt held once; the rows' slots start empty
+                self.prefix = SharedPrefix.of(self.cache, len(first))
+                self.cache = self.static.rows(len(prompts)) if self.static else DynamicCache(config=self.model.config)
+                self.length = 0
+            elif len(prompts) > 1 and self.static:
                 self.cache = self.static.repeat(len(prompts), len(first))
             elif len(prompts) > 1:
                 for layer in self._layers():
@@ -121,7 +142,7 @@ class Target:
             [n_b, V] logits per row: row i of each is the distribution of the token after fed[b][i]; with
             `padded`, one [B, W, V] tensor instead (W >= every n_b; row b's first n_b positions are its own).
         """
-        if self.rows == 1 and self.valid is None and len(fed[0]):  # one sequence: the plain forward (no mask for a chain)
+        if self._single and len(fed[0]):  # one sequence: the plain forward (no mask for a chain)
             self._window = self.length
             logits = self.forward(fed[0], head=head, parents=parents[0], tree=tree)
             self.hidden_rows = [self.hidden]
@@ -135,7 +156,7 @@ class Target:
         """Keep, of the tokens each row fed in the last `forward_rows`, those at `kept[b]` (in order:
         the root and the accepted path, at least one), as `keep` does for one sequence."""
         start = self._window
-        if self.rows == 1 and self.valid is None:
+        if self._single:
             self.keep(start, list(kept[0]))
             self.lengths = [self.length]
             return
@@ -155,15 +176,15 @@ class Target:
     def truncate_rows(self, lengths: Sequence[int]) -> None:
         """Drop each row's cached tokens beyond its first `lengths[b]` (`rollback` for rows): their
         slots become holes, compacted away once they are as many as the tokens."""
-        if self.rows == 1 and self.valid is None:
+        if self._single:
             self.rollback(lengths[0])
             self.lengths = [self.length]
             return
         valid = self.valid if self.valid is not None else torch.ones(self.rows, self.length, dtype=torch.bool, device=self.device)
-        keep = valid.cumsum(1) <= torch.tensor(list(lengths), device=self.device)[:, None]  # [B, L] a row's first lengths[b] tokens
-        self.valid = valid & keep
+        own = torch.tensor(list(lengths), device=self.device)[:, None] - self._shared  # [B, 1] the slots a row keeps
+        self.valid = valid & (valid.cumsum(1) <= own)  # [B, L] a row's first lengths[b] tokens
         self.lengths = [min(n, int(m)) for n, m in zip(self.lengths, lengths)]
-        if self.length >= 2 * max(self.lengths):
+        if self.length >= 2 * (max(self.lengths) - self._shared):
             self._compact_rows()
         elif bool(self.valid.all()):
             self.valid = None
@@ -171,7 +192,7 @@ class Target:
     def crop_rows(self, slots: int, lengths: Sequence[int]) -> None:
         """Drop every slot from `slots` on, where each row then holds `lengths[b]` tokens (a drafter's
         trees, fed after slot `slots`, dropped after drafting)."""
-        if self.rows == 1 and self.valid is None:
+        if self._single:
             self.rollback(slots)
             self.lengths = [self.length]
             return
@@ -208,12 +229,12 @@ class Target:
 
     def _compact_rows(self) -> None:
         """Move each row's tokens to its first slots and crop the slots no row uses."""
-        width = max(self.lengths)
-        index = torch.stack([torch.cat([slots, slots[-1:].expand(width - slots.numel())])
-                             for slots in (row.nonzero()[:, 0] for row in self.valid)])  # [B, W]
+        own = torch.tensor(self.lengths, device=self.device)[:, None] - self._shared  # [B, 1] each row's tokens in the slots
+        width = int(own.max())
+        index = (~self.valid).to(torch.uint8).sort(stable=True, dim=1).indices[:, :width]  # [B, W] each row's filled slots first, in order
         _move_slots(self._layers(), 0, index)
         self._crop(width)
-        self.valid = torch.arange(width, device=self.device) < torch.tensor(self.lengths, device=self.device)[:, None]  # [B, W]
+        self.valid = torch.arange(width, device=self.device) < own  # [B, W]
         self.length = width
         if bool(self.valid.all()):
             self.valid = None
@@ -245,12 +266,13 @@ class Target:
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
         positions = torch.tensor(base)[:, None] + (depth - 1).clamp(min=0)  # [B, W]
         self._window, self._fed = self.length, n
+        shared = {"prefix": self.prefix} if self.prefix is not None else {}
         if self.static:
-            hidden = self.static.forward(ids, self.length, positions.to(self.device), mask[:, None])  # [B, W, H]
+            hidden = self.static.forward(ids, self.length, positions.to(self.device), mask[:, None], **shared)  # [B, W, H]
             self.cache = self.static.cache  # (a larger one when the rows outgrew it)
         else:
             hidden = self.model.base_model(**_inputs(ids), attention_mask=mask[:, None], position_ids=positions.to(self.device),
-                                           cache=self.cache, use_cache=True).last_hidden_state  # [B, W, H]
+                                           cache=self.cache, use_cache=True, **shared).last_hidden_state  # [B, W, H]
         self.length += width
         self.valid = torch.cat([valid, filled.to(self.device)], dim=1)
         self.lengths = [length + f for length, f in zip(self.lengths, n)]
@@ -510,11 +532,11 @@ class StaticSlots:
                 layer.values[:, :, :length] = slots[1]
         self.seek(length)
 
-    def forward(self, ids: Tensor, length: int, positions: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, ids: Tensor, length: int, positions: Tensor, mask: Tensor | None, **shared: SharedPrefix) -> Tensor:
         """[B, K, H] the decoder's final hidden states of `ids` ([B, K] tokens or [B, K, H] embeddings)
         written from slot `length` on, at `positions` ([B, K]), a chain (causal) or under `mask` (the
-        [B, 1, K, length + K] additive mask of a tree or of rows, over the slots before and the K new ones);
-        the write position ends at length + K."""
+        [B, 1, K, length + K] additive mask of a tree or of rows, over the slots before and the K new ones),
+        after the prompt of `shared` (prefix=SharedPrefix: rows); the write position ends at length + K."""
         k = ids.shape[1]
         compiled = self.lm.compile and ids.shape[0] == 1 and k <= self.COMPILED_WIDTHS[-1]  # wider forwards and rows run eagerly
         width = next(w for w in self.COMPILED_WIDTHS if w >= k) if compiled else k
@@ -535,7 +557,7 @@ class StaticSlots:
             layer.end = None if compiled else length + width
         self.seek(length)
         decoder = self._decoder if compiled else self.model.base_model
-        out = decoder(**_inputs(ids), attention_mask=causal, position_ids=positions, cache=self.cache, use_cache=True)
+        out = decoder(**_inputs(ids), attention_mask=causal, position_ids=positions, cache=self.cache, use_cache=True, **shared)
         self.seek(length + k)
         return out.last_hidden_state[:, :k]
 
@@ -692,7 +714,7 @@ def tree_attention(known: Tensor, parents: Tensor, length: int, start: int, dtyp
 @torch.inference_mode()
 def decode_batch(
     lm: LoadedModel, cache: DynamicCache, ids: Tensor, new: int, sampling: SamplingParams, rng: torch.Generator | None,
-    mask: Tensor | None = None, positions: Tensor | None = None, fed_hidden: bool = False,
+    mask: Tensor | None = None, positions: Tensor | None = None, fed_hidden: bool = False, prefix: SharedPrefix | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Continue B sequences together, one forward per token: feed `ids` after `cache`, draw the next
     token of each row as decoding does (specresearch.sampling.draw: argmax when greedy, else sampled),
@@ -709,15 +731,18 @@ def decode_batch(
         mask: [B, cached + T] attention mask, 0 = left padding (one column more per new token); None = none.
         positions: [B, T] position ids of `ids` (left-padded rows start at 0); None = after the cache.
         fed_hidden: also return the hidden states of `ids` before their last (EAGLE trains on a prompt's features).
+        prefix: a prompt every row attends over, held once (specresearch.attention): `cache` then holds what
+            follows it, and `positions` must be given.
 
     Returns:
         [B, new] the drawn tokens, and [B, new, H] the final-norm hidden state that produced each
         ([B, T - 1 + new, H] with `fed_hidden`: those of ids[:, :-1] first).
     """
     lm_head = lm.model.get_output_embeddings()
+    shared = {"prefix": prefix} if prefix is not None else {}
     tokens, hidden = [], []
     for _ in range(new):
-        out = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        out = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, **shared)
         if fed_hidden and not hidden:
             hidden.extend(out.last_hidden_state[:, :-1].unbind(1))
         h = out.last_hidden_state[:, -1]  # [B, H]

@@ -7,8 +7,9 @@ in each of its drafting modes (`Drafter.modes`), with each verifier of conf/veri
   target's exact conditionals. Each is a G-test of the randomized PIT in 10 equal bins against the
   uniform law (exact under H0 for any conditionals), sized so that a TV of 0.05 between the binned
   laws (at most the tokens' TV) is detected with power 0.8 at alpha = 1e-3;
-- at T = 0, greedy identity with plain decoding, one prompt at a time and for every row of a batch of
-  four prompts of different lengths whose rows stop at different steps.
+- at T = 0, greedy identity with plain decoding, one prompt at a time, for every row of a batch of
+  four prompts of different lengths whose rows stop at different steps, and for a batch of one prompt
+  repeated (its rows share the prompt's cache).
 
 A new drafter, mode or lossless verifier is covered without editing this file. The control at the
 end shows the law test catches the defect it was written for.
@@ -138,9 +139,11 @@ def test_greedy_output_equals_plain_decoding(drafter, overrides, verifier, tmp_p
         assert "temperature" in str(err) and "children=sample" in overrides, err
         return
     plain = build_engine(drafter_cfg(drafter, tmp_path, "sampling=greedy"), baseline=True, target=engine.target.lm)
-    for prompt in (REPEATING, PLAIN):
-        out = engine.generate(prompt, 24, eos_token_ids=[])
-        assert out.tokens == plain.generate(prompt, 24, eos_token_ids=[]).tokens
+    for prompt in (PLAIN, REPEATING):
+        expected = plain.generate(prompt, 24, eos_token_ids=[]).tokens
+        assert engine.generate(prompt, 24, eos_token_ids=[]).tokens == expected
+    # One prompt repeated: the rows share it, held once (specresearch.attention); each row decodes it as alone.
+    assert [out.tokens for out in engine.generate([REPEATING] * 3, 24, eos_token_ids=[])] == [expected] * 3
     # A batch of 4 prompts of different lengths whose rows stop at different steps (an EOS each reaches at its own time).
     prompts = [REPEATING, PLAIN, REPEATING[3:] + PLAIN, PLAIN[:2]]
     alone = [plain.generate(p, 24, eos_token_ids=[]).tokens for p in prompts]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specresearch.drafters import Context, NoDrafter, PromptLookupDrafter
-from specresearch.drafters.pld import continuation_start
+from specresearch.drafters.pld import continuation_start, lookup, lookup_rows
 from specresearch.engine import DraftLength, Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
@@ -52,6 +52,21 @@ def test_proposals_prefer_long_ngrams_and_respect_k():
     assert PromptLookupDrafter(max_ngram=1, match="last").propose(ctx(tokens, 3)).tokens.tolist() == [9, 9, 0]
     draft = PromptLookupDrafter(min_ngram=2).propose(ctx(t(1, 2, 3, 7), 3))
     assert len(draft) == 0 and draft.q is None
+
+
+@pytest.mark.parametrize("match", ["first", "last"])
+def test_rows_are_looked_up_together_as_each_alone(match):
+    """lookup_rows (a batch's rows at once) returns, row by row, what lookup returns: contexts of other
+    lengths (one shorter than the n-gram), small vocabularies (many matches, overlaps), k from 0 up."""
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (2, 3, 7):
+        contexts = [torch.randint(0, vocab, (n,), generator=gen) for n in (1, 2, 5, 9, 17, 30)]
+        k = [3, 0, 8, 1, 10, 4]
+        for max_ngram, min_ngram in ((3, 1), (2, 2), (4, 2)):
+            together = lookup_rows(contexts, k, max_ngram, min_ngram, match)
+            alone = [lookup(c, kb, max_ngram, min_ngram, match) for c, kb in zip(contexts, k)]
+            assert [x.tolist() for x in together] == [x.tolist() for x in alone]
+            assert any(len(x) for x in alone) and any(not len(x) for x in alone)  # matches and misses both met
 
 
 def test_bad_settings_name_the_valid_ones():

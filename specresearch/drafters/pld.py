@@ -3,11 +3,12 @@ the continuation of an earlier occurrence of the context's last n-gram. No model
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter
-from specresearch.types import Draft
+from specresearch.drafters.base import Context, Drafter, Rows
+from specresearch.types import Draft, Verdict
 
 
 class PromptLookupDrafter(Drafter):
@@ -16,7 +17,7 @@ class PromptLookupDrafter(Drafter):
     deterministic drafter (q = None): greedy and rejection verification keep it lossless.
 
     Matching is one vectorised comparison of every n-token window with the suffix per n (no Python
-    loop over the context).
+    loop over the context); a batch's rows are looked up together (`lookup_rows`).
     """
 
     name = "pld"
@@ -43,6 +44,36 @@ class PromptLookupDrafter(Drafter):
 
     def propose(self, ctx: Context) -> Draft:
         return Draft(tokens=lookup(ctx.tokens, ctx.max_draft, self.max_ngram, self.min_ngram, self.match))
+
+    def batched_rows(self) -> Rows:
+        return LookupRows(self)
+
+
+class LookupRows(Rows):
+    """Prompt lookup for every row of a batch at once (`lookup_rows`); it keeps no state but the rows' count."""
+
+    def __init__(self, drafter: PromptLookupDrafter):
+        self.drafter, self.rows = drafter, 0
+
+    def prefill(self, ctxs: list[Context]) -> None:
+        self.rows = len(ctxs)
+
+    def propose(self, ctxs: list[Context]) -> list[Draft]:
+        d = self.drafter
+        found = lookup_rows([ctx.tokens for ctx in ctxs], [ctx.max_draft for ctx in ctxs], d.max_ngram, d.min_ngram, d.match)
+        return [Draft(tokens=tokens) for tokens in found]
+
+    def observe(self, b: int, logits: Tensor) -> None:
+        pass
+
+    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        pass
+
+    def select(self, index: list[int]) -> None:
+        self.rows = len(index)
+
+    def forwards(self) -> list[int]:
+        return [0] * self.rows  # no draft model
 
 
 def lookup(tokens: Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1, match: str = "first") -> Tensor:
@@ -86,3 +117,36 @@ def continuation_start(tokens: Tensor, n: int, match: str = "first") -> int | No
     if not hits.numel():
         return None
     return int(hits[0 if match == "first" else -1]) + n
+
+
+def lookup_rows(contexts: list[Tensor], k: list[int], max_ngram: int = 3, min_ngram: int = 1, match: str = "first") -> list[Tensor]:
+    """`lookup` for many contexts at once: for each n, every row's n-token windows compared with its
+    own suffix in one comparison of the padded rows ([B, T, n]).
+
+    Args:
+        contexts: B contexts ([T_b] each).
+        k: the most tokens returned per row.
+        max_ngram, min_ngram, match: as in `lookup`.
+
+    Returns:
+        B continuations, each what `lookup(contexts[b], k[b], ...)` returns.
+    """
+    lengths = torch.tensor([c.numel() for c in contexts])  # [B]
+    rows = torch.nn.utils.rnn.pad_sequence(list(contexts), batch_first=True, padding_value=-1)  # [B, T] (-1 matches no token)
+    width = rows.shape[1]
+    at = torch.arange(width, device=rows.device)
+    start = torch.full((len(contexts),), -1, dtype=torch.long, device=rows.device)  # [B] where each row's continuation begins
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if width <= n:
+            continue
+        suffix = rows.gather(1, (lengths[:, None] - n + torch.arange(n)).clamp(min=0).to(rows.device))  # [B, n]
+        windows = rows[:, : width - 1].unfold(1, n, 1)  # [B, T - n, n] the windows that a token follows
+        follows = at[: width - n] + n < lengths[:, None].to(rows.device)  # [B, T - n] inside the row, a token after it
+        hits = (windows == suffix[:, None]).all(-1) & follows & (lengths[:, None] > n).to(rows.device)  # [B, T - n]
+        if match == "first":
+            found = torch.where(hits.any(1), hits.float().argmax(1) + n, -1)
+        else:
+            found = torch.where(hits.any(1), width - n - 1 - hits.flip(1).float().argmax(1) + n, -1)
+        start = torch.where(start < 0, found, start)
+    return [c[s : s + max(kb, 0)].clone() if s >= 0 and kb > 0 else c[:0].clone()
+            for c, s, kb in zip(contexts, start.tolist(), k)]

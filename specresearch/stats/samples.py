@@ -1,6 +1,7 @@
 """Samples of the first L new tokens of a prompt, and the target's exact conditionals along them.
 
-The baseline draws N sequences in batches from the target alone, sharing one prefill of the prompt;
+The baseline draws N sequences in batches from the target alone, sharing one prefill of the prompt
+(held once, every row attending over it: specresearch.attention);
 a speculative method draws them in batches through the engine's batch API (its prefill kept and
 restored), sample i seeded seed + i whatever the batch size.
 `teacher_force` then scores every sequence with the target in one batched pass per chunk, so the
@@ -18,6 +19,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transformers import DynamicCache
+
+from specresearch.attention import SharedPrefix, shares_prefix
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
@@ -74,13 +78,15 @@ def sample_target(
     """
     rng = torch.Generator(device=lm.device).manual_seed(seed)
     t0 = time.perf_counter()
-    cache, first = _prompt_cache(lm, prompt)
-    p1 = logits_to_probs(first, sampling)  # [1, V]
+    shared = _Prompt(lm, prompt)
+    p1 = logits_to_probs(shared.logits, sampling)  # [1, V]
     out = []
     for b in _chunks(n, batch):
         x = sample(p1.expand(b, -1), rng)[:, None]  # [b, 1]
         if length > 1:
-            x = torch.cat([x, decode_batch(lm, _expand(cache, b), x, length - 1, sampling, rng)[0]], 1)  # [b, L]
+            cache, prefix = shared.rows(b)
+            x = torch.cat([x, decode_batch(lm, cache, x, length - 1, sampling, rng, positions=shared.positions(b, 1),
+                                           prefix=prefix)[0]], 1)  # [b, L]
         out.append(x.cpu())
         if progress is not None:
             progress(b)
@@ -145,13 +151,15 @@ def teacher_force(
         batch: sequences per forward.
     """
     rng = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 0x5017]).generate_state(1, np.uint64)[0] >> 1))
-    cache, first = _prompt_cache(lm, prompt)
+    shared = _Prompt(lm, prompt)
     parts = []
     for start, b in zip(range(0, len(tokens), batch), _chunks(len(tokens), batch)):
         x = torch.as_tensor(tokens[start : start + b], device=lm.device)  # [b, L]
-        logits = first.expand(b, 1, -1)  # [b, 1, V]
+        logits = shared.logits.expand(b, 1, -1)  # [b, 1, V]
         if x.shape[1] > 1:
-            more = lm.model(input_ids=x[:, :-1], cache=_expand(cache, b), use_cache=True).logits  # [b, L-1, V]
+            cache, prefix = shared.rows(b)
+            more = lm.model(input_ids=x[:, :-1], cache=cache, use_cache=True, position_ids=shared.positions(b, x.shape[1] - 1),
+                            **({"prefix": prefix} if prefix is not None else {})).logits  # [b, L-1, V]
             logits = torch.cat([logits, more], 1)  # [b, L, V]
         parts.append(_reduce(logits_to_probs(logits, sampling), x, rng))
     return Conditionals.concat(parts)
@@ -176,18 +184,28 @@ def _reduce(p: Tensor, x: Tensor, rng: torch.Generator) -> Conditionals:
     return Conditionals(logp, to_np(entropy), to_np(m2), to_np(pit), to_np(above.sum(-1) + 1))
 
 
-def _prompt_cache(lm: LoadedModel, prompt: list[int]):
-    target = Target(lm, static=False)  # a cache the batch copies row by row
-    target.reset()
-    logits = target.prefill(torch.tensor(prompt, device=lm.device))  # [1, V]
-    return target.cache, logits
+class _Prompt:
+    """One prefill of a prompt that many rows continue: held once where the model's attention can share
+    it (specresearch.attention), else copied into each batch of rows."""
 
+    def __init__(self, lm: LoadedModel, prompt: list[int]):
+        target = Target(lm, static=False)
+        target.reset()
+        self.logits = target.prefill(torch.tensor(prompt, device=lm.device))  # [1, V]
+        self.lm, self.cache, self.length = lm, target.cache, len(prompt)
+        self.prefix = SharedPrefix.of(self.cache, self.length) if shares_prefix(lm.model) else None
 
-def _expand(cache, b: int):
-    cache = copy.deepcopy(cache)
-    if b > 1:
+    def rows(self, b: int) -> tuple[DynamicCache, SharedPrefix | None]:
+        """A cache for `b` rows that continue the prompt, and the prefix they attend over (None: the cache holds the prompt)."""
+        if self.prefix is not None:
+            return DynamicCache(config=self.lm.model.config), self.prefix
+        cache = copy.deepcopy(self.cache)
         cache.batch_repeat_interleave(b)
-    return cache
+        return cache, None
+
+    def positions(self, b: int, n: int) -> Tensor:
+        """[b, n] the position ids of the first n tokens after the prompt."""
+        return (self.length + torch.arange(n, device=self.lm.device)).expand(b, n)
 
 
 def _chunks(n: int, size: int) -> list[int]:

@@ -1,0 +1,128 @@
+"""Attention over a prompt that every row of a batch shares, held once.
+
+Many samples of one prompt (the equivalence battery, the law tests) decode B rows that all continue
+the same P tokens. Copied into each row's KV cache, that prompt costs every step a copy of B x P
+keys and values and an attention over them per row. Here the prompt's keys and values are held
+once (`SharedPrefix`, [1, Hkv, P, D] per layer) and each row's cache holds only the tokens after
+it; `prefix_attention` attends a step's queries of all rows over the prompt in one attention per
+layer (the rows folded into the query dimension) and over each row's own tokens, and merges the two
+by their log-sum-exps: the softmax over both, as if the prompt sat in every row's cache.
+
+transformers dispatches attention by name (its AttentionInterface): `use_prefix_attention` makes a
+model's attention `prefix_attention`, which is SDPA, unchanged, in every forward that passes no
+`prefix=`; a forward passes one as `model(..., prefix=SharedPrefix)` (a keyword argument that
+transformers hands down to every layer's attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+PREFIX_ATTENTION = "sdpa_shared_prefix"  # the attention implementation's name in transformers' registry
+
+
+@dataclass
+class SharedPrefix:
+    """The keys and values of one prompt, which every row of a batch attends over (positions 0..P-1);
+    the rows' caches hold only what follows it, at positions from P on."""
+
+    keys: list[Tensor | None]  # per layer [1, Hkv, P, D]; None for a layer that holds none (a draft that skips it)
+    values: list[Tensor | None]
+    length: int  # P
+
+    @staticmethod
+    def of(cache, length: int) -> SharedPrefix:
+        """The first `length` slots of a one-row cache (transformers' DynamicCache or StaticCache), as a
+        prefix. Slices: the prefix shares that cache's memory (copy what may change afterwards)."""
+        keys, values = [], []
+        for layer in cache.layers:
+            held = getattr(layer, "keys", None) is not None and layer.keys.numel() > 0
+            keys.append(layer.keys[:1, :, :length] if held else None)
+            values.append(layer.values[:1, :, :length] if held else None)
+        return SharedPrefix(keys, values, length)
+
+
+def prefix_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                     scaling: float | None = None, dropout: float = 0.0, prefix: SharedPrefix | None = None,
+                     **kwargs) -> tuple[Tensor, None]:
+    """transformers' SDPA attention; with `prefix`, each row's queries attend over the prefix's keys
+    and over the row's own (`key`, `value`: what the row cached after the prefix, this step's included)
+    as under one softmax: each part's output and log-sum-exp, merged.
+
+    Args:
+        module: the attention layer (its `layer_idx` picks the prefix's layer).
+        query: [B, H, W, D] this step's queries.
+        key, value: [B, Hkv, S, D] the rows' own keys and values (S >= W).
+        attention_mask: over the rows' own slots: [B, 1, W, S] additive (0 / -inf-like) or boolean (True =
+            attend); None = causal (query i sees the row's slots up to S - W + i).
+        scaling: the scores' scale (default 1 / sqrt(D)).
+        prefix: the prompt every row shares; None = plain SDPA.
+
+    Returns:
+        ([B, W, H, D] attention output, None), as transformers' attention functions return.
+    """
+    if prefix is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if kwargs.get("sliding_window") is not None:
+        raise NotImplementedError("prefix_attention: sliding-window attention layers are not supported")
+    b, h, w, d = query.shape
+    kv, s = key.shape[1], key.shape[2]
+    g = h // kv  # query heads per key/value head (query head i reads key/value head i // g)
+    scale = scaling if scaling is not None else d**-0.5
+    q = query.view(b, kv, g, w, d)  # [B, Hkv, G, W, D]
+    folded = q.permute(1, 0, 2, 3, 4).reshape(1, kv, b * g * w, d)  # [1, Hkv, B*G*W, D] every row's queries, one attention
+    out_p, lse_p = _attend(folded, prefix.keys[module.layer_idx], prefix.values[module.layer_idx], scale)  # [1, Hkv, BGW, D], [1, Hkv, BGW]
+    out_p = out_p.view(kv, b, g, w, d).permute(1, 0, 2, 3, 4)  # [B, Hkv, G, W, D]
+    lse_p = lse_p.view(kv, b, g, w).permute(1, 0, 2, 3)  # [B, Hkv, G, W]
+    high = torch.promote_types(query.dtype, torch.float32)  # scores and weights in float32 at least (transformers' eager too)
+    scores = (q @ key[:, :, None].transpose(3, 4)).to(high) * scale  # [B, Hkv, G, W, S] over the rows' own slots
+    if attention_mask is None:
+        if w > 1:
+            scores.masked_fill_(torch.ones(w, s, dtype=torch.bool, device=query.device).triu(s - w + 1), float("-inf"))
+    elif attention_mask.dtype == torch.bool:
+        scores.masked_fill_(~attention_mask[:, :, None], float("-inf"))
+    else:
+        scores.add_(attention_mask[:, :, None].to(high))
+    lse_r = scores.logsumexp(-1)  # [B, Hkv, G, W]
+    out_r = (scores - lse_r[..., None]).exp().to(value.dtype) @ value[:, :, None]  # [B, Hkv, G, W, D]
+    share = torch.sigmoid(lse_p.to(high) - lse_r)[..., None]  # [B, Hkv, G, W, 1] the prefix's share of the softmax's mass
+    out = share * out_p.to(high) + (1 - share) * out_r.to(high)  # [B, Hkv, G, W, D]
+    return out.to(query.dtype).reshape(b, h, w, d).transpose(1, 2).contiguous(), None  # [B, W, H, D]
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """Attention of q ([1, Hkv, M, D]) over k, v ([1, Hkv, P, D]), no mask: the output ([1, Hkv, M, D]) and the
+    scores' log-sum-exp ([1, Hkv, M]). On the CPU, torch's fused flash kernel (which returns it); elsewhere plain
+    products."""
+    if q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16, torch.float16) and hasattr(torch.ops.aten, _FLASH_CPU):
+        out, lse = getattr(torch.ops.aten, _FLASH_CPU)(q, k, v, 0.0, False, scale=scale)[:2]
+        return out, lse
+    scores = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * scale  # [1, Hkv, M, P]
+    lse = scores.logsumexp(-1)
+    return (scores - lse[..., None]).exp().to(v.dtype) @ v, lse
+
+
+_FLASH_CPU = "_scaled_dot_product_flash_attention_for_cpu"  # (output, logsumexp) of a fused attention on the CPU
+
+
+AttentionInterface.register(PREFIX_ATTENTION, prefix_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(PREFIX_ATTENTION, sdpa_mask)  # masks made as for SDPA (the no-prefix path is SDPA)
+
+
+def use_prefix_attention(model: torch.nn.Module) -> torch.nn.Module:
+    """Make a model's SDPA attention `prefix_attention` (SDPA itself unless a forward passes `prefix=`).
+    A model with another attention implementation is left as it is (its rows then copy the prompt)."""
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(PREFIX_ATTENTION)
+    return model
+
+
+def shares_prefix(model: torch.nn.Module) -> bool:
+    """Whether a model's forwards take `prefix=` (see use_prefix_attention)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == PREFIX_ATTENTION
