@@ -273,7 +273,7 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
 
     def baseline_side(n: int, offset: int, progress=None) -> tuple[Samples, Conditionals]:
         parts = draw(n, offset, progress)
-        return Samples.concat(parts), _score(target, prompts, parts, sampling, seed + offset)
+        return Samples.concat(parts), _score(target, prompts, parts, sampling, seed + offset, sc.batch)
 
     auto = sc.samples == "auto"
     n = sc.samples if not auto else -(-samples_for_tv(sc.tv, 1, sc.length, sc.alpha, sc.power) // len(prompts))
@@ -281,12 +281,12 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
         parts = draw(n, 1_000_000, b.update)
         if auto:
             parts, n = auto_samples(parts, n, lambda more, r: draw(more, 5_000_000 + r * len(prompts), b.update), sc, b)
-        base, base_cond = Samples.concat(parts), _score(target, prompts, parts, sampling, seed + 1_000_000)
+        base, base_cond = Samples.concat(parts), _score(target, prompts, parts, sampling, seed + 1_000_000, sc.batch)
     with tqdm(total=n * len(prompts), desc="equivalence samples: method", unit="sample") as b:
         meth_parts = [sample_engine(method, ids, n, sc.length, seed + 2_000_000 + i * n, sc.batch, i, b.update)
                       for i, ids in enumerate(prompts)]
     meth = Samples.concat(meth_parts)
-    results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000),
+    results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000, sc.batch),
                                   alpha=sc.alpha, power=sc.power, seed=seed, tv=sc.tv)
     results.rates.update(samples_per_s_baseline=base.samples_per_s, samples_per_s_method=meth.samples_per_s)
     if sc.aa_repeats:
@@ -335,8 +335,8 @@ def auto_samples(parts: list[Samples], n: int, more: Callable[[int, int], list[S
     return parts, n
 
 
-def _score(target, prompts: list[list[int]], parts: list[Samples], sampling: SamplingParams, seed: int) -> Conditionals:
-    return Conditionals.concat([teacher_force(target, ids, s.tokens, sampling, seed + i) for i, (ids, s) in enumerate(zip(prompts, parts))])
+def _score(target, prompts: list[list[int]], parts: list[Samples], sampling: SamplingParams, seed: int, batch: int) -> Conditionals:
+    return Conditionals.concat([teacher_force(target, ids, s.tokens, sampling, seed + i, batch) for i, (ids, s) in enumerate(zip(prompts, parts))])
 
 
 def format_calibration(c: dict[str, float], alpha: float) -> str:

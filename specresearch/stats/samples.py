@@ -133,6 +133,9 @@ def sample_engine(
     return Samples(np.asarray(rows, dtype=np.int64).reshape(n, length), np.full(n, prompt_index), time.perf_counter() - t0)
 
 
+TEACHER_ELEMENTS = 2**25  # the most probabilities (float64: 256 MiB) teacher forcing holds at once
+
+
 @torch.inference_mode()
 def teacher_force(
     lm: LoadedModel, prompt: list[int], tokens: np.ndarray, sampling: SamplingParams, seed: int, batch: int = 32
@@ -148,10 +151,11 @@ def teacher_force(
         seed: seeds the PIT's uniform draws, from a stream hashed from it (numpy's SeedSequence), so they
             are independent of the draws that made `tokens` even when those were seeded with `seed` too
             (the same stream would make U the sampler's own uniform: the PIT is then not uniform).
-        batch: sequences per forward.
+        batch: sequences per forward (fewer where their laws, [batch, L, V] in float64, would pass TEACHER_ELEMENTS).
     """
     rng = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 0x5017]).generate_state(1, np.uint64)[0] >> 1))
     shared = _Prompt(lm, prompt)
+    batch = max(1, min(batch, TEACHER_ELEMENTS // (tokens.shape[1] * shared.logits.shape[-1])))  # [b, L, V] float64 laws: bounded
     parts = []
     for start, b in zip(range(0, len(tokens), batch), _chunks(len(tokens), batch)):
         x = torch.as_tensor(tokens[start : start + b], device=lm.device)  # [b, L]
@@ -166,17 +170,20 @@ def teacher_force(
 
 
 def _reduce(p: Tensor, x: Tensor, rng: torch.Generator) -> Conditionals:
-    """[b, L, V] laws and [b, L] tokens → the per-token quantities (float64 on the host)."""
-    p = p.double()
-    px = p.gather(-1, x[..., None])[..., 0]  # [b, L]
-    logp_all = torch.where(p > 0, p.clamp_min(1e-300).log(), torch.zeros_like(p))  # 0 · log 0 = 0
-    entropy = -(p * logp_all).sum(-1)
-    m2 = (p * logp_all**2).sum(-1)
-    above = p > px[..., None]  # [b, L, V] tokens the target prefers to x
-    before = (p * above).sum(-1)  # F(x−) in the order "more likely first, ties by id"
-    ties = (p == px[..., None]) & (torch.arange(p.shape[-1], device=p.device) < x[..., None])
-    before = before + (p * ties).sum(-1)
-    u = torch.rand(px.shape, generator=rng, dtype=torch.float64).to(p.device)
+    """[b, L, V] laws and [b, L] tokens → the per-token quantities (float64 on the host). The laws are
+    read in float32 (as they were drawn from) and summed in float64: each sum is one pass over them."""
+    f64 = torch.float64
+    p = p.float()
+    px = p.gather(-1, x[..., None])  # [b, L, 1]
+    log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()  # [b, L, V] (p log p = 0 where p = 0)
+    p_log_p = p * log_p
+    entropy = -p_log_p.sum(-1, dtype=f64)  # H = −Σ p log p
+    m2 = (p_log_p * log_p).sum(-1, dtype=f64)  # Σ p log² p
+    above = p > px  # [b, L, V] tokens the target prefers to x
+    ties = (p == px) & (torch.arange(p.shape[-1], device=p.device) < x[..., None])  # as likely, a smaller id: before x too
+    px = px[..., 0].to(f64)  # [b, L]
+    before = torch.where(above, p, 0).sum(-1, dtype=f64) + ties.sum(-1) * px  # F(x−) in the order "more likely first, ties by id"
+    u = torch.rand(px.shape, generator=rng, dtype=f64).to(p.device)
     pit = before + u * px
     with np.errstate(divide="ignore"):
         logp = np.log(px.cpu().numpy())
