@@ -260,7 +260,7 @@ class Target:
         elif any(p is not None for p in parents):
             for b, p in enumerate(parents):
                 if p is not None:
-                    seen[b, : n[b], : n[b]] = tree_attention(torch.ones(0, 0, dtype=torch.bool), p.cpu(), 0, 0, dtype)[0]
+                    seen[b, : n[b], : n[b]] = tree_ancestry(torch.ones(0, 0, dtype=torch.bool), p.cpu())
                     depth[b, : n[b]] = seen[b, : n[b], : n[b]].sum(-1)
         allowed = torch.cat([cached, seen.to(self.device)], dim=-1)  # [B, W, L + W]
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
@@ -298,7 +298,7 @@ class Target:
             if not n[b]:
                 continue
             old = known[b].shape[0]
-            known[b] = tree_attention(known[b], p.cpu(), old, 0, self.model.dtype)[0]  # [old + n_b, old + n_b]
+            known[b] = tree_ancestry(known[b], p.cpu())  # [old + n_b, old + n_b]
             new = known[b][old:]  # [n_b, old + n_b] each new node's ancestors, itself included
             cached[b, : n[b], slots[b]] = new[:, :old].to(self.device)
             seen[b, : n[b], : n[b]] = new[:, old:]
@@ -694,21 +694,32 @@ def tree_attention(known: Tensor, parents: Tensor, length: int, start: int, dtyp
         dtype: the mask's dtype.
 
     Returns:
-        [n + K, n + K] the ancestry with the new nodes, the [1, 1, K, length + K] additive mask (each
-        new node sees the cache before the tree, its ancestors and itself), and [K] positions
+        [n + K, n + K] the ancestry with the new nodes (`tree_ancestry`), the [1, 1, K, length + K] additive
+        mask (each new node sees the cache before the tree, its ancestors and itself), and [K] positions
         (start + depth - 1: a node sits where its path, decoded as a chain, would put it).
     """
+    ancestors = tree_ancestry(known, parents)
+    rows = ancestors[known.shape[0] :]  # [K, n + K]
+    mask = torch.zeros(1, 1, rows.shape[0], length + rows.shape[0], dtype=dtype)  # [1, 1, K, L + K]
+    mask[0, 0, :, start:].masked_fill_(~rows, torch.finfo(dtype).min)
+    return ancestors, mask, start + rows.sum(-1) - 1
+
+
+def tree_ancestry(known: Tensor, parents: Tensor) -> Tensor:
+    """[n + K, n + K] bool: the ancestry `known` ([n, n], row i: node i and its ancestors) of a tree's n
+    nodes, grown by K nodes under `parents` ([K], indices among all n + K nodes, -1 = the tree's root)."""
     n, k = known.shape[0], parents.numel()
-    ancestors = torch.zeros(n + k, n + k, dtype=torch.bool)  # row i marks node i and its ancestors
+    ancestors = torch.zeros(n + k, n + k, dtype=torch.bool)
     ancestors[:n, :n] = known
+    if k and int(parents.max()) < n:  # a new level: every parent known, one gather
+        ancestors[n:] = ancestors[parents.clamp(min=0)] & (parents >= 0)[:, None]
+        ancestors[n:, n:] |= torch.eye(k, dtype=torch.bool)
+        return ancestors
     for i, parent in enumerate(parents.tolist(), start=n):
         ancestors[i, i] = True
         if parent >= 0:
             ancestors[i] |= ancestors[parent]
-    rows = ancestors[n:]  # [K, n + K]
-    mask = torch.zeros(1, 1, k, length + k, dtype=dtype)  # [1, 1, K, L + K]
-    mask[0, 0, :, start:].masked_fill_(~rows, torch.finfo(dtype).min)
-    return ancestors, mask, start + rows.sum(-1) - 1
+    return ancestors
 
 
 @torch.inference_mode()

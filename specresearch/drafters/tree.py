@@ -148,19 +148,19 @@ class TreeShape:
         for level in range(depth):
             laws = ranking_probs(logits, ctx.sampling)  # [W, V or N]: q at T > 0; at T = 0 the softmax ranks the top children
             width = self.branching[level] if self.branching is not None else self.topk
+            if self.children == "sample":  # [W, width] each frontier node's children
+                xs = torch.stack([torch.multinomial(law, width, replacement=True, generator=ctx.rng) for law in laws])
+            else:
+                xs = torch.topk(laws, min(width, laws.shape[-1])).indices
+            log_q = laws.gather(1, xs).log()  # [W, width] (-inf: top-k / top-p removed it, the target would never accept it)
             new = []
-            for law, parent in zip(laws, frontier):  # law: [V]
-                if self.children == "sample":
-                    xs = torch.multinomial(law, width, replacement=True, generator=ctx.rng)
-                else:
-                    xs = torch.topk(law, min(width, law.numel())).indices
+            for w, (parent, children, logs) in enumerate(zip(frontier, xs.tolist(), log_q.tolist())):
                 base = nodes[parent][3] if parent >= 0 else 0.0
-                q = widen(law) if self.children == "sample" else None  # [V] the law the children were drawn from
-                for x in xs.tolist():
-                    if law[x] <= 0:  # top-k / top-p removed it: the target would never accept it
-                        continue
-                    new.append(len(nodes))
-                    nodes.append((token(x), parent, q, base + float(torch.log(law[x]))))
+                q = widen(laws[w]) if self.children == "sample" else None  # [V] the law the children were drawn from
+                for x, log in zip(children, logs):
+                    if log > -math.inf:
+                        new.append(len(nodes))
+                        nodes.append((token(x), parent, q, base + log))
             if level == depth - 1 or not new:
                 break
             if self.chain_confidence is not None and max(nodes[i][3] for i in new) < math.log(self.chain_confidence):
