@@ -429,7 +429,7 @@ class EagleRows(Rows):
     def _feed(self, features: list[Tensor], tokens: list[Tensor], parents: list[Tensor | None] | None = None,
               tree: int | None = None) -> list[Tensor]:
         """Feed each row's pairs (none where tokens[b] is empty); [n_b, H] their f̂ per row."""
-        fed = [self._pairs(f, x) for f, x in zip(features, tokens)]
+        fed = list(self._pairs(torch.cat(features), torch.cat(tokens)).split([len(x) for x in tokens]))  # every row's in one call
         out = self.head.forward_rows(fed, parents or [None] * len(fed), tree=tree)
         if tree is None:
             self.head.keep_rows([range(len(x)) for x in fed])
@@ -479,7 +479,8 @@ class EagleRows(Rows):
                              [requests[b][1] if b in requests else none for b in rows], tree=start)
             for b in requests:
                 expanded[b].extend(out[b])
-            return {b: self.d.lm_head(out[b]).float() for b in requests}  # [W_b, V] or [W_b, N]
+            logits = self.d.lm_head(torch.cat([out[b] for b in requests])).float().split([len(out[b]) for b in requests])
+            return dict(zip(requests, logits))  # [W_b, V] or [W_b, N] per row
 
         trees = grow_rows(self.d.shape, ctxs, depths, lambda b: self.d.lm_head(self.features[b])[None].float(), expand,
                           self.d.token, self.d.widen, started)
