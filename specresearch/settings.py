@@ -499,7 +499,7 @@ class Stats:
     power: float = MISSING      # the power the detectable-effect report is stated for
     tv: float = MISSING         # the position TV the power report (and samples=auto) sizes N for
     aa_repeats: int = MISSING   # A/A calibration repeats; 0 = off
-    batch: int = MISSING        # sequences per batched forward (baseline and method sampling, teacher forcing)
+    batch: Union[int, str] = MISSING  # sequences per batched forward (baseline and method sampling, teacher forcing); auto: by vocabulary
     time_split: Union[bool, str] = MISSING  # time the phases of each step (a device sync each): true, false or auto (on the CPU only)
 
     def check(self, path: str) -> None:
@@ -512,6 +512,8 @@ class Stats:
                                     f"{', '.join(repr(getattr(self, n)) for n in ('alpha', 'power', 'tv'))}")
         if _given(self.time_split) and not _switch(self.time_split):
             raise SpecResearchError(f"{path}.time_split must be true, false or auto, got {self.time_split!r}")
+        if _given(self.batch) and self.batch != "auto" and (not isinstance(self.batch, int) or isinstance(self.batch, bool) or self.batch < 1):
+            raise SpecResearchError(f"{path}.batch must be an integer >= 1 or auto, got {self.batch!r}")
 
 
 SWITCH = ("auto", True, False)  # a setting that is auto, true or false (resume, compiled_reference, stats.time_split)

@@ -250,9 +250,10 @@ def check_stats(sc: DictConfig) -> None:
         raise SpecResearchError(f"stats.samples must be an integer >= 0 (0: off) or auto, got {sc.samples!r}")
     if sc.aa_repeats < 0:
         raise SpecResearchError(f"stats.aa_repeats must be >= 0, got {sc.aa_repeats}")
-    if sc.samples and (not auto and sc.samples < 10 or sc.length < 1 or sc.prompts < 1 or sc.batch < 1):
+    rows = sc.batch == "auto" or (isinstance(sc.batch, int) and not isinstance(sc.batch, bool) and sc.batch >= 1)
+    if sc.samples and (not auto and sc.samples < 10 or sc.length < 1 or sc.prompts < 1 or not rows):
         raise SpecResearchError(
-            f"stats needs samples >= 10 (or 0: off, or auto), length >= 1, prompts >= 1, batch >= 1; got samples={sc.samples}, "
+            f"stats needs samples >= 10 (or 0: off, or auto), length >= 1, prompts >= 1, batch >= 1 (or auto); got samples={sc.samples}, "
             f"length={sc.length}, prompts={sc.prompts}, batch={sc.batch}"
         )
     if not 0 < sc.alpha < 1 or not 0 < sc.power < 1 or not 0 < sc.tv < 1:
@@ -267,13 +268,14 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
     with `sc.power` (see `auto_samples`). With `sc.aa_repeats`, also the A/A calibration (baseline
     against baseline, fresh seeds each time). Fills `results`."""
     prompts = prompt_ids[: sc.prompts]
+    rows = stats_rows(sc.batch, method.target.vocab_size)  # per call
 
     def draw(n: int, offset: int, progress=None) -> list[Samples]:
-        return [sample_target(target, ids, n, sc.length, sampling, seed + offset + i, sc.batch, i, progress) for i, ids in enumerate(prompts)]
+        return [sample_target(target, ids, n, sc.length, sampling, seed + offset + i, rows, i, progress) for i, ids in enumerate(prompts)]
 
     def baseline_side(n: int, offset: int, progress=None) -> tuple[Samples, Conditionals]:
         parts = draw(n, offset, progress)
-        return Samples.concat(parts), _score(target, prompts, parts, sampling, seed + offset, sc.batch)
+        return Samples.concat(parts), _score(target, prompts, parts, sampling, seed + offset, rows)
 
     auto = sc.samples == "auto"
     n = sc.samples if not auto else -(-samples_for_tv(sc.tv, 1, sc.length, sc.alpha, sc.power) // len(prompts))
@@ -281,12 +283,12 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
         parts = draw(n, 1_000_000, b.update)
         if auto:
             parts, n = auto_samples(parts, n, lambda more, r: draw(more, 5_000_000 + r * len(prompts), b.update), sc, b)
-        base, base_cond = Samples.concat(parts), _score(target, prompts, parts, sampling, seed + 1_000_000, sc.batch)
+        base, base_cond = Samples.concat(parts), _score(target, prompts, parts, sampling, seed + 1_000_000, rows)
     with tqdm(total=n * len(prompts), desc="equivalence samples: method", unit="sample") as b:
-        meth_parts = [sample_engine(method, ids, n, sc.length, seed + 2_000_000 + i * n, sc.batch, i, b.update)
+        meth_parts = [sample_engine(method, ids, n, sc.length, seed + 2_000_000 + i * n, rows, i, b.update)
                       for i, ids in enumerate(prompts)]
     meth = Samples.concat(meth_parts)
-    results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000, sc.batch),
+    results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000, rows),
                                   alpha=sc.alpha, power=sc.power, seed=seed, tv=sc.tv)
     results.rates.update(samples_per_s_baseline=base.samples_per_s, samples_per_s_method=meth.samples_per_s)
     if sc.aa_repeats:
@@ -296,6 +298,16 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
             b, b_cond = baseline_side(n, 4_000_000 + (2 * r + 1) * len(prompts))
             reports.append(battery(a, a_cond, b, b_cond, alpha=sc.alpha, power=sc.power, bootstrap=0, seed=seed + r, tv=sc.tv))
         results.calibration.update(calibration(reports, sc.alpha))
+
+
+STATS_ROWS = 256  # stats.batch=auto: rows per call, fewer for large vocabularies
+STATS_LAWS = 2**24  # stats.batch=auto: about this many probabilities per position of a call (64 MiB in float32)
+
+
+def stats_rows(batch: int | str, vocab: int) -> int:
+    """stats.batch: the rows drawn per call. auto: STATS_ROWS, or fewer where a call's laws (rows x vocabulary, per
+    verified position) would pass STATS_LAWS: 256 for the tiny model, 110 for a 151,936-token vocabulary."""
+    return int(batch) if batch != "auto" else max(1, min(STATS_ROWS, STATS_LAWS // vocab))
 
 
 def auto_samples(parts: list[Samples], n: int, more: Callable[[int, int], list[Samples]], sc: DictConfig, bar=None) -> tuple[list[Samples], int]:

@@ -105,6 +105,8 @@ def test_verifier_and_top_level_types():
     assert refused("stats.samples=many") == "stats.samples must be an integer >= 0 (0: off) or auto, got 'many'"
     assert refused("stats.tv=1.5") == "stats.alpha, stats.power and stats.tv must lie in (0, 1), got 0.01, 0.8, 1.5"
     assert refused("stats.time_split=maybe") == "stats.time_split must be true, false or auto, got 'maybe'"
+    assert refused("stats.batch=many") == "stats.batch must be an integer >= 1 or auto, got 'many'"
+    assert refused("stats.batch=0") == "stats.batch must be an integer >= 1 or auto, got 0"
     assert refused("compiled_reference=maybe") == "compiled_reference must be auto, true or false, got 'maybe'"
     assert refused("compiled_reference=true", "batch_size=2").startswith("compiled_reference=true times compiled decoding of one sequence")
     check_config(make_cfg(*TINY, "stats.samples=auto"))

@@ -209,3 +209,11 @@ def test_auto_samples_grow_the_baseline_until_the_position_df_is_covered(target)
     assert rounds and [r for _, r in rounds] == list(range(len(rounds)))  # it grew, with a new seed each round
     assert len(parts) == 1 and len(parts[0].tokens) == n == n0 + sum(m for m, _ in rounds)
     assert n >= samples_for_tv(sc.tv, position_df(parts[0]), sc.length, sc.alpha, sc.power)
+
+
+def test_auto_rows_per_call_follow_the_vocabulary():
+    """stats.batch=auto: 256 rows for small vocabularies, fewer where a call's laws would grow past 2^24 per position."""
+    from specresearch.speed import stats_rows
+    assert stats_rows("auto", 320) == 256 and stats_rows("auto", 65_536) == 256
+    assert stats_rows("auto", 151_936) == 110 and stats_rows("auto", 2**25) == 1
+    assert stats_rows(7, 151_936) == 7
