@@ -73,8 +73,9 @@ DRY_SHAPES = {"1.5b": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_
               "0.5b": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                        "num_key_value_heads": 1}}
 SPEED_DRAFTERS = ("pld", "medusa", "independent")  # our speculative methods timed on the real shapes
-COMPILED_DRAFTERS = ("pld", "medusa")  # ... and timed again with the target compiled (model.cache=static model.compile=true);
-# --dry leaves Medusa's out: inductor takes ~30 s on the CPU for its tree's graph (tests/test_static_cache.py compiles every drafter)
+COMPILED_DRAFTERS = ("pld", "medusa")  # ... and timed again with the target compiled (model.cache=static model.compile=true)
+DRY_COMPILED_DRAFTERS = ("pld",)  # --dry's: inductor takes ~30 s on the CPU for Medusa's tree graph (tests/test_static_cache.py
+# compiles every drafter)
 PROMPT = '''import heapq
 from dataclasses import dataclass, field
 
@@ -560,7 +561,7 @@ def speed(device: torch.device, dry: bool, n: int, repeats: int, k: int, prompt_
                              "c = seconds per draft-model forward / one-token target forward, v = per verification forward; "
                              "v_curve and c_draft below are measured on the bare models"}}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        methods, res["failed"] = speed_methods(target, draft, ids, n, k, Path(tmp), COMPILED_DRAFTERS[:1] if dry else COMPILED_DRAFTERS)
+        methods, res["failed"] = speed_methods(target, draft, ids, n, k, Path(tmp), DRY_COMPILED_DRAFTERS if dry else COMPILED_DRAFTERS)
         methods = [m for m in methods if not only or short(m.name) in only]
         res["failed"].update(time_methods(methods, n, repeats, min(8, n), deadline))
         costs = phase_timed(methods, n)
@@ -573,7 +574,7 @@ def speed(device: torch.device, dry: bool, n: int, repeats: int, k: int, prompt_
 
     for m in methods:
         tps = rate(m)
-        rows.append({"method": m.name, "tokens_per_s": tps,
+        rows.append({"method": m.name, "compiled": m.compiled, "tokens_per_s": tps,
                      "tokens_per_s_repeats": [len(t) / s for t, s in zip(m.tokens, m.seconds)], "warmup_seconds": m.warmups,
                      "speedup_vs_generate": tps / rate(ref), "speedup_vs_baseline": tps / rate(base),
                      "identical_to_generate": m.tokens[0] == ref.tokens[0] if ref else None,

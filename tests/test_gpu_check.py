@@ -92,6 +92,7 @@ def test_the_speed_section_times_every_method(report):
     names = [r["method"] for r in s["rows"]]
     assert names[:4] == ["generate", "generate_compiled", "baseline", "baseline_compiled"]
     assert [gpu_check().short(n) for n in names[4:]] == ["pld", "medusa", "independent", "pld_compiled"]
+    assert [r["compiled"] for r in s["rows"]] == [False, True, False, True, False, False, False, True]  # the rows say it
     for r in s["rows"]:
         assert r["tokens_per_s"] > 0 and len(r["warmup_seconds"]) == 2, r
         assert r["identical_to_generate"], r["method"]  # fp32: every plain and speculative greedy decoding is generate's

@@ -91,7 +91,8 @@ def gpu_check_to_table(data: dict, name: str) -> dict:
     for r in rows:
         split = r.get("time_split") or {}
         draft_per_step = r["v"] * split["draft"] / split["verify"] if r.get("c") is not None and split.get("verify") else None
-        base = by_name.get("baseline_compiled" if r["method"].endswith("_compiled") else "baseline")
+        compiled = r.get("compiled", r["method"].endswith("_compiled"))  # (reports before the flag: by the name)
+        base = by_name.get("baseline_compiled" if compiled else "baseline")
         table_rows.append([r["method"], f"{r['tokens_per_s']:.1f}", " ".join(f"{x:.0f}" for x in r.get("tokens_per_s_repeats", [])),
                            ratio(r, by_name.get("generate")), ratio(r, fastest), ratio(r, base), fmt(r.get("tau"), ".2f"),
                            fmt(r.get("c"), ".3f"), fmt(draft_per_step, ".3f"), fmt(r.get("v"), ".2f"),
