@@ -323,6 +323,7 @@ class Target:
         if reuse and self._kept is not None and torch.equal(self._kept[0], tokens):
             if self.static:  # the slots keep their addresses (compiled graphs hold them): copy the prompt's back in
                 self.static.restore(self._kept[1], len(tokens))
+                self.cache = self.static.cache  # (a larger one when the prompt outgrew the slots reset gave)
             else:
                 self.cache = copy.deepcopy(self._kept[1])
             self.length, self.hidden = len(tokens), self._kept[3]
@@ -523,7 +524,10 @@ class StaticSlots:
                 else None for layer in self.cache.layers]
 
     def restore(self, kept: list[tuple[Tensor, Tensor] | None], length: int) -> None:
-        """Put back what `copy` kept (in every row), in place, and write after it."""
+        """Put back what `copy` kept (in every row), in place, and write after it (in a larger cache first
+        when this one has fewer slots: a Target reset without the prompt's size, as a draft model's is)."""
+        if length > self.capacity:
+            self._grow(length)
         for layer, slots in zip(self.cache.layers, kept):
             if slots is not None:
                 if not layer.is_initialized:  # (a new cache: of another batch, or after a larger one)

@@ -123,3 +123,18 @@ def test_a_kept_prefill_serves_static_batches_of_any_size():
         again = engine.generate(REPEATING, 12, eos_token_ids=[], reuse_prefill=True, sample_first=False)
         assert [o.tokens for o in outs] == [again.tokens] * rows
     assert engine.generate([REPEATING] * 2, 12, eos_token_ids=[], reuse_prefill=True)[1].tokens == alone
+
+
+@torch.inference_mode()
+def test_a_kept_prefill_longer_than_the_first_slots_is_restored(tmp_path):
+    """A draft model's static cache is reset without the prompt's size (one block of slots): a kept prefill of a
+    longer prompt is restored into larger slots (the battery's batches of one long prompt), as the dynamic cache does."""
+    prompt = (REPEATING + PLAIN) * 24  # 384 tokens: more than one block of slots
+    assert len(prompt) > StaticSlots.BLOCK
+    outs = {}
+    for cache in ("dynamic", "static"):
+        engine = build_engine(drafter_cfg("independent", tmp_path, "verifier=greedy", "sampling=greedy", f"model.cache={cache}"))
+        outs[cache] = [[o.tokens for o in engine.generate([prompt] * rows, 8, eos_token_ids=[], reuse_prefill=True, sample_first=False)]
+                       for rows in (2, 3)]
+    assert outs["static"] == outs["dynamic"]
+    assert all(row == outs["dynamic"][0][0] for batch in outs["dynamic"] for row in batch)
