@@ -133,7 +133,7 @@ def sample_engine(
     return Samples(np.asarray(rows, dtype=np.int64).reshape(n, length), np.full(n, prompt_index), time.perf_counter() - t0)
 
 
-TEACHER_ELEMENTS = 2**25  # the most probabilities (float64: 256 MiB) teacher forcing holds at once
+TEACHER_ELEMENTS = 2**25  # the most probabilities (float32: 128 MiB per [b, L, V] tensor) teacher forcing holds at once
 
 
 @torch.inference_mode()
@@ -151,11 +151,11 @@ def teacher_force(
         seed: seeds the PIT's uniform draws, from a stream hashed from it (numpy's SeedSequence), so they
             are independent of the draws that made `tokens` even when those were seeded with `seed` too
             (the same stream would make U the sampler's own uniform: the PIT is then not uniform).
-        batch: sequences per forward (fewer where their laws, [batch, L, V] in float64, would pass TEACHER_ELEMENTS).
+        batch: sequences per forward (fewer where their laws, [batch, L, V], would pass TEACHER_ELEMENTS).
     """
     rng = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 0x5017]).generate_state(1, np.uint64)[0] >> 1))
     shared = _Prompt(lm, prompt)
-    batch = max(1, min(batch, TEACHER_ELEMENTS // (tokens.shape[1] * shared.logits.shape[-1])))  # [b, L, V] float64 laws: bounded
+    batch = max(1, min(batch, TEACHER_ELEMENTS // (tokens.shape[1] * shared.logits.shape[-1])))  # [b, L, V] laws: bounded
     parts = []
     for start, b in zip(range(0, len(tokens), batch), _chunks(len(tokens), batch)):
         x = torch.as_tensor(tokens[start : start + b], device=lm.device)  # [b, L]
