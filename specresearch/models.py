@@ -367,9 +367,9 @@ def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
     if tv != dv:
         raise SpecResearchError(
             f"draft '{draft.name}' ({len(dv)} tokens) and target '{target.name}' ({len(tv)} tokens) have different "
-            "vocabularies: drafting with a different tokenizer is not supported yet"
+            "vocabularies: a draft in another vocabulary drafts with drafter=cross_vocab (drafter.model.name=NAME)"
         )
-    tw, dw = _logit_width(target), _logit_width(draft)
+    tw, dw = logit_width(target), logit_width(draft)
     if tw != dw:  # same tokens, but p and q would not line up
         raise SpecResearchError(
             f"draft '{draft.name}' gives {dw} logits and target '{target.name}' {tw}: same tokenizer but different "
@@ -402,9 +402,56 @@ class ByteTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return {f"<{i}>": i for i in range(self.vocab_size)}
 
+    def token_bytes(self) -> list[bytes | None]:
+        """Each id's bytes (None: eos and the ids above it)."""
+        return [bytes([i]) if i < 256 else None for i in range(self.vocab_size)]
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        return list(data)
+
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False, **kwargs):
         text = "".join(m["content"] for m in messages)
         return self.encode(text) if tokenize else text
+
+
+class PairTokenizer(ByteTokenizer):
+    """A second tiny vocabulary, for drafts across tokenizers: ids 0..255 are bytes and 256 eos, as in
+    ByteTokenizer, and the ids above are byte pairs (`PAIRS`: two of the letters a..h), taken greedily
+    from the left, so a text splits differently than in bytes."""
+
+    PAIRS = [bytes([a, b]) for a in b"abcdefgh" for b in b"abcdefgh"]
+
+    def __init__(self, vocab_size: int = 320):
+        super().__init__(vocab_size)
+        self.pairs = self.PAIRS[: max(0, vocab_size - 257)]
+        self.pair_ids = {pair: 257 + j for j, pair in enumerate(self.pairs)}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.encode_bytes(text.encode("utf-8"))
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        ids, i = [], 0
+        while i < len(data):
+            pair = self.pair_ids.get(data[i : i + 2])
+            ids.append(data[i] if pair is None else pair)
+            i += 1 if pair is None else 2
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        pieces = self.token_bytes()
+        return b"".join(pieces[i] or b"" for i in ids if 0 <= i < self.vocab_size).decode("utf-8", errors="replace")
+
+    def get_vocab(self) -> dict[str, int]:
+        pieces = self.token_bytes()
+        return {f"<{pieces[i].hex()}>" if i > 256 and pieces[i] else name: i for name, i in super().get_vocab().items()}
+
+    def token_bytes(self) -> list[bytes | None]:
+        return [bytes([i]) if i < 256 else self.pairs[i - 257] if 257 <= i < 257 + len(self.pairs) else None
+                for i in range(self.vocab_size)]
+
+
+TINY_TOKENIZERS = {"bytes": ByteTokenizer, "pairs": PairTokenizer}  # model.tiny.tokenizer
 
 
 def tiny_model(
@@ -417,6 +464,7 @@ def tiny_model(
     noise: float = 0.0,
     noise_seed: int = 1,
     max_position_embeddings: int = 2048,
+    tokenizer: str = "bytes",
 ) -> LoadedModel:
     """A random-weight Qwen2-architecture model with a byte tokenizer, fp32 on cpu.
 
@@ -432,15 +480,19 @@ def tiny_model(
         noise: if > 0, add N(0, noise^2) to every parameter: a copy close to, not equal to, the seed's model.
         noise_seed: seed of that noise.
         max_position_embeddings: longest sequence.
+        tokenizer: "bytes" (ByteTokenizer) or "pairs" (PairTokenizer: the same bytes, and byte pairs
+            above eos: a draft whose vocabulary differs from a "bytes" target's).
 
     Returns:
-        The model (eval mode, float32, cpu) and a ByteTokenizer.
+        The model (eval mode, float32, cpu) and its tokenizer.
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from specresearch.attention import use_prefix_attention
 
     _check_tiny(vocab_size, hidden_size, num_layers, num_heads, max_position_embeddings, init_std, noise)
+    if tokenizer not in TINY_TOKENIZERS:
+        raise SpecResearchError(f"unknown model.tiny.tokenizer '{tokenizer}': valid are {', '.join(TINY_TOKENIZERS)}")
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -464,7 +516,7 @@ def tiny_model(
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * noise)
     model.generation_config.pad_token_id = config.eos_token_id
-    return LoadedModel(use_prefix_attention(model), ByteTokenizer(vocab_size), "tiny", torch.device("cpu"), torch.float32)
+    return LoadedModel(use_prefix_attention(model), TINY_TOKENIZERS[tokenizer](vocab_size), "tiny", torch.device("cpu"), torch.float32)
 
 
 TINY_MIN_VOCAB = 2  # the fewest tokens a model can choose between
@@ -773,5 +825,6 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def _logit_width(lm: LoadedModel) -> int:
+def logit_width(lm: LoadedModel) -> int:
+    """The number of logits the model gives per position (its vocabulary, padded as the model has it)."""
     return lm.model.get_output_embeddings().weight.shape[0]

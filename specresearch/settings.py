@@ -272,6 +272,25 @@ class PromptLookup:
         check_draft_length(path, self.k, self.k_policy, self.k_max)
 
 
+CROSS_VOCAB_MODES = ("string", "shared")  # drafter=cross_vocab: the draft's text re-tokenized, or its shared tokens (TLI)
+
+
+@dataclass
+class CrossVocab:
+    """drafter=cross_vocab: a draft model whose tokenizer differs from the target's."""
+    _target_: str = "specresearch.drafters.cross_vocab.CrossVocabDrafter"
+    k: int = MISSING                          # draft tokens per step
+    mode: str = MISSING                       # string (its argmax text in the target's tokens) or shared (TLI: the tokens both vocabularies have)
+    k_policy: str = MISSING                   # fixed, or heuristic
+    k_max: Optional[int] = None               # the heuristic's largest k; null = 4 k
+    model: Optional[DraftModel] = None        # the draft model, as in the `model` group
+
+    def check(self, path: str) -> None:
+        _k_at_least_one("cross_vocab", self.k)
+        _one_of(path, "mode", self.mode, CROSS_VOCAB_MODES)
+        check_draft_length(path, self.k, self.k_policy, self.k_max)
+
+
 @dataclass
 class Lookahead:
     """drafter=lookahead: Jacobi iteration fills an n-gram pool verified in the same target forward."""
@@ -593,7 +612,7 @@ class TrainConfig:
 OPTIONS: dict[str, dict[str, type]] = {
     "model": {"tiny": TinyModel, "*": Model},
     "drafter": {"independent": Independent, "tree": Tree, "medusa": Medusa, "eagle": Eagle, "pld": PromptLookup,
-                "lookahead": Lookahead, "self_draft": SelfDraft, "none": NoDrafter},
+                "lookahead": Lookahead, "self_draft": SelfDraft, "cross_vocab": CrossVocab, "none": NoDrafter},
     "verifier": {"greedy": Greedy, "rejection": Rejection, "margin": Margin, "topk": TopK, "typical": Typical},
     "tracker": {"mlflow": MLflow, "none": NoTracker},
     "dataset": {"humaneval": Dataset, "mtbench": MTBench, "sharegpt": Dataset},

@@ -114,10 +114,16 @@ class Shortlist:
             tokenizer, n, corpus: as for `frequent_tokens`.
             cache_dir: the model cache (None = the default one); the counts go to its vocab/ folder.
         """
+        ids = frequent_tokens(tokenizer, n, corpus, Path(cache_dir or default_cache_dir()) / "vocab")
+        return cls.of(lm_head, ids)
+
+    @classmethod
+    def of(cls, lm_head: torch.nn.Module, ids: Tensor) -> Shortlist:
+        """The tokens `ids` ([N]) and their rows of `lm_head` (a linear layer without bias)."""
         if getattr(lm_head, "bias", None) is not None:
             raise SpecResearchError("drafter.vocab needs an lm head without a bias")
         weight = lm_head.weight.detach()  # [V, H]
-        ids = frequent_tokens(tokenizer, n, corpus, Path(cache_dir or default_cache_dir()) / "vocab").to(weight.device)
+        ids = ids.to(weight.device)
         head = torch.nn.Linear(weight.shape[1], ids.numel(), bias=False, device=weight.device, dtype=weight.dtype)
         head.weight = torch.nn.Parameter(weight[ids], requires_grad=False)  # [N, H]
         return cls(ids, head, weight.shape[0])
@@ -126,3 +132,142 @@ class Shortlist:
         """[..., N] a law over the shortlist → [..., V], zero elsewhere: the q a shortlisted draft drew
         from, as the verifier compares it with p."""
         return torch.zeros(*q.shape[:-1], self.vocab_size, dtype=q.dtype, device=q.device).index_copy_(-1, self.ids, q)
+
+
+# -- drafts in another vocabulary ---------------------------------------------------------------------
+
+
+def token_pieces(tokenizer, size: int | None = None) -> list[bytes | None]:
+    """The bytes each token id stands for: [size] (default: the tokenizer's length), None for an id
+    without text. A special or added token stands for its own text ("<|im_end|>"): a tokenizer that
+    has the same one finds it in text again.
+
+    Reads byte-level BPE (GPT-2's byte-to-character table: Qwen, SmolLM2, Llama 3), SentencePiece-style
+    vocabularies ("▁" for a space, "<0xNN>" byte fallback: Gemma, Llama 2) and, for others, each
+    token's own decoded text; a tokenizer may give its own (`token_bytes()`, as the tiny models' do).
+    """
+    own = getattr(tokenizer, "token_bytes", None)
+    if callable(own):
+        pieces = list(own())
+    else:
+        vocab = tokenizer.get_vocab()
+        added = {i for i in getattr(tokenizer, "added_tokens_decoder", {})}
+        kind = _decoder_kind(tokenizer)
+        unicode_to_byte = {c: b for b, c in _bytes_to_unicode().items()}
+        pieces = [None] * max(len(tokenizer), max(vocab.values(), default=-1) + 1)
+        for token, i in vocab.items():
+            if i in added:
+                pieces[i] = token.encode()
+            elif kind == "bytes" and all(c in unicode_to_byte for c in token):
+                pieces[i] = bytes(unicode_to_byte[c] for c in token)
+            elif kind == "metaspace" and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+                pieces[i] = bytes([int(token[3:5], 16)])
+            elif kind == "metaspace":
+                pieces[i] = token.replace("\u2581", " ").encode()
+            else:
+                pieces[i] = tokenizer.convert_tokens_to_string([token]).encode()
+    size = len(pieces) if size is None else size
+    return (pieces + [None] * size)[:size]
+
+
+def _decoder_kind(tokenizer) -> str | None:
+    """How a fast tokenizer's decoder turns tokens into text: "bytes" (byte-level BPE), "metaspace"
+    (SentencePiece's "▁" and byte fallback), or None (another: each token's decoded text is used)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
+    if "ByteLevel" in kinds:
+        return "bytes"
+    if "Metaspace" in kinds or "ByteFallback" in kinds:
+        return "metaspace"
+    return None
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table: each byte as the printable character byte-level BPE vocabularies write it with."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return bytes_to_unicode()
+
+
+def encode_bytes(tokenizer, data: bytes) -> list[int]:
+    """`data` in `tokenizer`'s ids: exactly, for a tokenizer that encodes bytes (`encode_bytes`), else
+    its encoding of the text (bytes that are not UTF-8 read as U+FFFD)."""
+    own = getattr(tokenizer, "encode_bytes", None)
+    if callable(own):
+        return own(data)
+    return tokenizer.encode(data.decode("utf-8", errors="replace"), add_special_tokens=False)
+
+
+def complete_utf8(data: bytes) -> bytes:
+    """`data` without a UTF-8 character cut off at its end (at most 3 bytes)."""
+    for cut in range(1, min(4, len(data)) + 1):
+        lead = data[-cut]
+        if lead < 0x80:  # ASCII: nothing open
+            return data
+        if lead >= 0xC0:  # a lead byte: complete when the character's length fits
+            need = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            return data if cut >= need else data[:-cut]
+    return data
+
+
+class Bridge:
+    """Text between a target's vocabulary and a draft's: the target's context in the draft's tokens,
+    the draft's text in the target's tokens, and the tokens both vocabularies share (the same bytes),
+    for drafts from another model family (drafters.cross_vocab; Timor et al. 2025).
+
+    The EOS of the draft stands for the target's: both end the text. Read-only once built: the rows of a
+    batch (drafter forks) share one.
+    """
+
+    shared_by_forks = True
+
+    def __init__(self, target_tokenizer, draft_tokenizer, target_vocab: int, draft_vocab: int):
+        """
+        Args:
+            target_tokenizer, draft_tokenizer: the two tokenizers.
+            target_vocab, draft_vocab: the models' logit widths (V_t, V_d), which may exceed the tokenizers'.
+        """
+        self.target_tokenizer, self.draft_tokenizer = target_tokenizer, draft_tokenizer
+        self.target_pieces = token_pieces(target_tokenizer, target_vocab)
+        self.draft_pieces = token_pieces(draft_tokenizer, draft_vocab)
+        index: dict[bytes, int] = {}
+        for i, piece in enumerate(self.target_pieces):
+            if piece:
+                index.setdefault(piece, i)
+        twin = [index.get(piece, -1) if piece else -1 for piece in self.draft_pieces]
+        self.target_eos = getattr(target_tokenizer, "eos_token_id", None)
+        self.draft_eos = getattr(draft_tokenizer, "eos_token_id", None)
+        if self.target_eos is not None and self.draft_eos is not None and self.draft_eos < draft_vocab:
+            twin[self.draft_eos] = self.target_eos
+        self.twin = torch.tensor(twin, dtype=torch.long)  # [V_d] each draft token's target token with the same bytes; -1: none
+        self.shared = (self.twin >= 0).nonzero()[:, 0]  # [S] the draft tokens with a twin
+        self.target_vocab = target_vocab
+
+    @property
+    def overlap(self) -> float:
+        """The share of the target's vocabulary the draft can propose token for token (TLI's reach)."""
+        return self.twin[self.shared].unique().numel() / self.target_vocab
+
+    def target_text(self, ids: list[int]) -> bytes:
+        """The bytes of target tokens (those without text add none)."""
+        pieces = self.target_pieces
+        return b"".join(pieces[i] or b"" for i in ids)
+
+    def to_draft(self, ids: list[int]) -> list[int]:
+        """The target's tokens `ids` as the draft's tokenizer writes their text."""
+        return encode_bytes(self.draft_tokenizer, self.target_text(ids))
+
+    def to_target(self, draft_ids: list[int]) -> list[int]:
+        """Text the draft wrote (its tokens, up to its EOS, which becomes the target's) in the target's
+        tokens: its encoding by the target's tokenizer, without a character cut off at the end."""
+        eos = self.draft_eos is not None and self.draft_eos in draft_ids
+        if eos:
+            draft_ids = draft_ids[: draft_ids.index(self.draft_eos)]
+        text = b"".join(self.draft_pieces[i] or b"" for i in draft_ids)
+        if not callable(getattr(self.target_tokenizer, "encode_bytes", None)):  # (it encodes text: a cut character would be U+FFFD)
+            text = complete_utf8(text)
+        ids = encode_bytes(self.target_tokenizer, text) if text else []
+        return ids + [self.target_eos] * (eos and self.target_eos is not None)

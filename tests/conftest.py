@@ -134,12 +134,15 @@ def equivalence_report(engine, prompt: list[int], n: int = 300, length: int = 5,
 
 
 def drafter_cfg(name: str, tmp_path: Path, *overrides: str):
-    """The composed config of `drafter=NAME` on tiny models (target and any draft model: TINY), with
-    untrained heads saved under `tmp_path` for the drafters that load trained weights (medusa, eagle)."""
+    """The composed config of `drafter=NAME` on tiny models (target and any draft model: TINY; cross_vocab's
+    draft with another tokenizer), with untrained heads saved under `tmp_path` for the drafters that load
+    trained weights (medusa, eagle)."""
     from omegaconf import OmegaConf
 
     node = OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")
     base = TINY if "model" in node else ["model=tiny"]
+    if name == "cross_vocab":  # a draft in another vocabulary: bytes and byte pairs (models.PairTokenizer)
+        base = [*TINY[:-1], TINY[-1].replace("}", ", tokenizer: pairs}")]
     if "checkpoint" in node:  # a trained drafter: untrained weights of the right shape for the tiny target
         target = load_model("tiny", device="cpu", tiny=dict(make_cfg("model=tiny").model.tiny))
         if name == "medusa":

