@@ -6,6 +6,8 @@ Methods, each decoding greedily a fixed number of new tokens (EOS ignored) after
   generate_compiled  the same with a static KV cache and torch.compile (inductor; compiled in the warm-up)
   hf_assisted        transformers assisted generation with the same draft model, its defaults
   hf_prompt_lookup   transformers prompt lookup (`prompt_lookup_num_tokens`)
+  hf_universal       transformers Universal Assisted Generation: the --cross-draft model, whose tokenizer differs
+                     (`assistant_tokenizer`); compare with our cross_vocab drafter, which drafts with the same model
   baseline           our engine with the `none` drafter
   baseline_compiled  the same with a static KV cache and the decoder compiled (model.cache=static, model.compile=true)
   <drafter>          our engine with each drafter of conf/drafter/ and the greedy verifier;
@@ -72,7 +74,8 @@ from specresearch.verifiers import GreedyVerifier
 GREEDY = SamplingParams()
 DATASETS = {"humaneval": "HumanEval prompts", "mtbench": "MT-bench questions (first turn, chat template)",
             "sharegpt": "ShareGPT first turns (evaluation side, chat template)"}
-HF_METHODS = ("generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup")
+HF_METHODS = ("generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "hf_universal")
+CROSS = ("hf_universal", "cross_vocab")  # the methods that draft with --cross-draft (another tokenizer)
 PLAIN = ("generate", "generate_torch", "generate_compiled", "baseline", "baseline_compiled")  # plain decoding, one token per target forward
 OURS_PLAIN = ("baseline", "baseline_compiled")
 
@@ -239,9 +242,10 @@ def drafter_configs(args) -> dict[str, tuple[str, list[str], DictConfig]]:
 
 
 def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
-                  drafters: dict[str, tuple[str, list[str], DictConfig]]) -> list[Method]:
+                  drafters: dict[str, tuple[str, list[str], DictConfig]], cross: LoadedModel | None = None) -> list[Method]:
     """Every method asked for by --methods, sharing one target and one draft model (`cache_len`: the
-    longest prompt plus the new tokens, generate_compiled's cache size; `drafters`: drafter_configs)."""
+    longest prompt plus the new tokens, generate_compiled's cache size; `drafters`: drafter_configs;
+    `cross`: the --cross-draft model, for hf_universal)."""
     methods = []
     cheap: dict[tuple, DraftModel] = {}  # the draft made cheaper, by options
     for name in wanted_methods(args.methods):
@@ -256,6 +260,12 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
             methods.append(hf(name, target, assistant_model=draft.model))
         elif name == "hf_prompt_lookup":
             methods.append(hf(name, target, prompt_lookup_num_tokens=args.pld_tokens))
+        elif name == "hf_universal":
+            if not hasattr(cross.tokenizer, "convert_ids_to_tokens"):
+                print(f"skipped {name}: transformers' universal assisted generation needs Hugging Face tokenizers (--quick's tiny models have none)")
+                continue
+            quiet_assistant_warning()
+            methods.append(hf(name, target, assistant_model=cross.model, tokenizer=target.tokenizer, assistant_tokenizer=cross.tokenizer))
         elif name == "baseline":
             methods.append(ours(name, Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)))
         elif name == "baseline_compiled":  # the same weights, its own static cache and compiled graphs
@@ -266,7 +276,9 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
         else:  # one of our drafters, with options: "independent:model.vocab=32768:model.quantize=int8"
             group, options, node = drafters[name]
             extra = {}
-            if "model" in node:  # drafters with a draft model share ours, made as cheap as their options say
+            if group == "cross_vocab":  # the draft of another vocabulary, made as cheap as its options say by the drafter
+                extra["model"] = cross_spec(args, node)
+            elif "model" in node:  # drafters with a draft model share ours, made as cheap as their options say
                 cheaper = {key: node.model[key] for key in CHEAPER if key in node.model}
                 key = tuple(sorted(cheaper.items()))
                 if key not in cheap:  # one int8 copy per set of options (about 1 GB each), not one per method
@@ -302,6 +314,16 @@ def prompt_set(dataset: str, n: int, offset: int) -> list[Prompt]:
     if dataset == "mtbench":
         return load_prompts("mtbench", per_category=-(-n // len(MTBENCH_CATEGORIES)), offset=offset)[:n]
     return load_prompts(dataset, n, offset=offset)
+
+
+def cross_spec(args, node: DictConfig) -> dict:
+    """The --cross-draft model's settings as drafter=cross_vocab loads it: its node's options (quantize,
+    vocab), this run's dtype, device and kernels; --quick: a tiny model with byte pairs (models.PairTokenizer)."""
+    spec = {**OmegaConf.to_container(node.model, resolve=True), "name": args.cross_draft, "dtype": args.dtype,
+            "device": args.device, "kernels": args.kernels}
+    if args.quick:
+        spec["tiny"] = {"vocab_size": 320, "seed": 0, "noise": 0.03, "noise_seed": 5, "tokenizer": "pairs"}
+    return spec
 
 
 def load(args, texts: list[Prompt]) -> tuple[LoadedModel, LoadedModel, list[list[int]]]:
@@ -348,6 +370,7 @@ def measure(methods: list[Method], groups: list[list[list[int]]], n: int, repeat
 ONE_SEQUENCE = {  # methods transformers refuses to batch, and why
     "hf_assisted": "transformers' assisted generation takes one sequence (batch_size = 1)",
     "hf_prompt_lookup": "transformers' prompt lookup is assisted generation: one sequence (batch_size = 1)",
+    "hf_universal": "transformers' universal assisted generation is assisted generation: one sequence (batch_size = 1)",
     "baseline_compiled": "our static cache (model.cache=static) decodes one sequence at a time",
 }
 
@@ -674,6 +697,8 @@ def parse_args() -> argparse.Namespace:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="target (a zoo name, HF dir or .gguf)")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model for hf_assisted and our drafters")
+    parser.add_argument("--cross-draft", default="smollm2-135m",
+                        help="draft model of another tokenizer, for hf_universal and our cross_vocab (e.g. gemma-3-270m)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
     parser.add_argument(
@@ -706,6 +731,7 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.quick:
         args.prompts, args.tokens, args.repeats, args.model, args.draft = min(args.prompts, 2), min(args.tokens, 16), min(args.repeats, 2), "tiny", "tiny"
+        args.cross_draft = "tiny"
         if args.batch:
             args.prompts = math.lcm(*args.batch)
     return args
@@ -734,7 +760,11 @@ def run(args) -> None:
     texts = prompt_set(args.dataset, args.prompts, args.offset)
     out, tracker = destinations(args)
     target, draft, prompts = load(args, texts)
-    methods = build_methods(args, target, draft, max(map(len, prompts)) + args.tokens, drafters)
+    cross = None
+    if "hf_universal" in wanted_methods(args.methods):
+        spec = cross_spec(args, compose(["drafter=cross_vocab"]).drafter)
+        cross = load_model(**{key: value for key, value in spec.items() if key not in CHEAPER})
+    methods = build_methods(args, target, draft, max(map(len, prompts)) + args.tokens, drafters, cross)
     report: dict = {}
     done: list[BatchSize] = []
 
@@ -750,9 +780,11 @@ def run(args) -> None:
             return (batch_metrics(*summarize_batches(done)) if done else {}), {}
         return (metrics(summarize(methods)) if all(m.seconds and m.seconds[0] for m in methods) else {}), {}
 
+    crossing = any(m.split(":")[0] in CROSS for m in wanted_methods(args.methods))
+    cross_note = f", {args.cross_draft} (another tokenizer)" if crossing else ""
     with tracked_run(tracker, OmegaConf.create(report_args(args)), "speed", measured):
         header = (
-            f"\n{args.model} <- {args.draft} ({target.dtype}, {target.device}, kernels {args.kernels}; torch {torch.__version__}, "
+            f"\n{args.model} <- {args.draft}{cross_note} ({target.dtype}, {target.device}, kernels {args.kernels}; torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, {platform.machine()} {torch.backends.cpu.get_cpu_capability()}): "
             f"{len(prompts)} {DATASETS[args.dataset]} x {args.tokens} tokens x {args.repeats} repeats, greedy"
         )

@@ -283,11 +283,15 @@ class CrossVocab:
     mode: str = MISSING                       # string (its argmax text in the target's tokens) or shared (TLI: the tokens both vocabularies have)
     k_policy: str = MISSING                   # fixed, or heuristic
     k_max: Optional[int] = None               # the heuristic's largest k; null = 4 k
+    confidence: Optional[float] = None        # stop a draft after a token the draft gives less than this probability
+    chain_confidence: Optional[float] = None  # stop once the product of the draft's probabilities falls below this
     model: Optional[DraftModel] = None        # the draft model, as in the `model` group
 
     def check(self, path: str) -> None:
         _k_at_least_one("cross_vocab", self.k)
         _one_of(path, "mode", self.mode, CROSS_VOCAB_MODES)
+        _probability_or_null(path, "confidence", self.confidence)
+        _probability_or_null(path, "chain_confidence", self.chain_confidence)
         check_draft_length(path, self.k, self.k_policy, self.k_max)
 
 

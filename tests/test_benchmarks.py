@@ -77,7 +77,7 @@ def test_speed_unknown_method_lists_the_valid_ones(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     assert result.returncode != 0
-    assert "unknown method(s) eagle3: valid are generate, generate_torch, generate_compiled, hf_assisted, hf_prompt_lookup, baseline, baseline_compiled, eagle, independent, lookahead, medusa" in result.stderr
+    assert "unknown method(s) eagle3: valid are generate, generate_torch, generate_compiled, hf_assisted, hf_prompt_lookup, hf_universal, baseline, baseline_compiled, cross_vocab, eagle, independent, lookahead, medusa" in result.stderr
 
 
 def test_table_without_generate_refers_to_the_first_method():
@@ -103,6 +103,22 @@ def test_speed_quick_on_mtbench_chat(tmp_path):
     assert "2 MT-bench questions (first turn, chat template)" in report["header"] and report["args"]["dataset"] == "mtbench"
     assert [r["method"] for r in report["rows"]] == ["generate", "baseline", "pld(k=4)"]
     assert all(r["identical_to_reference"] == 2 for r in report["rows"])
+
+
+def test_speed_quick_drafts_in_another_vocabulary(tmp_path):
+    """cross_vocab drafts with --cross-draft (--quick: a tiny model of bytes and byte pairs) as plain decoding
+    decodes; hf_universal needs Hugging Face tokenizers, which the tiny models lack: skipped, saying so."""
+    out = tmp_path / "speed.json"
+    result = subprocess.run([sys.executable, SPEED, "--quick", "--json", str(out), "--tracker", "none", "--methods",
+                             "generate,baseline,hf_universal,cross_vocab,cross_vocab:mode=shared"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "skipped hf_universal: transformers' universal assisted generation needs Hugging Face tokenizers" in result.stdout
+    report = json.loads(out.read_text())
+    assert "tiny (another tokenizer)" in report["header"] and report["args"]["cross_draft"] == "tiny"
+    assert [r["method"] for r in report["rows"]] == ["generate", "baseline", "cross_vocab(k=4)", "cross_vocab(k=4) mode=shared"]
+    assert all(r["identical_to_reference"] == 2 for r in report["rows"])
+    assert all(r["c"] > 0 for r in report["rows"][2:])  # the draft ran: its cost (over our baseline's step) was measured
 
 
 def test_speed_quick_batch_mode_has_rows_per_batch_size_and_a_crossover(tmp_path):

@@ -37,10 +37,13 @@ class CrossVocabDrafter(Drafter):
     """
 
     name = "cross_vocab"
-    modes = {"string": ("mode=string",), "shared": ("mode=shared",)}
+    modes = {"string": ("mode=string",), "shared": ("mode=shared",),
+             "shared, cheap draft, confidence": ("mode=shared", "model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8",
+                                                 "k=6", "chain_confidence=0.05")}
 
     def __init__(self, target: LoadedModel, k: int = 4, model: Mapping | LoadedModel | None = None, mode: str = "string",
-                 k_policy: str = "fixed", k_max: int | None = None):
+                 k_policy: str = "fixed", k_max: int | None = None, confidence: float | None = None,
+                 chain_confidence: float | None = None):
         """
         Args:
             target: the target model.
@@ -51,8 +54,15 @@ class CrossVocabDrafter(Drafter):
             mode: "string" or "shared" (see above).
             k_policy: "fixed", or "heuristic" (see engine.DraftLength).
             k_max: the largest k the heuristic may reach (None = 4 k).
+            confidence: stop drafting after a token the draft gives less than this probability (its
+                q's when sampled, its softmax's when greedy; transformers' assistant_confidence_threshold).
+                None = always k. Lossless: the stop depends on the draft alone.
+            chain_confidence: stop once the product of the drafted tokens' probabilities falls below
+                this (EAGLE-2's cumulative confidence). None = never.
         """
-        settings.CrossVocab(k=k, mode=mode, k_policy=k_policy, k_max=k_max).check("drafter")
+        settings.CrossVocab(k=k, mode=mode, k_policy=k_policy, k_max=k_max, confidence=confidence,
+                            chain_confidence=chain_confidence).check("drafter")
+        self.confidence, self.chain_confidence = confidence or 0.0, chain_confidence or 0.0
         if model is None:
             raise SpecResearchError("drafter=cross_vocab needs a draft model: set drafter.model.name")
         self.k, self.k_policy, self.k_max, self.mode = int(k), k_policy, k_max, mode
@@ -69,6 +79,8 @@ class CrossVocabDrafter(Drafter):
         allowed = self.bridge.shared if mode == "shared" else None
         self.draft: DraftModel = cheapen(lm, target, own_vocab=True, allowed=allowed, **options)
         self.twin = self.bridge.twin.to(lm.device)  # [V_d] each draft token's target id (-1: none)
+        shortlist = self.draft.shortlist
+        self.shortlist_twins = None if shortlist is None else self.twin[shortlist.ids]  # [N] the target id of each scored token
         self.ids: list[int] = []  # the draft tokens in its cache, in order
         self._forwards = 0
 
@@ -89,14 +101,16 @@ class CrossVocabDrafter(Drafter):
         pending = context[kept:]  # [>= 1] the draft tokens it has not read
         chain: list[int] = []
         qs: list[Tensor] = []
+        path = 1.0  # the product of the drafted tokens' probabilities
         while True:
             logits = self.draft.forward(torch.tensor(pending, device=self.draft.device))[-1]  # [V_d] or [S] (shared)
             self._forwards += 1
-            x, q = self._next(logits, ctx)
+            x, q, p_x = self._next(logits, ctx)
             chain.append(x)
             if q is not None:
                 qs.append(q)
-            if len(chain) == ctx.max_draft or x == self.bridge.draft_eos:
+            path *= p_x
+            if len(chain) == ctx.max_draft or x == self.bridge.draft_eos or p_x < self.confidence or path < self.chain_confidence:
                 break
             pending = [x]
         self.ids = context + chain[:-1]  # the last token was not fed
@@ -107,18 +121,20 @@ class CrossVocabDrafter(Drafter):
             tokens, q = torch.tensor(self.bridge.to_target(chain)[: ctx.max_draft], dtype=torch.long), None
         return Draft(tokens=tokens.to(ctx.tokens.device), q=None if q is None else q.to(ctx.tokens.device))
 
-    def _next(self, logits: Tensor, ctx: Context) -> tuple[int, Tensor | None]:
-        """The draft's next token (its id) from its logits, and the target-vocabulary law it was drawn
-        from (None: its argmax)."""
+    def _next(self, logits: Tensor, ctx: Context) -> tuple[int, Tensor | None, float]:
+        """The draft's next token (its id) from its logits, the target-vocabulary law it was drawn from
+        (None: its argmax), and the draft's probability of it (for the confidence stops; 1 without them)."""
         shortlist = self.draft.shortlist
+        scored = self.confidence or self.chain_confidence
         if ctx.sampling.greedy or self.mode == "string":
             x = int(logits.argmax())
-            return (x if shortlist is None else int(shortlist.ids[x])), None
+            p_x = float(torch.softmax(logits.float(), -1)[x]) if scored else 1.0
+            return (x if shortlist is None else int(shortlist.ids[x])), None, p_x
         q = logits_to_probs(logits, ctx.sampling)  # [S] over the shared tokens (the shortlist)
         x = int(sample(q, ctx.rng))
         law = torch.zeros(self.bridge.target_vocab, dtype=q.dtype, device=q.device)
-        law.index_add_(0, self.twin[shortlist.ids], q)  # [V_t] (twins are unique but for a draft EOS that is also a twin)
-        return int(shortlist.ids[x]), law
+        law.index_add_(0, self.shortlist_twins, q)  # [V_t] (draft tokens of the same bytes add up)
+        return int(shortlist.ids[x]), law, float(q[x])
 
     @property
     def draft_forwards(self) -> int:
