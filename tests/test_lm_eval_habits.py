@@ -12,6 +12,7 @@ import sys
 import pytest
 from lm_eval.api.model import LM
 
+from specresearch.config import options
 from specresearch.errors import SpecResearchError
 from specresearch.evaluation import sandbox
 from specresearch.evaluation.lm import SpecResearchLM
@@ -202,7 +203,7 @@ def test_no_git_complaint_outside_a_checkout_and_the_same_hash_inside(tmp_path):
 
 REFUSALS = {  # case -> (lm-eval arguments after `--model specresearch`, {env var: value}, the one line's start)
     "unknown option": (["--model_args", "pretrained=tiny,drafter=nope"], {},
-                       "error: model_args: unknown drafter 'nope': valid are eagle, independent, lookahead"),
+                       f"error: model_args: unknown drafter 'nope': valid are {', '.join(options('drafter'))}"),
     "unknown setting": (["--model_args", "pretrained=tiny,drafter=pld,drafter.kk=3"], {},
                         "error: model_args: unknown key 'drafter.kk': valid under drafter are k, k_max"),
     "unknown model": (["--model_args", "pretrained=no-such-model,drafter=pld"], {"HF_HUB_OFFLINE": "1"},
