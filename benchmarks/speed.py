@@ -61,7 +61,7 @@ from specresearch.config import options as config_options
 from specresearch.data import MTBENCH_CATEGORIES, SHAREGPT_EVAL, Prompt, encode, load_prompts
 from specresearch.drafters import NoDrafter
 from specresearch.drafters.draft_model import OPTIONS as CHEAPER
-from specresearch.drafters.draft_model import DraftModel, cheapen
+from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, first_divergence, predict
@@ -762,8 +762,7 @@ def run(args) -> None:
     target, draft, prompts = load(args, texts)
     cross = None
     if "hf_universal" in wanted_methods(args.methods):
-        spec = cross_spec(args, compose(["drafter=cross_vocab"]).drafter)
-        cross = load_model(**{key: value for key, value in spec.items() if key not in CHEAPER})
+        cross = load_model(**split_spec(cross_spec(args, compose(["drafter=cross_vocab"]).drafter))[0])
     methods = build_methods(args, target, draft, max(map(len, prompts)) + args.tokens, drafters, cross)
     report: dict = {}
     done: list[BatchSize] = []

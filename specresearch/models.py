@@ -431,6 +431,8 @@ class PairTokenizer(ByteTokenizer):
         super().__init__(vocab_size)
         self.pairs = self.PAIRS[: max(0, vocab_size - 257)]
         self.pair_ids = {pair: 257 + j for j, pair in enumerate(self.pairs)}
+        self.pieces = [bytes([i]) if i < 256 else self.pairs[i - 257] if 257 <= i < 257 + len(self.pairs) else None
+                       for i in range(vocab_size)]
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.encode_bytes(text.encode("utf-8"))
@@ -445,16 +447,13 @@ class PairTokenizer(ByteTokenizer):
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        pieces = self.token_bytes()
-        return b"".join(pieces[i] or b"" for i in ids if 0 <= i < self.vocab_size).decode("utf-8", errors="replace")
+        return b"".join(self.pieces[i] or b"" for i in ids if 0 <= i < self.vocab_size).decode("utf-8", errors="replace")
 
     def get_vocab(self) -> dict[str, int]:
-        pieces = self.token_bytes()
-        return {f"<{pieces[i].hex()}>" if i > 256 and pieces[i] else name: i for name, i in super().get_vocab().items()}
+        return {f"<{self.pieces[i].hex()}>" if i > 256 and self.pieces[i] else name: i for name, i in super().get_vocab().items()}
 
     def token_bytes(self) -> list[bytes | None]:
-        return [bytes([i]) if i < 256 else self.pairs[i - 257] if 257 <= i < 257 + len(self.pairs) else None
-                for i in range(self.vocab_size)]
+        return list(self.pieces)
 
 
 TINY_TOKENIZERS = {"bytes": ByteTokenizer, "pairs": PairTokenizer}  # model.tiny.tokenizer

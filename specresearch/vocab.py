@@ -106,16 +106,21 @@ class Shortlist:
     vocab_size: int  # V: the whole vocabulary, the length of the q rows the verifier compares with p
 
     @classmethod
-    def load(cls, lm_head: torch.nn.Module, tokenizer, n: int, corpus: str, cache_dir: str | Path | None) -> Shortlist:
-        """The `n` most frequent tokens of `corpus` and their rows of `lm_head`.
+    def load(cls, lm_head: torch.nn.Module, tokenizer, n: int, corpus: str, cache_dir: str | Path | None,
+             allowed: Tensor | None = None) -> Shortlist:
+        """The `n` most frequent tokens of `corpus` (of the tokens `allowed`, if given) and their rows of `lm_head`.
 
         Args:
             lm_head: the output embedding the draft scores with (a linear layer without bias).
             tokenizer, n, corpus: as for `frequent_tokens`.
             cache_dir: the model cache (None = the default one); the counts go to its vocab/ folder.
+            allowed: [A] the only tokens to choose from (a cross-vocabulary draft's shared ones); None = all.
         """
-        ids = frequent_tokens(tokenizer, n, corpus, Path(cache_dir or default_cache_dir()) / "vocab")
-        return cls.of(lm_head, ids)
+        folder = Path(cache_dir or default_cache_dir()) / "vocab"
+        if allowed is None:
+            return cls.of(lm_head, frequent_tokens(tokenizer, n, corpus, folder))
+        ranked = frequent_tokens(tokenizer, lm_head.weight.shape[0], corpus, folder)  # every token seen, most frequent first
+        return cls.of(lm_head, ranked[torch.isin(ranked, allowed.to(ranked.device))][:n])
 
     @classmethod
     def of(cls, lm_head: torch.nn.Module, ids: Tensor) -> Shortlist:
@@ -253,8 +258,7 @@ class Bridge:
 
     def target_text(self, ids: list[int]) -> bytes:
         """The bytes of target tokens (those without text add none)."""
-        pieces = self.target_pieces
-        return b"".join(pieces[i] or b"" for i in ids)
+        return _text(self.target_pieces, ids)
 
     def to_draft(self, ids: list[int]) -> list[int]:
         """The target's tokens `ids` as the draft's tokenizer writes their text."""
@@ -266,8 +270,13 @@ class Bridge:
         eos = self.draft_eos is not None and self.draft_eos in draft_ids
         if eos:
             draft_ids = draft_ids[: draft_ids.index(self.draft_eos)]
-        text = b"".join(self.draft_pieces[i] or b"" for i in draft_ids)
+        text = _text(self.draft_pieces, draft_ids)
         if not callable(getattr(self.target_tokenizer, "encode_bytes", None)):  # (it encodes text: a cut character would be U+FFFD)
             text = complete_utf8(text)
         ids = encode_bytes(self.target_tokenizer, text) if text else []
         return ids + [self.target_eos] * (eos and self.target_eos is not None)
+
+
+def _text(pieces: list[bytes | None], ids: list[int]) -> bytes:
+    """The bytes of tokens `ids` by their `pieces` (those without text add none)."""
+    return b"".join(pieces[i] or b"" for i in ids)

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from specresearch.drafters import NoDrafter
 from specresearch.drafters.cross_vocab import CrossVocabDrafter
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
@@ -86,7 +87,7 @@ def test_bridge_to_a_real_tokenizer(smollm2):
 def test_a_real_draft_for_a_tiny_target_decodes_as_plain_decoding(smollm2, mode):
     target = tiny_model()
     drafter = CrossVocabDrafter(target, k=4, model=smollm2, mode=mode)
-    expected = Engine(target, _none(), GreedyVerifier(), GREEDY).generate(list(b"def f(x):\n    "), 24, eos_token_ids=[])
+    expected = Engine(target, NoDrafter(), GreedyVerifier(), GREEDY).generate(list(b"def f(x):\n    "), 24, eos_token_ids=[])
     out = Engine(target, drafter, GreedyVerifier(), GREEDY).generate(list(b"def f(x):\n    "), 24, eos_token_ids=[])
     assert out.tokens == expected.tokens and out.stats.drafted > 0
 
@@ -95,7 +96,7 @@ def test_a_real_draft_for_a_tiny_target_decodes_as_plain_decoding(smollm2, mode)
 def test_a_tiny_draft_for_a_real_target_decodes_as_plain_decoding(smollm2, mode):
     """The draft's bytes become the BPE target's tokens (string) or its byte tokens (shared), greedy and sampled."""
     prompt = smollm2.tokenizer.encode("def fibonacci(n):\n    ", add_special_tokens=False)
-    expected = Engine(smollm2, _none(), GreedyVerifier(), GREEDY).generate(prompt, 16, eos_token_ids=[])
+    expected = Engine(smollm2, NoDrafter(), GreedyVerifier(), GREEDY).generate(prompt, 16, eos_token_ids=[])
     drafter = CrossVocabDrafter(smollm2, k=3, model=tiny_model(vocab_size=320), mode=mode)
     out = Engine(smollm2, drafter, GreedyVerifier(), GREEDY).generate(prompt, 16, eos_token_ids=[])
     assert out.tokens == expected.tokens and out.stats.drafted > 0
@@ -123,12 +124,6 @@ class _Textless(ByteTokenizer):
 
     def token_bytes(self):
         return [None] * self.vocab_size
-
-
-def _none():
-    from specresearch.drafters import NoDrafter
-
-    return NoDrafter()
 
 
 def test_plain_prompt_in_pairs():

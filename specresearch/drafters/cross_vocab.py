@@ -11,7 +11,7 @@ from torch import Tensor
 
 from specresearch import settings
 from specresearch.drafters.base import Context, Drafter
-from specresearch.drafters.draft_model import OPTIONS, DraftModel, cheapen
+from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, load_model, logit_width
 from specresearch.sampling import logits_to_probs, sample
@@ -69,9 +69,7 @@ class CrossVocabDrafter(Drafter):
         if isinstance(model, LoadedModel):
             lm, options = model, {}
         else:
-            spec = dict(model)
-            options = {key: spec.pop(key) for key in OPTIONS if key in spec}
-            options["cache_dir"] = spec.get("cache_dir")
+            spec, options = split_spec(model)
             lm = load_model(**spec)
         self.bridge = Bridge(target.tokenizer, lm.tokenizer, logit_width(target), logit_width(lm))
         if mode == "shared" and not len(self.bridge.shared):
@@ -79,8 +77,7 @@ class CrossVocabDrafter(Drafter):
         allowed = self.bridge.shared if mode == "shared" else None
         self.draft: DraftModel = cheapen(lm, target, own_vocab=True, allowed=allowed, **options)
         self.twin = self.bridge.twin.to(lm.device)  # [V_d] each draft token's target id (-1: none)
-        shortlist = self.draft.shortlist
-        self.shortlist_twins = None if shortlist is None else self.twin[shortlist.ids]  # [N] the target id of each scored token
+        self.shortlist_twins = self.twin[self.draft.shortlist.ids] if mode == "shared" else None  # [S] the target id of each scored token
         self.ids: list[int] = []  # the draft tokens in its cache, in order
         self._forwards = 0
 

@@ -14,15 +14,14 @@ import copy
 import dataclasses
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, SkinnyLinear, check_same_vocab, default_cache_dir, load_model, logit_width, use_skinny_linear
+from specresearch.models import LoadedModel, SkinnyLinear, check_same_vocab, load_model, use_skinny_linear
 from specresearch.target import Target
-from specresearch.vocab import Shortlist, frequent_tokens
+from specresearch.vocab import Shortlist
 
 QUANTIZE = ("int8",)
 OPTIONS = ("vocab", "vocab_corpus", "quantize")  # the keys a draft model's node adds to load_model's: cheapen's
@@ -57,9 +56,8 @@ class DraftModel(Target):
             return spec
         if isinstance(spec, LoadedModel):
             return cheapen(spec, target, **cheaper)
-        settings = dict(spec)
-        options = {key: settings.pop(key) for key in OPTIONS if key in settings}
-        return cheapen(load_model(**settings), target, cache_dir=settings.get("cache_dir"), **options)
+        settings, options = split_spec(spec)
+        return cheapen(load_model(**settings), target, **options)
 
     def forward(self, tokens: Tensor, head=None, parents: Tensor | None = None, tree: int | None = None) -> Tensor:
         """Target.forward, scored by the shortlist's head when there is one: [K, N] logits."""
@@ -76,6 +74,14 @@ class DraftModel(Target):
     def widen(self, q: Tensor) -> Tensor:
         """[..., N] a law over this draft's logits → [..., V] over the whole vocabulary."""
         return q if self.shortlist is None else self.shortlist.widen(q)
+
+
+def split_spec(spec: Mapping) -> tuple[dict, dict]:
+    """A draft model's node as (load_model()'s settings, `cheapen`'s options: vocab, vocab_corpus,
+    quantize and the model cache)."""
+    settings = dict(spec)
+    options = {key: settings.pop(key) for key in OPTIONS if key in settings}
+    return settings, {**options, "cache_dir": settings.get("cache_dir")}
 
 
 def cheapen(
@@ -114,11 +120,8 @@ def cheapen(
             raise SpecResearchError(f"{what} needs a plain linear lm head; {lm.name} has a bias or logit softcapping")
         if vocab is None:
             shortlist = Shortlist.of(lm_head, allowed)
-        elif allowed is None:
-            shortlist = Shortlist.load(lm_head, lm.tokenizer, int(vocab), vocab_corpus, cache_dir)
-        else:  # the most frequent of the allowed tokens
-            ranked = frequent_tokens(lm.tokenizer, logit_width(lm), vocab_corpus, Path(cache_dir or default_cache_dir()) / "vocab")
-            shortlist = Shortlist.of(lm_head, ranked[torch.isin(ranked, allowed.to(ranked.device))][: int(vocab)])
+        else:
+            shortlist = Shortlist.load(lm_head, lm.tokenizer, int(vocab), vocab_corpus, cache_dir, allowed)
         use_skinny_linear(torch.nn.Sequential(shortlist.head), isinstance(lm_head, SkinnyLinear))  # the draft's kernels
     if quantize is None:
         return DraftModel(lm, shortlist)
