@@ -122,7 +122,7 @@ def check_draft_length(path: str, k: Any, k_policy: Any, k_max: Any) -> None:
 
 
 def _chain_drafter(node: Any, option: str, path: str) -> None:
-    """drafter=independent's and self_draft's ranges: the chain, its stops, siblings and lookup."""
+    """drafter=independent's, self_draft's and cross_vocab's ranges: the chain, its stops, siblings and lookup."""
     _k_at_least_one(option, node.k)
     _at_least(path, "lookup", node.lookup, 0, " (0 = off)")
     _at_least(path, "siblings", node.siblings, 0, " (0 = a plain chain)")
@@ -285,14 +285,17 @@ class CrossVocab:
     k_max: Optional[int] = None               # the heuristic's largest k; null = 4 k
     confidence: Optional[float] = None        # stop a draft after a token the draft gives less than this probability
     chain_confidence: Optional[float] = None  # stop once the product of the draft's probabilities falls below this
+    lookup: int = MISSING                     # n-gram guesses (the draft's tokens) fed with each draft forward; 0 = off
+    siblings: int = MISSING                   # mode=shared: the draft's next N likeliest shared tokens beside each draft token; 0 = a chain
+    sibling_confidence: float = MISSING       # keep a sibling only where its path probability is at least this
     model: Optional[DraftModel] = None        # the draft model, as in the `model` group
 
     def check(self, path: str) -> None:
-        _k_at_least_one("cross_vocab", self.k)
+        _chain_drafter(self, "cross_vocab", path)
         _one_of(path, "mode", self.mode, CROSS_VOCAB_MODES)
-        _probability_or_null(path, "confidence", self.confidence)
-        _probability_or_null(path, "chain_confidence", self.chain_confidence)
-        check_draft_length(path, self.k, self.k_policy, self.k_max)
+        if _given(self.siblings) and self.siblings and _given(self.mode) and self.mode == "string":
+            raise SpecResearchError(f"{path}.siblings needs {path}.mode=shared (a sibling is one target token; mode=string drafts text), "
+                                    f"or set {path}.siblings=0")
 
 
 @dataclass

@@ -245,16 +245,21 @@ class Bridge:
         twin = [index.get(piece, -1) if piece else -1 for piece in self.draft_pieces]
         self.target_eos = getattr(target_tokenizer, "eos_token_id", None)
         self.draft_eos = getattr(draft_tokenizer, "eos_token_id", None)
-        if self.target_eos is not None and self.draft_eos is not None and self.draft_eos < draft_vocab:
+        twin_eos = self.target_eos is not None and self.draft_eos is not None and self.draft_eos < draft_vocab
+        if twin_eos:
             twin[self.draft_eos] = self.target_eos
         self.twin = torch.tensor(twin, dtype=torch.long)  # [V_d] each draft token's target token with the same bytes; -1: none
-        self.shared = (self.twin >= 0).nonzero()[:, 0]  # [S] the draft tokens with a twin
+        first = {self.target_eos: self.draft_eos} if twin_eos else {}  # each twin's draft token: the EOS, else the first
+        for d, t in enumerate(twin):  # of those with its bytes
+            if t >= 0:
+                first.setdefault(t, d)
+        self.shared = torch.tensor(sorted(first.values()), dtype=torch.long)  # [S] the draft tokens with a twin, one per twin
         self.target_vocab = target_vocab
 
     @property
     def overlap(self) -> float:
         """The share of the target's vocabulary the draft can propose token for token (TLI's reach)."""
-        return self.twin[self.shared].unique().numel() / self.target_vocab
+        return self.shared.numel() / self.target_vocab
 
     def target_text(self, ids: list[int]) -> bytes:
         """The bytes of target tokens (those without text add none)."""

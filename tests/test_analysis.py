@@ -427,8 +427,69 @@ def test_batch_synergy_preset_sweeps_batch_sizes_and_arms():
     assert conf.unknown_option(["-m", "experiment=batch_synergy", "batch_synergy/arm=k1,tree"]) is None
 
 
+CROSS = {("humaneval", 0.0): {("cross_vocab", "smollm2-135m", "string"): 1.2, ("cross_vocab", "smollm2-135m", "shared"): 1.05,
+                                ("independent", "qwen2.5-coder-0.5b", None): 1.1},
+         ("mtbench", 1.0): {("cross_vocab", "gemma-3-270m", "string"): 0.8, ("independent", "qwen2.5-coder-0.5b", None): 0.95}}
+
+
+def test_cross_vocab_table_in_the_papers_shape(tmp_path):
+    """Fake runs of experiment=cross_vocab (params as the CLI logs them; metrics a SpeedRecord's): one row per
+    (dataset, T, drafter), fastest first within a cell and marked; the authors' rows in a published table."""
+    import mlflow
+
+    from specresearch.metrics import SpecStats
+    from specresearch.records import HASH_TAG, STUDY_TAG, SpeedRecord, flatten
+
+    store = tmp_path / "mlruns"
+    store.mkdir()
+    mlflow.set_tracking_uri(uri(store))
+    experiment = mlflow.create_experiment("specresearch")
+    for (dataset, t), arms in CROSS.items():
+        for (drafter, draft, mode), s in arms.items():
+            params = {"study": "cross_vocab", "dataset.name": dataset, "sampling.temperature": t, "model.name": "qwen2.5-coder-1.5b",
+                      "drafter._target_": make_cfg(f"drafter={drafter}").drafter._target_, "drafter.model.name": draft,
+                      **({"drafter.mode": mode} if mode else {})}
+            record = SpeedRecord(SpecStats(new_tokens=64, time_total=16.0, steps=64), SpecStats(new_tokens=64, time_total=16.0 / s, steps=32,
+                                 drafted=96, accepted=32), speedup=s, draft_cost_ratio_c=0.2)
+            with mlflow.start_run(experiment_id=experiment, tags={STUDY_TAG: "cross_vocab", HASH_TAG: f"{dataset}-{t}-{draft}-{mode}"}):
+                mlflow.log_params(params)
+                mlflow.log_metrics({k: v for k, v in flatten(record).items() if math.isfinite(v)})
+    study, report, out = analyse("cross_vocab", uri(store), out=tmp_path / "out", log=False)
+    table = report.table("cross_vocab")
+    assert table.column("drafter") == ["smollm2-135m, string", "qwen2.5-coder-0.5b", "smollm2-135m, shared",
+                                       "qwen2.5-coder-0.5b", "gemma-3-270m, string"]
+    assert table.column("vocabulary") == ["another: text re-tokenized (SLEM)", "the target's", "another: shared tokens (TLI)",
+                                          "the target's", "another: text re-tokenized (SLEM)"]
+    assert table.column("speedup") == ["1.20×", "1.10×", "1.05×", "0.95×", "0.80×"]
+    assert table.column("fastest") == ["yes", DASH, DASH, "yes", DASH]
+    assert table.column("tokens/s") == ["4.80", "4.40", "4.20", "3.80", "3.20"]  # 64 tokens in 16 s / speedup
+    assert table.column("τ") == ["2.00"] * 5
+    authors = report.table("published_cross_vocab")
+    assert authors.published and "keyboardAnt/hf-bench" in " ".join(authors.notes)
+    assert "google/gemma-2-9b-it" in authors.column("target") and "another" in authors.column("vocabulary")
+    assert_pngs(out, ["cross_vocab_speedup.png"])
+
+
+def test_cross_vocab_preset_arms_and_prompts():
+    """experiment=cross_vocab: rejection sampling (lossless at both temperatures); each arm (drafter, mode) and each
+    prompt set a config of the study's own groups; HumanEval held out from the problems where settings were chosen."""
+    cfg = conf.compose(["experiment=cross_vocab"])
+    assert (cfg.study, cfg.verifier._target_.rsplit(".", 1)[-1], cfg.drafter.mode, cfg.drafter.model.name) == \
+        ("cross_vocab", "RejectionVerifier", "string", "smollm2-135m")
+    assert (cfg.dataset.name, cfg.dataset.offset, cfg.dataset.num_prompts) == ("humaneval", 104, 4)
+    mt = conf.compose(["experiment=cross_vocab", "cross_vocab/data=mtbench"])
+    assert (mt.dataset.name, list(mt.dataset.categories), mt.dataset.per_category) == ("mtbench", ["writing", "roleplay", "reasoning", "math"], 1)
+    shared = conf.compose(["experiment=cross_vocab", "cross_vocab/arm=smollm2_shared", "sampling.temperature=1.0"])
+    assert (shared.drafter.mode, shared.sampling.temperature) == ("shared", 1.0)
+    assert conf.compose(["experiment=cross_vocab", "cross_vocab/arm=gemma_string"]).drafter.model.name == "gemma-3-270m"
+    same = conf.compose(["experiment=cross_vocab", "cross_vocab/arm=qwen_05b"])
+    assert same.drafter._target_.endswith("IndependentDrafter") and same.drafter.model.name == "qwen2.5-coder-0.5b"
+    assert conf.unknown_option(["experiment=cross_vocab", "cross_vocab/arm=llama"]) == \
+        "unknown cross_vocab/arm 'llama': valid are gemma_string, qwen_05b, smollm2_shared, smollm2_string"
+
+
 def test_bad_arguments_are_one_clear_line(tmp_path):
-    with pytest.raises(AnalysisError, match="unknown study 'nope': valid are batch_synergy, leviathan, lossless_vs_lossy, medusa_typical, specbench"):
+    with pytest.raises(AnalysisError, match="unknown study 'nope': valid are batch_synergy, cross_vocab, leviathan, lossless_vs_lossy, medusa_typical, specbench"):
         parse(["experiment=nope"])
     with pytest.raises(AnalysisError, match="name a study"):
         parse(["out=x"])
@@ -451,7 +512,7 @@ def test_no_runs_is_an_error_that_says_what_to_run(leviathan_store, tmp_path):
 
 
 @pytest.mark.parametrize("module, args, message", [
-    ("specresearch.analysis", ["experiment=nope"], "error: unknown study 'nope': valid are batch_synergy, leviathan, lossless_vs_lossy, medusa_typical, specbench"),
+    ("specresearch.analysis", ["experiment=nope"], "error: unknown study 'nope': valid are batch_synergy, cross_vocab, leviathan, lossless_vs_lossy, medusa_typical, specbench"),
     ("specresearch.analysis.tables", ["experiment=leviathan", "tracker.store=/nonexistent/store"],
      "error: no MLflow store at /nonexistent/store/mlflow.db"),
 ])

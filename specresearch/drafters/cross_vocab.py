@@ -5,18 +5,21 @@ Vocabularies"; transformers' Universal Assisted Generation)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
-from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.base import Chain, Context, Drafter
 from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
+from specresearch.drafters.pld import lookup
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, load_model, logit_width
-from specresearch.sampling import logits_to_probs, sample
-from specresearch.types import Draft
-from specresearch.vocab import Bridge
+from specresearch.types import Draft, SamplingParams
+from specresearch.vocab import Bridge, Shortlist
+
+GREEDY = SamplingParams()
+
 
 class CrossVocabDrafter(Drafter):
     """A draft model with its own vocabulary proposes k tokens a step, in one of two ways:
@@ -29,21 +32,24 @@ class CrossVocabDrafter(Drafter):
       bytes): its law restricted to them and renormalised, after the same temperature / top-k /
       top-p as p, which is the q it samples from (mapped to the target's ids), so rejection
       sampling is exact; greedy takes the argmax among them. The draft's lm head scores only those
-      rows (a shortlist).
+      rows (a shortlist). With `siblings`, a tree whose spine is the chain (as drafter=independent's).
 
     Each step the target's context is written in the draft's tokens (its text re-encoded); the draft
     keeps its KV cache and rolls it back to the longest prefix this encoding shares with what it
     holds (its last draft included), so it re-reads only where the texts' tokens part, as the papers do.
+    With `lookup`, each draft forward also feeds prompt lookup's guesses in the draft's own tokens
+    (drafter=independent's cascade): the same chain in fewer draft forwards.
     """
 
     name = "cross_vocab"
     modes = {"string": ("mode=string",), "shared": ("mode=shared",),
              "shared, cheap draft, confidence": ("mode=shared", "model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8",
-                                                 "k=6", "chain_confidence=0.05")}
+                                                 "k=6", "chain_confidence=0.05"),
+             "shared, siblings, lookup": ("mode=shared", "siblings=2", "lookup=4", "k=6")}
 
     def __init__(self, target: LoadedModel, k: int = 4, model: Mapping | LoadedModel | None = None, mode: str = "string",
                  k_policy: str = "fixed", k_max: int | None = None, confidence: float | None = None,
-                 chain_confidence: float | None = None):
+                 chain_confidence: float | None = None, lookup: int = 0, siblings: int = 0, sibling_confidence: float = 0.0):
         """
         Args:
             target: the target model.
@@ -59,13 +65,19 @@ class CrossVocabDrafter(Drafter):
                 None = always k. Lossless: the stop depends on the draft alone.
             chain_confidence: stop once the product of the drafted tokens' probabilities falls below
                 this (EAGLE-2's cumulative confidence). None = never.
+            lookup: the most prompt-lookup guesses (in the draft's tokens) fed with each draft forward;
+                0 = none. Lossless: the chain is the draft's own.
+            siblings: mode "shared" only: beside each chain token, the draft's next `siblings` likeliest
+                shared tokens as leaves the target may take instead (base.Chain); 0 = a plain chain.
+            sibling_confidence: keep a sibling only where its path probability is at least this.
         """
-        settings.CrossVocab(k=k, mode=mode, k_policy=k_policy, k_max=k_max, confidence=confidence,
-                            chain_confidence=chain_confidence).check("drafter")
+        settings.CrossVocab(k=k, mode=mode, k_policy=k_policy, k_max=k_max, confidence=confidence, chain_confidence=chain_confidence,
+                            lookup=lookup, siblings=siblings, sibling_confidence=sibling_confidence).check("drafter")
         self.confidence, self.chain_confidence = confidence or 0.0, chain_confidence or 0.0
         if model is None:
             raise SpecResearchError("drafter=cross_vocab needs a draft model: set drafter.model.name")
         self.k, self.k_policy, self.k_max, self.mode = int(k), k_policy, k_max, mode
+        self.lookup, self.siblings, self.sibling_confidence = int(lookup), int(siblings), float(sibling_confidence)
         if isinstance(model, LoadedModel):
             lm, options = model, {}
         else:
@@ -76,8 +88,12 @@ class CrossVocabDrafter(Drafter):
             raise SpecResearchError(f"drafter.mode=shared: draft '{lm.name}' and target '{target.name}' share no token; use drafter.mode=string")
         allowed = self.bridge.shared if mode == "shared" else None
         self.draft: DraftModel = cheapen(lm, target, own_vocab=True, allowed=allowed, **options)
-        self.twin = self.bridge.twin.to(lm.device)  # [V_d] each draft token's target id (-1: none)
-        self.shortlist_twins = self.twin[self.draft.shortlist.ids] if mode == "shared" else None  # [S] the target id of each scored token
+        own = self.draft.shortlist  # the draft tokens its head scores (None: all of them)
+        self.rows = own  # what the chain's tokens are: the scored rows' ids (draft ids; target ids in mode "shared")
+        if mode == "shared":  # the shared tokens' twins are one to one: the scored rows as target tokens
+            twins = self.bridge.twin.to(own.ids.device)[own.ids]  # [S]
+            self.rows = Shortlist(twins, own.head, self.bridge.target_vocab)
+            self.draft_of = torch.full((self.bridge.target_vocab,), -1, dtype=torch.long, device=twins.device).index_copy_(0, twins, own.ids)
         self.ids: list[int] = []  # the draft tokens in its cache, in order
         self._forwards = 0
 
@@ -96,42 +112,36 @@ class CrossVocabDrafter(Drafter):
         kept = _common_prefix(self.ids, context, len(context) - 1)
         self.draft.rollback(kept)
         pending = context[kept:]  # [>= 1] the draft tokens it has not read
-        chain: list[int] = []
-        qs: list[Tensor] = []
-        path = 1.0  # the product of the drafted tokens' probabilities
-        while True:
-            logits = self.draft.forward(torch.tensor(pending, device=self.draft.device))[-1]  # [V_d] or [S] (shared)
+        steered = ctx if self.mode == "shared" else replace(ctx, sampling=GREEDY)  # "string" drafts its argmax at any T
+        chain = Chain(steered, self.rows, self.siblings, self.sibling_confidence, scored=bool(self.confidence or self.chain_confidence))
+        drafted: list[int] = []  # the chain in the draft's tokens
+        done = False
+        while not done:
+            guess = self._guess(context + drafted, ctx.max_draft - len(drafted) - 1)  # [G] draft tokens
+            fed = self.draft.length + len(pending)  # the cache's length once `pending` is in
+            logits = self.draft.forward(torch.tensor(pending + guess, device=self.draft.device))[len(pending) - 1 :]  # [G + 1, V_d or S]
             self._forwards += 1
-            x, q, p_x = self._next(logits, ctx)
-            chain.append(x)
-            if q is not None:
-                qs.append(q)
-            path *= p_x
-            if len(chain) == ctx.max_draft or x == self.bridge.draft_eos or p_x < self.confidence or path < self.chain_confidence:
-                break
+            for i, row in enumerate(logits):  # row i: the draft's law after the pending tokens and guess[:i]
+                token = chain.add(row)
+                x = int(token) if self.mode == "string" else int(self.draft_of[token])
+                drafted.append(x)
+                done = (len(drafted) == ctx.max_draft or x == self.bridge.draft_eos or chain.confidence < self.confidence
+                        or chain.path < self.chain_confidence)
+                if done or i == len(guess) or x != guess[i]:
+                    break
+            self.draft.rollback(fed + i)  # keep the guesses that became the chain's (x itself is pending)
             pending = [x]
-        self.ids = context + chain[:-1]  # the last token was not fed
+        self.ids = context + drafted[:-1]  # the last token was not fed
         if self.mode == "shared":
-            tokens = self.twin[torch.tensor(chain, device=self.twin.device)]  # [K] the target's ids
-            q = torch.stack(qs) if qs else None  # [K, V_t]
-        else:
-            tokens, q = torch.tensor(self.bridge.to_target(chain)[: ctx.max_draft], dtype=torch.long), None
-        return Draft(tokens=tokens.to(ctx.tokens.device), q=None if q is None else q.to(ctx.tokens.device))
+            return chain.draft()
+        tokens = torch.tensor(self.bridge.to_target(drafted)[: ctx.max_draft], dtype=torch.long)
+        return Draft(tokens=tokens.to(ctx.tokens.device), q=None)
 
-    def _next(self, logits: Tensor, ctx: Context) -> tuple[int, Tensor | None, float]:
-        """The draft's next token (its id) from its logits, the target-vocabulary law it was drawn from
-        (None: its argmax), and the draft's probability of it (for the confidence stops; 1 without them)."""
-        shortlist = self.draft.shortlist
-        scored = self.confidence or self.chain_confidence
-        if ctx.sampling.greedy or self.mode == "string":
-            x = int(logits.argmax())
-            p_x = float(torch.softmax(logits.float(), -1)[x]) if scored else 1.0
-            return (x if shortlist is None else int(shortlist.ids[x])), None, p_x
-        q = logits_to_probs(logits, ctx.sampling)  # [S] over the shared tokens (the shortlist)
-        x = int(sample(q, ctx.rng))
-        law = torch.zeros(self.bridge.target_vocab, dtype=q.dtype, device=q.device)
-        law.index_add_(0, self.shortlist_twins, q)  # [V_t] (draft tokens of the same bytes add up)
-        return int(shortlist.ids[x]), law, float(q[x])
+    def _guess(self, tokens: list[int], want: int) -> list[int]:
+        """Prompt lookup's continuation (at most min(lookup, want) draft tokens) of `tokens`' last n-gram."""
+        if min(self.lookup, want) <= 0:
+            return []
+        return lookup(torch.tensor(tokens), min(self.lookup, want), match="last").tolist()
 
     @property
     def draft_forwards(self) -> int:
