@@ -470,6 +470,8 @@ def tiny_model(
     noise_seed: int = 1,
     max_position_embeddings: int = 2048,
     tokenizer: str = "bytes",
+    cycle: int = 0,
+    logit_scale: float = 1.0,
 ) -> LoadedModel:
     """A random-weight Qwen2-architecture model with a byte tokenizer, fp32 on cpu.
 
@@ -487,6 +489,12 @@ def tiny_model(
         max_position_embeddings: longest sequence.
         tokenizer: "bytes" (ByteTokenizer) or "pairs" (PairTokenizer: the same bytes, and byte pairs
             above eos: a draft whose vocabulary differs from a "bytes" target's).
+        cycle: if > 0, a model whose greedy text repeats (`cycle_next`): its embeddings, scaled up, dominate
+            the residual stream and its lm head maps each token to the next one of a random cycle of
+            `cycle` tokens (the layers still add their part: the argmax is the model's, not a table's).
+            Drafts of the same seed (and noise) land on it: the tests that must see drafts accepted.
+        logit_scale: scales a cyclic model's logits: at 3e-4 the argmax still cycles and the law at T = 1
+            is random (top ≈ 0.85).
 
     Returns:
         The model (eval mode, float32, cpu) and its tokenizer.
@@ -495,7 +503,7 @@ def tiny_model(
 
     from specresearch.attention import use_prefix_attention
 
-    _check_tiny(vocab_size, hidden_size, num_layers, num_heads, max_position_embeddings, init_std, noise)
+    _check_tiny(vocab_size, hidden_size, num_layers, num_heads, max_position_embeddings, init_std, noise, cycle, logit_scale)
     if tokenizer not in TINY_TOKENIZERS:
         raise SpecResearchError(f"unknown model.tiny.tokenizer '{tokenizer}': valid are {', '.join(TINY_TOKENIZERS)}")
     config = Qwen2Config(
@@ -515,6 +523,12 @@ def tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).float().eval()
+    if cycle:
+        with torch.no_grad():
+            embed = model.model.embed_tokens.weight
+            embed.mul_(1000.0)
+            prev = torch.argsort(cycle_next(vocab_size, seed, cycle))  # [V] the token before each one in its cycle
+            model.lm_head.weight.copy_(embed[prev] * logit_scale)  # logit of j ∝ <e_prev(j), h>: largest for j = next(t)
     if noise > 0:
         gen = torch.Generator().manual_seed(noise_seed)
         with torch.no_grad():
@@ -524,15 +538,26 @@ def tiny_model(
     return LoadedModel(use_prefix_attention(model), TINY_TOKENIZERS[tokenizer](vocab_size), "tiny", torch.device("cpu"), torch.float32)
 
 
+def cycle_next(vocab_size: int, seed: int, cycle: int) -> Tensor:
+    """[V] the next token of each token's cycle in a cyclic tiny model (`tiny_model(cycle=...)`): a random
+    permutation of the vocabulary (seeded) cut into cycles of `cycle` tokens (the last may be shorter)."""
+    order = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(seed))
+    following = torch.empty(vocab_size, dtype=torch.long)
+    for i in range(0, vocab_size, cycle):
+        block = order[i : i + cycle]
+        following[block] = block.roll(-1)
+    return following
+
+
 TINY_MIN_VOCAB = 2  # the fewest tokens a model can choose between
 
 
 def _check_tiny(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, max_positions: int,
-                init_std: float, noise: float) -> None:
+                init_std: float, noise: float, cycle: int = 0, logit_scale: float = 1.0) -> None:
     """Refuse sizes a Qwen2 model cannot be built or run with, in one line naming the valid range."""
     for key, value, least in (("vocab_size", vocab_size, TINY_MIN_VOCAB), ("hidden_size", hidden_size, 2),
                               ("num_layers", num_layers, 1), ("num_heads", num_heads, 1),
-                              ("max_position_embeddings", max_positions, 1)):
+                              ("max_position_embeddings", max_positions, 1), ("cycle", cycle, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise SpecResearchError(f"model.tiny.{key} must be an integer >= {least}, got {value!r}")
     if hidden_size % (2 * num_heads):
@@ -541,7 +566,7 @@ def _check_tiny(vocab_size: int, hidden_size: int, num_layers: int, num_heads: i
             f"model.tiny.hidden_size must be a multiple of 2 x num_heads ({2 * num_heads}: each of the {num_heads} heads "
             f"gets an even width for its rotary embedding), got {hidden_size}: e.g. {near}"
         )
-    for key, value in (("init_std", init_std), ("noise", noise)):
+    for key, value in (("init_std", init_std), ("noise", noise), ("logit_scale", logit_scale)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
             raise SpecResearchError(f"model.tiny.{key} must be a number >= 0, got {value!r}")
 

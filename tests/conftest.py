@@ -21,6 +21,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N`: N workers share the 
 
 # Tiny models for both target and draft, so composing the default config needs no real model.
 TINY = ["model=tiny", "drafter.model.name=tiny", "+drafter.model.tiny={vocab_size: 320, seed: 0, noise: 0.03}"]
+# Where drafts land: a cyclic target (its text cycles; at T = 1 its top token ≈ 0.85) and a draft close to it.
+# Seed 4 has the cycle 34 -> 110 -> 119 -> 48 -> 134: bytes with text, none of the pairs' letters a..h, all among
+# the 200 most frequent tokens of MT-bench (the cheap drafts' shortlist): LANDING_START's text every draft can write.
+LANDING = ["model=tiny", "model.tiny.seed=4", "model.tiny.cycle=5", "model.tiny.logit_scale=3e-4", "drafter.model.name=tiny",
+           "+drafter.model.tiny={vocab_size: 320, seed: 4, noise: 0.005, cycle: 5, logit_scale: 2.2e-4}"]
+LANDING_START = 34
 
 
 def make_cfg(*overrides: str):
@@ -102,23 +108,37 @@ PLAIN = [200, 7, 91, 33]
 
 
 def cyclic_tiny(seed: int, cycle: int = 5, head: float = 1.0):
-    """A tiny model whose greedy text repeats: its (scaled) embeddings dominate the residual stream
-    and its lm head maps each token to the next one of a random cycle of `cycle` tokens, so after a
-    few tokens prompt lookup finds what comes next (a random tiny model never repeats itself). The
-    transformer layers still add their part: the argmax is the model's, not a table's. `head` scales
-    the logits: at 3e-4 the argmax still cycles and the laws at T = 1 are random (top ≈ 0.85)."""
-    lm = tiny_model(seed)
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(320, generator=gen)
-    prev = torch.empty(320, dtype=torch.long)
-    for i in range(0, 320, cycle):
-        block = order[i : i + cycle]
-        prev[block] = block.roll(1)  # the token before each one in its cycle
+    """A tiny model whose greedy text repeats (models.tiny_model's `cycle`): after a few tokens prompt
+    lookup finds what comes next (a random tiny model never repeats itself). `head` scales the logits:
+    at 3e-4 the argmax still cycles and the laws at T = 1 are random (top ≈ 0.85)."""
+    return tiny_model(seed, cycle=cycle, logit_scale=head)
+
+
+def rejected_cyclic_draft(seed: int = 0):
+    """cyclic_tiny(seed, head=3e-4) with its lm head perturbed (1.5 of its spread): a draft of the cyclic
+    target's text that the target rejects at times, at T = 0 too."""
+    draft = cyclic_tiny(seed, head=3e-4)
     with torch.no_grad():
-        embed = lm.model.model.embed_tokens.weight
-        embed.mul_(1000.0)
-        lm.model.lm_head.weight.copy_(embed[prev] * head)  # logit of j ∝ <e_prev(j), h>: largest for j = next(t)
-    return lm
+        w = draft.model.lm_head.weight
+        w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(1)) * w.std() * 1.5)
+    return draft
+
+
+def lookup_runs(target, drafter_with, sampling) -> dict[int, tuple[list[list[int]], int]]:
+    """For lookup 0 and 4 (`drafter_with(lookup)` builds the drafter): the tokens of three prompts decoded
+    with rejection sampling (40 each, seed i for prompt i) and the draft forwards they took; asserts that
+    some drafts were accepted and some rejected in each."""
+    from specresearch.engine import Engine
+    from specresearch.verifiers import RejectionVerifier
+
+    runs = {}
+    for lookup in (0, 4):
+        drafter = drafter_with(lookup)
+        engine = Engine(target, drafter, RejectionVerifier(), sampling)
+        outs = [engine.generate(p, 40, eos_token_ids=[], seed=i) for i, p in enumerate([REPEATING, PLAIN, REPEATING[3:]])]
+        runs[lookup] = ([out.tokens for out in outs], drafter.draft_forwards)
+        assert 0 < sum(out.stats.accepted for out in outs) < sum(out.stats.drafted for out in outs)
+    return runs
 
 
 def equivalence_report(engine, prompt: list[int], n: int = 300, length: int = 5, seed: int = 50, alpha: float = 1e-3):
@@ -133,32 +153,75 @@ def equivalence_report(engine, prompt: list[int], n: int = 300, length: int = 5,
                    meth, teacher_force(target, prompt, meth.tokens, sampling, seed=2), alpha=alpha, bootstrap=0)
 
 
-def drafter_cfg(name: str, tmp_path: Path, *overrides: str):
-    """The composed config of `drafter=NAME` on tiny models (target and any draft model: TINY; cross_vocab's
-    draft with another tokenizer), with untrained heads saved under `tmp_path` for the drafters that load
-    trained weights (medusa, eagle)."""
+def drafter_cfg(name: str, tmp_path: Path, *overrides: str, landing: bool = False):
+    """The composed config of `drafter=NAME` on tiny models (target and any draft model: TINY, or with
+    `landing` LANDING; cross_vocab's draft with another tokenizer), with heads saved under `tmp_path` for
+    the drafters that load trained weights (medusa, eagle): untrained, or with `landing` built to know
+    the cyclic target's cycle (`cycle_heads`)."""
     from omegaconf import OmegaConf
 
     node = OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")
-    base = TINY if "model" in node else ["model=tiny"]
+    tiny = LANDING if landing else TINY
+    base = tiny if "model" in node else tiny[:-2]
     if name == "cross_vocab":  # a draft in another vocabulary: bytes and byte pairs (models.PairTokenizer)
-        base = [*TINY[:-1], TINY[-1].replace("}", ", tokenizer: pairs}")]
-    if "checkpoint" in node:  # a trained drafter: untrained weights of the right shape for the tiny target
-        target = load_model("tiny", device="cpu", tiny=dict(make_cfg("model=tiny").model.tiny))
+        base = [*tiny[:-1], tiny[-1].replace("}", ", tokenizer: pairs}")]
+    if "checkpoint" in node:  # a trained drafter: weights of the right shape for the tiny target
+        target = load_model("tiny", device="cpu", tiny=dict(make_cfg(*tiny[:-2]).model.tiny))
+        path = tmp_path / ("heads.safetensors" if name == "medusa" else "head.safetensors")
+        if name not in ("medusa", "eagle"):
+            raise NotImplementedError(f"drafter_cfg: no weights for drafter={name}; add them here")
+        head = cycle_heads(name, target) if landing else None
+        if head is None and name == "medusa":
+            from specresearch.drafters.medusa import MedusaHeads
+
+            head = MedusaHeads(target.model.config.hidden_size, 3)
+        elif head is None:
+            from specresearch.drafters.eagle import EagleHead
+
+            head = EagleHead(target.model.config)
+        head.save(path, {"target": "tiny"})
+        base = [*base, f"drafter.checkpoint={path}"]
+    return make_cfg(*base, f"drafter={name}", *overrides)
+
+
+def cycle_heads(name: str, target):
+    """Medusa heads or an EAGLE head that know a cyclic tiny target's cycle (models.tiny_model's `cycle`),
+    built, not trained: the target's last hidden state at token t points along t's (scaled) embedding
+    and its lm head row j is the embedding of the token before j, times `logit_scale`.
+
+    - medusa: three heads with their own lm heads, head i that row for the token i + 1 cycle steps
+      before j (it predicts the token at t + 2 + i), its residual block the identity (zero weights);
+    - eagle: fc passes the token's normed embedding and drops the feature, the decoder layer adds
+      nothing (zero output projections): the predicted feature is the drafted token's normed
+      embedding, which the target's lm head maps to the token after it.
+    """
+    from specresearch.models import cycle_next
+
+    tiny = target.model.config
+    weight = target.model.lm_head.weight.detach()  # [V, H]
+    cfg = make_cfg(*LANDING[:-2]).model.tiny
+    prev = torch.argsort(cycle_next(tiny.vocab_size, cfg.seed, cfg.cycle))  # [V] the token before each one
+    with torch.no_grad():
         if name == "medusa":
             from specresearch.drafters.medusa import MedusaHeads
 
-            path = tmp_path / "heads.safetensors"
-            MedusaHeads(target.model.config.hidden_size, 3).save(path, {"target": "tiny"})
-        elif name == "eagle":
-            from specresearch.drafters.eagle import EagleHead
+            heads = MedusaHeads(tiny.hidden_size, 3, own_lm_head=True, vocab=tiny.vocab_size)
+            back = prev.clone()
+            for own in heads.lm_heads:  # head i: row j = lm head row of prev^(i+1)(j) = embedding of prev^(i+2)(j)
+                own.weight.copy_(weight[back])
+                back = prev[back]
+            return heads
+        from specresearch.drafters.eagle import EagleHead
 
-            path = tmp_path / "head.safetensors"
-            EagleHead(target.model.config).save(path, {"target": "tiny"})
-        else:
-            raise NotImplementedError(f"drafter_cfg: no untrained weights for drafter={name}; add them here")
-        base = [*base, f"drafter.checkpoint={path}"]
-    return make_cfg(*base, f"drafter={name}", *overrides)
+        head = EagleHead(tiny)
+        hidden = tiny.hidden_size
+        head.fc.weight.zero_()
+        head.fc.bias.zero_()
+        head.fc.weight[:, :hidden] = torch.eye(hidden)
+        for path, module in head.layer.named_modules():
+            if path.endswith(("o_proj", "down_proj")):
+                module.weight.zero_()
+        return head
 
 
 def wait_for_a_measured_prompt(db, proc, timeout=300.0) -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specresearch.drafters import NoDrafter
+from specresearch.drafters.base import Context
 from specresearch.drafters.cross_vocab import CrossVocabDrafter
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
@@ -16,7 +17,7 @@ from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 from specresearch.vocab import Bridge, complete_utf8, token_pieces
 
-from .conftest import PLAIN, tiny_model
+from .conftest import PLAIN, REPEATING, cyclic_tiny, lookup_runs, rejected_cyclic_draft, tiny_model
 from .test_models import HAS_SMOLLM2
 
 TEXT = "def héllo(x):\n    return x * 2  # ✓ 🚀\n\n\tprint('done')"
@@ -102,6 +103,45 @@ def test_a_tiny_draft_for_a_real_target_decodes_as_plain_decoding(smollm2, mode)
     assert out.tokens == expected.tokens and out.stats.drafted > 0
     sampled = Engine(smollm2, drafter, RejectionVerifier(), SamplingParams(temperature=1.0)).generate([prompt] * 2, 8, eos_token_ids=[])
     assert all(len(row.tokens) == 8 and row.stats.drafted > 0 for row in sampled)
+
+
+@pytest.mark.parametrize("mode", ["string", "shared"])
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
+def test_lookup_in_the_drafts_tokens_drafts_the_same_chain_in_fewer_forwards(mode, sampling):
+    """Prompt lookup inside a draft of another vocabulary (guesses in its own tokens): the same tokens,
+    seed for seed, from fewer draft forwards; at T = 0 plain decoding's."""
+    target = cyclic_tiny(0, head=3e-4)  # greedy text cycles (lookup finds it); at T = 1 top ≈ 0.85
+    draft = dataclasses.replace(rejected_cyclic_draft(), tokenizer=PairTokenizer())
+    runs = lookup_runs(target, lambda lookup: CrossVocabDrafter(target, k=6, model=draft, mode=mode, lookup=lookup), sampling)
+    assert runs[4][0] == runs[0][0]
+    assert runs[4][1] < (0.85 if sampling.greedy else 1) * runs[0][1]
+    if sampling.greedy:
+        plain = Engine(target, NoDrafter(), GreedyVerifier(), GREEDY).generate(REPEATING, 40, eos_token_ids=[])
+        assert runs[4][0][0] == plain.tokens
+
+
+def test_siblings_are_the_drafts_next_likeliest_shared_tokens():
+    """mode=shared with siblings: each chain token is followed by the draft's next likeliest shared
+    tokens (target ids, leaves under the chain token's parent); at T = 1 their q rows are one-hot."""
+    target, draft = tiny_model(), tiny_model(noise=0.03, tokenizer="pairs")
+    prompt = torch.tensor(PLAIN)
+    for sampling in (GREEDY, SamplingParams(temperature=1.0)):
+        drafter = CrossVocabDrafter(target, k=3, model=draft, mode="shared", siblings=2)
+        ctx = Context(prompt, sampling, torch.Generator().manual_seed(0), max_draft=3)
+        with torch.inference_mode():
+            drafter.prefill(ctx)
+            out = drafter.propose(ctx)
+            logits = draft.model(prompt[None]).logits[0, -1]  # [V_d] the draft's first law (PLAIN holds no pair)
+        assert out.parents.tolist() == [-1, -1, -1, 0, 0, 0, 3, 3, 3]
+        shared = drafter.bridge.shared
+        ranked = shared[logits[shared].argsort(descending=True)]  # the shared draft tokens, likeliest first
+        siblings = [int(drafter.bridge.twin[i]) for i in ranked if int(drafter.bridge.twin[i]) != int(out.tokens[0])][:2]
+        assert out.tokens[1:3].tolist() == siblings
+        if not sampling.greedy:
+            assert out.q.shape == (9, 320) and out.q[1].max() == 1 and out.q[1].argmax() == out.tokens[1]
+            assert out.q[0].sum().item() == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(SpecResearchError, match="drafter.siblings needs drafter.mode=shared"):
+        CrossVocabDrafter(target, model=draft, mode="string", siblings=2)
 
 
 def test_refusals():

@@ -16,7 +16,7 @@ from specresearch.stats import first_token_law
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
-from .conftest import PLAIN, REPEATING, cyclic_tiny, tiny_model
+from .conftest import PLAIN, REPEATING, cyclic_tiny, lookup_runs, rejected_cyclic_draft, tiny_model
 
 GREEDY = SamplingParams()
 VOCAB = 320
@@ -388,17 +388,8 @@ def test_lookup_drafts_the_same_chain_in_fewer_forwards(sampling, confidence):
     """Prompt lookup inside the draft (a cascade): the same tokens, seed for seed, at T = 0 and T = 1,
     from fewer draft forwards; guesses the draft refuses are rolled back out of its cache."""
     target = cyclic_tiny(0, head=3e-4)  # greedy text cycles (lookup finds it); at T = 1 top ≈ 0.85
-    draft = cyclic_tiny(0, head=3e-4)
-    with torch.no_grad():  # a draft that the target rejects at times, at T = 0 too
-        w = draft.model.lm_head.weight
-        w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(1)) * w.std() * 1.5)
-    runs = {}
-    for lookup in (0, 4):
-        drafter = IndependentDrafter(target, k=6, model=draft, confidence=confidence, lookup=lookup)
-        engine = Engine(target, drafter, RejectionVerifier(), sampling)
-        outs = [engine.generate(p, 40, eos_token_ids=[], seed=i) for i, p in enumerate([REPEATING, PLAIN, REPEATING[3:]])]
-        runs[lookup] = ([out.tokens for out in outs], drafter.draft_forwards)
-        assert 0 < sum(out.stats.accepted for out in outs) < sum(out.stats.drafted for out in outs)
+    draft = rejected_cyclic_draft()
+    runs = lookup_runs(target, lambda lookup: IndependentDrafter(target, k=6, model=draft, confidence=confidence, lookup=lookup), sampling)
     assert runs[4][0] == runs[0][0]
     assert runs[4][1] < 0.85 * runs[0][1]
     if sampling.greedy:

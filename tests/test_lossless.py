@@ -11,6 +11,14 @@ in each of its drafting modes (`Drafter.modes`), with each verifier of conf/veri
   four prompts of different lengths whose rows stop at different steps, and for a batch of one prompt
   repeated (its rows share the prompt's cache).
 
+Both run where drafts land (conftest.LANDING: a cyclic target whose top token at T = 1 is about 0.85, a
+draft close to it, Medusa and EAGLE heads built to know its cycle, a prompt that is the target's own
+cycle): each law test asserts that the method's draft path carried its samples (at least MIN_ALPHA of
+the drafted tokens accepted; with `lookup`, fewer draft forwards than drafted tokens: the cascade
+fired), so a setting that stops exercising the acceptance path fails instead of passing on the
+residual path alone; the greedy identity also runs on the random target (TINY), where drafts are
+mostly rejected.
+
 A new drafter, mode or lossless verifier is covered without editing this file. The control at the
 end shows the law test catches the defect it was written for.
 """
@@ -28,13 +36,13 @@ from specresearch.drafters.tree import TreeDrafter, TreeShape
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.build import build_engine
-from specresearch.models import load_model
+from specresearch.models import cycle_next, load_model
 from specresearch.sampling import logits_to_probs
 from specresearch.stats.battery import noncentrality
 from specresearch.types import SamplingParams
 from specresearch.verifiers import RejectionVerifier
 
-from .conftest import CONF_DIR, PLAIN, REPEATING, drafter_cfg
+from .conftest import CONF_DIR, LANDING, LANDING_START, PLAIN, REPEATING, drafter_cfg, make_cfg
 
 T1 = SamplingParams(temperature=1.0)
 ALPHA, POWER, TV, BINS = 1e-3, 0.8, 0.05, 10
@@ -72,9 +80,23 @@ def _cases(temperature: float):
     return [pytest.param(d, o, v, id=f"{d}[{m}]-{v}") for d, m, o in _modes() for v in _lossless(temperature)]
 
 
-def _engine(drafter: str, overrides: tuple[str, ...], verifier: str, sampling: str, tmp_path) -> Engine:
-    cfg = drafter_cfg(drafter, tmp_path, *(f"drafter.{o}" for o in overrides), f"verifier={verifier}", f"sampling={sampling}")
+def _engine(drafter: str, overrides: tuple[str, ...], verifier: str, sampling: str, tmp_path, landing: bool = True) -> Engine:
+    cfg = drafter_cfg(drafter, tmp_path, *(f"drafter.{o}" for o in overrides), f"verifier={verifier}", f"sampling={sampling}",
+                      landing=landing)
     return build_engine(cfg)
+
+
+def _cycling() -> list[int]:
+    """The landing target's own cycle from LANDING_START, repeated to 12 tokens: text the n-gram drafters can continue."""
+    tiny = make_cfg(*LANDING[:-2]).model.tiny
+    following, cycle = cycle_next(tiny.vocab_size, tiny.seed, tiny.cycle), [LANDING_START]
+    while len(cycle) < 12:
+        cycle.append(int(following[cycle[-1]]))
+    return cycle
+
+
+CYCLING = _cycling()
+MIN_ALPHA = 0.3  # the least share of drafted tokens a law test's method must have accepted
 
 
 def pit(p: torch.Tensor, x: torch.Tensor, u: np.ndarray) -> np.ndarray:
@@ -102,7 +124,7 @@ def law_pvalues(engine: Engine, prompt: list[int], n: int = N, seed: int = 0) ->
     batched decode's rows): p-values of the first token's law and of the second given the first
     against the target's exact conditionals, and the draft counters."""
     depth = max(engine.drafter.k, engine.drafter.depth, 1)  # the first step drafts its full depth (k for chains)
-    firsts, seconds, drafted, accepted = [], [], 0, 0
+    firsts, seconds, counts = [], [], {"drafted": 0, "accepted": 0, "draft_forwards": 0}
     for first in range(0, n, BATCH):
         rows = min(BATCH, n - first)
         outs = engine.generate([prompt] * rows, depth + 1, eos_token_ids=[], seed=seed + first, reuse_prefill=True,
@@ -110,7 +132,8 @@ def law_pvalues(engine: Engine, prompt: list[int], n: int = N, seed: int = 0) ->
         for out in outs:
             firsts.append(out.tokens[0])
             seconds.append(out.tokens[1])
-            drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
+            for key in counts:
+                counts[key] += getattr(out.stats, key)
     model, sampling = engine.target.lm.model, engine.sampling
     x1, x2 = torch.tensor(firsts), torch.tensor(seconds)
     p1 = logits_to_probs(model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling)  # [V]
@@ -118,17 +141,18 @@ def law_pvalues(engine: Engine, prompt: list[int], n: int = N, seed: int = 0) ->
     p2 = logits_to_probs(model(input_ids=torch.cat([torch.tensor(prompt).expand(len(seen), -1), seen[:, None]], 1)).logits[:, -1], sampling)
     p2 = p2[torch.searchsorted(seen, x1)]  # [N, V] the law of each second token
     u = np.random.default_rng(seed).random((2, n))
-    return (uniformity_p(pit(p1.expand(n, -1), x1, u[0])), uniformity_p(pit(p2, x2, u[1])),
-            {"drafted": drafted, "accepted": accepted})
+    return uniformity_p(pit(p1.expand(n, -1), x1, u[0])), uniformity_p(pit(p2, x2, u[1])), counts
 
 
 @pytest.mark.parametrize("drafter, overrides, verifier", _cases(1.0))
 def test_sampled_output_follows_the_target(drafter, overrides, verifier, tmp_path):
     engine = _engine(drafter, overrides, verifier, "random", tmp_path)
-    p_first, p_second, counts = law_pvalues(engine, REPEATING)
+    p_first, p_second, counts = law_pvalues(engine, CYCLING)
     assert p_first >= ALPHA and p_second >= ALPHA, (p_first, p_second, counts)
-    if drafter != "none":  # the verifier had drafts to judge: the test can see its mistakes
-        assert counts["drafted"] > 0, counts
+    if drafter != "none":  # the method's own draft path carried samples: the test can see its mistakes there
+        assert counts["accepted"] >= MIN_ALPHA * counts["drafted"] > 0, counts
+    if any(o.startswith("lookup=") for o in overrides):  # the cascade fired: guesses saved draft forwards
+        assert counts["draft_forwards"] < counts["drafted"], counts
 
 
 @pytest.mark.parametrize("drafter, overrides, verifier", _cases(0.0))
@@ -138,10 +162,17 @@ def test_greedy_output_equals_plain_decoding(drafter, overrides, verifier, tmp_p
     except SpecResearchError as err:  # a mode that samples by design is refused at T = 0, never run
         assert "temperature" in str(err) and "children=sample" in overrides, err
         return
-    plain = build_engine(drafter_cfg(drafter, tmp_path, "sampling=greedy"), baseline=True, target=engine.target.lm)
+    plain = build_engine(drafter_cfg(drafter, tmp_path, "sampling=greedy", landing=True), baseline=True, target=engine.target.lm)
+    outs = [engine.generate(prompt, 24, eos_token_ids=[]) for prompt in (CYCLING, PLAIN)]
+    assert [out.tokens for out in outs] == [plain.generate(prompt, 24, eos_token_ids=[]).tokens for prompt in (CYCLING, PLAIN)]
+    if drafter != "none":  # the drafts landed: the identity holds where they are accepted
+        assert sum(out.stats.accepted for out in outs) >= MIN_ALPHA * sum(out.stats.drafted for out in outs) > 0
+    # On the random target (TINY), where drafts are mostly rejected: the rejection path.
+    random = _engine(drafter, overrides, verifier, "greedy", tmp_path, landing=False)
+    alone = build_engine(drafter_cfg(drafter, tmp_path, "sampling=greedy"), baseline=True, target=random.target.lm)
     for prompt in (PLAIN, REPEATING):
-        expected = plain.generate(prompt, 24, eos_token_ids=[]).tokens
-        assert engine.generate(prompt, 24, eos_token_ids=[]).tokens == expected
+        assert random.generate(prompt, 24, eos_token_ids=[]).tokens == alone.generate(prompt, 24, eos_token_ids=[]).tokens
+    expected = plain.generate(REPEATING, 24, eos_token_ids=[]).tokens
     # One prompt repeated: the rows share it, held once (specresearch.attention); each row decodes it as alone.
     assert [out.tokens for out in engine.generate([REPEATING] * 3, 24, eos_token_ids=[])] == [expected] * 3
     # A batch of 4 prompts of different lengths whose rows stop at different steps (an EOS each reaches at its own time).
@@ -161,3 +192,25 @@ def test_the_law_test_detects_a_biased_tree_budget(monkeypatch):
     drafter = TreeDrafter(target, model=target, branching=None, topk=4, depth=2, nodes=4, children="sample")
     p_first, _, _ = law_pvalues(Engine(target, drafter, RejectionVerifier(), T1), REPEATING, n=N // 4)
     assert p_first < ALPHA
+
+
+def landing_counts(rows: int = BATCH) -> None:
+    """Print, for every drafter x mode at T = 1 with rejection sampling in the law test's own setting, the
+    drafted and accepted tokens and the draft forwards of one batch of `rows` (`python -m tests.test_lossless`)."""
+    import tempfile
+    from pathlib import Path
+
+    print(f"{'drafter [mode]':56} {'drafted':>8} {'accepted':>8} {'alpha':>6} {'draft forwards':>15}")
+    for drafter, mode, overrides in _modes():
+        with tempfile.TemporaryDirectory() as tmp:
+            engine = _engine(drafter, overrides, "rejection", "random", Path(tmp))
+            depth = max(engine.drafter.k, engine.drafter.depth, 1)
+            outs = engine.generate([CYCLING] * rows, depth + 1, eos_token_ids=[], seed=0, reuse_prefill=True, sample_first=False,
+                                   stop_after=2)
+        drafted, accepted = sum(o.stats.drafted for o in outs), sum(o.stats.accepted for o in outs)
+        forwards = sum(o.stats.draft_forwards for o in outs)
+        print(f"{f'{drafter} [{mode}]':56} {drafted:8d} {accepted:8d} {accepted / max(drafted, 1):6.2f} {forwards:15d}")
+
+
+if __name__ == "__main__":
+    landing_counts()

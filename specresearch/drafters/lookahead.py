@@ -32,6 +32,10 @@ class LookaheadDrafter(Drafter):
     """
 
     name = "lookahead"
+    # The law tests read a sequence's first tokens, drafted before the Jacobi window has filled the pool:
+    # the mode whose pool holds the prompt's n-grams from the first step is the one whose drafts land there
+    # (the default drafts from the same pool by the same rule, filled later).
+    modes = {"pool from prompt": ("pool_from_prompt=true",)}
 
     def __init__(self, target=None, window: int = 7, ngram: int = 5, guesses: int = 7, pool_from_prompt: bool = False):
         """
