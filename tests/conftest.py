@@ -184,6 +184,14 @@ def drafter_cfg(name: str, tmp_path: Path, *overrides: str, landing: bool = Fals
     return make_cfg(*base, f"drafter={name}", *overrides)
 
 
+def landing_next() -> torch.Tensor:
+    """[V] the next token of each token's cycle in LANDING's target (models.cycle_next of its settings)."""
+    from specresearch.models import cycle_next
+
+    tiny = make_cfg(*LANDING[:-2]).model.tiny
+    return cycle_next(tiny.vocab_size, tiny.seed, tiny.cycle)
+
+
 def cycle_heads(name: str, target):
     """Medusa heads or an EAGLE head that know a cyclic tiny target's cycle (models.tiny_model's `cycle`),
     built, not trained: the target's last hidden state at token t points along t's (scaled) embedding
@@ -195,12 +203,9 @@ def cycle_heads(name: str, target):
       nothing (zero output projections): the predicted feature is the drafted token's normed
       embedding, which the target's lm head maps to the token after it.
     """
-    from specresearch.models import cycle_next
-
     tiny = target.model.config
     weight = target.model.lm_head.weight.detach()  # [V, H]
-    cfg = make_cfg(*LANDING[:-2]).model.tiny
-    prev = torch.argsort(cycle_next(tiny.vocab_size, cfg.seed, cfg.cycle))  # [V] the token before each one
+    prev = torch.argsort(landing_next())  # [V] the token before each one
     with torch.no_grad():
         if name == "medusa":
             from specresearch.drafters.medusa import MedusaHeads

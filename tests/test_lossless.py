@@ -36,13 +36,13 @@ from specresearch.drafters.tree import TreeDrafter, TreeShape
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.build import build_engine
-from specresearch.models import cycle_next, load_model
+from specresearch.models import load_model
 from specresearch.sampling import logits_to_probs
 from specresearch.stats.battery import noncentrality
 from specresearch.types import SamplingParams
 from specresearch.verifiers import RejectionVerifier
 
-from .conftest import CONF_DIR, LANDING, LANDING_START, PLAIN, REPEATING, drafter_cfg, make_cfg
+from .conftest import CONF_DIR, LANDING_START, PLAIN, REPEATING, drafter_cfg, landing_next
 
 T1 = SamplingParams(temperature=1.0)
 ALPHA, POWER, TV, BINS = 1e-3, 0.8, 0.05, 10
@@ -88,8 +88,7 @@ def _engine(drafter: str, overrides: tuple[str, ...], verifier: str, sampling: s
 
 def _cycling() -> list[int]:
     """The landing target's own cycle from LANDING_START, repeated to 12 tokens: text the n-gram drafters can continue."""
-    tiny = make_cfg(*LANDING[:-2]).model.tiny
-    following, cycle = cycle_next(tiny.vocab_size, tiny.seed, tiny.cycle), [LANDING_START]
+    following, cycle = landing_next(), [LANDING_START]
     while len(cycle) < 12:
         cycle.append(int(following[cycle[-1]]))
     return cycle
@@ -203,13 +202,9 @@ def landing_counts(rows: int = BATCH) -> None:
     print(f"{'drafter [mode]':56} {'drafted':>8} {'accepted':>8} {'alpha':>6} {'draft forwards':>15}")
     for drafter, mode, overrides in _modes():
         with tempfile.TemporaryDirectory() as tmp:
-            engine = _engine(drafter, overrides, "rejection", "random", Path(tmp))
-            depth = max(engine.drafter.k, engine.drafter.depth, 1)
-            outs = engine.generate([CYCLING] * rows, depth + 1, eos_token_ids=[], seed=0, reuse_prefill=True, sample_first=False,
-                                   stop_after=2)
-        drafted, accepted = sum(o.stats.drafted for o in outs), sum(o.stats.accepted for o in outs)
-        forwards = sum(o.stats.draft_forwards for o in outs)
-        print(f"{f'{drafter} [{mode}]':56} {drafted:8d} {accepted:8d} {accepted / max(drafted, 1):6.2f} {forwards:15d}")
+            counts = law_pvalues(_engine(drafter, overrides, "rejection", "random", Path(tmp)), CYCLING, n=rows)[2]
+        drafted, accepted = counts["drafted"], counts["accepted"]
+        print(f"{f'{drafter} [{mode}]':56} {drafted:8d} {accepted:8d} {accepted / max(drafted, 1):6.2f} {counts['draft_forwards']:15d}")
 
 
 if __name__ == "__main__":
