@@ -288,6 +288,17 @@ def encode(tokenizer, prompt: Prompt) -> list[int]:
     return list(ids)
 
 
+def encode_text(tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt as text to read (train.data=text): a chat prompt with the answer it got
+    (`meta["reply"]`, ShareGPT's) is the whole exchange through the chat template, so the reader sees
+    an assistant's turn, as at decode time; any other prompt, its text."""
+    reply = prompt.meta.get("reply")
+    if not (prompt.chat and reply and hasattr(tokenizer, "apply_chat_template")):
+        return list(tokenizer.encode(prompt.text, add_special_tokens=False))
+    turns = [{"role": "user", "content": prompt.text}, {"role": "assistant", "content": reply}]
+    return list(tokenizer.encode(tokenizer.apply_chat_template(turns, tokenize=False), add_special_tokens=False))
+
+
 # (module, function): public top-level functions with doctests that their own body passes and `return None` fails
 # (found by scanning CPython 3.11's standard library; a function missing from the running Python is skipped).
 DOCTEST_FUNCTIONS: tuple[tuple[str, str], ...] = tuple((module, name) for module, names in (

@@ -95,6 +95,7 @@ class Engine:
         self.verifier = verifier
         self.sampling = sampling
         self.p_sampling = verifier.p_sampling(sampling)  # how logits become the p the verifier reads (the decoding's, as a rule)
+        self.argmax = verifier.argmax_path(sampling)  # p one-hot (T = 0): verdicts from the argmax, no law built, nothing drawn
         self.device = target.device
         self.time_split = self.device.type != "cuda" if time_split == "auto" else bool(time_split)
 
@@ -224,8 +225,7 @@ class Engine:
                 for b, row in enumerate(rows):
                     row.hidden = self.target.hidden_rows[b]  # [T, H] the prompt tokens' (all but the last without sample_first)
             if sample_first:
-                p = logits_to_probs(logits[:, None], self.p_sampling)  # [B, 1, V]
-                for row, verdict in zip(rows, self.verifier.verify_rows([_NO_DRAFT] * len(rows), p, [row.rng for row in rows])):
+                for row, verdict in zip(rows, self.verify([_NO_DRAFT] * len(rows), logits[:, None], rows)):
                     append(row, verdict)
             active = going(rows, drafted=False)
             if active:
@@ -239,8 +239,7 @@ class Engine:
                 logits = self.target.forward_rows(fed, parents, padded=True)  # [B, W, V]: row b's first 1 + K_b (+ scratch) its own
             with clock.phase(active, "time_accept"):
                 width = 1 + max(len(draft) for draft in drafts)  # proposals; scratch positions come after them
-                p = logits_to_probs(logits[:, :width], self.p_sampling)  # [B, 1 + K, V]
-                verdicts = self.verifier.verify_rows(drafts, p, [row.rng for row in active])
+                verdicts = self.verify(drafts, logits[:, :width], active)
                 kept = [[0] + [1 + i for i in (range(v.num_accepted) if v.path is None else v.path)] for v in verdicts]  # the root and the accepted nodes
                 if needs_hidden:
                     for b, row in enumerate(active):
@@ -262,6 +261,13 @@ class Engine:
                         drafting.observe(b, logits[i, len(drafts[i]) + 1 : len(fed[i])])
                 drafting.commit([context(row) for row in active], [verdicts[i] for i in index])
         return [self._output(row, stops) for row in rows]
+
+    def verify(self, drafts: list[Draft], logits: Tensor, rows: list[_Row]) -> list[Verdict]:
+        """The verifier's verdicts on the B rows' drafts from the target's logits ([B, W, V]: row b's
+        first K_b + 1 positions its own): from their argmax where p is one-hot (T = 0), else from p."""
+        if self.argmax:
+            return self.verifier.verify_argmax(drafts, logits.argmax(-1))
+        return self.verifier.verify_rows(drafts, logits_to_probs(logits, self.p_sampling), [row.rng for row in rows])
 
     def _output(self, row: _Row, stops: list[str]) -> GenerationOutput:
         row.stats.new_tokens = len(row.new)

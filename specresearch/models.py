@@ -166,7 +166,9 @@ def cpu_has_fast_bf16() -> bool:
 _SAID: set[str] = set()
 
 
-def _say_once(message: str) -> None:
+def say_once(message: str) -> None:
+    """Print `message` to stderr the first time this process says it (a warning an engine build or a
+    load would otherwise repeat per run of a sweep or a test session)."""
     if message not in _SAID:
         _SAID.add(message)
         print(message, file=sys.stderr)
@@ -283,7 +285,7 @@ def _load(name: str, dtype: str, dev: torch.device, cache_dir: str | None, tiny:
         return lm
     want = resolve_dtype(dtype, dev)
     if want == torch.bfloat16 and dev.type == "cpu" and not cpu_has_fast_bf16():
-        _say_once(
+        say_once(
             "specresearch: this CPU has no native bf16 kernels (AVX2 only): multi-token forwards (prefill, "
             "verification) cost about as many single-token ones, so speculative speedups shrink; "
             "model.dtype=auto picks float32 here"

@@ -202,7 +202,7 @@ class Medusa:
     cache_dir: Optional[str] = None           # the model cache (the target's)
     choices: Optional[List[List[int]]] = None  # the tree: per-depth ranks of each path; null = from the heads' accuracies
     nodes: int = MISSING                      # tree size when choices is null; the largest with shape=auto
-    shape: Optional[str] = None               # auto: Sequoia's sizing; null = nodes
+    shape: Optional[str] = MISSING            # auto: Sequoia's sizing, when choices is null; null = nodes
     children: str = MISSING                   # top (the heads' top tokens) or sample (drawn from the heads' laws)
     vocab: Optional[int] = None               # the heads score only the N most frequent tokens (FR-Spec)
     vocab_corpus: str = MISSING               # offline text the token frequencies come from
@@ -214,8 +214,6 @@ class Medusa:
         choices = self.choices if _given(self.choices) else None
         if choices is None:
             return
-        if _given(self.shape) and self.shape is not None:
-            raise SpecResearchError(f"{path}.shape=auto sizes the tree itself: set {path}.choices=null")
         if not choices or any(not c or min(c) < 0 for c in choices):
             raise SpecResearchError(f"{path}.choices must be non-empty paths of ranks >= 0, got {[list(c) for c in choices]}")
         missing = sorted({tuple(c[:-1]) for c in choices if len(c) > 1} - {tuple(c) for c in choices})

@@ -5,8 +5,10 @@ wrapper for their own cache."""
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -675,6 +677,44 @@ def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int =
     a tree's size) are made with."""
     one, *times = forward_seconds(lm, ids, [1, *sizes], repeats)
     return [t / one for t in times]
+
+
+def kept_cost_curve(lm: LoadedModel, sizes: list[int]) -> tuple[list[float], float]:
+    """`cost_curve` at `sizes` (after 129 tokens) and the seconds of one token's forward, measured once
+    per machine and model and kept in the model cache: <cache>/costs/<model>/<key>.json, the key
+    hashing what the costs depend on (build.machine_tags: processor or GPU, threads, torch, dtype,
+    device; the model's config, KV cache kind, compile and kernels), not its weights. Sizes not kept
+    yet are measured and added; delete the file to measure again (e.g. after a driver update). A
+    cache that cannot be written only costs the measurement again."""
+    import hashlib
+    import json
+
+    from specresearch.build import machine_tags
+    from specresearch.models import SkinnyLinear, default_cache_dir
+
+    setup = {**machine_tags(lm), "config": lm.model.config.to_json_string(use_diff=False), "cache": lm.cache,
+             "compile": lm.compile, "skinny": any(isinstance(m, SkinnyLinear) for m in lm.model.modules())}
+    key = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(lm.cache_dir or default_cache_dir()) / "costs" / lm.name.replace("/", "--") / f"{key}.json"
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    v = {int(n): float(x) for n, x in kept.get("v", {}).items()}
+    missing = [n for n in sizes if n not in v]
+    if missing:
+        one, *seconds = forward_seconds(lm, list(range(2, 131)), [1, *missing])  # any 129 tokens: costs, not content
+        v.update({n: t / one for n, t in zip(missing, seconds)})
+        kept = {"model": lm.name, "machine": {k: setup[k] for k in setup if k != "config"}, "one_token_s": kept.get("one_token_s", one),
+                "v": {str(n): v[n] for n in sorted(v)}, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+        try:  # whole or not at all: a run beside this one reads either file, never half of one
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(kept, indent=1))
+            tmp.replace(path)
+        except OSError:
+            pass
+    return [v[n] for n in sizes], float(kept["one_token_s"])
 
 
 def interpolated(sizes: Sequence[int], values: Sequence[float]) -> Callable[[int], float]:

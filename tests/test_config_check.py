@@ -195,7 +195,6 @@ CHAIN_K = "needs k >= 1, got k=0 (use drafter=none for plain decoding)"
     (["drafter=medusa", "drafter.children=beam"], "unknown drafter.children 'beam': valid are top, sample"),
     (["drafter=medusa", "drafter.nodes=0"], "drafter.nodes must be >= 1, got 0"),
     (["drafter=medusa", "drafter.shape=optimal"], "unknown drafter.shape 'optimal': valid are null (nodes as given), auto"),
-    (["drafter=medusa", "drafter.shape=auto", "drafter.choices=[[0]]"], "drafter.shape=auto sizes the tree itself: set drafter.choices=null"),
     (["drafter=medusa", "drafter.choices=[[0],[-1]]"], "drafter.choices must be non-empty paths of ranks >= 0, got [[0], [-1]]"),
     (["drafter=medusa", "drafter.choices=[[0],[]]"], "drafter.choices must be non-empty paths of ranks >= 0, got [[0], []]"),
     (["drafter=medusa", "drafter.choices=[[0],[1,0]]"], "drafter.choices must hold every path's parent; missing [[1]]"),
@@ -232,7 +231,7 @@ def test_drafter_and_verifier_ranges_are_refused_by_the_schema(overrides, messag
 @pytest.mark.parametrize("overrides", [
     ["drafter=pld", "drafter.min_ngram=3", "drafter.max_ngram=3", "drafter.k_policy=heuristic", "drafter.k_max=10"],
     ["drafter=tree", "drafter.branching=null", "drafter.shape=auto", "drafter.chain_confidence=0.2"],
-    ["drafter=medusa", "drafter.choices=[[0],[1],[0,0]]"], ["drafter=medusa", "drafter.shape=auto"],
+    ["drafter=medusa", "drafter.choices=[[0],[1],[0,0]]"], ["drafter=medusa", "drafter.shape=null"],  # choices given: the tree (shape=auto's default)
     ["drafter=eagle", "drafter.tree=true", "drafter.shape=auto", "drafter.k_policy=grow"],  # the tree leaves k_policy unused
     ["drafter.sibling_confidence=0", "drafter.confidence=0.4", "drafter.k=1", "drafter.k_max=1"],
     ["verifier=margin", "verifier.margin=null", "verifier.ratio=1"], ["verifier=margin", "verifier.margin=0"],

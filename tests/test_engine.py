@@ -529,3 +529,25 @@ def test_without_the_time_split_a_run_times_only_its_total(target, close_draft):
     assert on.split_timed and on.time_verify > 0 and on.time_draft > 0
     assert not off.split_timed and off.time_total > 0 and off.time_draft == off.time_verify == off.time_accept == 0
     assert Engine(target, NoDrafter(), GreedyVerifier(), GREEDY).time_split  # auto: on the CPU
+
+
+def test_greedy_decoding_takes_the_argmax_and_builds_no_law(target, close_draft, monkeypatch):
+    """At T = 0 neither plain nor speculative decoding turns the vocabulary's logits into
+    probabilities or draws a token: the steps decide from the argmax (Verifier.verify_argmax), with the
+    same tokens and acceptance as the verifier's own rule on one-hot laws."""
+    import specresearch.engine as engine_module
+    import specresearch.verifiers.base as verifiers_base
+
+    ids = prompts(3, seed=5)
+    engines = [baseline(target), Engine(target, IndependentDrafter(target, k=3, model=close_draft), RejectionVerifier(), GREEDY)]
+    before = [[(o.tokens, o.stats.accepted) for o in e.generate(ids, 12, eos_token_ids=[])] for e in engines]
+
+    def built(*args, **kwargs):
+        raise AssertionError("a law was built or drawn from at T = 0")
+
+    monkeypatch.setattr(engine_module, "logits_to_probs", built)
+    monkeypatch.setattr(verifiers_base, "sample_rows", built)
+    after = [[(o.tokens, o.stats.accepted) for o in e.generate(ids, 12, eos_token_ids=[])] for e in engines]
+    assert after == before and any(accepted for _, accepted in after[1])
+    with pytest.raises(AssertionError, match="law was built"):  # T > 0 does build p
+        Engine(target, NoDrafter(), RejectionVerifier(), SamplingParams(temperature=1.0)).generate(ids[0], 4)

@@ -23,10 +23,12 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
 from specresearch.speed import run, trained_on_tags
+from specresearch import target as target_module
 from specresearch.target import Target, interpolated
-from specresearch.train import MAX_HEADS, SHARD, build_cache, check, generate_batch, self_cache, text_cache, train, training_prompts
+from specresearch.train import MAX_HEADS, SHARD, build_cache, check, generate_batch, self_cache, text_cache, train, training_prompts, training_texts
 from specresearch.types import SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, MarginVerifier, RejectionVerifier, TypicalVerifier
+from specresearch.vocab import Shortlist
 
 from .conftest import PLAIN, REPEATING, cyclic_tiny, equivalence_report, make_cfg, train_cfg
 
@@ -146,6 +148,23 @@ def test_text_data_is_kept_in_chunks_that_more_tokens_extend(tmp_path, target, m
     assert path.is_dir() and json.loads((path / "spec.json").read_text())["seq_len"] == seq and record["prompts"] >= 1
 
 
+def test_text_data_reads_chat_answers_and_mixes_the_corpora_by_tokens(target):
+    """data=text: a ShareGPT text is the first turn with the answer it got, through the chat template;
+    each next text comes from the corpus read least so far, so both give about equal tokens."""
+    used, texts = training_texts(target.tokenizer, ["python-stdlib", "sharegpt"], 0, 200_000)
+    assert sum(map(len, texts)) >= 200_000 and len(used) == len(texts)
+    read = {"python-stdlib": 0, "sharegpt": 0}
+    for p, ids in zip(used, texts):
+        assert p.meta["corpus"] == min(read, key=read.__getitem__)  # the corpus behind (ties: the first)
+        read[p.meta["corpus"]] += len(ids)
+        if p.meta["corpus"] == "sharegpt":
+            assert p.meta["reply"] and ids == target.tokenizer.encode(p.text + p.meta["reply"])  # the tiny template joins the turns
+    longest = max(map(len, texts))
+    assert abs(read["python-stdlib"] - read["sharegpt"]) <= longest and min(read.values()) > 0
+    few, _ = training_texts(target.tokenizer, ["python-stdlib", "sharegpt"], 0, 1000)
+    assert [p.id for p in few] == [p.id for p in used[: len(few)]]  # more tokens read on: the same texts first
+
+
 def test_data_is_cached_once_and_reused_for_other_heads(tmp_path, target, monkeypatch):
     cfg = train_cfg(data="self", tokens=64, new=16, cache=True, heads=2)
     first, path, record = build_cache(target, cfg.train, str(tmp_path))
@@ -216,6 +235,31 @@ def test_heads_learn_the_targets_predictions(target):
     assert summary["held_out_positions"] > 0 and 0 <= summary["held_out_acc_head1"] <= 1
     assert 0 <= summary["train_acc_head2"] <= 1  # the same measure on as many training positions
     assert summary["steps"] == 3 * summary["train_positions"] // 32
+
+
+def test_heads_trained_on_a_shortlist_count_labels_off_it_as_misses_and_decode_with_it(tmp_path, target, monkeypatch):
+    """train.vocab: the heads learn over the shortlist's rows only; their reported held-out agreement is
+    that of their shortlisted top-1 with the target's own token (a label off the list: a miss), and a
+    drafter built on the checkpoint scores that shortlist without being told (drafter.vocab=null)."""
+    monkeypatch.setenv("SPECRESEARCH_CACHE", str(tmp_path / "cache"))  # the token counts
+    cfg = train_cfg(vocab=40, vocab_corpus="python-stdlib", heads=2, epochs=2)
+    cache, _, _ = build_cache(target, cfg.train)
+    heads, summary = MedusaDrafter.fit(cfg.train, target, cache)
+    shortlist = Shortlist.load(target.model.get_output_embeddings(), target.tokenizer, 40, "python-stdlib", None)
+    labels = cache.labels[cache.held_out]  # [N, 2]
+    assert 0 < int(torch.isin(labels[:, 0], shortlist.ids, invert=True).sum()) < int((labels[:, 0] >= 0).sum())  # some off the list
+    with torch.no_grad():
+        top = shortlist.ids[heads(cache.hidden[cache.held_out], shortlist.head).argmax(-1)]  # [2, N] token ids
+    for head in range(2):
+        valid = labels[:, head] >= 0
+        assert summary[f"held_out_acc_head{head + 1}"] == pytest.approx(float((top[head][valid] == labels[valid, head]).float().mean()))
+    path = tmp_path / "heads.safetensors"
+    heads.save(path, {"target": "tiny", "train": {"vocab": 40, "vocab_corpus": "python-stdlib"}, "rank_acc": summary["rank_acc"]})
+    drafter = MedusaDrafter(target, checkpoint=str(path))
+    assert drafter.shortlist is not None and torch.equal(drafter.shortlist.ids, shortlist.ids)
+    assert MedusaDrafter(target, checkpoint=str(path), vocab=60).shortlist.ids.numel() == 60  # asked for: as asked
+    with pytest.raises(SpecResearchError, match="not with train.own_lm_head=true"):
+        MedusaDrafter.fit(train_cfg(vocab=40, own_lm_head=True).train, target, cache)
 
 
 def test_heads_with_their_own_lm_heads_train_and_round_trip(tmp_path, target):
@@ -293,7 +337,7 @@ def test_the_default_tree_comes_from_the_checkpoints_accuracies(tmp_path, target
     path = tmp_path / "heads.safetensors"
     rank_acc = [[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.0], [0.1, 0.0, 0.0]]
     noisy_heads().save(path, {"target": "tiny", "rank_acc": rank_acc})
-    drafter = MedusaDrafter(target, checkpoint=str(path), nodes=6)
+    drafter = MedusaDrafter(target, checkpoint=str(path), nodes=6, shape=None)  # shape=null: the `nodes` likeliest paths
     assert sorted(drafter.choices) == sorted(best_choices(rank_acc, 6))
     assert MedusaDrafter(target, checkpoint=str(path), choices=[[0], [0, 0]]).choices == [(0,), (0, 0)]  # explicit wins
     with pytest.raises(SpecResearchError, match="nodes must be >= 1"):
@@ -379,19 +423,35 @@ def test_sequoia_sizing_trades_the_expected_length_against_the_measured_cost():
     assert interpolated([1, 3], [1.0, 2.0])(2) == 1.5 and interpolated([1, 3], [1.0, 2.0])(9) == 2.0
 
 
-def test_shape_auto_sizes_the_tree_on_this_machine(tmp_path, target):
+def test_shape_auto_sizes_the_tree_on_this_machine_once(tmp_path, target, monkeypatch):
+    """The default shape=auto sizes the tree from the heads' hit rates and this machine's costs, which
+    are measured once and kept in the model cache: a second drafter measures nothing (a larger tree
+    measures only what it adds). Choices given are the tree; heads without hit rates get the default tree."""
+    monkeypatch.setenv("SPECRESEARCH_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "heads.safetensors"
     rank_acc = [[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.0], [0.1, 0.0, 0.0]]
     noisy_heads().save(path, {"target": "tiny", "rank_acc": rank_acc})
-    drafter = MedusaDrafter(target, checkpoint=str(path), nodes=12, shape="auto")
+    drafter = MedusaDrafter(target, checkpoint=str(path), nodes=12)
     assert 1 <= len(drafter.choices) <= 12 and sorted(drafter.choices) == sorted(best_choices(rank_acc, len(drafter.choices)))
     assert drafter.predicted_speedup > 0
+    kept, = (tmp_path / "cache" / "costs" / "tiny").glob("*.json")
+    record = json.loads(kept.read_text())
+    assert sorted(map(int, record["v"])) == [1, 2, 3, 5, 9, 13] and record["machine"]["specresearch.processor"]
+
+    measured = []
+    real = target_module.forward_seconds
+    monkeypatch.setattr(target_module, "forward_seconds", lambda lm, ids, sizes, *a: measured.append(sizes) or real(lm, ids, sizes, *a))
+    again = MedusaDrafter(target, checkpoint=str(path), nodes=12)
+    assert measured == [] and again.choices == drafter.choices and again.predicted_speedup == drafter.predicted_speedup
+    MedusaDrafter(target, checkpoint=str(path), nodes=20)
+    assert measured == [[1, 17, 21]]  # the one token (the unit) and the sizes not kept yet
+    assert sorted(map(int, json.loads(kept.read_text())["v"])) == [1, 2, 3, 5, 9, 13, 17, 21]
+
+    assert MedusaDrafter(target, checkpoint=str(path), choices=[[0]]).choices == [(0,)]  # given choices are the tree
+    plain = MedusaDrafter(target, heads=noisy_heads())  # no hit rates: the default tree
+    assert sorted(plain.choices) == sorted(map(tuple, DEFAULT_CHOICES)) and plain.predicted_speedup is None
     with pytest.raises(SpecResearchError, match="valid are null \\(nodes as given\\), auto"):
         MedusaDrafter(target, checkpoint=str(path), shape="optimal")
-    with pytest.raises(SpecResearchError, match="set drafter.choices=null"):
-        MedusaDrafter(target, checkpoint=str(path), shape="auto", choices=[[0]])
-    with pytest.raises(SpecResearchError, match="held-out hit rates"):
-        MedusaDrafter(target, heads=noisy_heads(), shape="auto")
 
 
 def _rewrite_json(change):
@@ -431,6 +491,14 @@ def test_a_bad_checkpoint_is_one_line_naming_the_file_and_what_to_do(tmp_path, t
     msg = str(err.value)
     assert msg.startswith(error.format(path=path, json=path.with_suffix(".json"))) and "\n" not in msg, msg
     assert "python -m specresearch.train drafter=medusa" in msg
+
+
+def test_heads_without_a_training_record_warn_once_per_process(tmp_path, target, capsys):
+    path = tmp_path / "heads.safetensors"
+    noisy_heads().save(path, {"target": "tiny"})  # no trained_on: trained before runs recorded it
+    for _ in range(3):
+        MedusaDrafter(target, checkpoint=str(path))
+    assert capsys.readouterr().err.count("do not record their training prompts") == 1
 
 
 def test_a_saved_checkpoint_leaves_no_temporary_file(tmp_path, target):

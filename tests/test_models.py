@@ -580,6 +580,13 @@ def test_a_local_model_folder_loads_without_the_model_cache(tiny_gguf, tmp_path,
     monkeypatch.setenv("SPECRESEARCH_CACHE", "/proc/x")
     lm = load_model(str(folder), dtype="bf16", device="cpu")
     assert lm.model.config.vocab_size == load_tiny_gguf(tiny_gguf, tmp_path / "cache").model.config.vocab_size
+    from omegaconf import OmegaConf
+
+    from specresearch.sweeps.destinations import check_model_caches
+
+    check_model_caches(OmegaConf.create({"model": {"name": str(folder), "cache_dir": None}}))  # the run's first check asks nothing of it
+    with pytest.raises(SpecResearchError, match="cannot use the model cache /proc/x"):
+        check_model_caches(OmegaConf.create({"model": {"name": "qwen2.5-coder-1.5b", "cache_dir": None}}))  # a zoo model lives there
 
 
 @pytest.mark.parametrize("version, refused", [("5.17.0", True), ("5.23.9", True), ("5.24.0", False), ("5.30.1.dev0", False)])

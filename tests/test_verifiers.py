@@ -144,3 +144,42 @@ def test_greedy_verifier_longest_matching_prefix():
 def test_greedy_verifier_refuses_sampling():
     with pytest.raises(SpecResearchError, match="verifier=rejection"):
         GreedyVerifier().check(SamplingParams(temperature=0.7))
+
+
+def _random_draft(gen: torch.Generator, tree: bool) -> Draft:
+    """A chain or a tree of 1-6 tokens of a 5-token vocabulary (so argmax matches are common), with
+    a sibling group that may repeat a token."""
+    k = int(torch.randint(1, 7, (1,), generator=gen))
+    tokens = torch.randint(0, 5, (k,), generator=gen)
+    if not tree:
+        return Draft(tokens=tokens)
+    parents = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, k)]  # each node's parent comes before it
+    return Draft(tokens=tokens, parents=torch.tensor(parents))
+
+
+@pytest.mark.parametrize("name", ["greedy", "rejection", "typical", "margin", "topk"])
+def test_argmax_verdicts_are_the_verifiers_own_at_temperature_0(name):
+    """At T = 0 the engine decides from the target's argmax alone (Verifier.verify_argmax): the verdicts equal the
+    verifier's own on one-hot laws, for chains and trees, in a batch of mixed rows; typical with
+    epsilon = delta = 1 (which accepts nothing) opts out."""
+    from omegaconf import OmegaConf
+
+    from specresearch.build import build
+    from specresearch.config import CONF_DIR
+    verifier = build(OmegaConf.load(CONF_DIR / "verifier" / f"{name}.yaml"))  # each as its config makes it
+    greedy = SamplingParams()
+    assert verifier.argmax_path(greedy) and not verifier.argmax_path(SamplingParams(temperature=1.0))
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(60):
+        drafts = [_random_draft(gen, tree=bool(trial % 2) and b != 1) for b in range(3)]
+        width = 1 + max(len(d) for d in drafts)
+        top = torch.randint(0, 5, (3, width), generator=gen)  # [B, W] the target's argmax
+        p = torch.nn.functional.one_hot(top, 5).float()  # [B, W, V]
+        own = verifier.verify_rows(drafts, p, [torch.Generator().manual_seed(trial)] * 3)
+        fast = verifier.verify_argmax(drafts, top)
+        for a, b in zip(own, fast):
+            assert a.tokens.tolist() == b.tokens.tolist() and a.num_accepted == b.num_accepted and a.path == b.path
+    if name == "typical":
+        from specresearch.verifiers import TypicalVerifier
+
+        assert not TypicalVerifier(epsilon=1.0, delta=1.0).argmax_path(greedy)

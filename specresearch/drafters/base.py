@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel
+from specresearch.models import LoadedModel, say_once
 from specresearch.sampling import logits_to_probs, ranking_probs, sample
 from specresearch.types import Draft, SamplingParams, Verdict
 
@@ -376,10 +375,10 @@ def checkpoint_record(drafter: str, path: Path, meta: dict) -> dict:
     """What the weights at `path` (meta: their JSON) record of the prompts that trained them, with
     the checkpoint: {"checkpoint", "sources", "split", "split_rule", "prompts", "prompts_sha256",
     "ids"} (specresearch.data.prompt_record). Weights trained before runs recorded it give
-    {"checkpoint"} alone, with a one-line warning."""
+    {"checkpoint"} alone, with a one-line warning (once per process and file)."""
     record = meta.get("trained_on")
     if record is None:
-        print(f"warning: the {drafter} weights at {path} do not record their training prompts (trained before that was recorded; "
-              f"they may overlap MT-bench): retrain with python -m specresearch.train drafter={drafter}", file=sys.stderr)
+        say_once(f"warning: the {drafter} weights at {path} do not record their training prompts (trained before that was recorded; "
+                 f"they may overlap MT-bench): retrain with python -m specresearch.train drafter={drafter}")
         return {"checkpoint": str(path)}
     return {"checkpoint": str(path), **record}

@@ -19,7 +19,7 @@ from specresearch.drafters.base import Context, Drafter, checkpoint_record, find
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
 from specresearch.drafters.tree import Sizer
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, default_cache_dir
+from specresearch.models import LoadedModel, default_cache_dir, say_once
 from specresearch.sampling import logits_to_probs
 from specresearch.types import Draft, SamplingParams
 from specresearch.vocab import Shortlist
@@ -144,9 +144,12 @@ def checkpoint_path(target_name: str, cache_dir: str | Path | None = None) -> Pa
     return Path(cache_dir or default_cache_dir()) / "medusa" / target_name.replace("/", "--") / "heads.safetensors"
 
 
-def accuracy(heads: MedusaHeads, lm_head: torch.nn.Module, cache: Cache, mask: Tensor, ranks: int = RANKS, batch: int = 256) -> Tensor:
+def accuracy(heads: MedusaHeads, lm_head: torch.nn.Module, cache: Cache, mask: Tensor, ranks: int = RANKS, batch: int = 256,
+             rows_of: Tensor | None = None) -> Tensor:
     """[K, ranks] per head, the share of the positions in `mask` whose label (the target's own token)
-    is the head's rank-r token: column 0 is the top-1 agreement; a row's sum, the top-`ranks` one."""
+    is the head's rank-r token: column 0 is the top-1 agreement; a row's sum, the top-`ranks` one.
+    `rows_of`: [V] each token's row of a shortlist `lm_head` (`shortlist_rows`); a label off the
+    shortlist counts a miss."""
     found = torch.zeros(heads.config["heads"], ranks)
     counts = torch.zeros(heads.config["heads"])
     rows = mask.nonzero()[:, 0]
@@ -154,9 +157,23 @@ def accuracy(heads: MedusaHeads, lm_head: torch.nn.Module, cache: Cache, mask: T
         for s in range(0, rows.numel(), batch):
             r = rows[s : s + batch]
             logits = heads(cache.hidden[r].to(device=lm_head.weight.device, dtype=torch.float32), lm_head)  # [K, B, V]
-            h, c = hits(logits.topk(ranks, dim=-1).indices.cpu(), cache.labels[r].T)
+            labels = cache.labels[r].T if rows_of is None else shortlist_labels(cache.labels[r].T, rows_of.cpu())  # [K, B]
+            h, c = hits(logits.topk(ranks, dim=-1).indices.cpu(), labels)
             found, counts = found + h, counts + c
     return found / counts.clamp_min(1)[:, None]
+
+
+def shortlist_rows(shortlist: Shortlist) -> Tensor:
+    """[V] each token's row of the shortlist's head, N (no row) for a token off it."""
+    n = shortlist.ids.numel()
+    return torch.full((shortlist.vocab_size,), n, dtype=torch.long, device=shortlist.ids.device).index_copy_(
+        0, shortlist.ids, torch.arange(n, device=shortlist.ids.device))
+
+
+def shortlist_labels(labels: Tensor, rows_of: Tensor) -> Tensor:
+    """Token labels (−100 = none) → rows of the shortlist head: N for a token off it (a label no row
+    predicts: a miss), −100 kept."""
+    return torch.where(labels >= 0, rows_of[labels.clamp_min(0)], labels)
 
 
 class MedusaDrafter(Drafter):
@@ -186,7 +203,7 @@ class MedusaDrafter(Drafter):
         checkpoint: str | None = None,
         choices: Sequence[Sequence[int]] | None = None,
         nodes: int = 16,
-        shape: str | None = None,
+        shape: str | None = "auto",
         children: str = "top",
         vocab: int | None = None,
         vocab_corpus: str = "python-stdlib",
@@ -197,16 +214,18 @@ class MedusaDrafter(Drafter):
         Args:
             target: the target model the heads were trained on.
             checkpoint: the heads' safetensors file; None = this target's in the model cache.
-            choices: the tree of choices (paths of per-depth ranks, e.g. [[0], [0, 0], [1]]); None = the
-                `nodes` likeliest paths by the checkpoint's held-out accuracies (`best_choices`), or
-                DEFAULT_CHOICES for heads without them.
+            choices: the tree of choices (paths of per-depth ranks, e.g. [[0], [0, 0], [1]]), used as
+                given (`shape` is not applied); None = sized by `shape`: of the likeliest paths by the
+                checkpoint's held-out accuracies (`best_choices`), or DEFAULT_CHOICES for heads without them.
             nodes: the tree's size when `choices` is None (with shape=auto: the largest size considered).
-            shape: "auto": Sequoia's sizing (`sized_choices`): the size in 1..`nodes` with the best
-                predicted speedup, from the checkpoint's hit rates and this target's cost of verifying
-                m tokens, measured here (a few seconds); None = `nodes` (or `choices`) as given.
+            shape: "auto" (default): Sequoia's sizing (`sized_choices`): the size in 1..`nodes` with the
+                best predicted speedup, from the checkpoint's hit rates and this target's cost of
+                verifying m tokens on this machine (measured once, a few seconds, and kept in the model
+                cache: target.kept_cost_curve); None = `nodes` as given.
             children: "top" or "sample" (T > 0 only).
             vocab: the heads score only the `vocab` most frequent tokens (FR-Spec, as drafter=independent's
-                `vocab`): their lm head reads those rows only. None = the whole vocabulary. Lossless either way.
+                `vocab`): their lm head reads those rows only. None = the shortlist the heads were trained on
+                (the checkpoint's train.vocab), else the whole vocabulary. Lossless either way.
             vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
             heads: heads to use instead of a checkpoint (tests, freshly trained heads).
             cache_dir: the model cache the default checkpoint lives in (None = the default cache).
@@ -217,12 +236,14 @@ class MedusaDrafter(Drafter):
             path = find_checkpoint("medusa", target.name, checkpoint, checkpoint_path(target.name, cache_dir))
             heads, meta = MedusaHeads.load(path)
             self.trained_on = checkpoint_record("medusa", path, meta)
-        if shape == "auto":
-            if not meta.get("rank_acc"):
-                raise SpecResearchError("drafter.shape=auto needs the heads' held-out hit rates (a checkpoint trained by specresearch.train)")
-            choices, self.predicted_speedup = sized_choices(meta["rank_acc"], Sizer.measure(target, nodes).v, nodes)
-            log.info("drafter.shape=auto: a tree of %d nodes, predicted speedup %.2fx (Sequoia sizing, measured v)",
-                     len(choices), self.predicted_speedup)
+        if shape == "auto" and choices is None:
+            if meta.get("rank_acc"):
+                choices, self.predicted_speedup = sized_choices(meta["rank_acc"], Sizer.measure(target, nodes).v, nodes)
+                log.info("drafter.shape=auto: a tree of %d nodes, %d deep, predicted speedup %.2fx (Sequoia sizing, measured v)",
+                         len(choices), max(map(len, choices)), self.predicted_speedup)
+            else:
+                say_once("drafter.shape=auto: these heads record no held-out hit rates (heads not trained by specresearch.train): "
+                         f"Medusa's default {len(DEFAULT_CHOICES)}-node tree instead")
         if choices is None:
             choices = best_choices(meta["rank_acc"], nodes) if meta.get("rank_acc") else DEFAULT_CHOICES
         choices = [tuple(int(r) for r in c) for c in choices]
@@ -237,6 +258,9 @@ class MedusaDrafter(Drafter):
         self.heads = heads.to(device=target.device, dtype=target.dtype).eval()
         self.lm_head = target.model.get_output_embeddings()
         self.shortlist: Shortlist | None = None  # the tokens the heads may propose; None = all
+        trained = meta.get("train") or {}
+        if vocab is None and trained.get("vocab"):  # heads trained on a shortlist score it (its rows are all they learned)
+            vocab, vocab_corpus = trained["vocab"], trained.get("vocab_corpus", vocab_corpus)
         if vocab is not None:
             if heads.lm_heads is not None:
                 raise SpecResearchError("drafter.vocab needs heads on the target's own lm head (not train.own_lm_head)")
@@ -277,10 +301,20 @@ class MedusaDrafter(Drafter):
 
     @classmethod
     def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:
-        """Medusa heads on random batches of `tc.batch` cached positions (cross-entropy on each head's label)."""
+        """Medusa heads on random batches of `tc.batch` cached positions (cross-entropy on each head's
+        label). With `tc.vocab` the heads score only the `tc.vocab` most frequent tokens of
+        `tc.vocab_corpus` (FR-Spec), in training and then at decode time (the drafter reads the
+        checkpoint's train.vocab): the frozen lm head is most of a step's cost (5x faster steps at
+        32,768 of Qwen's 151,936); a label off the shortlist is left out of the loss and counts a miss."""
         lm_head = lm.model.get_output_embeddings()
         heads = MedusaHeads(cache.hidden.shape[1], tc.heads, tc.layers, tc.own_lm_head, lm_head.weight.shape[0])
         heads.init_lm_heads(lm_head)
+        rows_of = None  # [V] token → row of the shortlist head (train.vocab), else the lm head's own rows
+        if tc.get("vocab"):
+            if tc.own_lm_head:
+                raise SpecResearchError("train.vocab trains heads on the target's own lm head: not with train.own_lm_head=true")
+            shortlist = Shortlist.load(lm_head, lm.tokenizer, int(tc.vocab), tc.vocab_corpus, lm.cache_dir)
+            lm_head, rows_of = shortlist.head, shortlist_rows(shortlist)
         heads.to(lm.device)
         train_rows = (~cache.held_out & (cache.labels[:, 0] >= 0)).nonzero()[:, 0]
         gen = torch.Generator().manual_seed(tc.seed)
@@ -289,17 +323,21 @@ class MedusaDrafter(Drafter):
             r = train_rows[torch.randint(train_rows.numel(), (tc.batch,), generator=gen)]  # [B]
             logits = heads(cache.hidden[r].to(device=lm.device, dtype=torch.float32), lm_head).float()  # [K, B, V]
             lab = cache.labels[r].T.to(lm.device)  # [K, B]
+            if rows_of is not None:
+                lab = shortlist_labels(lab, rows_of)
             right, counts = hits(logits.argmax(-1, keepdim=True), lab)
-            loss = nn.functional.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100)
+            off = lab >= logits.shape[-1]  # off the shortlist: a miss, no loss
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), lab.masked_fill(off, -100).flatten(), ignore_index=-100)
             return loss, right[:, 0] / counts.clamp_min(1)
 
         steps = max(1, tc.epochs * train_rows.numel() // tc.batch)
         first_loss, last_loss = optimise(heads, steps, batch_loss, tc, tracker, "medusa heads")
-        held = accuracy(heads, lm_head, cache, cache.held_out) if bool(cache.held_out.any()) else None  # [K, RANKS]
+        held = accuracy(heads, lm_head, cache, cache.held_out, rows_of=rows_of) if bool(cache.held_out.any()) else None  # [K, RANKS]
         seen = torch.zeros_like(cache.held_out)  # as many training positions, to show the generalisation gap
         seen[train_rows[torch.randperm(train_rows.numel(), generator=gen)[: max(1, int(cache.held_out.sum()))]]] = True
-        fit = accuracy(heads, lm_head, cache, seen)[:, 0].tolist()
-        per_corpus = {corpus: accuracy(heads, lm_head, cache, mask)[:, 0].tolist() for corpus, mask in cache.held_out_by_corpus(list(tc.corpora)).items()}
+        fit = accuracy(heads, lm_head, cache, seen, rows_of=rows_of)[:, 0].tolist()
+        per_corpus = {corpus: accuracy(heads, lm_head, cache, mask, rows_of=rows_of)[:, 0].tolist()
+                      for corpus, mask in cache.held_out_by_corpus(list(tc.corpora)).items()}
         return heads, {
             "train_positions": int(train_rows.numel()),
             "steps": steps,

@@ -18,7 +18,7 @@ from specresearch.drafters.draft_model import DraftModel
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
 from specresearch.sampling import ranking_probs
-from specresearch.target import COST_SIZES, forward_seconds, interpolated
+from specresearch.target import COST_SIZES, interpolated, kept_cost_curve
 from specresearch.types import Draft, SamplingParams, Trie, Verdict
 
 
@@ -42,10 +42,11 @@ class Sizer:
 
     @classmethod
     def measure(cls, target: LoadedModel, most: int) -> Sizer:
-        """A Sizer with the target's v(m) measured for m up to `most` + 1 (the root and `most` nodes)."""
+        """A Sizer with the target's v(m) measured for m up to `most` + 1 (the root and `most` nodes), once
+        per machine and target (target.kept_cost_curve: a second run sizes at no cost)."""
         sizes = sorted({*(m for m in COST_SIZES if m <= most + 1), most + 1})
-        one, *seconds = forward_seconds(target, list(range(2, 131)), [1, *sizes])  # any 129 tokens: costs, not content
-        return cls(interpolated(sizes, [t / one for t in seconds]), one)
+        v, one = kept_cost_curve(target, sizes)
+        return cls(interpolated(sizes, v), one)
 
     def size(self, probs: Sequence[float], drafting: float) -> int:
         """How many of the nodes to keep (>= 1; the smallest of equally good sizes).

@@ -110,7 +110,9 @@ def _set_folder(config: DictConfig, key: str, folder: Path, multirun: bool) -> N
 def check_model_caches(config: DictConfig) -> None:
     """The model cache a run writes to (`model.cache_dir`, else $SPECRESEARCH_CACHE or the user
     cache folder: trained heads, training data, eval baselines) and, when set, $SPECRESEARCH_CACHE
-    (the speed lock's folder) must be writable (models.cache_root), before a model loads.
+    (the speed lock's folder) must be writable (models.cache_root), before a model loads. A model
+    from a local folder (`model.name` a directory) with no `model.cache_dir` is loaded from there
+    alone: the cache is not looked up first (a drafter that keeps files there asks for it then).
 
     Raises:
         SpecResearchError: one line naming the setting and the path.
@@ -119,9 +121,11 @@ def check_model_caches(config: DictConfig) -> None:
 
     try:
         cache_dir = OmegaConf.select(config, "model.cache_dir", default=None)
+        name = OmegaConf.select(config, "model.name", default=None)
     except Exception:  # resolvable only once the job runs: load_model checks it then
         return
-    cache_root(cache_dir)
+    if cache_dir or not (isinstance(name, str) and Path(name).expanduser().is_dir()):
+        cache_root(cache_dir)
     if cache_dir and os.environ.get("SPECRESEARCH_CACHE"):
         cache_root()
 

@@ -9,8 +9,10 @@ Self-distillation with the target frozen. Two kinds of training data (`train.dat
   through the chat template), greedily and batched. Head i learns, from the hidden state that
   produced token t + 1, the target's own token t + 2 + i: the text the heads see at decode time is
   the target's own, so the labels are too.
-- `text` (Medusa-1 on fixed text): the target reads offline text once (the same sources, whole);
-  head i learns the target's top-1 at t + 1 + i, given the text's tokens up to there.
+- `text` (Medusa-1 on fixed text): the target reads offline text once (the same sources, whole: the
+  standard library's files, ShareGPT first turns with the answers they got, about equal tokens of
+  each corpus; `training_texts`), one forward per `seq_len` chunk; head i learns the target's top-1
+  at t + 2 + i, given the text's tokens up to t + 1.
 
 Training reads only the train side of specresearch.data's split (`train_side`): never HumanEval,
 MT-bench, ShareGPT's evaluation prompts or the stdlib_doctest task's modules. The checkpoint's meta
@@ -49,7 +51,7 @@ from specresearch.build import build
 from specresearch.config import CONF_DIR, options
 from specresearch.drafters.training import Cache, Trainable, rate_name, save_tensors
 from specresearch.errors import SpecResearchError
-from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, prompt_record, train_side
+from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, encode_text, prompt_record, train_side
 from specresearch.models import LoadedModel, cache_root, default_cache_dir, load_model
 from specresearch.target import Target, decode_batch
 from specresearch.tracking import tracked_run, write_problem
@@ -59,7 +61,8 @@ from specresearch.vocab import check_corpus
 log = logging.getLogger(__name__)
 
 DATA = ("self", "text")
-CACHE_FORMAT = 4  # the data cache's fields and prompts (a change makes older caches unused; 3: the train/eval split; 4: prompts' positions)
+CACHE_FORMAT = 5  # the data cache's fields and prompts (a change makes older caches unused; 3: the train/eval split;
+                  # 4: prompts' positions; 5: data=text reads chat answers and mixes the corpora by tokens)
 MAX_HEADS = 8  # labels kept per position in the data cache: any train.heads up to this reuses it
 MAX_PROMPT = 320  # data=self skips longer prompts: one long prompt pads a whole batch to its length
 SHARD = 16  # data=text: chunks per file of its disk cache (a larger train.tokens adds files, an interrupted run resumes)
@@ -70,12 +73,38 @@ def training_prompts(corpora: list[str], seed: int, files: bool = False) -> list
     functions, or with `files` its files; ShareGPT's training first turns, as chat), each shuffled,
     then interleaved so that every prefix of the list mixes the corpora; each names its corpus in
     `meta["corpus"]`."""
+    return [p for group in zip_longest(*_pools(corpora, seed, files)) for p in group if p is not None]
+
+
+def _pools(corpora: list[str], seed: int, files: bool) -> list[list[Prompt]]:
+    """Per corpus, its training prompts (train_side), shuffled by `seed`, each naming its corpus."""
     pools = []
     for i, corpus in enumerate(corpora):
         pool = [replace(p, meta={**p.meta, "corpus": corpus}) for p in train_side(corpus, files)]
         random.Random(seed + i).shuffle(pool)
         pools.append(pool)
-    return [p for group in zip_longest(*pools) for p in group if p is not None]
+    return pools
+
+
+def training_texts(tokenizer, corpora: list[str], seed: int, tokens: int) -> tuple[list[Prompt], list[list[int]]]:
+    """The texts train.data=text reads, `tokens` tokens of them in all: each next text from the corpus
+    read least so far (in tokens), so that every corpus gives about an equal share however long its
+    texts are (a standard-library file is thousands of tokens, a chat exchange hundreds). A text is
+    a python-stdlib file, or a ShareGPT first turn with the answer it got, through the chat template
+    (data.encode_text). Returns the texts' prompts and token ids, in reading order."""
+    pools = [iter(pool) for pool in _pools(corpora, seed, files=True)]
+    read = [0] * len(pools)
+    used, texts = [], []
+    while sum(read) < tokens and pools:
+        i = min(range(len(pools)), key=read.__getitem__)
+        p = next(pools[i], None)
+        if p is None:  # a corpus read whole: the others go on
+            del pools[i], read[i]
+            continue
+        used.append(p)
+        texts.append(encode_text(tokenizer, p))
+        read[i] += len(texts[-1])
+    return used, texts
 
 
 @torch.inference_mode()
@@ -236,13 +265,7 @@ def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -
                 path.with_suffix(".json").write_text(json.dumps({**spec, "trained_on": prompt_record(corpora, used)}, indent=1))
         cache.source = torch.tensor([corpora.index(p.meta["corpus"]) for p in used])[cache.seq]  # seq: the prompt's index
     else:
-        texts, read = [], 0
-        for p in training_prompts(corpora, tc.seed, files=True):  # as many texts as the tokens take
-            used.append(p)
-            texts.append(lm.tokenizer.encode(p.text, add_special_tokens=False))
-            read += len(texts[-1])
-            if read >= tc.tokens:
-                break
+        used, texts = training_texts(lm.tokenizer, corpora, tc.seed, tc.tokens)
         if path is not None and path.is_dir():
             print(f"specresearch: training data from {path} (the chunks computed before)", file=sys.stderr)
         cache = text_cache(lm, texts, tc.tokens, tc.seq_len, MAX_HEADS, tc.held_out, path, [corpora.index(p.meta["corpus"]) for p in used])

@@ -37,6 +37,19 @@ class Verifier(ABC):
         settings, unless a rule asks for another view of the target (see RelaxedVerifier)."""
         return sampling
 
+    def argmax_path(self, sampling: SamplingParams) -> bool:
+        """Whether, decoding with `sampling`, this rule's verdict is the longest draft prefix (tree path)
+        of the target's argmax tokens, then the argmax after it: so wherever the p it reads
+        (`p_sampling`) is one-hot, at temperature 0. The engine then verifies by `verify_argmax`
+        from the logits' argmax alone: no [B, W, V] law is built and nothing is drawn."""
+        return self.p_sampling(sampling).greedy
+
+    def verify_argmax(self, drafts: Sequence[Draft], top: Tensor) -> list[Verdict]:
+        """`verify_rows` where `argmax_path` holds, from the target's argmax `top` ([B, W]) alone:
+        a tree's path is the one multi-step speculative sampling walks (each node's first child
+        equal to the argmax there; see `argmax_verdicts`)."""
+        return argmax_verdicts(drafts, top)
+
     @abstractmethod
     def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
         """The probability of keeping each draft token.
@@ -170,6 +183,55 @@ class Verifier(ABC):
                 return Verdict(tokens=torch.cat([x[path], y[None]]), num_accepted=len(path), path=path)
             path.append(child)
             node, law = child, p[child + 1]
+
+
+def argmax_verdicts(drafts: Sequence[Draft], top: Tensor, longest: bool = False) -> list[Verdict]:
+    """What a verifier decides where every p is one-hot (`Verifier.argmax_path`), from the argmax alone:
+    row b keeps the longest prefix of its chain whose tokens are the target's argmax, or a path of
+    its tree whose every node is the argmax after its parent: the first such child at each node
+    (multi-step speculative sampling's walk), or with `longest` the deepest such node's path
+    (the relaxed verifiers' rule; the first of equally deep ones); then adds the argmax after it.
+
+    Args:
+        drafts: B drafts (chains or trees).
+        top: [B, W] row b's target argmax in its first K_b + 1 positions (as p's rows in `verify_rows`).
+        longest: trees: the deepest passing path instead of the first-child walk (they differ only
+            where siblings repeat a token).
+
+    Returns:
+        B verdicts.
+    """
+    verdicts = []
+    for draft, t in zip(drafts, top.tolist()):
+        x = draft.tokens[: len(draft)].tolist()
+        if draft.parents is None:
+            n = 0
+            while n < len(x) and x[n] == t[n]:
+                n += 1
+            tokens, path, last = x[:n], None, n
+        else:
+            parents = draft.parents[: len(x)].tolist()
+            if longest:
+                depth = {-1: 0}  # passing node -> its depth (parents come before their children)
+                for i, parent in enumerate(parents):
+                    if parent in depth and x[i] == t[parent + 1]:
+                        depth[i] = depth[parent] + 1
+                node, path = max(depth, key=depth.__getitem__), []
+                while node >= 0:
+                    path.append(node)
+                    node = parents[node]
+                path.reverse()
+            else:
+                children: dict[int, list[int]] = {}
+                for i, parent in enumerate(parents):
+                    children.setdefault(parent, []).append(i)
+                path, node = [], -1
+                while (child := next((c for c in children.get(node, ()) if x[c] == t[node + 1]), None)) is not None:
+                    path.append(child)
+                    node = child
+            tokens, last = [x[i] for i in path], (path[-1] if path else -1) + 1  # p's row after node i is i + 1 (row 0: the root's)
+        verdicts.append(Verdict(tokens=torch.tensor(tokens + [t[last]], device=top.device), num_accepted=len(tokens), path=path))
+    return verdicts
 
 
 def draft_law(draft: Draft, p: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from specresearch import settings
 from specresearch.errors import SpecResearchError
 from specresearch.sampling import sample
 from specresearch.types import Draft, SamplingParams, Verdict
-from specresearch.verifiers.base import Verifier, argmax_law
+from specresearch.verifiers.base import Verifier, argmax_law, argmax_verdicts
 
 
 class RelaxedVerifier(Verifier):
@@ -46,6 +46,9 @@ class RelaxedVerifier(Verifier):
         """The rule's view of the target: softmax at `rule_temperature` (same top-k/top-p) if set; its
         argmax, the added token with recover=greedy, is the greedy token all the same."""
         return sampling if self.rule_temperature is None else replace(sampling, temperature=float(self.rule_temperature))
+
+    def verify_argmax(self, drafts, top: Tensor) -> list[Verdict]:
+        return argmax_verdicts(drafts, top, longest=True)  # the longest passing path, as `_verify_tree`
 
     def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
         return self.passes(p, p.gather(-1, x[:, None])[:, 0]).to(p.dtype)  # [K] 0 or 1; q is not used
@@ -84,7 +87,7 @@ class RelaxedVerifier(Verifier):
 class TypicalVerifier(RelaxedVerifier):
     """Typical acceptance (Medusa, Cai et al., 2024): accept x if p(x) > min(ε, δ·exp(−H(p))), H the
     entropy of the target's p at that position. Exact at temperature 0 (p one-hot: only the argmax
-    passes) for ε, δ ≤ 1."""
+    passes) for ε, δ ≤ 1, not both 1."""
 
     name = "typical"
 
@@ -99,6 +102,10 @@ class TypicalVerifier(RelaxedVerifier):
         settings.Typical(epsilon=epsilon, delta=delta, recover=recover, rule_temperature=rule_temperature).check("verifier")
         super().__init__(recover, rule_temperature)
         self.epsilon, self.delta = float(epsilon), float(delta)
+
+    def argmax_path(self, sampling: SamplingParams) -> bool:
+        # a one-hot p passes its argmax only if min(ε, δ) < 1 (ε = δ = 1 accepts nothing)
+        return super().argmax_path(sampling) and min(self.epsilon, self.delta) < 1
 
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
         entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # [K]
