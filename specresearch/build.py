@@ -7,7 +7,6 @@ measurement ran on. Heavy imports (torch, the models) happen inside the function
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -80,23 +79,6 @@ def check_buildable(cfg: Any) -> None:
     settings.check(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg))
 
 
-def machine_tags(lm: LoadedModel) -> dict[str, str]:
-    """What a measurement ran on, as the config cannot say (`dtype=auto`, `device=auto`): the
-    resolved dtype and device, the processor or GPU, the cores torch uses, torch's version."""
-    import platform
-
-    import torch
-
-    if lm.device.type == "cuda":
-        processor = torch.cuda.get_device_name(lm.device)
-    else:
-        processor = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                          if line.startswith("model name")), platform.processor() or platform.machine())
-    return {"specresearch.dtype": str(lm.dtype).removeprefix("torch."), "specresearch.device": str(lm.device),
-            "specresearch.processor": processor, "specresearch.threads": str(torch.get_num_threads()),
-            "specresearch.torch": torch.__version__}
-
-
 def claim_params(engine: Engine) -> dict[str, str]:
     """What the method claims and what it ran as, as run params (the class may change; the record
     must not): the verifier's `lossless` claim ("true" / "false"), which tests/test_lossless.py
@@ -108,10 +90,3 @@ def resolved_params(lm: LoadedModel) -> dict[str, str]:
     """The dtype and device a model actually runs in, beside the config's `model.dtype=auto`:
     `model.dtype_used`, `model.device_used` (run params)."""
     return {"model.dtype_used": str(lm.dtype).removeprefix("torch."), "model.device_used": str(lm.device)}
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""

@@ -174,6 +174,28 @@ def say_once(message: str) -> None:
         print(message, file=sys.stderr)
 
 
+def machine_tags(lm: LoadedModel) -> dict[str, str]:
+    """What a measurement ran on, as the config cannot say (`dtype=auto`, `device=auto`): the
+    resolved dtype and device, the processor or GPU, the cores torch uses, torch's version."""
+    import platform
+
+    if lm.device.type == "cuda":
+        processor = torch.cuda.get_device_name(lm.device)
+    else:
+        processor = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                          if line.startswith("model name")), platform.processor() or platform.machine())
+    return {"specresearch.dtype": str(lm.dtype).removeprefix("torch."), "specresearch.device": str(lm.device),
+            "specresearch.processor": processor, "specresearch.threads": str(torch.get_num_threads()),
+            "specresearch.torch": torch.__version__}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
 def default_cache_dir() -> Path:
     """Where dequantized models are cached: $SPECRESEARCH_CACHE, else the user cache dir + /models."""
     if os.environ.get("SPECRESEARCH_CACHE"):

@@ -13,7 +13,8 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from specresearch.build import build, build_engine, claim_params, machine_tags
+from specresearch.build import build, build_engine, claim_params
+from specresearch.models import machine_tags
 from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError

@@ -5,6 +5,8 @@ wrapper for their own cache."""
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -16,7 +18,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from specresearch.attention import SharedPrefix, shares_prefix
-from specresearch.models import LoadedModel
+from specresearch.models import LoadedModel, SkinnyLinear, default_cache_dir, machine_tags
 from specresearch.sampling import draw
 from specresearch.types import SamplingParams
 
@@ -682,16 +684,10 @@ def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int =
 def kept_cost_curve(lm: LoadedModel, sizes: list[int]) -> tuple[list[float], float]:
     """`cost_curve` at `sizes` (after 129 tokens) and the seconds of one token's forward, measured once
     per machine and model and kept in the model cache: <cache>/costs/<model>/<key>.json, the key
-    hashing what the costs depend on (build.machine_tags: processor or GPU, threads, torch, dtype,
+    hashing what the costs depend on (models.machine_tags: processor or GPU, threads, torch, dtype,
     device; the model's config, KV cache kind, compile and kernels), not its weights. Sizes not kept
     yet are measured and added; delete the file to measure again (e.g. after a driver update). A
     cache that cannot be written only costs the measurement again."""
-    import hashlib
-    import json
-
-    from specresearch.build import machine_tags
-    from specresearch.models import SkinnyLinear, default_cache_dir
-
     setup = {**machine_tags(lm), "config": lm.model.config.to_json_string(use_diff=False), "cache": lm.cache,
              "compile": lm.compile, "skinny": any(isinstance(m, SkinnyLinear) for m in lm.model.modules())}
     key = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:16]

@@ -321,7 +321,7 @@ class MLflowTracker:
               params: dict[str, Any] | None = None) -> None:
         """Open the run (nested under a sweep's parent run if there is one), tag it with the config's
         hash, its study, where it runs (host, pid: what `resume` needs to tell a killed job from a
-        running one) and `tags` (e.g. the machine: app.machine_tags), and log every config
+        running one) and `tags` (e.g. the machine: models.machine_tags), and log every config
         value as a flat param, `params` too (facts the config does not hold, e.g. the verifier's
         lossless claim), and the resolved config as `config.yaml`."""
         mlflow = self._mlflow()

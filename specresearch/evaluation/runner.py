@@ -19,11 +19,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from scipy.stats import binomtest
 
-from specresearch.build import build, build_engine, claim_params, machine_tags
+from specresearch.build import build, build_engine, claim_params
 from specresearch.errors import SpecResearchError
 from specresearch.evaluation.plugin import TASKS_DIR
 from specresearch.metrics import SpecStats
-from specresearch.models import cache_root
+from specresearch.models import cache_root, machine_tags
 from specresearch.records import EvalRecord, EvalSide, flatten, json_text
 from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput
