@@ -1,6 +1,7 @@
 """Speed side by side with transformers, in one process, on the same prompts.
 
-Methods, each decoding greedily a fixed number of new tokens (EOS ignored) after each prompt:
+Methods, each decoding a fixed number of new tokens (EOS ignored) after each prompt, greedily or, with
+--temperature T, sampling from softmax(logits / T) (no top-k, no top-p):
   generate           transformers `generate`, plain greedy (the reference for every ratio)
   generate_torch     the same on torch's own nn.Linear (as transformers ships it), whatever --kernels says
   generate_compiled  the same with a static KV cache and torch.compile (inductor; compiled in the warm-up)
@@ -10,8 +11,9 @@ Methods, each decoding greedily a fixed number of new tokens (EOS ignored) after
                      (`assistant_tokenizer`); compare with our cross_vocab drafter, which drafts with the same model
   baseline           our engine with the `none` drafter
   baseline_compiled  the same with a static KV cache and the decoder compiled (model.cache=static, model.compile=true)
-  <drafter>          our engine with each drafter of conf/drafter/ and the greedy verifier;
-                     options after colons: independent:model.vocab=32768:model.quantize=int8
+  <drafter>          our engine with each drafter of conf/drafter/ and a lossless verifier (greedy; at T > 0
+                     rejection sampling); options after colons: independent:model.vocab=32768:model.quantize=int8,
+                     a verifier of conf/verifier/ and its options too: medusa:verifier=typical:verifier.epsilon=0.05
 
 The methods are interleaved prompt by prompt, in an order that rotates every run, after one
 untimed warm-up each, so machine noise hits all alike. Tokens/s are total new tokens / total time;
@@ -31,6 +33,7 @@ generation takes one sequence: skipped at B > 1, with the reason in the table.
     python benchmarks/speed.py --methods generate,hf_assisted,baseline,independent,independent:model.vocab=32768:model.quantize=int8
     python benchmarks/speed.py --dtype float32 --profile        # and where the time goes, op by op
     python benchmarks/speed.py --dataset mtbench --prompts 8    # chat: one MT-bench question per category
+    python benchmarks/speed.py --temperature 0.7 --methods generate,hf_assisted,baseline,medusa:verifier=typical,independent
     python benchmarks/speed.py --quick --tracker none           # tiny random models, seconds
     python benchmarks/speed.py --offset 100 --prompts 16 --batch 1,2,4,8,16 --methods generate,baseline,pld,independent
 """
@@ -69,9 +72,8 @@ from specresearch.models import LoadedModel, SkinnyLinear, cache_root, load_mode
 from specresearch.target import cost_curve
 from specresearch.tracking import MLflowTracker, NullTracker, browse_line, tracked_run, write_problem
 from specresearch.types import SamplingParams
-from specresearch.verifiers import GreedyVerifier
+from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
-GREEDY = SamplingParams()
 DATASETS = {"humaneval": "HumanEval prompts", "mtbench": "MT-bench questions (first turn, chat template)",
             "sharegpt": "ShareGPT first turns (evaluation side, chat template)"}
 HF_METHODS = ("generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "hf_universal")
@@ -127,8 +129,8 @@ def hf(name: str, lm: LoadedModel, **generate_kwargs) -> Method:
             # EOS ignored as our engine's eos_token_ids=[] does (no EOS ends it; min_new_tokens would mask EOS out
             # instead, and its processor, given to the assistant too, makes assisted generation warn)
             out = lm.model.generate(  # [B, T + n]
-                x, attention_mask=mask, max_new_tokens=n, eos_token_id=[], pad_token_id=pad, do_sample=False,
-                **generate_kwargs, **call_kwargs,
+                x, attention_mask=mask, max_new_tokens=n, eos_token_id=[], pad_token_id=pad,
+                **{"do_sample": False, **generate_kwargs}, **call_kwargs,
             )
         if lm.device.type == "cuda":
             torch.cuda.synchronize()
@@ -151,10 +153,10 @@ def quiet_assistant_warning() -> None:
         logger.addFilter(keep)
 
 
-def hf_torch_kernels(name: str, lm: LoadedModel) -> Method:
+def hf_torch_kernels(name: str, lm: LoadedModel, **generate_kwargs) -> Method:
     """transformers' `generate` on torch's own nn.Linear, as transformers ships it, whatever --kernels
     says (the layers' class is swapped back for the call: same weights)."""
-    method = hf(name, lm)
+    method = hf(name, lm, **generate_kwargs)
     plain = method.decode
 
     def decode(batch: list[list[int]], n: int) -> Run:
@@ -170,7 +172,7 @@ def hf_torch_kernels(name: str, lm: LoadedModel) -> Method:
     return method
 
 
-def hf_compiled(name: str, lm: LoadedModel, cache_len: int) -> Method:
+def hf_compiled(name: str, lm: LoadedModel, cache_len: int, **generate_kwargs) -> Method:
     """transformers' `generate` at its fastest on this stack: a static KV cache of `cache_len` tokens (one
     size for every prompt, so one compilation) and the forward compiled by torch.compile (inductor),
     which transformers does by itself on GPUs and here on any device. The warm-up compiles it."""
@@ -178,7 +180,7 @@ def hf_compiled(name: str, lm: LoadedModel, cache_len: int) -> Method:
 
     config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
     config._compile_all_devices = True  # transformers compiles on CUDA only unless told so
-    method = hf(name, lm, compile_config=config)
+    method = hf(name, lm, compile_config=config, **generate_kwargs)
     plain = method.decode
 
     def decode(batch: list[list[int]], n: int) -> Run:
@@ -225,11 +227,22 @@ def wanted_methods(spec: str) -> list[str]:
     return wanted
 
 
-def drafter_configs(args) -> dict[str, tuple[str, list[str], DictConfig]]:
-    """Each of our drafters in --methods ("independent:model.vocab=32768:model.quantize=int8"): its
-    group, its options (with --k first for drafters that have a draft length; lookahead's k is its
-    n-gram size) and its `drafter` node, composed from conf/ and checked by the settings schema
-    (config.compose) before any model loads."""
+@dataclass
+class Ours:
+    """One of our drafters as --methods names it ("medusa:shape=auto:verifier=typical"), composed."""
+
+    group: str  # the drafter's group in conf/drafter/
+    options: list[str]  # its options as given (with --k first where the drafter has a draft length), verifier ones included
+    drafter: DictConfig  # the `drafter` node
+    verifier: DictConfig  # the `verifier` node: the method's `verifier=` option, else greedy (rejection at T > 0)
+
+
+def drafter_configs(args) -> dict[str, Ours]:
+    """Each of our drafters in --methods ("independent:model.vocab=32768:model.quantize=int8"), composed
+    from conf/ and checked by the settings schema (config.compose) before any model loads: drafter
+    options as `drafter.<option>`; `verifier=NAME` and `verifier.<option>` pick and set its verifier
+    (default: greedy, at --temperature > 0 rejection sampling, both lossless). Drafters with a draft
+    length get --k first (lookahead's k is its n-gram size)."""
     found = {}
     for name in wanted_methods(args.methods):
         if name in (*HF_METHODS, *OURS_PLAIN):
@@ -237,7 +250,16 @@ def drafter_configs(args) -> dict[str, tuple[str, list[str], DictConfig]]:
         group, *options = name.split(":")
         if "k" in compose([f"drafter={group}"]).drafter:
             options = [f"k={args.k}", *options]
-        found[name] = group, options, compose([f"drafter={group}", *(f"drafter.{o}" for o in options)]).drafter
+        verifier = [o for o in options if o.startswith("verifier")]
+        if not any(o.startswith("verifier=") for o in verifier):
+            verifier = ["verifier=" + ("greedy" if args.temperature == 0 else "rejection"), *verifier]
+        overrides = [f"drafter={group}", *(f"drafter.{o}" for o in options if not o.startswith("verifier")), *verifier]
+        cfg = compose(overrides)
+        try:  # a verifier that cannot decode at this temperature (greedy at T > 0), refused before any model loads
+            build(cfg.verifier).check(SamplingParams(temperature=args.temperature))
+        except SpecResearchError as err:
+            raise SpecResearchError(f"{name} at --temperature {args.temperature:g}: {err}") from None
+        found[name] = Ours(group, options, cfg.drafter, cfg.verifier)
     return found
 
 
@@ -245,36 +267,40 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
                   drafters: dict[str, tuple[str, list[str], DictConfig]], cross: LoadedModel | None = None) -> list[Method]:
     """Every method asked for by --methods, sharing one target and one draft model (`cache_len`: the
     longest prompt plus the new tokens, generate_compiled's cache size; `drafters`: drafter_configs;
-    `cross`: the --cross-draft model, for hf_universal)."""
+    `cross`: the --cross-draft model, for hf_universal). Every method samples at --temperature (0: greedy)."""
+    sampling = SamplingParams(temperature=args.temperature)
+    plain_verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier()
+    hf_sampling = {} if sampling.greedy else {"do_sample": True, "temperature": args.temperature, "top_k": 0, "top_p": 1.0}
     methods = []
     cheap: dict[tuple, DraftModel] = {}  # the draft made cheaper, by options
     for name in wanted_methods(args.methods):
         if name == "generate":
-            methods.append(hf(name, target))
+            methods.append(hf(name, target, **hf_sampling))
         elif name == "generate_torch":
-            methods.append(hf_torch_kernels(name, target))
+            methods.append(hf_torch_kernels(name, target, **hf_sampling))
         elif name == "generate_compiled":
-            methods.append(hf_compiled(name, target, cache_len))
+            methods.append(hf_compiled(name, target, cache_len, **hf_sampling))
         elif name == "hf_assisted":
             quiet_assistant_warning()
-            methods.append(hf(name, target, assistant_model=draft.model))
+            methods.append(hf(name, target, assistant_model=draft.model, **hf_sampling))
         elif name == "hf_prompt_lookup":
-            methods.append(hf(name, target, prompt_lookup_num_tokens=args.pld_tokens))
+            methods.append(hf(name, target, prompt_lookup_num_tokens=args.pld_tokens, **hf_sampling))
         elif name == "hf_universal":
             if not hasattr(cross.tokenizer, "convert_ids_to_tokens"):
                 print(f"skipped {name}: transformers' universal assisted generation needs Hugging Face tokenizers (--quick's tiny models have none)")
                 continue
             quiet_assistant_warning()
-            methods.append(hf(name, target, assistant_model=cross.model, tokenizer=target.tokenizer, assistant_tokenizer=cross.tokenizer))
+            methods.append(hf(name, target, assistant_model=cross.model, tokenizer=target.tokenizer, assistant_tokenizer=cross.tokenizer,
+                              **hf_sampling))
         elif name == "baseline":
-            methods.append(ours(name, Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)))
+            methods.append(ours(name, Engine(target, NoDrafter(), plain_verifier, sampling)))
         elif name == "baseline_compiled":  # the same weights, its own static cache and compiled graphs
             compiled = dataclasses.replace(target, cache="static", compile=True, compiled=None)
-            engine = Engine(compiled, NoDrafter(), GreedyVerifier(), GREEDY)
+            engine = Engine(compiled, NoDrafter(), plain_verifier, sampling)
             engine.target.reset(cache_len)  # slots for the longest prompt, made once: every prompt runs the warm-up's graphs
             methods.append(ours(name, engine))
         else:  # one of our drafters, with options: "independent:model.vocab=32768:model.quantize=int8"
-            group, options, node = drafters[name]
+            group, options, node = drafters[name].group, drafters[name].options, drafters[name].drafter
             extra = {}
             if group == "cross_vocab":  # the draft of another vocabulary, made as cheap as its options say by the drafter
                 extra["model"] = cross_spec(args, node)
@@ -293,7 +319,7 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
                 print(f"skipped {group}: {err}")  # every method by default: e.g. medusa before its heads are trained
                 continue
             label = f"{group}({drafter.size_label})" + "".join(f" {o}" for o in options if not o.startswith("k="))
-            methods.append(ours(label, Engine(target, drafter, GreedyVerifier(), GREEDY)))
+            methods.append(ours(label, Engine(target, drafter, build(drafters[name].verifier), sampling)))
     return methods
 
 
@@ -464,9 +490,10 @@ def profile_table(prof: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list[dict]:
+def summarize(methods: list[Method], v_curve: list[float] | None = None, sampled: bool = False) -> list[dict]:
     """One row per method: tokens/s (mean and spread over repeats), ratios, α, τ, c, v, Leviathan,
-    and the Leviathan-optimal k (from `v_curve`, the measured v(k), when given)."""
+    and the Leviathan-optimal k (from `v_curve`, the measured v(k), when given); the prompts decoded
+    identically to the reference unless `sampled` (then None: sampled continuations differ by chance)."""
     by_name = {m.name: m for m in methods}
     reference = by_name.get("generate", methods[0])
     baseline = by_name.get("baseline")
@@ -483,7 +510,7 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None) -> list
             f"speedup_vs_{reference.name}": sum(reference.seconds) / sum(m.seconds),
             "speedup_min": min(ratios),
             "speedup_max": max(ratios),
-            "identical_to_reference": sum(first_divergence(a, b) is None for a, b in zip(m.outputs, reference.outputs)),
+            "identical_to_reference": None if sampled else sum(first_divergence(a, b) is None for a, b in zip(m.outputs, reference.outputs)),
         }
         if baseline is not None:
             row["speedup_vs_baseline"] = sum(baseline.seconds) / sum(m.seconds)
@@ -524,7 +551,7 @@ def table(rows: list[dict], header: str) -> str:
             f"{r['speedup_min']:>7.2f}-{r['speedup_max']:<5.2f}{f('speedup_vs_baseline', '.2f', 'x'):>12}"
             f"{f('speedup_vs_fastest_plain', '.2f', 'x'):>11}"
             f"{f('alpha', '.3f'):>7}{f('tau', '.2f'):>6}{f('c', '.3f'):>7}{f('v', '.2f'):>7}{f('leviathan', '.2f', 'x'):>10}"
-            f"{r['identical_to_reference']:>10}"
+            f"{'-' if r['identical_to_reference'] is None else r['identical_to_reference']:>10}"
         )
     if "fastest_plain" in rows[0]:
         lines.append(f"vs_fastest: over the fastest plain decoding measured ({rows[0]['fastest_plain']}; plain: {', '.join(PLAIN)})")
@@ -553,14 +580,14 @@ BATCH_KEYS = ("method", "tokens_per_s", "tokens_per_s_std", "fastest_plain", "sp
               "identical_to_reference", "alpha", "tau", "k")  # what a batch row keeps of summarize's row (c, v, Leviathan are one-sequence models)
 
 
-def summarize_batches(done: list[BatchSize]) -> tuple[list[dict], dict[str, int | None]]:
+def summarize_batches(done: list[BatchSize], sampled: bool = False) -> tuple[list[dict], dict[str, int | None]]:
     """Per batch size: its rows (summarize's tokens/s, speedups over the fastest plain decoding at that
     batch size and over our baseline, identity to the reference's tokens at that batch size, α, τ) and the
     methods it skipped; and the crossover of each speculative method: the smallest batch size where its
     speedup over the fastest plain decoding falls below 1, or None when it never does where it ran."""
     batches = []
     for size in done:
-        rows = [{"batch": size.batch, **{k: r[k] for k in BATCH_KEYS if k in r}} for r in summarize(size.methods)] if size.methods else []
+        rows = [{"batch": size.batch, **{k: r[k] for k in BATCH_KEYS if k in r}} for r in summarize(size.methods, sampled=sampled)] if size.methods else []
         reference = next((m for m in size.methods if m.name == "generate"), size.methods[0]) if size.methods else None
         batches.append({"batch": size.batch, "prompts": len(reference.outputs) if reference else 0,
                         "reference": reference.name if reference else None, "rows": rows, "skipped": size.skipped})
@@ -623,7 +650,7 @@ def batch_notes(batches: list[dict]) -> list[str]:
         notes.append(f"skipped {name} at B={', '.join(map(str, sizes))}: {reason}")
     for e in batches:
         for r in e["rows"]:
-            if r["identical_to_reference"] != e["prompts"]:
+            if r["identical_to_reference"] not in (None, e["prompts"]):  # None: sampled, not compared
                 notes.append(f"B={e['batch']}: {r['method']} decoded {r['identical_to_reference']} of {e['prompts']} prompts "
                              f"token for token as {e['reference']} did at this batch size")
     return notes
@@ -643,6 +670,17 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:
         fail(message)
+
+
+def at_least_zero(text: str) -> float:
+    """An argparse type: a finite number >= 0 (--temperature)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0 = greedy), got {text}")
+    return value
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -711,6 +749,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=at_least(1), default=64, help="new tokens per prompt (EOS ignored)")
     parser.add_argument("--repeats", type=at_least(1), default=2, help="times every prompt is decoded by every method")
     parser.add_argument("--k", type=at_least(1), default=4, help="draft tokens per step of our drafters")
+    parser.add_argument("--temperature", type=at_least_zero, default=0.0,
+                        help="0: greedy (default); T > 0: every method samples from softmax(logits / T), no top-k or top-p; "
+                             "our drafters verify with rejection sampling unless a method says verifier=NAME")
     parser.add_argument("--pld-tokens", type=at_least(1), default=10, help="transformers' prompt_lookup_num_tokens")
     parser.add_argument(
         "--methods", default="",
@@ -776,8 +817,8 @@ def run(args) -> None:
                 found.update(batch_metrics(report["batches"], report["crossover"]))
             return found, {"speed.json": json.dumps(report, indent=2)}
         if args.batch:
-            return (batch_metrics(*summarize_batches(done)) if done else {}), {}
-        return (metrics(summarize(methods)) if all(m.seconds and m.seconds[0] for m in methods) else {}), {}
+            return (batch_metrics(*summarize_batches(done, args.temperature > 0)) if done else {}), {}
+        return (metrics(summarize(methods, sampled=args.temperature > 0)) if all(m.seconds and m.seconds[0] for m in methods) else {}), {}
 
     crossing = any(m.split(":")[0] in CROSS for m in wanted_methods(args.methods))
     cross_note = f", {args.cross_draft} (another tokenizer)" if crossing else ""
@@ -785,18 +826,19 @@ def run(args) -> None:
         header = (
             f"\n{args.model} <- {args.draft}{cross_note} ({target.dtype}, {target.device}, kernels {args.kernels}; torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, {platform.machine()} {torch.backends.cpu.get_cpu_capability()}): "
-            f"{len(prompts)} {DATASETS[args.dataset]} x {args.tokens} tokens x {args.repeats} repeats, greedy"
+            f"{len(prompts)} {DATASETS[args.dataset]} x {args.tokens} tokens x {args.repeats} repeats, "
+            + ("greedy" if args.temperature == 0 else f"sampled at T = {args.temperature:g}")
         )
         if args.batch:
             done.extend(measure_batches(methods, prompts, args.tokens, args.repeats, args.batch))
-            batches, crossover = summarize_batches(done)
+            batches, crossover = summarize_batches(done, args.temperature > 0)
             prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
             header += f", batch sizes {', '.join(map(str, args.batch))}"
             report.update(header=header.strip(), args=report_args(args), batches=batches, crossover=crossover, profile=prof)
         else:
             measure(methods, [[ids] for ids in prompts], args.tokens, args.repeats)
             v_curve = verify_costs(target, prompts[0], max(args.k, 8))
-            rows = summarize(methods, v_curve)
+            rows = summarize(methods, v_curve, sampled=args.temperature > 0)
             prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
             report.update(header=header.strip(), args=report_args(args), rows=rows, v_curve=v_curve, profile=prof)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,15 @@ def speed_module():
     return speed
 
 
+def quick(tmp_path, *argv: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """speed.py --quick with `argv`, its report in tmp_path/speed.json, nothing tracked: (the process, the report)."""
+    out = tmp_path / "speed.json"
+    result = subprocess.run([sys.executable, SPEED, "--quick", "--json", str(out), "--tracker", "none", *argv],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, json.loads(out.read_text())
+
+
 def test_speed_quick_runs_every_method_and_records_them(tmp_path):
     out = tmp_path / "speed.json"
     result = subprocess.run(
@@ -94,27 +103,47 @@ def test_table_without_generate_refers_to_the_first_method():
 
 def test_speed_quick_on_mtbench_chat(tmp_path):
     """--dataset mtbench: MT-bench's first turns through the chat template, one per category."""
-    out = tmp_path / "speed.json"
-    result = subprocess.run([sys.executable, SPEED, "--quick", "--dataset", "mtbench", "--prompts", "2", "--json", str(out),
-                             "--tracker", "none", "--methods", "generate,baseline,pld"],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    _, report = quick(tmp_path, "--dataset", "mtbench", "--prompts", "2", "--methods", "generate,baseline,pld")
     assert "2 MT-bench questions (first turn, chat template)" in report["header"] and report["args"]["dataset"] == "mtbench"
     assert [r["method"] for r in report["rows"]] == ["generate", "baseline", "pld(k=4)"]
     assert all(r["identical_to_reference"] == 2 for r in report["rows"])
 
 
+def test_speed_quick_samples_at_a_temperature_with_each_methods_verifier(tmp_path):
+    """--temperature: every method samples (transformers' too); our drafters verify with rejection sampling
+    unless a method names its verifier (lossy typical acceptance here), and nothing is compared token for token."""
+    _, report = quick(tmp_path, "--temperature", "0.7", "--methods",
+                      "generate,hf_assisted,baseline,independent,independent:verifier=typical:verifier.epsilon=0.3")
+    assert report["header"].endswith("sampled at T = 0.7") and report["args"]["temperature"] == 0.7
+    rows = {r["method"]: r for r in report["rows"]}
+    assert list(rows) == ["generate", "hf_assisted", "baseline", "independent(k=4)",
+                          "independent(k=4) verifier=typical verifier.epsilon=0.3"]
+    assert all(r["identical_to_reference"] is None and r["tokens_per_s"] > 0 for r in rows.values())
+    assert 0 < rows["independent(k=4)"]["alpha"] < 1
+    page = _docs_hook().render(_docs_hook().load(tmp_path / "speed.json"), "speed.json")
+    assert "sampled at T = 0.7" in page
+
+
+def test_drafter_configs_pick_each_methods_verifier():
+    """The verifier of each of our methods: greedy at T = 0, rejection sampling at T > 0 (both lossless), or
+    the one the method names, with its options; drafter options stay the drafter's."""
+    import argparse
+
+    speed = speed_module()
+    methods = "pld,medusa:verifier=typical:verifier.epsilon=0.05:shape=null"
+    for temperature, plain in ((0.0, "GreedyVerifier"), (0.7, "RejectionVerifier")):
+        found = speed.drafter_configs(argparse.Namespace(methods=methods, k=3, temperature=temperature))
+        assert found["pld"].verifier._target_.endswith(plain) and found["pld"].drafter.k == 3
+        medusa = found["medusa:verifier=typical:verifier.epsilon=0.05:shape=null"]
+        assert medusa.verifier._target_.endswith("TypicalVerifier") and medusa.verifier.epsilon == 0.05
+        assert medusa.drafter.shape is None and "verifier" not in medusa.drafter
+
+
 def test_speed_quick_drafts_in_another_vocabulary(tmp_path):
     """cross_vocab drafts with --cross-draft (--quick: a tiny model of bytes and byte pairs) as plain decoding
     decodes; hf_universal needs Hugging Face tokenizers, which the tiny models lack: skipped, saying so."""
-    out = tmp_path / "speed.json"
-    result = subprocess.run([sys.executable, SPEED, "--quick", "--json", str(out), "--tracker", "none", "--methods",
-                             "generate,baseline,hf_universal,cross_vocab,cross_vocab:mode=shared"],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result, report = quick(tmp_path, "--methods", "generate,baseline,hf_universal,cross_vocab,cross_vocab:mode=shared")
     assert "skipped hf_universal: transformers' universal assisted generation needs Hugging Face tokenizers" in result.stdout
-    report = json.loads(out.read_text())
     assert "tiny (another tokenizer)" in report["header"] and report["args"]["cross_draft"] == "tiny"
     assert [r["method"] for r in report["rows"]] == ["generate", "baseline", "cross_vocab(k=4)", "cross_vocab(k=4) mode=shared"]
     assert all(r["identical_to_reference"] == 2 for r in report["rows"])
@@ -125,12 +154,8 @@ def test_speed_quick_batch_mode_has_rows_per_batch_size_and_a_crossover(tmp_path
     """--batch: per batch size a row per method with tokens/s and the speedup over the fastest plain decoding at
     that size, transformers' assisted generation skipped at B > 1 with its reason, each speculative method's
     crossover, every output still greedy-identical (fp32), and a docs page from the JSON."""
+    result, report = quick(tmp_path, "--batch", "2,1", "--methods", "generate,hf_assisted,baseline,pld")
     out = tmp_path / "speed.json"
-    result = subprocess.run([sys.executable, SPEED, "--quick", "--batch", "2,1", "--json", str(out), "--tracker", "none",
-                             "--methods", "generate,hf_assisted,baseline,pld"],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
     assert report["args"]["batch"] == "1,2" and report["args"]["prompts"] == 2  # --quick: the sizes' least common multiple
     assert [e["batch"] for e in report["batches"]] == [1, 2] and "rows" not in report
     one, two = report["batches"]
@@ -194,6 +219,10 @@ REFUSED = {  # arguments -> the start of the one error line
     "--json FILE/speed.json": "error: cannot write the report FILE/speed.json (--json): FILE is not a folder",
     "--methods baseline,eagle3": "error: unknown method(s) eagle3: valid are generate, ",
     "--methods independent:model.vocab=x": "error: drafter.model.vocab must be an integer or null, got 'x'",
+    "--temperature -1": "error: argument --temperature: must be a number >= 0 (0 = greedy), got -1",
+    "--methods medusa:verifier=nope": "error: unknown verifier 'nope': valid are greedy, margin, rejection, topk, typical",
+    "--methods medusa:verifier=typical:verifier.eps=1": "error: verifier=typical has no setting 'verifier.eps': valid are verifier.delta, ",
+    "--temperature 0.7 --methods pld:verifier=greedy": "error: pld:verifier=greedy at --temperature 0.7: verifier=greedy decodes the target's argmax",
 }
 
 
@@ -230,3 +259,61 @@ def test_the_script_refuses_an_unwritable_report_folder_in_one_line(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [f"error: cannot write the report {tmp_path}/file/speed.json (--json): {tmp_path}/file is not a folder"]
     assert "repeat 1/" not in result.stdout
+
+
+def test_flagship_table_puts_quality_and_the_battery_beside_the_speed_rows(tmp_path):
+    """benchmarks/flagship.py: each speed report's reference, assisted and speculative rows (other plain decodings
+    left on the run's own page), and beside the row of the same text, temperature, drafter and verifier the pass@1
+    of an eval run and the battery's verdict of a stats run; a run that matches no row is said so; the docs render it."""
+    report = {
+        "header": "qwen <- qwen (bf16, cpu): 3 HumanEval prompts x 96 tokens x 1 repeats, sampled at T = 0.7",
+        "args": {"dataset": "humaneval", "offset": 150, "prompts": 3, "tokens": 96, "repeats": 1, "temperature": 0.7,
+                 "methods": "generate,baseline,medusa:verifier=typical", "json": "x.json"},
+        "rows": [{"method": "generate", "speedup_vs_generate": 1.0, "identical_to_reference": None},
+                 {"method": "baseline", "speedup_vs_generate": 0.98, "identical_to_reference": None},
+                 {"method": "medusa(depth=1) verifier=typical", "speedup_vs_generate": 1.25, "alpha": 0.4, "tau": 1.4,
+                  "identical_to_reference": None}],
+    }
+    speed_json = tmp_path / "2026-11-28-flagship-humaneval-t07.json"
+    speed_json.write_text(json.dumps(report))
+
+    def run(name, dataset, drafter, summary):
+        folder = tmp_path / name
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "hydra.yaml").write_text(
+            f"hydra:\n  runtime:\n    choices:\n      drafter: {drafter}\n      verifier: typical\n")
+        (folder / ".hydra" / "config.yaml").write_text(f"dataset:\n  name: {dataset}\nsampling:\n  temperature: 0.7\n")
+        (folder / ".hydra" / "overrides.yaml").write_text(f"- drafter={drafter}\n- verifier=typical\n- sampling.temperature=0.7\n")
+        (folder / "summary.json").write_text(json.dumps({"status": "FINISHED", **summary}))
+        return str(folder)
+
+    quality = run("02-00-00", "humaneval", "medusa", {"method_pass@1": 0.4, "baseline_pass@1": 0.45, "problems": 20,
+                                                       "mcnemar_p": 0.62})
+    stats = run("02-30-00", "humaneval", "medusa", {"eq_reject": 1.0, "eq_alpha": 0.01, "eq_samples_method": 600, "eq_length": 8,
+                                                     "eq_samples_baseline": 600, "eq_power_min_tv_position": 0.12, "eq_tv_position": 0.3,
+                                                     "eq_tv_position_null": 0.05, "eq_top1_share_method": 0.92,
+                                                     "eq_top1_share_baseline": 0.84})
+    stray = run("03-00-00", "mtbench", "eagle", {"eq_reject": 0.0, "eq_alpha": 0.01, "eq_samples_method": 10,
+                                                  "eq_samples_baseline": 10})
+    out = tmp_path / "flagship.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flagship.py"), "--speed", str(speed_json),
+                             "--run", quality, stats, stray, "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    rows = {row[3]: row for row in data["rows"]}
+    assert list(rows) == ["generate", "medusa(depth=1) verifier=typical", "eagle verifier=typical"]  # our baseline: on its page
+    medusa = rows["medusa(depth=1) verifier=typical"]
+    assert medusa[:2] == ["code (HumanEval)", "0.7"] and medusa[4] == "1.25x" and medusa[5] == "1.40"
+    assert medusa[6] == "pass@1 0.40 vs target 0.45 (the first 20 problems, one sample each; McNemar p 0.62)"
+    assert medusa[7] == ("**different** from the target (Holm at 0.01; 600 vs 600 sequences of 8 tokens, detects a position TV of 0.12; "
+                         "position TV 0.30 (noise floor 0.05), top-1 share 0.92 vs 0.84)")
+    assert rows["generate"][6] == rows["generate"][7] == ""
+    stray_row = rows["eagle verifier=typical"]  # no speed row of its key: a row of its own, its speed left to its page
+    assert stray_row[:2] == ["chat (MT-bench)", "0.7"] and stray_row[4] == "" and stray_row[-1] == "run 03-00-00"
+    assert stray_row[7].startswith("not distinguishable from the target (Holm at 0.01; 10 vs 10 sequences")
+    assert "specresearch drafter=medusa verifier=typical sampling.temperature=0.7   # 02-00-00" in data["command"]
+    assert data["command"][0].startswith("python benchmarks/speed.py --dataset humaneval --offset 150")
+    hook = _docs_hook()
+    target = tmp_path / "data.json"
+    target.write_text(out.read_text())
+    assert "| code (HumanEval) | 0.7 |" in hook.render(hook.load(target), "data.json")

@@ -165,6 +165,11 @@ def speed_command(args: dict) -> str:
     return " ".join(words)
 
 
+def decoding(args: dict) -> str:
+    """How a speed.py report decoded: greedy, or sampled at its --temperature (reports before it: greedy)."""
+    return f"sampled at T = {args['temperature']:g}" if args.get("temperature") else "greedy"
+
+
 def speed_to_table(data: dict, name: str) -> dict:
     """A speed.py report in the curated format: rows -> table, args -> command, header -> machine."""
     args = data.get("args", {})
@@ -205,7 +210,7 @@ def speed_to_table(data: dict, name: str) -> dict:
         "machine": data["header"],
         "command": [speed_command(args)],
         "prompts": f"{dataset}, {args.get('prompts')} prompts from offset {args.get('offset', 0)}, {args.get('tokens')} new tokens, "
-                   f"{args.get('repeats')} repeats, greedy (from the report's args)",
+                   f"{args.get('repeats')} repeats, {decoding(args)} (from the report's args)",
         "columns": columns,
         "rows": table_rows,
         "notes": data.get("notes", []) + notes,
@@ -262,7 +267,7 @@ def batch_to_table(data: dict, name: str) -> dict:
     notes += [f"{method} skipped at B={', '.join(map(str, at))}: {why}." for (method, why), at in skipped.items()]
     for e in batches:
         for r in e["rows"]:
-            if "prompts" in e and r.get("identical_to_reference") != e["prompts"]:
+            if "prompts" in e and r.get("identical_to_reference") not in (None, e["prompts"]):
                 notes.append(f"B={e['batch']}: {r['method']} decoded {r.get('identical_to_reference')} of {e['prompts']} prompts "
                              f"token for token as {e.get('reference')} did at that batch size.")
     date = report_date(data, name)
@@ -273,7 +278,7 @@ def batch_to_table(data: dict, name: str) -> dict:
         "machine": data["header"],
         "command": [speed_command(args)],
         "prompts": f"{dataset}, {args.get('prompts')} prompts from offset {args.get('offset', 0)}, {args.get('tokens')} new tokens, "
-                   f"{args.get('repeats')} repeats, greedy, batch sizes {args.get('batch')} (from the report's args)",
+                   f"{args.get('repeats')} repeats, {decoding(args)}, batch sizes {args.get('batch')} (from the report's args)",
         "columns": columns,
         "rows": table_rows,
         "notes": data.get("notes", []) + notes,

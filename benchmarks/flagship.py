@@ -1,0 +1,153 @@
+"""The flagship table: speed, quality and faithfulness of each method per text and temperature, in one page.
+
+Reads what was measured, measures nothing itself:
+  --speed FILE  benchmarks/speed.py reports (--json), one interleaved run each: a text (HumanEval, MT-bench) at
+                one temperature, transformers' `generate` (the reference), its assisted generation and our methods;
+  --run DIR     output folders of `specresearch` runs (Hydra's, with .hydra/ and summary.json): `eval=humaneval`
+                runs give pass@1 of the method beside the target alone's, `stats.samples=N` runs the equivalence
+                battery's verdict. Each is put beside the speed row of the same text, temperature, drafter and
+                verifier.
+and writes one results file (curated format: docs/results/data/*.json), every row naming the page of the run it
+came from (a run that matches no speed row gets a row of its own), every command listed, the machine of each report
+stated.
+
+    python benchmarks/flagship.py --speed docs/results/data/2026-11-28-flagship-humaneval.json \\
+        --run outputs/2026-11-28/02-10-00 --out docs/results/data/2026-11-28-flagship.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+try:  # the docs' own reading of a speed report (its command and date), as its page shows them
+    from results import report_date, speed_command
+except ImportError as err:  # the hook imports mkdocs
+    sys.exit(f"error: benchmarks/flagship.py reads reports as the docs do, which needs mkdocs ({err}): pip install -e '.[dev]'")
+
+TEXTS = {"humaneval": "code (HumanEval)", "mtbench": "chat (MT-bench)", "sharegpt": "chat (ShareGPT)"}
+SHOWN = ("generate", "hf_assisted")  # transformers' rows kept beside ours; other plain decodings are on each run's page
+
+
+def method_key(label: str, temperature: float) -> tuple[str, str]:
+    """(drafter, verifier) of a speed.py row: "medusa(depth=1) verifier=typical" -> ("medusa", "typical");
+    without a verifier option, speed.py's lossless default (greedy, at T > 0 rejection)."""
+    drafter = label.split("(")[0].split(" ")[0]
+    verifier = next((o.split("=", 1)[1] for o in label.split() if o.startswith("verifier=")), None)
+    return drafter, verifier or ("greedy" if temperature == 0 else "rejection")
+
+
+def read_run(folder: Path) -> dict:
+    """A `specresearch` run's choices (text, temperature, drafter, verifier), command and summary."""
+    hydra = yaml.safe_load((folder / ".hydra" / "hydra.yaml").read_text())["hydra"]
+    config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+    overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
+    choices = hydra["runtime"]["choices"]
+    summary = json.loads((folder / "summary.json").read_text())
+    return {
+        "key": (config["dataset"]["name"], float(config["sampling"]["temperature"]), choices["drafter"], choices["verifier"]),
+        "command": "specresearch " + " ".join(shlex.quote(o) for o in overrides),
+        "summary": summary,
+        "folder": folder.name,
+    }
+
+
+def quality(run: dict) -> str | None:
+    """pass@1 of the method and of the target alone on the same problems, with the paired test."""
+    s = {key.replace("@", "_at_"): value for key, value in run["summary"].items()}  # summary.json: "pass@1"; MLflow: "pass_at_1"
+    if "method_pass_at_1" not in s:
+        return None
+    return (f"pass@1 {s['method_pass_at_1']:.2f} vs target {s['baseline_pass_at_1']:.2f} "
+            f"(the first {s['problems']:.0f} problems, one sample each; McNemar p {s['mcnemar_p']:.2g})")
+
+
+def battery(run: dict) -> str | None:
+    """The equivalence battery's verdict, with its N and the smallest position TV it detects."""
+    s = run["summary"]
+    if "eq_reject" not in s:
+        return None
+    verdict = "**different** from the target" if s["eq_reject"] else "not distinguishable from the target"
+    tv = s.get("eq_power_min_tv_position")
+    effects = (f"; position TV {s['eq_tv_position']:.2f} (noise floor {s['eq_tv_position_null']:.2f}), top-1 share "
+               f"{s['eq_top1_share_method']:.2f} vs {s['eq_top1_share_baseline']:.2f}") if "eq_tv_position" in s else ""
+    return (f"{verdict} (Holm at {s['eq_alpha']:g}; {s['eq_samples_method']:.0f} vs {s['eq_samples_baseline']:.0f} sequences of "
+            f"{s.get('eq_length', 0):.0f} tokens" + (f", detects a position TV of {tv:.2f}" if tv is not None else "") + effects + ")")
+
+
+def table(speed: list[Path], runs: list[Path], skip: list[str] = ()) -> dict:
+    """The curated results file: one row per method of each speed report (but those whose label contains one
+    of `skip`), with the quality and verdict of the runs of the same key; a run of no row's key gets a row of
+    its own (a lossless control beside a lossy method, say), its speed left to its own page."""
+    found = [read_run(folder) for folder in runs]
+    used = set()
+    rows, commands, machines = [], [], []
+    for path in speed:
+        report = json.loads(path.read_text())
+        args = report["args"]
+        temperature = float(args.get("temperature") or 0)
+        text = TEXTS.get(args["dataset"], args["dataset"])
+        commands.append(speed_command(args))
+        machines.append(f"{path.stem}: {report['header']}")
+        prompts = (f"{args['prompts']} prompts from {args['offset']}" if args["dataset"] != "mtbench"
+                   else f"{args['prompts']} questions, the {args['offset'] + 1}th of each category on")
+        for r in report["rows"]:
+            if (r["method"] not in SHOWN and "alpha" not in r) or any(s in r["method"] for s in skip):  # other plain decodings
+                continue
+            key = (args["dataset"], temperature, *method_key(r["method"], temperature))
+            mine = [run for run in found if run["key"] == key]
+            used.update(run["folder"] for run in mine)
+            same = r.get("identical_to_reference")
+            lossless = f"identical to `generate`: {same}/{args['prompts']}" if same is not None else ""
+            rows.append([
+                text, f"{temperature:g}", f"{prompts} x {args['tokens']} tokens", r["method"],
+                f"{r['speedup_vs_generate']:.2f}x",
+                "" if r.get("tau") is None else f"{r['tau']:.2f}",
+                "; ".join(filter(None, [lossless, *map(quality, mine)])),
+                "; ".join(filter(None, map(battery, mine))),
+                f"[{path.stem}]({path.stem}.md)",
+            ])
+    for run in found:
+        commands.append(f"{run['command']}   # {run['folder']}")
+        if run["folder"] not in used:
+            dataset, temperature, drafter, verifier = run["key"]
+            rows.append([TEXTS.get(dataset, dataset), f"{temperature:g}", "as its command says", f"{drafter} verifier={verifier}",
+                         "", "", quality(run) or "", battery(run) or "", f"run {run['folder']}"])
+    return {
+        "title": "The flagship: Medusa with typical acceptance, code and chat, T = 0 and T = 0.7",
+        "date": max(report_date(json.loads(p.read_text()), p.stem) for p in speed),
+        "machine": " | ".join(machines),
+        "command": commands,
+        "prompts": "held out: no setting was chosen and no head trained on them (HumanEval 150 on; MT-bench from the 6th "
+                   "question of each category; settings chosen on HumanEval 100-103 and ShareGPT)",
+        "columns": ["text", "T", "prompts", "method", "vs generate", "τ", "quality", "equivalence battery", "run"],
+        "rows": rows,
+        "notes": [],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--speed", type=Path, nargs="+", required=True, help="benchmarks/speed.py reports (--json)")
+    parser.add_argument("--run", type=Path, nargs="*", default=[], help="output folders of specresearch runs (eval, stats)")
+    parser.add_argument("--notes", nargs="*", default=[], help="findings to add to the page")
+    parser.add_argument("--skip", nargs="*", default=[], help="leave out the speed rows whose method contains one of these")
+    parser.add_argument("--out", type=Path, required=True, help="the results file to write (docs/results/data/DATE-NAME.json)")
+    args = parser.parse_args()
+    missing = [str(p) for p in [*args.speed, *(r / "summary.json" for r in args.run)] if not p.is_file()]
+    if missing:
+        parser.error(f"not found: {', '.join(missing)}")
+    data = table(args.speed, args.run, args.skip)
+    data["notes"] = args.notes + data["notes"]
+    args.out.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    print(f"wrote {args.out}: {len(data['rows'])} rows")
+
+
+if __name__ == "__main__":
+    main()
