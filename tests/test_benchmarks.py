@@ -272,7 +272,8 @@ def test_flagship_table_puts_quality_and_the_battery_beside_the_speed_rows(tmp_p
         "rows": [{"method": "generate", "speedup_vs_generate": 1.0, "identical_to_reference": None},
                  {"method": "baseline", "speedup_vs_generate": 0.98, "identical_to_reference": None},
                  {"method": "medusa(depth=1) verifier=typical", "speedup_vs_generate": 1.25, "alpha": 0.4, "tau": 1.4,
-                  "identical_to_reference": None}],
+                  "identical_to_reference": None},
+                 {"method": "pld(k=4)", "speedup_vs_generate": 1.1, "alpha": 0.3, "tau": 1.2, "identical_to_reference": None}],
     }
     speed_json = tmp_path / "2026-11-28-flagship-humaneval-t07.json"
     speed_json.write_text(json.dumps(report))
@@ -301,7 +302,8 @@ def test_flagship_table_puts_quality_and_the_battery_beside_the_speed_rows(tmp_p
     assert result.returncode == 0, result.stderr
     data = json.loads(out.read_text())
     rows = {row[3]: row for row in data["rows"]}
-    assert list(rows) == ["generate", "medusa(depth=1) verifier=typical", "eagle verifier=typical"]  # our baseline: on its page
+    assert list(rows) == ["generate", "medusa(depth=1) verifier=typical", "pld(k=4)", "eagle verifier=typical"]  # our baseline: on its page
+    assert rows["pld(k=4)"][7].startswith("lossless: rejection sampling")  # speed.py's default verifier at T > 0, no battery run
     medusa = rows["medusa(depth=1) verifier=typical"]
     assert medusa[:2] == ["code (HumanEval)", "0.7"] and medusa[4] == "1.25x" and medusa[5] == "1.40"
     assert medusa[6] == "pass@1 0.40 vs target 0.45 (the first 20 problems, one sample each; McNemar p 0.62)"
