@@ -95,7 +95,7 @@ def table(speed: list[Path], runs: list[Path], skip: list[str] = ()) -> dict:
         temperature = float(args.get("temperature") or 0)
         text = TEXTS.get(args["dataset"], args["dataset"])
         commands.append(speed_command(args))
-        machines.append(f"{path.stem}: {report['header']}")
+        machines.append(report["header"].split("): ")[0] + ")")  # the models, dtype, device, kernels, torch, threads, CPU
         prompts = (f"{args['prompts']} prompts from {args['offset']}" if args["dataset"] != "mtbench"
                    else f"{args['prompts']} questions, the {args['offset'] + 1}th of each category on")
         for r in report["rows"]:
@@ -123,7 +123,7 @@ def table(speed: list[Path], runs: list[Path], skip: list[str] = ()) -> dict:
     return {
         "title": "The flagship: Medusa with typical acceptance, code and chat, T = 0 and T = 0.7",
         "date": max(report_date(json.loads(p.read_text()), p.stem) for p in speed),
-        "machine": " | ".join(machines),
+        "machine": " | ".join(dict.fromkeys(machines)),
         "command": commands,
         "prompts": "held out: no setting was chosen and no head trained on them (HumanEval 150 on; MT-bench from the 6th "
                    "question of each category; settings chosen on HumanEval 100-103 and ShareGPT)",

@@ -315,6 +315,7 @@ def test_flagship_table_puts_quality_and_the_battery_beside_the_speed_rows(tmp_p
     assert stray_row[7].startswith("not distinguishable from the target (Holm at 0.01; 10 vs 10 sequences")
     assert "specresearch drafter=medusa verifier=typical sampling.temperature=0.7   # 02-00-00" in data["command"]
     assert data["command"][0].startswith("python benchmarks/speed.py --dataset humaneval --offset 150")
+    assert data["machine"] == "qwen <- qwen (bf16, cpu)" and data["date"] == "2026-11-28"  # the date: the report file's name
     hook = _docs_hook()
     target = tmp_path / "data.json"
     target.write_text(out.read_text())

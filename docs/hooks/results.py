@@ -286,9 +286,11 @@ def batch_to_table(data: dict, name: str) -> dict:
 
 
 def report_date(data: dict, name: str) -> str:
-    """A speed.py report's date: its own `date`, else the stamp in its file name (speed-YYYYMMDD-HHMMSS)."""
+    """A speed.py report's date: its own `date`, else the stamp in its file name (speed-YYYYMMDD-HHMMSS), else
+    the date a results file's name starts with (YYYY-MM-DD-NAME)."""
     match = re.search(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})", name)
-    return data.get("date") or (f"{match[1]}-{match[2]}-{match[3]} {match[4]}:{match[5]}" if match else "not recorded")
+    day = re.match(r"\d{4}-\d{2}-\d{2}", name)
+    return data.get("date") or (f"{match[1]}-{match[2]}-{match[3]} {match[4]}:{match[5]}" if match else day[0] if day else "not recorded")
 
 
 def load(path: Path) -> dict:
