@@ -82,22 +82,23 @@ def battery(run: dict) -> str | None:
             f"{s.get('eq_length', 0):.0f} tokens" + (f", detects a position TV of {tv:.2f}" if tv is not None else "") + effects + ")")
 
 
-def table(speed: list[Path], runs: list[Path], skip: list[str] = ()) -> dict:
+def table(speed: list[Path], runs: list[Path], skip: list[str] = (), notes: list[str] = ()) -> dict:
     """The curated results file: one row per method of each speed report (but those whose label contains one
     of `skip`), with the quality and verdict of the runs of the same key; a run of no row's key gets a row of
-    its own (a lossless control beside a lossy method, say), its speed left to its own page."""
+    its own (a lossless control beside a lossy method, say), its speed left to its own page; `notes`: the findings."""
     found = [read_run(folder) for folder in runs]
     used = set()
-    rows, commands, machines = [], [], []
+    rows, commands, machines, dates = [], [], [], []
     for path in speed:
         report = json.loads(path.read_text())
         args = report["args"]
         temperature = float(args.get("temperature") or 0)
         text = TEXTS.get(args["dataset"], args["dataset"])
         commands.append(speed_command(args))
+        dates.append(report_date(report, path.stem))
         machines.append(report["header"].split("): ")[0] + ")")  # the models, dtype, device, kernels, torch, threads, CPU
         prompts = (f"{args['prompts']} prompts from {args['offset']}" if args["dataset"] != "mtbench"
-                   else f"{args['prompts']} questions, the {args['offset'] + 1}th of each category on")
+                   else f"{args['prompts']} questions, one per category from its question {args['offset'] + 1} on")
         for r in report["rows"]:
             if (r["method"] not in SHOWN and "alpha" not in r) or any(s in r["method"] for s in skip):  # other plain decodings
                 continue
@@ -122,14 +123,14 @@ def table(speed: list[Path], runs: list[Path], skip: list[str] = ()) -> dict:
                          "", "", quality(run) or "", battery(run) or "", f"run {run['folder']}"])
     return {
         "title": "The flagship: Medusa with typical acceptance, code and chat, T = 0 and T = 0.7",
-        "date": max(report_date(json.loads(p.read_text()), p.stem) for p in speed),
+        "date": max(dates),
         "machine": " | ".join(dict.fromkeys(machines)),
         "command": commands,
         "prompts": "held out: no setting was chosen and no head trained on them (HumanEval 150 on; MT-bench from the 6th "
                    "question of each category; settings chosen on HumanEval 100-103 and ShareGPT)",
         "columns": ["text", "T", "prompts", "method", "vs generate", "τ", "quality", "equivalence battery", "run"],
         "rows": rows,
-        "notes": [],
+        "notes": list(notes),
     }
 
 
@@ -144,8 +145,7 @@ def main() -> None:
     missing = [str(p) for p in [*args.speed, *(r / "summary.json" for r in args.run)] if not p.is_file()]
     if missing:
         parser.error(f"not found: {', '.join(missing)}")
-    data = table(args.speed, args.run, args.skip)
-    data["notes"] = args.notes + data["notes"]
+    data = table(args.speed, args.run, args.skip, args.notes)
     args.out.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     print(f"wrote {args.out}: {len(data['rows'])} rows")
 

@@ -72,7 +72,7 @@ from specresearch.models import LoadedModel, SkinnyLinear, cache_root, load_mode
 from specresearch.target import cost_curve
 from specresearch.tracking import MLflowTracker, NullTracker, browse_line, tracked_run, write_problem
 from specresearch.types import SamplingParams
-from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+from specresearch.verifiers import lossless
 
 DATASETS = {"humaneval": "HumanEval prompts", "mtbench": "MT-bench questions (first turn, chat template)",
             "sharegpt": "ShareGPT first turns (evaluation side, chat template)"}
@@ -252,7 +252,7 @@ def drafter_configs(args) -> dict[str, Ours]:
             options = [f"k={args.k}", *options]
         verifier = [o for o in options if o.startswith("verifier")]
         if not any(o.startswith("verifier=") for o in verifier):
-            verifier = ["verifier=" + ("greedy" if args.temperature == 0 else "rejection"), *verifier]
+            verifier = [f"verifier={lossless(args.temperature == 0).name}", *verifier]
         overrides = [f"drafter={group}", *(f"drafter.{o}" for o in options if not o.startswith("verifier")), *verifier]
         cfg = compose(overrides)
         try:  # a verifier that cannot decode at this temperature (greedy at T > 0), refused before any model loads
@@ -264,12 +264,11 @@ def drafter_configs(args) -> dict[str, Ours]:
 
 
 def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
-                  drafters: dict[str, tuple[str, list[str], DictConfig]], cross: LoadedModel | None = None) -> list[Method]:
+                  drafters: dict[str, Ours], cross: LoadedModel | None = None) -> list[Method]:
     """Every method asked for by --methods, sharing one target and one draft model (`cache_len`: the
     longest prompt plus the new tokens, generate_compiled's cache size; `drafters`: drafter_configs;
     `cross`: the --cross-draft model, for hf_universal). Every method samples at --temperature (0: greedy)."""
     sampling = SamplingParams(temperature=args.temperature)
-    plain_verifier = GreedyVerifier() if sampling.greedy else RejectionVerifier()
     hf_sampling = {} if sampling.greedy else {"do_sample": True, "temperature": args.temperature, "top_k": 0, "top_p": 1.0}
     methods = []
     cheap: dict[tuple, DraftModel] = {}  # the draft made cheaper, by options
@@ -293,10 +292,10 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
             methods.append(hf(name, target, assistant_model=cross.model, tokenizer=target.tokenizer, assistant_tokenizer=cross.tokenizer,
                               **hf_sampling))
         elif name == "baseline":
-            methods.append(ours(name, Engine(target, NoDrafter(), plain_verifier, sampling)))
+            methods.append(ours(name, Engine(target, NoDrafter(), lossless(sampling.greedy), sampling)))
         elif name == "baseline_compiled":  # the same weights, its own static cache and compiled graphs
             compiled = dataclasses.replace(target, cache="static", compile=True, compiled=None)
-            engine = Engine(compiled, NoDrafter(), plain_verifier, sampling)
+            engine = Engine(compiled, NoDrafter(), lossless(sampling.greedy), sampling)
             engine.target.reset(cache_len)  # slots for the longest prompt, made once: every prompt runs the warm-up's graphs
             methods.append(ours(name, engine))
         else:  # one of our drafters, with options: "independent:model.vocab=32768:model.quantize=int8"

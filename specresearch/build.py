@@ -52,14 +52,14 @@ def build_engine(cfg: DictConfig, baseline: bool = False, target: LoadedModel | 
     from specresearch.engine import Engine
     from specresearch.models import load_model
     from specresearch.types import SamplingParams
-    from specresearch.verifiers import GreedyVerifier, RejectionVerifier
+    from specresearch.verifiers import lossless
 
     check_buildable(cfg)
     sampling = SamplingParams(**cfg.sampling)
     target = target if target is not None else load_model(**cfg.model)
     split = cfg.stats.get("time_split", "auto") if "stats" in cfg else "auto"
     if baseline:
-        return Engine(target, NoDrafter(), GreedyVerifier() if sampling.greedy else RejectionVerifier(), sampling, split)
+        return Engine(target, NoDrafter(), lossless(sampling.greedy), sampling, split)
     return Engine(target, build(cfg.drafter, target=target), build(cfg.verifier), sampling, split)
 
 
