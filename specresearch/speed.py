@@ -297,7 +297,7 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
         for r in tqdm(range(sc.aa_repeats), desc="A/A calibration", unit="repeat"):
             a, a_cond = baseline_side(n, 4_000_000 + 2 * r * len(prompts))
             b, b_cond = baseline_side(n, 4_000_000 + (2 * r + 1) * len(prompts))
-            reports.append(battery(a, a_cond, b, b_cond, alpha=sc.alpha, power=sc.power, bootstrap=0, seed=seed + r, tv=sc.tv))
+            reports.append(battery(a, a_cond, b, b_cond, alpha=sc.alpha, power=sc.power, permutations=0, seed=seed + r, tv=sc.tv))
         results.calibration.update(calibration(reports, sc.alpha))
 
 

@@ -150,7 +150,7 @@ def equivalence_report(engine, prompt: list[int], n: int = 300, length: int = 5,
     meth = sample_engine(engine, prompt, n, length, seed=seed)
     base = sample_target(target, prompt, n, length, sampling, seed=seed + 1)
     return battery(base, teacher_force(target, prompt, base.tokens, sampling, seed=1),
-                   meth, teacher_force(target, prompt, meth.tokens, sampling, seed=2), alpha=alpha, bootstrap=0)
+                   meth, teacher_force(target, prompt, meth.tokens, sampling, seed=2), alpha=alpha, permutations=0)
 
 
 def drafter_cfg(name: str, tmp_path: Path, *overrides: str, landing: bool = False):

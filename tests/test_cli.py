@@ -92,6 +92,7 @@ def test_lossless_vs_lossy_study_records_verdicts(tmp_path):
         else:
             assert metrics["eq_reject"] in (0.0, 1.0) and 0 <= metrics["eq_p_surprisal_z"] <= 1
             assert metrics["eq_power_min_tv_position"] > 0 and metrics["eq_samples_per_s_method"] > 0
+            assert 0 < metrics["eq_tv_position_null"] <= metrics["eq_tv_position_null_q95"]  # the noise floor beside the TV
     assert (tmp_path / "multi" / "1" / "equivalence.json").is_file()
 
 
