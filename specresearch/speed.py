@@ -291,6 +291,8 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
     meth = Samples.concat(meth_parts)
     results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000, rows),
                                   alpha=sc.alpha, power=sc.power, seed=seed, tv=sc.tv)
+    if auto:  # the two samples pooled may keep a few categories more than the baseline alone did
+        results.equivalence.sized_at_df = position_df(base)
     results.rates.update(samples_per_s_baseline=base.samples_per_s, samples_per_s_method=meth.samples_per_s)
     if sc.aa_repeats:
         reports = []

@@ -171,6 +171,10 @@ def test_power_report_matches_its_formula(target, baseline):
     assert pw["min_tv_position"] == pytest.approx(np.sqrt(lam / (4 * N / 2)))
     # a method against itself: nothing rejects, the surprisal deficit is 0, no N is "needed"
     assert not report.reject and report.effects["surprisal_deficit"] == pytest.approx(0.0, abs=0.2)
+    # N too small for a TV of 0.05: the report says how to size it, or, where auto sized it, at what df
+    assert pw["n_for_tv"] > N and "size N with stats.samples=auto" in report.format()
+    report.sized_at_df = pw["position_df"] - 1
+    assert f"which stats.samples=auto sized at the baseline's own position df, {pw['position_df'] - 1}" in report.format()
 
 
 def test_samples_for_tv_is_the_smallest_n_with_the_power():

@@ -54,6 +54,7 @@ class Report:
     n_method: int = 0
     n_baseline: int = 0
     length: int = 0
+    sized_at_df: int | None = None  # stats.samples=auto: the position df N was sized for (the baseline's own)
 
     @property
     def reject(self) -> bool:
@@ -118,7 +119,11 @@ class Report:
             f"{e['tv_position_null']:.3f} (95% below {e['tv_position_null_q95']:.3f})",
         ]
         if not self.reject:
-            short = " (more than this run's: size N with stats.samples=auto)" if pw["n_for_tv"] > self.n_method else ""
+            short = ""
+            if pw["n_for_tv"] > self.n_method:
+                short = (f" ({pw['n_for_tv'] / self.n_method - 1:.1%} more than this run's, which stats.samples=auto sized at the "
+                         f"baseline's own position df, {self.sized_at_df})" if self.sized_at_df is not None
+                         else " (more than this run's: size N with stats.samples=auto)")
             lines.append(f"  sequences per side for a position TV of {pw['tv']:g} with power {pw['power']:.0%} at this run's "
                          f"position df ({pw['position_df']:.0f}): {pw['n_for_tv']:.0f}{short}")
         if not self.reject and e["surprisal_deficit"] != 0:
