@@ -503,7 +503,8 @@ class Sandbox:
 class Eval:
     """eval=humaneval, stdlib_doctest: quality (an lm-eval task) instead of speed."""
     task: str = MISSING                  # the lm-eval task
-    limit: Optional[int] = None          # the first N problems; null = all
+    limit: Optional[int] = None          # N problems (from `offset`); null = all
+    offset: int = 0                      # the first problem scored
     baseline: bool = MISSING             # also score the target alone and log the delta
     allow_code_execution: bool = MISSING  # must be true: completions are executed (in the sandbox)
     sandbox: Sandbox = field(default_factory=Sandbox)

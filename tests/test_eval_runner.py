@@ -39,6 +39,10 @@ def test_unknown_task_and_bad_limit_name_the_valid_choices(tmp_path):
         run_eval(make_cfg(*TINY_EVAL, "eval.task=mbpp", f"tracker.store={tmp_path}/mlruns"))
     with pytest.raises(SpecResearchError, match="eval.limit must be >= 1"):
         run_eval(make_cfg(*TINY_EVAL, "eval.limit=0", f"tracker.store={tmp_path}/mlruns"))
+    with pytest.raises(SpecResearchError, match="eval.offset must be an integer >= 0"):
+        run_eval(make_cfg(*TINY_EVAL, "eval.offset=-1", f"tracker.store={tmp_path}/mlruns"))
+    with pytest.raises(SpecResearchError, match=r"humaneval_offline has 164 problems \(0-163\); the last one would be 164"):
+        run_eval(make_cfg(*TINY_EVAL, "eval.offset=163", f"tracker.store={tmp_path}/mlruns"))
     with pytest.raises(SpecResearchError, match="batch_size must be 1, got 2 .*--batch_size N") as err:
         run_eval(make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", "batch_size=2", f"tracker.store={tmp_path}/mlruns"))
     assert "\n" not in str(err.value) and not (tmp_path / "mlruns").exists()  # refused before anything was recorded
@@ -85,6 +89,14 @@ def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch):
                               f"model.cache_dir={tmp_path}/cache", "drafter=lookahead"))
     assert again["baseline_reused"] == 1.0 and "speedup" not in again
     assert again["baseline_pass@1"] == summary["baseline_pass@1"] and again["identity_rate"] == 1.0
+
+    # eval.offset: a slice of the problems, each decoded as in the whole run, with a baseline of its own
+    part = run_eval(make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", "eval.offset=1", "eval.limit=1", f"tracker.store={store}",
+                             f"model.cache_dir={tmp_path}/cache"))
+    assert part["problems"] == 1 and part["baseline_reused"] == 0.0
+    (sliced,) = [r for r in mlflow_runs(store) if r.data.params.get("eval.offset") == "1"]
+    (one,) = [json.loads(line) for line in _artifact(store, sliced, "samples.jsonl").splitlines()]
+    assert one["id"] == "HumanEval/1" and one["method"]["completion"] == records[1]["method"]["completion"]
 
 
 def test_a_failing_method_leaves_a_failed_run_with_the_baseline(tmp_path, monkeypatch):

@@ -77,7 +77,8 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     from specresearch.evaluation.lm import SpecResearchLM
 
     ec = cfg.eval
-    check(ec)
+    chosen = check(ec)
+    seed = cfg.seed + (chosen[0] if chosen else 0)  # problem i is decoded with seed + i, whatever slice holds it
     if int(cfg.get("batch_size", 1)) != 1:  # the records' speed split counts one row at a time: not yet batched rows
         raise SpecResearchError(f"eval={ec.task} decodes one prompt at a time for now: batch_size must be 1, got {cfg.batch_size} "
                                 "(the plain lm-eval command batches: lm-eval run --model specresearch --batch_size N ...)")
@@ -108,23 +109,25 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
                 sides["baseline"] = Side.from_json(cache.read_text(), str(cache))
                 log.info(f"baseline: reusing the scores and generations of an identical earlier run ({cache})")
             else:
-                sides["baseline"] = evaluate(SpecResearchLM(engine=baseline, seed=cfg.seed), ec)
+                sides["baseline"] = evaluate(SpecResearchLM(engine=baseline, seed=seed), ec, chosen)
                 if cache is not None:
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     cache.write_text(sides["baseline"].to_json())
-        sides["method"] = evaluate(SpecResearchLM(engine=method, seed=cfg.seed), ec)
+        sides["method"] = evaluate(SpecResearchLM(engine=method, seed=seed), ec, chosen)
     record = summarise(sides)
     log.info(format_summary(cfg, label, record))
     browse_line(tracker)
     return {**flatten(record), **layer_metrics}
 
 
-def check(ec: DictConfig) -> None:
-    """Refuse what cannot run, before anything is loaded."""
+def check(ec: DictConfig) -> list[int] | None:
+    """Refuse what cannot run, before anything is loaded. Returns the problems `eval.offset` selects
+    (`problems`), None without one."""
     if ec.task not in TASKS:
         raise SpecResearchError(f"unknown eval.task '{ec.task}': valid are {', '.join(TASKS)}")
     if ec.limit is not None and int(ec.limit) < 1:
         raise SpecResearchError(f"eval.limit must be >= 1 (or null: all), got {ec.limit}")
+    chosen = problems(ec)
     if ec.task in UNSAFE:
         from specresearch.evaluation.sandbox import check_allowed
 
@@ -135,10 +138,30 @@ def check(ec: DictConfig) -> None:
             "limits, no network, writes only in a temporary folder; see README, 'Quality'). Opt in with "
             "eval.allow_code_execution=true (or SPECRESEARCH_ALLOW_CODE_EXECUTION=1)"
         )
+    return chosen
 
 
-def evaluate(lm, ec: DictConfig) -> Side:
-    """Run lm-eval's task on one model; collect scores, samples, sandbox outcomes and speed."""
+def problems(ec: DictConfig) -> list[int] | None:
+    """The indices of the problems `eval.offset` and `eval.limit` select (offset .. offset + limit − 1, or
+    to the task's end), checked against the task's size; None at offset 0 (lm-eval's `limit`: the first N)."""
+    offset = ec.get("offset", 0)
+    if not isinstance(offset, int) or offset < 0:
+        raise SpecResearchError(f"eval.offset must be an integer >= 0 (the first problem scored), got {offset!r}")
+    if offset == 0:
+        return None
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    size = len(get_task_dict([ec.task], TaskManager(include_path=str(TASKS_DIR), include_defaults=False))[ec.task].eval_docs)
+    stop = size if ec.limit is None else offset + int(ec.limit)
+    if stop > size:
+        raise SpecResearchError(f"eval.offset={offset} eval.limit={ec.limit}: {ec.task} has {size} problems (0-{size - 1}); "
+                                f"the last one would be {stop - 1}")
+    return list(range(offset, stop))
+
+
+def evaluate(lm, ec: DictConfig, chosen: list[int] | None = None) -> Side:
+    """Run lm-eval's task on one model (the problems `chosen`, else lm-eval's `limit` first ones);
+    collect scores, samples, sandbox outcomes and speed."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -147,7 +170,8 @@ def evaluate(lm, ec: DictConfig) -> Side:
     OUTCOMES.clear()
     results = simple_evaluate(
         model=lm, tasks=[ec.task], task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False),
-        limit=ec.limit, log_samples=True, confirm_run_unsafe_code=True, bootstrap_iters=0,
+        limit=None if chosen else ec.limit, samples={ec.task: chosen} if chosen else None,
+        log_samples=True, confirm_run_unsafe_code=True, bootstrap_iters=0,
     )
     scores = {key.split(",")[0]: float(v) for key, v in results["results"][ec.task].items()
               if "," in key and isinstance(v, (int, float))}  # "metric,filter" keys; stderr "N/A" dropped
@@ -173,6 +197,7 @@ def baseline_cache(cfg: DictConfig, target) -> Path:
     key = json.dumps({
         "model": OmegaConf.to_container(cfg.model, resolve=True), "dtype": str(target.dtype), "device": str(target.device),
         "sampling": OmegaConf.to_container(cfg.sampling, resolve=True), "seed": cfg.seed, "task": task, "limit": cfg.eval.limit,
+        **({"offset": cfg.eval.offset} if cfg.eval.get("offset") else {}),  # absent at 0: earlier runs' keys stay valid
         "task_file": (TASKS_DIR / f"{task}.yaml").read_text(), "scorer": Path(scorer.__file__).read_text(),
         "sandbox": OmegaConf.to_container(cfg.eval.sandbox, resolve=True),
         "versions": [__version__, torch.__version__, transformers.__version__],
