@@ -539,6 +539,12 @@ class Stats:
             raise SpecResearchError(f"{path}.time_split must be true, false or auto, got {self.time_split!r}")
         if _given(self.batch) and self.batch != "auto" and (not isinstance(self.batch, int) or isinstance(self.batch, bool) or self.batch < 1):
             raise SpecResearchError(f"{path}.batch must be an integer >= 1 or auto, got {self.batch!r}")
+        if _given(self.aa_repeats) and self.aa_repeats < 0:
+            raise SpecResearchError(f"{path}.aa_repeats must be >= 0, got {self.aa_repeats}")
+        if _given(self.samples) and self.samples and (self.samples != "auto" and self.samples < 10 or
+                                                      _given(self.length) and self.length < 1 or _given(self.prompts) and self.prompts < 1):
+            raise SpecResearchError(f"{path} needs samples >= 10 (or 0: off, or auto), length >= 1 and prompts >= 1; got "
+                                    f"samples={self.samples}, length={self.length}, prompts={self.prompts}")
 
 
 SWITCH = ("auto", True, False)  # a setting that is auto, true or false (resume, compiled_reference, stats.time_split)

@@ -10,9 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specresearch import settings
 from specresearch.build import build, build_engine, claim_params
 from specresearch.models import machine_tags
 from specresearch.data import Prompt, encode, load_prompts
@@ -145,7 +146,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     sampling = SamplingParams(**cfg.sampling)
     if cfg.max_new_tokens < 1:
         raise SpecResearchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-    check_stats(cfg.stats)
+    settings.Stats(**OmegaConf.to_container(cfg.stats)).check("stats")  # as the command line checks it: a run from Python too
     tracker = build(cfg.tracker)
     tracker.check()  # where results go, before any model loads
     prompts = load_prompts(**cfg.dataset)
@@ -242,23 +243,6 @@ def trained_on_tags(drafter, prompts: list[Prompt]) -> dict[str, str]:
 
 AUTO_ROUNDS = 6  # stats.samples=auto: rounds of baseline draws to reach the N its position df asks for
 AUTO_MAX = 100_000  # stats.samples=auto: the most sequences per side (all prompts together) it draws
-
-
-def check_stats(sc: DictConfig) -> None:
-    """Refuse stats settings that cannot run, before anything is loaded."""
-    auto = sc.samples == "auto"
-    if not auto and (not isinstance(sc.samples, int) or isinstance(sc.samples, bool) or sc.samples < 0):
-        raise SpecResearchError(f"stats.samples must be an integer >= 0 (0: off) or auto, got {sc.samples!r}")
-    if sc.aa_repeats < 0:
-        raise SpecResearchError(f"stats.aa_repeats must be >= 0, got {sc.aa_repeats}")
-    rows = sc.batch == "auto" or (isinstance(sc.batch, int) and not isinstance(sc.batch, bool) and sc.batch >= 1)
-    if sc.samples and (not auto and sc.samples < 10 or sc.length < 1 or sc.prompts < 1 or not rows):
-        raise SpecResearchError(
-            f"stats needs samples >= 10 (or 0: off, or auto), length >= 1, prompts >= 1, batch >= 1 (or auto); got samples={sc.samples}, "
-            f"length={sc.length}, prompts={sc.prompts}, batch={sc.batch}"
-        )
-    if not 0 < sc.alpha < 1 or not 0 < sc.power < 1 or not 0 < sc.tv < 1:
-        raise SpecResearchError(f"stats.alpha, stats.power and stats.tv must lie in (0, 1), got {sc.alpha}, {sc.power}, {sc.tv}")
 
 
 def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: list[list[int]], sampling: SamplingParams, results: Results) -> None:

@@ -104,6 +104,8 @@ def test_verifier_and_top_level_types():
     assert refused("seed=abc") == "seed must be an integer, got 'abc'"
     assert refused("stats.samples=many") == "stats.samples must be an integer >= 0 (0: off) or auto, got 'many'"
     assert refused("stats.tv=1.5") == "stats.alpha, stats.power and stats.tv must lie in (0, 1), got 0.01, 0.8, 1.5"
+    assert refused("stats.aa_repeats=-1") == "stats.aa_repeats must be >= 0, got -1"
+    assert refused("stats.samples=5").startswith("stats needs samples >= 10 (or 0: off, or auto)")
     assert refused("stats.time_split=maybe") == "stats.time_split must be true, false or auto, got 'maybe'"
     assert refused("stats.batch=many") == "stats.batch must be an integer >= 1 or auto, got 'many'"
     assert refused("stats.batch=0") == "stats.batch must be an integer >= 1 or auto, got 0"
