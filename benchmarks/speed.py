@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -263,9 +264,10 @@ def drafter_configs(args) -> dict[str, Ours]:
     return found
 
 
-def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
+def build_methods(args, target: LoadedModel, draft: Callable[[], LoadedModel], cache_len: int,
                   drafters: dict[str, Ours], cross: LoadedModel | None = None) -> list[Method]:
-    """Every method asked for by --methods, sharing one target and one draft model (`cache_len`: the
+    """Every method asked for by --methods, sharing one target and one draft model (`draft()` loads it
+    once, when the first method that drafts with it is built: none may; `cache_len`: the
     longest prompt plus the new tokens, generate_compiled's cache size; `drafters`: drafter_configs;
     `cross`: the --cross-draft model, for hf_universal). Every method samples at --temperature (0: greedy)."""
     sampling = SamplingParams(temperature=args.temperature)
@@ -281,7 +283,7 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
             methods.append(hf_compiled(name, target, cache_len, **hf_sampling))
         elif name == "hf_assisted":
             quiet_assistant_warning()
-            methods.append(hf(name, target, assistant_model=draft.model, **hf_sampling))
+            methods.append(hf(name, target, assistant_model=draft().model, **hf_sampling))
         elif name == "hf_prompt_lookup":
             methods.append(hf(name, target, prompt_lookup_num_tokens=args.pld_tokens, **hf_sampling))
         elif name == "hf_universal":
@@ -307,7 +309,7 @@ def build_methods(args, target: LoadedModel, draft: LoadedModel, cache_len: int,
                 cheaper = {key: node.model[key] for key in CHEAPER if key in node.model}
                 key = tuple(sorted(cheaper.items()))
                 if key not in cheap:  # one int8 copy per set of options (about 1 GB each), not one per method
-                    cheap[key] = cheapen(draft, target, cache_dir=node.model.get("cache_dir"), **cheaper)
+                    cheap[key] = cheapen(draft(), target, cache_dir=node.model.get("cache_dir"), **cheaper)
                 shared = cheap[key]
                 extra["model"] = DraftModel(shared.lm, shared.shortlist, shared.head)  # its own KV cache
             try:
@@ -351,14 +353,16 @@ def cross_spec(args, node: DictConfig) -> dict:
     return spec
 
 
-def load(args, texts: list[Prompt]) -> tuple[LoadedModel, LoadedModel, list[list[int]]]:
-    """Target, draft and the token ids of `texts`: the embedded Qwen pair, or tiny random models (--quick)."""
+def load(args, texts: list[Prompt]) -> tuple[LoadedModel, Callable[[], LoadedModel], list[list[int]]]:
+    """Target, the draft's loader (it loads on its first call, once) and the token ids of `texts`: the
+    embedded Qwen pair, or tiny random models (--quick)."""
     if args.quick:
         target = load_model("tiny", device=args.device, kernels=args.kernels, tiny={"vocab_size": 320, "seed": 0})
-        draft = load_model("tiny", device=args.device, kernels=args.kernels, tiny={"vocab_size": 320, "seed": 0, "noise": 0.03, "noise_seed": 5})
+        draft = functools.cache(lambda: load_model("tiny", device=args.device, kernels=args.kernels,
+                                                   tiny={"vocab_size": 320, "seed": 0, "noise": 0.03, "noise_seed": 5}))
     else:
         target = load_model(args.model, dtype=args.dtype, device=args.device, kernels=args.kernels)
-        draft = load_model(args.draft, dtype=args.dtype, device=args.device, kernels=args.kernels)
+        draft = functools.cache(lambda: load_model(args.draft, dtype=args.dtype, device=args.device, kernels=args.kernels))
     prompts = [encode(target.tokenizer, p) for p in texts]
     if args.quick:
         prompts = [ids[-48:] for ids in prompts]

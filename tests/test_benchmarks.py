@@ -124,6 +124,26 @@ def test_speed_quick_samples_at_a_temperature_with_each_methods_verifier(tmp_pat
     assert "sampled at T = 0.7" in page
 
 
+def test_the_draft_model_loads_only_for_methods_that_draft_with_it():
+    """Plain decoding and prompt lookup never call the draft's loader; the independent drafter calls it once."""
+    import argparse
+
+    from specresearch.models import load_model
+
+    speed = speed_module()
+    target = load_model("tiny", tiny={"vocab_size": 320, "seed": 0})
+    calls = []
+
+    def draft():
+        calls.append(1)
+        return load_model("tiny", tiny={"vocab_size": 320, "seed": 0, "noise": 0.03, "noise_seed": 5})
+
+    for methods, loads in (("generate,baseline,pld", 0), ("baseline,independent,independent:k=2", 1)):
+        args = argparse.Namespace(methods=methods, k=3, temperature=0.0, kernels="auto", device="auto", batch=None)
+        speed.build_methods(args, target, draft, 64, speed.drafter_configs(args))
+        assert len(calls) == loads, methods
+
+
 def test_drafter_configs_pick_each_methods_verifier():
     """The verifier of each of our methods: greedy at T = 0, rejection sampling at T > 0 (both lossless), or
     the one the method names, with its options; drafter options stay the drafter's."""
