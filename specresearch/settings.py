@@ -602,6 +602,7 @@ class Train:
     batch: int = MISSING               # positions per step
     lr: float = MISSING                # peak learning rate (AdamW, one-cycle)
     weight_decay: float = MISSING      # AdamW weight decay
+    soft: float = 0.0                  # medusa: weight of the KL to the target's law (soft labels) against the top-1 cross-entropy
     noise: float = MISSING             # eagle: uniform noise on the features the head reads
     token_loss: float = MISSING        # eagle: weight of the token cross-entropy
     feature_loss: float = MISSING      # eagle: weight of the feature regression

@@ -167,7 +167,8 @@ def test_an_unusable_destination_is_refused_before_the_model_loads(tmp_path, mon
     ("train.out=FILE/h.safetensors", "error: cannot save the trained weights at FILE/h.safetensors (train.out): FILE is not a folder"),
     ("train.heads=x", "error: train.heads must be an integer, got 'x'"),
     ("+train.foo=1", "error: train has no setting 'foo': valid are heads, "),
-], ids=["out-under-a-file", "heads-not-a-number", "unknown-setting"])
+    ("train.soft=2", "error: train.soft must lie in [0, 1] (the soft labels' share of the loss), got 2"),
+], ids=["out-under-a-file", "heads-not-a-number", "unknown-setting", "soft-out-of-range"])
 def test_the_train_command_refuses_in_one_line_before_training(tmp_path, setting, says):
     """`python -m specresearch.train`: a train.out under a file, a value of the wrong type, an unknown
     setting (the settings schema) are one `error:` line and exit 2, before anything is trained: no
@@ -181,3 +182,24 @@ def test_the_train_command_refuses_in_one_line_before_training(tmp_path, setting
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(says.replace("FILE", str(tmp_path / "file")))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no cache/distill/, outputs/ or mlruns/
+
+
+@pytest.mark.parametrize("pattern, soft, zero", [("same", 1.0, True), ("alternating", 1.0, False), ("same", 0.0, False)])
+def test_soft_labels_are_the_targets_law_where_the_label_was_read(target, pattern, soft, zero):
+    """train.soft: the KL from the target's law at the label's position (its lm head on the cached
+    hidden state of row r + 1 + i) to the head's. An untrained head is the target's lm head on row r,
+    so with every row's hidden state the same the soft loss is 0; alternating between two states,
+    head 1's label sits on the other one and the loss is not; the top-1 cross-entropy is never 0."""
+    from specresearch.drafters.training import Cache
+
+    n, hidden = 64, target.model.config.hidden_size
+    states = torch.randn(2, hidden, generator=torch.Generator().manual_seed(0))  # [2, H]
+    h = states[torch.arange(n) % 2] if pattern == "alternating" else states[[0] * n]  # [N, H]
+    top1 = target.model.lm_head(h).argmax(-1)  # [N] the target's guess after each row
+    labels = torch.stack([top1.roll(-1 - i) for i in range(2)], 1)  # [N, 2] head i: the guess at row r + 1 + i
+    labels[-2:] = -100
+    cache = Cache(hidden=h, labels=labels, held_out=torch.zeros(n, dtype=torch.bool), tokens=torch.zeros(n, dtype=torch.long),
+                  seq=torch.zeros(n, dtype=torch.long), prompt=torch.zeros(n, dtype=torch.bool))
+    tc = train_cfg(soft=soft, lr=0.0, held_out=0.0).train  # no step moves the heads: the loss is the untrained heads'
+    _, summary = MedusaDrafter.fit(tc, target, cache)
+    assert (summary["first_loss"] < 1e-5) == zero, summary["first_loss"]

@@ -301,8 +301,11 @@ class MedusaDrafter(Drafter):
 
     @classmethod
     def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:
-        """Medusa heads on random batches of `tc.batch` cached positions (cross-entropy on each head's
-        label). With `tc.vocab` the heads score only the `tc.vocab` most frequent tokens of
+        """Medusa heads on random batches of `tc.batch` cached positions: cross-entropy on each head's
+        label (the target's top-1), and with `tc.soft` > 0 the KL divergence KL(p ‖ q) from the target's
+        whole law p at the label's position (its lm head on the cached hidden state there: soft labels,
+        as Medusa-2's self-distillation; no extra target forward) to the head's q, weighted soft against
+        1 − soft. With `tc.vocab` the heads score only the `tc.vocab` most frequent tokens of
         `tc.vocab_corpus` (FR-Spec), in training and then at decode time (the drafter reads the
         checkpoint's train.vocab): the frozen lm head is most of a step's cost (5x faster steps at
         32,768 of Qwen's 151,936); a label off the shortlist is left out of the loss and counts a miss."""
@@ -318,6 +321,8 @@ class MedusaDrafter(Drafter):
         heads.to(lm.device)
         train_rows = (~cache.held_out & (cache.labels[:, 0] >= 0)).nonzero()[:, 0]
         gen = torch.Generator().manual_seed(tc.seed)
+        soft = float(tc.get("soft", 0.0))
+        ahead = 1 + torch.arange(tc.heads)[:, None]  # [K, 1]: head i's label is the target's top-1 at row r + 1 + i
 
         def batch_loss(step: int) -> tuple[Tensor, Tensor]:
             r = train_rows[torch.randint(train_rows.numel(), (tc.batch,), generator=gen)]  # [B]
@@ -328,6 +333,13 @@ class MedusaDrafter(Drafter):
             right, counts = hits(logits.argmax(-1, keepdim=True), lab)
             off = lab >= logits.shape[-1]  # off the shortlist: a miss, no loss
             loss = nn.functional.cross_entropy(logits.flatten(0, 1), lab.masked_fill(off, -100).flatten(), ignore_index=-100)
+            if soft:
+                at = (r[None] + ahead).clamp(max=len(cache.hidden) - 1)  # [K, B] the rows whose hidden state gave each label
+                labelled = (lab >= 0) & (cache.seq[at] == cache.seq[r][None]).to(lm.device)  # [K, B] (a label never crosses a sequence)
+                with torch.no_grad():
+                    p = torch.softmax(lm_head(cache.hidden[at].to(device=lm.device, dtype=lm_head.weight.dtype)).float(), -1)  # [K, B, V]
+                kl = (torch.xlogy(p, p) - p * torch.log_softmax(logits, -1)).sum(-1)  # [K, B]
+                loss = (1 - soft) * loss + soft * kl[labelled].mean()
             return loss, right[:, 0] / counts.clamp_min(1)
 
         steps = max(1, tc.epochs * train_rows.numel() // tc.batch)

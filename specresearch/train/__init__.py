@@ -334,6 +334,8 @@ def check(cfg: DictConfig) -> None:
         raise SpecResearchError(f"train.init: no head at {tc.init} (a head.safetensors that specresearch.train saved)")
     if tc.data not in DATA:
         raise SpecResearchError(f"unknown train.data '{tc.data}': valid are {', '.join(DATA)}")
+    if not 0 <= tc.get("soft", 0.0) <= 1:
+        raise SpecResearchError(f"train.soft must lie in [0, 1] (the soft labels' share of the loss), got {tc.soft}")
     if min(tc.heads, tc.layers, tc.tokens, tc.new, tc.gen_batch, tc.seq_len, tc.batch, tc.epochs, tc.ttt) < 1 or not 0 <= tc.held_out < 1 \
             or tc.temperature < 0 or tc.noise < 0 or min(tc.token_loss, tc.feature_loss) < 0 or tc.token_loss + tc.feature_loss <= 0:
         raise SpecResearchError(
