@@ -43,6 +43,8 @@ def test_unknown_task_and_bad_limit_name_the_valid_choices(tmp_path):
         run_eval(make_cfg(*TINY_EVAL, "eval.offset=-1", f"tracker.store={tmp_path}/mlruns"))
     with pytest.raises(SpecResearchError, match=r"humaneval_offline has 164 problems \(0-163\); the last one would be 164"):
         run_eval(make_cfg(*TINY_EVAL, "eval.offset=163", f"tracker.store={tmp_path}/mlruns"))
+    with pytest.raises(SpecResearchError, match=r"has 164 problems \(0-163\); the last one would be 170"):
+        run_eval(make_cfg(*TINY_EVAL, "eval.offset=170", "eval.limit=null", f"tracker.store={tmp_path}/mlruns"))
     with pytest.raises(SpecResearchError, match="batch_size must be 1, got 2 .*--batch_size N") as err:
         run_eval(make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", "batch_size=2", f"tracker.store={tmp_path}/mlruns"))
     assert "\n" not in str(err.value) and not (tmp_path / "mlruns").exists()  # refused before anything was recorded

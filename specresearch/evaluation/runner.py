@@ -153,9 +153,9 @@ def problems(ec: DictConfig) -> list[int] | None:
 
     size = len(get_task_dict([ec.task], TaskManager(include_path=str(TASKS_DIR), include_defaults=False))[ec.task].eval_docs)
     stop = size if ec.limit is None else offset + int(ec.limit)
-    if stop > size:
+    if stop > size or offset >= size:
         raise SpecResearchError(f"eval.offset={offset} eval.limit={ec.limit}: {ec.task} has {size} problems (0-{size - 1}); "
-                                f"the last one would be {stop - 1}")
+                                f"the last one would be {max(stop, offset + 1) - 1}")
     return list(range(offset, stop))
 
 
