@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from specresearch import settings
@@ -144,9 +144,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     """
     torch.manual_seed(cfg.seed)
     sampling = SamplingParams(**cfg.sampling)
-    if cfg.max_new_tokens < 1:
-        raise SpecResearchError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-    settings.Stats(**OmegaConf.to_container(cfg.stats)).check("stats")  # as the command line checks it: a run from Python too
+    settings.check(cfg)  # as the command line checks it: a run from Python too, before anything is recorded
     tracker = build(cfg.tracker)
     tracker.check()  # where results go, before any model loads
     prompts = load_prompts(**cfg.dataset)
