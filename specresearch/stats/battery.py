@@ -10,9 +10,9 @@ Two families of evidence, gated together by Holm's method (valid under any depen
   ≥ 5), and Mann–Whitney U and KS on the per-sequence target log-likelihood.
 
 Positions with different conditional laws are never pooled into one χ² against one p. Effect sizes
-(surprisal deficit, top-1 share, the mean TV of the position marginals beside what two samples
-of one law give at these sizes: its permutation noise floor) and a power report (the smallest TV and surprisal shift the chosen N
-detects with the chosen power) say what a "pass" means.
+(surprisal deficit, top-1 share, the mean TV of the position marginals beside what two samples of
+one law give at these sizes: its permutation noise floor) and a power report (the smallest TV and
+surprisal shift the chosen N detects with the chosen power) say what a "pass" means.
 """
 
 from __future__ import annotations
