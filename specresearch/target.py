@@ -94,16 +94,21 @@ class Target:
         return self.prefix.length if self.prefix is not None else 0
 
     def prefill_rows(self, prompts: Sequence[Tensor], reuse: bool = False) -> Tensor:
-        """Start B sequences: put each prompt ([T_b] token ids, T_b >= 1) into the cache, as row b.
+        """Start B sequences: put each prompt ([T_b] token ids) into the cache, as row b.
 
         Args:
             prompts: B prompts.
             reuse: as in `prefill` (a batch of one prompt repeated B times counts as that prompt).
 
         Returns:
-            [B, V] the logits after each prompt's last token.
+            [B, V] the logits after each prompt's last token; None when every prompt is empty (a draft
+            model's cache may start empty: its first forward feeds the whole context).
         """
         first = prompts[0]
+        if not any(len(p) for p in prompts):
+            self.cache = self.static.rows(len(prompts)) if self.static else self.cache
+            self.lengths, self.valid = [0] * len(prompts), None
+            return None
         if all(p.shape == first.shape and torch.equal(p, first) for p in prompts[1:]):  # one prefill serves every row
             if self.static:
                 self.cache = self.static.rows(1)
@@ -184,6 +189,8 @@ class Target:
             self.rollback(lengths[0])
             self.lengths = [self.length]
             return
+        if self.prefix is not None and min(lengths) < self.prefix.length:  # into the prompt the rows share: each row its own copy
+            self._unshare()
         valid = self.valid if self.valid is not None else torch.ones(self.rows, self.length, dtype=torch.bool, device=self.device)
         own = torch.tensor(list(lengths), device=self.device)[:, None] - self._shared  # [B, 1] the slots a row keeps
         self.valid = valid & (valid.cumsum(1) <= own)  # [B, L] a row's first lengths[b] tokens
@@ -192,6 +199,38 @@ class Target:
             self._compact_rows()
         elif bool(self.valid.all()):
             self.valid = None
+
+    def _unshare(self) -> None:
+        """Copy the shared prefix into every row's slots, before the row's own tokens, and share none: a
+        row may then roll back into the prompt (a draft that re-encodes the context may part from its
+        tokens there). Positions and each row's tokens are unchanged."""
+        rows, shared = self.rows, self.prefix.length
+        own = []  # per cache layer: (keys, values) [B, Hkv, P + L, D] the prefix, then the rows' slots; None where none are held
+        for layer, keys, values in zip(self.cache.layers, self.prefix.keys, self.prefix.values):
+            if keys is None:
+                own.append(None)
+                continue
+            keys, values = keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)
+            if self.length:
+                keys = torch.cat([keys, layer.keys[:, :, : self.length]], dim=2)
+                values = torch.cat([values, layer.values[:, :, : self.length]], dim=2)
+            own.append((keys.contiguous(), values.contiguous()))
+        if self.static:
+            self.cache = self.static.rows(rows)
+            self.static.restore(own, shared + self.length)
+            self.cache = self.static.cache
+        else:
+            for layer, slots in zip(self.cache.layers, own):
+                if slots is not None:
+                    if not getattr(layer, "is_initialized", False):
+                        layer.lazy_initialization(*slots)
+                    layer.keys, layer.values = slots
+        valid = self.valid if self.valid is not None else torch.ones(rows, self.length, dtype=torch.bool, device=self.device)
+        self.valid = torch.cat([torch.ones(rows, shared, dtype=torch.bool, device=self.device), valid], dim=1)
+        if bool(self.valid.all()):
+            self.valid = None
+        self.length += shared
+        self.prefix = None
 
     def crop_rows(self, slots: int, lengths: Sequence[int]) -> None:
         """Drop every slot from `slots` on, where each row then holds `lengths[b]` tokens (a drafter's

@@ -85,3 +85,34 @@ def test_batched_draws_over_a_shared_prompt_are_the_draws_from_copies():
         got = decode_batch(lm, DynamicCache(config=lm.model.config), ids, 12, sampling, torch.Generator().manual_seed(3),
                            positions=torch.full((6, 1), prompt.shape[1] - 1), prefix=prefix)[0]
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("forward_first", [False, True])
+@torch.inference_mode()
+def test_a_row_rolled_back_into_the_shared_prompt_decodes_as_its_own_tokens(static, forward_first):
+    """Target.truncate_rows below the prompt the rows share (a draft that re-encodes its context may part
+    from the prompt's tokens): every row gets its own copy of the prompt, and each row's next logits are
+    those of its own tokens alone (fp32), with or without a step of rows before it, dynamic or static cache."""
+    from specresearch.target import Target
+
+    lm = load_model("tiny", device="cpu")
+    gen = torch.Generator().manual_seed(4)
+    prompt, step, fed = torch.randint(0, 320, (20,), generator=gen), torch.randint(0, 320, (3, 2), generator=gen), torch.randint(0, 320, (3, 3), generator=gen)
+    target = Target(lm, static=static)
+    target.reset(64)
+    target.prefill_rows([prompt] * 3)
+    assert target.prefix is not None
+    tokens = [prompt.clone() for _ in range(3)]
+    if forward_first:
+        target.forward_rows(list(step), [None] * 3)
+        target.keep_rows([range(2)] * 3)
+        tokens = [torch.cat([prompt, s]) for s in step]
+    lengths = [15, 20, 21] if forward_first else [15, 20, 19]
+    target.truncate_rows(lengths)
+    assert target.prefix is None and target.lengths == lengths
+    got = target.forward_rows(list(fed), [None] * 3)
+    for b in range(3):
+        ids = torch.cat([tokens[b][: lengths[b]], fed[b]])[None]
+        want = lm.model(input_ids=ids).logits[0, -3:]
+        torch.testing.assert_close(got[b], want, rtol=1e-4, atol=1e-4)

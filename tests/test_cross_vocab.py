@@ -120,6 +120,29 @@ def test_lookup_in_the_drafts_tokens_drafts_the_same_chain_in_fewer_forwards(mod
         assert runs[4][0][0] == plain.tokens
 
 
+@pytest.mark.parametrize("mode", ["string", "shared"])
+def test_a_batchs_rows_draft_together_each_as_alone(mode, monkeypatch):
+    """A batch's rows draft together (CrossRows: one draft forward per level for every row still
+    drafting, lookup guesses included): each row decodes what it decodes alone, seed for seed, at T = 1,
+    with as many draft forwards, in fewer forward calls; rows that repeat one prompt share it."""
+    from specresearch.drafters.draft_model import DraftModel
+
+    target = cyclic_tiny(0, head=3e-4)
+    draft = dataclasses.replace(rejected_cyclic_draft(), tokenizer=PairTokenizer())
+    engine = Engine(target, CrossVocabDrafter(target, k=6, model=draft, mode=mode, lookup=4), RejectionVerifier(), SamplingParams(temperature=1.0))
+    calls = []
+    forward_rows = DraftModel.forward_rows
+    monkeypatch.setattr(DraftModel, "forward_rows", lambda self, *a, **kw: calls.append(1) or forward_rows(self, *a, **kw))
+    for prompts in ([REPEATING, PLAIN, REPEATING[3:], PLAIN[:2]], [REPEATING] * 3):
+        alone = [engine.generate(p, 30, eos_token_ids=[], seed=10 + i) for i, p in enumerate(prompts)]
+        calls.clear()
+        rows = engine.generate(prompts, 30, eos_token_ids=[], seed=10)
+        assert [row.tokens for row in rows] == [out.tokens for out in alone]
+        assert [row.stats.draft_forwards for row in rows] == [out.stats.draft_forwards for out in alone]
+        assert 0 < sum(row.stats.accepted for row in rows) < sum(row.stats.drafted for row in rows)
+        assert 0 < len(calls) < sum(row.stats.draft_forwards for row in rows)
+
+
 def test_siblings_are_the_drafts_next_likeliest_shared_tokens():
     """mode=shared with siblings: each chain token is followed by the draft's next likeliest shared
     tokens (target ids, leaves under the chain token's parent); at T = 1 their q rows are one-hot."""

@@ -8,14 +8,15 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
+from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Chain, Context, Drafter
+from specresearch.drafters.base import Chain, Context, Drafter, Rows
 from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
 from specresearch.drafters.pld import lookup
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, load_model, logit_width
-from specresearch.types import Draft, SamplingParams
+from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.vocab import Bridge, Shortlist
 
 GREEDY = SamplingParams()
@@ -104,34 +105,55 @@ class CrossVocabDrafter(Drafter):
         self.ids = ids
 
     def propose(self, ctx: Context) -> Draft:
-        if ctx.max_draft <= 0:
+        begun = self._begin(ctx, self.ids)
+        if begun is None:
             return Draft.empty(ctx.tokens.device)
-        context = self.bridge.to_draft(ctx.tokens.tolist())
-        if not context:  # the context has no text the draft can read
-            return Draft.empty(ctx.tokens.device)
-        kept = _common_prefix(self.ids, context, len(context) - 1)
+        context, kept = begun
         self.draft.rollback(kept)
         pending = context[kept:]  # [>= 1] the draft tokens it has not read
-        steered = ctx if self.mode == "shared" else replace(ctx, sampling=GREEDY)  # "string" drafts its argmax at any T
-        chain = Chain(steered, self.rows, self.siblings, self.sibling_confidence, scored=bool(self.confidence or self.chain_confidence))
-        drafted: list[int] = []  # the chain in the draft's tokens
-        done = False
+        chain, drafted, done = self._chain(ctx), [], False  # drafted: the chain in the draft's tokens
         while not done:
             guess = self._guess(context + drafted, ctx.max_draft - len(drafted) - 1)  # [G] draft tokens
             fed = self.draft.length + len(pending)  # the cache's length once `pending` is in
             logits = self.draft.forward(torch.tensor(pending + guess, device=self.draft.device))[len(pending) - 1 :]  # [G + 1, V_d or S]
             self._forwards += 1
-            for i, row in enumerate(logits):  # row i: the draft's law after the pending tokens and guess[:i]
-                token = chain.add(row)
-                x = int(token) if self.mode == "string" else int(self.draft_of[token])
-                drafted.append(x)
-                done = (len(drafted) == ctx.max_draft or x == self.bridge.draft_eos or chain.confidence < self.confidence
-                        or chain.path < self.chain_confidence)
-                if done or i == len(guess) or x != guess[i]:
-                    break
-            self.draft.rollback(fed + i)  # keep the guesses that became the chain's (x itself is pending)
-            pending = [x]
+            i, done = self._walk(ctx, chain, logits, guess, drafted)
+            self.draft.rollback(fed + i)  # keep the guesses that became the chain's (the last token drafted is pending)
+            pending = drafted[-1:]
         self.ids = context + drafted[:-1]  # the last token was not fed
+        return self._draft(ctx, chain, drafted)
+
+    def _begin(self, ctx: Context, ids: list[int]) -> tuple[list[int], int] | None:
+        """The context in the draft's tokens, and how many of `ids` (the draft tokens its cache holds)
+        that encoding keeps (at most all but its last token); None when there is nothing to draft."""
+        if ctx.max_draft <= 0:
+            return None
+        context = self.bridge.to_draft(ctx.tokens.tolist())
+        if not context:  # the context has no text the draft can read
+            return None
+        return context, _common_prefix(ids, context, len(context) - 1)
+
+    def _chain(self, ctx: Context) -> Chain:
+        """A new step's chain: the draft's law ("shared"), or its argmax at any T ("string")."""
+        steered = ctx if self.mode == "shared" else replace(ctx, sampling=GREEDY)
+        return Chain(steered, self.rows, self.siblings, self.sibling_confidence, scored=bool(self.confidence or self.chain_confidence))
+
+    def _walk(self, ctx: Context, chain: Chain, logits: Tensor, guess: list[int], drafted: list[int]) -> tuple[int, bool]:
+        """Add the draft's token of each row of `logits` ([G + 1, V_d or S]; row i: its law after the
+        pending tokens and guess[:i]) to the chain, and to `drafted` in the draft's tokens, while it
+        repeats the guess. Returns (i, whether the chain is drafted): guess[:i] became the chain's."""
+        for i, row in enumerate(logits):
+            token = chain.add(row)
+            x = int(token) if self.mode == "string" else int(self.draft_of[token])
+            drafted.append(x)
+            done = (len(drafted) == ctx.max_draft or x == self.bridge.draft_eos or chain.confidence < self.confidence
+                    or chain.path < self.chain_confidence)
+            if done or i == len(guess) or x != guess[i]:
+                break
+        return i, done
+
+    def _draft(self, ctx: Context, chain: Chain, drafted: list[int]) -> Draft:
+        """The step's draft in the target's tokens: the chain's ("shared"), or the drafted text's ("string")."""
         if self.mode == "shared":
             return chain.draft()
         tokens = torch.tensor(self.bridge.to_target(drafted)[: ctx.max_draft], dtype=torch.long)
@@ -146,6 +168,78 @@ class CrossVocabDrafter(Drafter):
     @property
     def draft_forwards(self) -> int:
         return self._forwards
+
+    def batched_rows(self) -> Rows | None:
+        return CrossRows(self)
+
+
+class CrossRows(Rows):
+    """The draft drafting every row of a batch: each step re-encodes each row's context in the draft's
+    tokens and rolls the row's cache back to what that encoding shares with it (into a prompt the rows
+    share too: Target.truncate_rows), then one draft forward per level feeds each row still drafting
+    its pending tokens and lookup guesses (ragged rows, each in its own slots of one cache), so a
+    row's draft is the one `CrossVocabDrafter.propose` drafts for it alone."""
+
+    def __init__(self, drafter: CrossVocabDrafter):
+        self.drafter = drafter
+        self.draft = DraftModel(drafter.draft.lm, drafter.draft.shortlist, drafter.draft.head)  # shared weights, a cache of its own
+        self.ids: list[list[int]] = []  # each row's draft tokens in the cache, in order
+        self.counts: list[int] = []
+
+    def prefill(self, ctxs: list[Context]) -> None:
+        encoded: dict[tuple[int, ...], list[int]] = {}  # a prompt repeated (many samples of one prompt) is encoded once
+        self.ids = []
+        for ctx in ctxs:
+            tokens = tuple(ctx.tokens.tolist())
+            if tokens not in encoded:
+                encoded[tokens] = self.drafter.bridge.to_draft(list(tokens))[:-1]  # (the last one is fed by the first propose)
+            self.ids.append(list(encoded[tokens]))
+        self.draft.reset()
+        self.draft.prefill_rows([torch.tensor(ids, dtype=torch.long, device=self.draft.device) for ids in self.ids],
+                                reuse=ctxs[0].reuse_prefill)
+        self.counts = [0] * len(ctxs)
+
+    def propose(self, ctxs: list[Context]) -> list[Draft]:
+        d = self.drafter
+        begun = [d._begin(ctx, ids) for ctx, ids in zip(ctxs, self.ids)]
+        self.draft.truncate_rows([len(ids) if start is None else start[1] for ids, start in zip(self.ids, begun)])
+        contexts = [[] if start is None else start[0] for start in begun]
+        pending = [[] if start is None else context[start[1] :] for context, start in zip(contexts, begun)]  # [>= 1] per drafting row
+        chains = [None if start is None else d._chain(ctx) for ctx, start in zip(ctxs, begun)]
+        drafted: list[list[int]] = [[] for _ in ctxs]  # each row's chain in the draft's tokens
+        live = [start is not None for start in begun]
+        while any(live):
+            guesses = [d._guess(context + chain, ctx.max_draft - len(chain) - 1) if on else []
+                       for ctx, context, chain, on in zip(ctxs, contexts, drafted, live)]  # [G_b] draft tokens
+            fed = [torch.tensor(tokens + guess if on else [], dtype=torch.long, device=self.draft.device)
+                   for tokens, guess, on in zip(pending, guesses, live)]
+            logits = self.draft.forward_rows(fed, [None] * len(fed))  # [n_b, V_d or S] per row
+            kept = [range(0)] * len(ctxs)  # per row, the fed tokens its cache keeps
+            for b, ctx in enumerate(ctxs):
+                if live[b]:
+                    self.counts[b] += 1
+                    n = len(pending[b])
+                    i, done = d._walk(ctx, chains[b], logits[b][n - 1 :], guesses[b], drafted[b])
+                    live[b], kept[b], pending[b] = not done, range(n + i), drafted[b][-1:]  # guesses[b][:i] became the chain's
+            self.draft.keep_rows(kept)
+        for b, start in enumerate(begun):
+            if start is not None:
+                self.ids[b] = contexts[b] + drafted[b][:-1]  # the last token was not fed
+        return [Draft.empty(ctx.tokens.device) if start is None else d._draft(ctx, chain, tokens)
+                for ctx, start, chain, tokens in zip(ctxs, begun, chains, drafted)]
+
+    def observe(self, b: int, logits: Tensor) -> None:
+        pass
+
+    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        pass  # the next propose re-encodes each row's context and rolls its cache back to it
+
+    def select(self, index: list[int]) -> None:
+        self.draft.select_rows(index)
+        self.ids, self.counts = [self.ids[i] for i in index], [self.counts[i] for i in index]
+
+    def forwards(self) -> list[int]:
+        return self.counts
 
 
 def _common_prefix(a: list[int], b: list[int], most: int) -> int:
