@@ -524,3 +524,35 @@ def test_the_command_line_refuses_a_bad_checkpoint_in_one_line_and_leaves_no_out
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith(f"error: {path} is not a whole safetensors file (") and "Traceback" not in proc.stderr, proc.stderr
     assert list(work.iterdir()) == []  # no outputs/ (nor anything else) made for the refused run
+
+
+@pytest.mark.parametrize("children", ["top", "sample"])
+def test_a_batchs_rows_are_drafted_by_one_heads_forward_each_as_alone(target, children, monkeypatch):
+    """HeadRows: the heads read every row's hidden state in one forward; each row's tree (tokens, parents
+    and, sampled, q) is the one the row gets alone, its draws from its own generator; a row with no room
+    to draft gets an empty draft."""
+    heads = MedusaHeads(target.model.config.hidden_size, 3)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+    drafter = MedusaDrafter(target, heads=heads, shape=None, children=children)
+    sampling = SamplingParams(temperature=1.0)
+    hidden = torch.randn(4, 3, target.model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+
+    def contexts() -> list[Context]:
+        return [Context(torch.tensor(REPEATING), sampling, torch.Generator().manual_seed(b), room, hidden=hidden[b])
+                for b, room in enumerate([3, 2, 0, 3])]
+
+    alone = [drafter.propose(ctx) for ctx in contexts()]
+    calls = []
+    forward = MedusaHeads.forward
+    monkeypatch.setattr(MedusaHeads, "forward", lambda self, *a: calls.append(1) or forward(self, *a))
+    rows = drafter.batched_rows()
+    rows.prefill(contexts())
+    together = rows.propose(contexts())
+    assert len(calls) == 1 and len(together[2]) == 0 and max(node_depths(together[1].parents)) == 2
+    for got, want in zip(together, alone):
+        assert torch.equal(got.tokens, want.tokens) and (got.parents is None or torch.equal(got.parents, want.parents))
+        assert (got.q is None) == (want.q is None) == (children == "top" or not len(want))
+        if got.q is not None:
+            torch.testing.assert_close(got.q, want.q)

@@ -15,13 +15,13 @@ import torch
 from torch import Tensor, nn
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
+from specresearch.drafters.base import Context, Drafter, Rows, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
 from specresearch.drafters.tree import Sizer
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir, say_once
 from specresearch.sampling import logits_to_probs
-from specresearch.types import Draft, SamplingParams
+from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.vocab import Shortlist
 
 if TYPE_CHECKING:
@@ -274,13 +274,26 @@ class MedusaDrafter(Drafter):
             raise SpecResearchError("drafter.children=sample draws children from the heads' laws at temperature > 0; use children=top for greedy decoding")
 
     def propose(self, ctx: Context) -> Draft:
-        device = ctx.tokens.device
-        if ctx.hidden is None:
+        return self.propose_rows([ctx])[0]
+
+    def propose_rows(self, ctxs: Sequence[Context]) -> list[Draft]:
+        """One tree per row: the heads read every row's hidden state in one forward (the lm head's
+        matrix streamed once for all rows and heads), then each row's tree comes from its own top
+        tokens (or draws from its own generator), as it would alone."""
+        if any(ctx.hidden is None for ctx in ctxs):
             raise SpecResearchError("drafter=medusa needs the target's hidden state (Context.hidden); run it through the Engine")
+        drafts = [Draft.empty(ctx.tokens.device) for ctx in ctxs]
+        live = [b for b, ctx in enumerate(ctxs) if ctx.max_draft >= 1]
+        if live:
+            logits = self.heads(torch.stack([ctxs[b].hidden[-1] for b in live]), self.lm_head).float()  # [K, B', V] or [K, B', N]
+            for j, b in enumerate(live):
+                drafts[b] = self._tree(ctxs[b], logits[:, j])
+        return drafts
+
+    def _tree(self, ctx: Context, logits: Tensor) -> Draft:
+        """The tree of choices (those within ctx.max_draft) from one row's head logits ([K, V] or [K, N])."""
+        device = ctx.tokens.device
         choices = [c for c in self.choices if len(c) <= ctx.max_draft]
-        if not choices:
-            return Draft.empty(device)
-        logits = self.heads(ctx.hidden[-1], self.lm_head).float()  # [K, V], or [K, N] over the shortlist
         if self.children == "top":
             laws, q = None, None
             ranked = [torch.topk(logits[d], w).indices for d, w in enumerate(self._width)]
@@ -298,6 +311,9 @@ class MedusaDrafter(Drafter):
             if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
                 q = self.shortlist.widen(q)
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents))
+
+    def batched_rows(self) -> Rows:
+        return HeadRows(self)
 
     @classmethod
     def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:
@@ -361,3 +377,29 @@ class MedusaDrafter(Drafter):
             **{rate_name("train", i): a for i, a in enumerate(fit)},
             "rank_acc": None if held is None else held.tolist(),  # [K][RANKS] held-out hit rate of each head's rank-r token
         }
+
+
+class HeadRows(Rows):
+    """Medusa's heads drafting every row of a batch in one forward (`MedusaDrafter.propose_rows`); they
+    keep no state but the rows' count."""
+
+    def __init__(self, drafter: MedusaDrafter):
+        self.drafter, self.rows = drafter, 0
+
+    def prefill(self, ctxs: list[Context]) -> None:
+        self.rows = len(ctxs)
+
+    def propose(self, ctxs: list[Context]) -> list[Draft]:
+        return self.drafter.propose_rows(ctxs)
+
+    def observe(self, b: int, logits: Tensor) -> None:
+        pass
+
+    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        pass
+
+    def select(self, index: list[int]) -> None:
+        self.rows = len(index)
+
+    def forwards(self) -> list[int]:
+        return [0] * self.rows  # the heads ride on the target's forward: no draft model
