@@ -149,9 +149,9 @@ def problems(ec: DictConfig) -> list[int] | None:
         raise SpecResearchError(f"eval.offset must be an integer >= 0 (the first problem scored), got {offset!r}")
     if offset == 0:
         return None
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
 
-    size = len(get_task_dict([ec.task], TaskManager(include_path=str(TASKS_DIR), include_defaults=False))[ec.task].eval_docs)
+    size = len(TaskManager(include_path=str(TASKS_DIR), include_defaults=False).load([ec.task])["tasks"][ec.task].eval_docs)
     stop = size if ec.limit is None else offset + int(ec.limit)
     if stop > size or offset >= size:
         raise SpecResearchError(f"eval.offset={offset} eval.limit={ec.limit}: {ec.task} has {size} problems (0-{size - 1}); "
