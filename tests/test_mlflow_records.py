@@ -104,6 +104,7 @@ def test_a_resumed_sweeps_table_shows_the_reused_runs(tmp_path):
         run = subprocess.run(command(tmp_path, "-m", *FAST, "drafter.k=1,2"), cwd=tmp_path, env=env_for(tmp_path),
                              capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]
+    assert "2 jobs: 0 ran, 2 skipped" in run.stdout  # the second sweep measured nothing again
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     jobs, parents = runs(tmp_path)
     second = max(parents, key=lambda p: p.info.start_time)
