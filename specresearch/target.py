@@ -106,7 +106,8 @@ class Target:
         """
         first = prompts[0]
         if not any(len(p) for p in prompts):
-            self.cache = self.static.rows(len(prompts)) if self.static else self.cache
+            if self.static:
+                self.cache = self.static.rows(len(prompts))
             self.lengths, self.valid = [0] * len(prompts), None
             return None
         if all(p.shape == first.shape and torch.equal(p, first) for p in prompts[1:]):  # one prefill serves every row
@@ -216,7 +217,7 @@ class Target:
                 values = torch.cat([values, layer.values[:, :, : self.length]], dim=2)
             own.append((keys.contiguous(), values.contiguous()))
         if self.static:
-            self.cache = self.static.rows(rows)
+            self.static.rows(rows)  # (emptied: `own` holds copies)
             self.static.restore(own, shared + self.length)
             self.cache = self.static.cache
         else:

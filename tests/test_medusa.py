@@ -528,7 +528,7 @@ def test_the_command_line_refuses_a_bad_checkpoint_in_one_line_and_leaves_no_out
 
 @pytest.mark.parametrize("children", ["top", "sample"])
 def test_a_batchs_rows_are_drafted_by_one_heads_forward_each_as_alone(target, children, monkeypatch):
-    """HeadRows: the heads read every row's hidden state in one forward; each row's tree (tokens, parents
+    """A batch's rows (Drafter.batched_rows): the heads read every row's hidden state in one forward; each row's tree (tokens, parents
     and, sampled, q) is the one the row gets alone, its draws from its own generator; a row with no room
     to draft gets an empty draft."""
     heads = MedusaHeads(target.model.config.hidden_size, 3)

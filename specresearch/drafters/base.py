@@ -139,6 +139,32 @@ class Rows(ABC):
         """Each row's draft forwards since its prefill (a forward that drafted for several rows counts for each)."""
 
 
+class StatelessRows(Rows):
+    """Every row of a batch drafted by one call, `propose(ctxs)`, of a drafter that keeps no state per row
+    and runs no draft model (prompt lookup, Medusa's heads): it counts the rows, nothing else."""
+
+    def __init__(self, propose: Callable[[list[Context]], list[Draft]]):
+        self._propose, self.rows = propose, 0
+
+    def prefill(self, ctxs: list[Context]) -> None:
+        self.rows = len(ctxs)
+
+    def propose(self, ctxs: list[Context]) -> list[Draft]:
+        return self._propose(ctxs)
+
+    def observe(self, b: int, logits: Tensor) -> None:
+        pass
+
+    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        pass
+
+    def select(self, index: list[int]) -> None:
+        self.rows = len(index)
+
+    def forwards(self) -> list[int]:
+        return [0] * self.rows  # no draft model
+
+
 class Forks(Rows):
     """Each row drafted by its own drafter: row 0 by the drafter itself, the others by forks of it
     (`Drafter.fork`), kept across batches so each keeps its own reused prefill."""

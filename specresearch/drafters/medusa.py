@@ -15,13 +15,13 @@ import torch
 from torch import Tensor, nn
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter, Rows, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
+from specresearch.drafters.base import Context, Drafter, Rows, StatelessRows, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
 from specresearch.drafters.tree import Sizer
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir, say_once
 from specresearch.sampling import logits_to_probs
-from specresearch.types import Draft, SamplingParams, Verdict
+from specresearch.types import Draft, SamplingParams
 from specresearch.vocab import Shortlist
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ class MedusaDrafter(Drafter):
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents))
 
     def batched_rows(self) -> Rows:
-        return HeadRows(self)
+        return StatelessRows(self.propose_rows)
 
     @classmethod
     def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:
@@ -378,28 +378,3 @@ class MedusaDrafter(Drafter):
             "rank_acc": None if held is None else held.tolist(),  # [K][RANKS] held-out hit rate of each head's rank-r token
         }
 
-
-class HeadRows(Rows):
-    """Medusa's heads drafting every row of a batch in one forward (`MedusaDrafter.propose_rows`); they
-    keep no state but the rows' count."""
-
-    def __init__(self, drafter: MedusaDrafter):
-        self.drafter, self.rows = drafter, 0
-
-    def prefill(self, ctxs: list[Context]) -> None:
-        self.rows = len(ctxs)
-
-    def propose(self, ctxs: list[Context]) -> list[Draft]:
-        return self.drafter.propose_rows(ctxs)
-
-    def observe(self, b: int, logits: Tensor) -> None:
-        pass
-
-    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
-        pass
-
-    def select(self, index: list[int]) -> None:
-        self.rows = len(index)
-
-    def forwards(self) -> list[int]:
-        return [0] * self.rows  # the heads ride on the target's forward: no draft model

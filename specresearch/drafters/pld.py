@@ -7,8 +7,8 @@ import torch
 from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter, Rows
-from specresearch.types import Draft, Verdict
+from specresearch.drafters.base import Context, Drafter, Rows, StatelessRows
+from specresearch.types import Draft
 
 
 class PromptLookupDrafter(Drafter):
@@ -45,35 +45,13 @@ class PromptLookupDrafter(Drafter):
     def propose(self, ctx: Context) -> Draft:
         return Draft(tokens=lookup(ctx.tokens, ctx.max_draft, self.max_ngram, self.min_ngram, self.match))
 
-    def batched_rows(self) -> Rows:
-        return LookupRows(self)
-
-
-class LookupRows(Rows):
-    """Prompt lookup for every row of a batch at once (`lookup_rows`); it keeps no state but the rows' count."""
-
-    def __init__(self, drafter: PromptLookupDrafter):
-        self.drafter, self.rows = drafter, 0
-
-    def prefill(self, ctxs: list[Context]) -> None:
-        self.rows = len(ctxs)
-
-    def propose(self, ctxs: list[Context]) -> list[Draft]:
-        d = self.drafter
-        found = lookup_rows([ctx.tokens for ctx in ctxs], [ctx.max_draft for ctx in ctxs], d.max_ngram, d.min_ngram, d.match)
+    def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
+        """Every row's draft from one lookup of all rows (`lookup_rows`), each what `propose` gives it alone."""
+        found = lookup_rows([ctx.tokens for ctx in ctxs], [ctx.max_draft for ctx in ctxs], self.max_ngram, self.min_ngram, self.match)
         return [Draft(tokens=tokens) for tokens in found]
 
-    def observe(self, b: int, logits: Tensor) -> None:
-        pass
-
-    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
-        pass
-
-    def select(self, index: list[int]) -> None:
-        self.rows = len(index)
-
-    def forwards(self) -> list[int]:
-        return [0] * self.rows  # no draft model
+    def batched_rows(self) -> Rows:
+        return StatelessRows(self.propose_rows)
 
 
 def lookup(tokens: Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1, match: str = "first") -> Tensor:
