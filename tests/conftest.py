@@ -63,6 +63,31 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path
     return folder
 
 
+@pytest.fixture(scope="session")
+def new_store(tmp_path_factory) -> Callable[[Path], Path]:
+    """`new_store(folder)`: `folder` made an empty MLflow store as a first run leaves it (created and
+    migrated), and returned. MLflow migrates a new sqlite database through its whole schema history
+    (about 2 s a store); here that happens once per test run and each store gets a copy. For tests of
+    what runs record: the tests of a store's making (two runs on a new store, refusals, a file that is
+    no MLflow database) start from nothing."""
+
+    def make(folder: Path) -> None:
+        from mlflow import MlflowClient
+
+        MlflowClient(tracking_uri=f"sqlite:///{folder}/mlflow.db").search_experiments()
+
+    template = made_once(tmp_path_factory, "mlflow-template", make) / "mlflow.db"
+
+    def store(folder: Path) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (folder / "mlflow.db").exists():
+            shutil.copyfile(template, folder / "mlflow.db")
+        return folder
+
+    return store
+
+
 def train_cfg(**overrides):
     """A small `train` config for specresearch.train on tiny models (text data unless overridden, no disk cache);
     the keys not named here keep conf/train.yaml's defaults."""

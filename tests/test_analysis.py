@@ -66,8 +66,8 @@ def assert_pngs(out, names):
 
 
 @pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
-def store(tmp_path_factory):
-    return tmp_path_factory.mktemp("analysis") / "mlruns"  # every study's runs in one store, as in real use
+def store(tmp_path_factory, new_store):
+    return new_store(tmp_path_factory.mktemp("analysis") / "mlruns")  # every study's runs in one store, as in real use
 
 
 @pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
@@ -375,15 +375,14 @@ SYNERGY = {1: (1.3, 1.6, 1.8, 1.5, 1.7), 2: (1.25, 1.5, 1.55, 1.2, 1.4), 4: (1.2
            8: (1.1, 1.0, 0.8, 0.6, 0.85), 16: (0.9, 0.7, 0.5, 0.4, 0.6)}
 
 
-def test_batch_synergy_best_k_and_crossover(tmp_path):
+def test_batch_synergy_best_k_and_crossover(tmp_path, new_store):
     """Fake runs of the batch x k grid (and the tree) with known speedups, logged as `python -m
     specresearch experiment=batch_synergy` logs them (params study, batch_size, drafter.*; metric speedup)."""
     import mlflow
 
     from specresearch.records import HASH_TAG, STUDY_TAG
 
-    store = tmp_path / "mlruns"
-    store.mkdir()
+    store = new_store(tmp_path / "mlruns")
     mlflow.set_tracking_uri(uri(store))
     experiment = mlflow.create_experiment("specresearch")
     arms = [("independent", k) for k in (1, 2, 4, 8)] + [("tree", None)]
@@ -432,7 +431,7 @@ CROSS = {("humaneval", 0.0): {("cross_vocab", "smollm2-135m", "string"): 1.2, ("
          ("mtbench", 1.0): {("cross_vocab", "gemma-3-270m", "string"): 0.8, ("independent", "qwen2.5-coder-0.5b", None): 0.95}}
 
 
-def test_cross_vocab_table_in_the_papers_shape(tmp_path):
+def test_cross_vocab_table_in_the_papers_shape(tmp_path, new_store):
     """Fake runs of experiment=cross_vocab (params as the CLI logs them; metrics a SpeedRecord's): one row per
     (dataset, T, drafter), fastest first within a cell and marked; the authors' rows in a published table."""
     import mlflow
@@ -440,8 +439,7 @@ def test_cross_vocab_table_in_the_papers_shape(tmp_path):
     from specresearch.metrics import SpecStats
     from specresearch.records import HASH_TAG, STUDY_TAG, SpeedRecord, flatten
 
-    store = tmp_path / "mlruns"
-    store.mkdir()
+    store = new_store(tmp_path / "mlruns")
     mlflow.set_tracking_uri(uri(store))
     experiment = mlflow.create_experiment("specresearch")
     for (dataset, t), arms in CROSS.items():

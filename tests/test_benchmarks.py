@@ -33,11 +33,11 @@ def quick(tmp_path, *argv: str) -> tuple[subprocess.CompletedProcess, dict]:
     return result, json.loads(out.read_text())
 
 
-def test_speed_quick_runs_every_method_and_records_them(tmp_path):
+def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
     out = tmp_path / "speed.json"
     result = subprocess.run(
         [
-            sys.executable, SPEED, "--quick", "--profile", "--json", str(out), "--store", str(tmp_path / "mlruns"), "--methods",
+            sys.executable, SPEED, "--quick", "--profile", "--json", str(out), "--store", str(new_store(tmp_path / "mlruns")), "--methods",
             "generate,generate_torch,generate_compiled,hf_assisted,hf_prompt_lookup,baseline,baseline_compiled,independent,independent:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8,"
             "independent:k=2:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8",  # the same options: one int8 copy for both
         ],

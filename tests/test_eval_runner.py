@@ -66,9 +66,9 @@ def test_an_unusable_model_cache_is_refused_before_a_model_loads(tmp_path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
-def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch):
+def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch, new_store):
     monkeypatch.delenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", raising=False)
-    store = tmp_path / "mlruns"
+    store = new_store(tmp_path / "mlruns")
     cfg = make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", f"tracker.store={store}", f"model.cache_dir={tmp_path}/cache")
     summary = run_eval(cfg)
     # a random tiny model solves nothing; pld with greedy verification is lossless: identical completions
@@ -101,7 +101,7 @@ def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch):
     assert one["id"] == "HumanEval/1" and one["method"]["completion"] == records[1]["method"]["completion"]
 
 
-def test_a_failing_method_leaves_a_failed_run_with_the_baseline(tmp_path, monkeypatch):
+def test_a_failing_method_leaves_a_failed_run_with_the_baseline(tmp_path, monkeypatch, new_store):
     from specresearch.evaluation.lm import SpecResearchLM
 
     original = SpecResearchLM.generate_until
@@ -112,7 +112,7 @@ def test_a_failing_method_leaves_a_failed_run_with_the_baseline(tmp_path, monkey
         return original(self, requests, disable_tqdm)
 
     monkeypatch.setattr(SpecResearchLM, "generate_until", crash_on_method)
-    store = tmp_path / "mlruns"
+    store = new_store(tmp_path / "mlruns")
     cfg = make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", f"tracker.store={store}", "eval.reuse_baseline=false")
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_eval(cfg)

@@ -62,8 +62,8 @@ def test_an_unwritable_hydra_output_dir_is_one_line(tmp_path, mode):
     assert not (tmp_path / "mlruns").exists()
 
 
-def test_ctrl_c_records_the_run_failed_and_exits_130(tmp_path):
-    store = tmp_path / "mlruns"
+def test_ctrl_c_records_the_run_failed_and_exits_130(tmp_path, new_store):
+    store = new_store(tmp_path / "mlruns")
     args = ["model=tiny", "drafter=pld", "drafter.k=2", "dataset.num_prompts=60", "max_new_tokens=64",
             f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out"]
     # as from a terminal: a job started in the background by a shell without job control inherits SIGINT
@@ -173,13 +173,13 @@ def test_sigterm_before_a_run_opened_says_nothing_was_recorded(tmp_path):
     assert not (store / "mlflow.db").exists()  # no run, not even a store
 
 
-def test_a_sweep_driver_killed_before_its_first_job_leaves_no_running_parent(tmp_path):
+def test_a_sweep_driver_killed_before_its_first_job_leaves_no_running_parent(tmp_path, new_store):
     """SIGKILL leaves the sweep's parent run RUNNING; the next run on the store marks it FAILED."""
     from mlflow import MlflowClient
 
     from specresearch.sweeps import speed_lock
 
-    store = tmp_path / "mlruns"
+    store = new_store(tmp_path / "mlruns")
     with speed_lock(tmp_path / "speed.lock"):
         proc, _ = _waiting_for_the_lock(tmp_path, "-m", *FAST, f"tracker.store={store}", f"hydra.sweep.dir={tmp_path}/multi")
         proc.kill()

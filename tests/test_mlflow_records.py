@@ -97,22 +97,6 @@ def test_a_sweeps_parent_run_summarizes_its_jobs_and_each_job_has_its_figures(tm
         assert summary["speedup"] == pytest.approx(job.data.metrics["speedup"])
 
 
-def test_a_resumed_sweeps_table_shows_the_reused_runs(tmp_path):
-    from mlflow import MlflowClient
-
-    for _ in range(2):
-        run = subprocess.run(command(tmp_path, "-m", *FAST, "drafter.k=1,2"), cwd=tmp_path, env=env_for(tmp_path),
-                             capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stderr[-3000:]
-    assert "2 jobs: 0 ran, 2 skipped" in run.stdout  # the second sweep measured nothing again
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
-    jobs, parents = runs(tmp_path)
-    second = max(parents, key=lambda p: p.info.start_time)
-    table = strict(artifact(client, second, "jobs.json").decode())
-    assert len(jobs) == 2 and [row[1] for row in table["data"]] == ["FINISHED (reused)"] * 2
-    assert second.data.metrics["speedup"] == max(j.data.metrics["speedup"] for j in jobs)
-
-
 # --- stores MLflow cannot use, runs left RUNNING by dead processes (issue 35) -------------------------
 
 def _refusal(tracker) -> str:
@@ -196,7 +180,7 @@ def test_an_empty_experiment_name_is_refused_before_anything_runs():
         check(make_cfg("tracker.store="))
 
 
-def test_runs_of_dead_processes_on_this_host_are_marked_failed_when_a_store_opens(tmp_path):
+def test_runs_of_dead_processes_on_this_host_are_marked_failed_when_a_store_opens(tmp_path, new_store):
     """Single runs, jobs and sweep parents alike, in any experiment, keeping what they logged; a live
     process's run and another host's stay RUNNING."""
     import socket
@@ -211,8 +195,7 @@ def test_runs_of_dead_processes_on_this_host_are_marked_failed_when_a_store_open
     alive = subprocess.Popen(["sleep", "60"])
     try:
         host = socket.gethostname()
-        store = tmp_path / "mlruns"
-        store.mkdir()
+        store = new_store(tmp_path / "mlruns")
         client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
         here, other = (client.create_experiment(name, artifact_location=(tmp_path / name).as_uri()) for name in ("specresearch", "other"))
 

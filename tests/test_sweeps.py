@@ -6,6 +6,7 @@ End to end through `python -m specresearch` on the tiny random model with prompt
 model), a few tokens, into temporary MLflow stores; the lock file and caches go to tmp_path too."""
 
 import importlib.util
+import json
 import math
 import os
 import signal
@@ -151,8 +152,9 @@ def test_an_interrupted_job_says_whether_its_run_was_recorded(tmp_path, capsys, 
 
 # --- resume ------------------------------------------------------------------------------------------
 
-def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path):
+def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path, new_store):
     """The first sweep runs on the joblib launcher (two processes): its jobs nest under one parent too."""
+    new_store(tmp_path / "mlruns")  # empty, migrated once per test run
     first = cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *FAST, "drafter.k=1,2", "study=resume_test")
     assert "2 jobs: 2 ran, 0 skipped" in first.stdout
     _check_nested_under_one_parent(tmp_path)
@@ -169,9 +171,19 @@ def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path):
     jobs, parents = runs(tmp_path)
     assert sorted(k_of(r) for r in jobs) == ["1", "2", "3"] and all(r.info.status == "FINISHED" for r in jobs)
     assert len(parents) == 2 and all(p.info.status == "FINISHED" for p in parents)
+    # the second parent's table shows the reused run beside the new one, and its headline is the best of both
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    second = max(parents, key=lambda p: p.info.start_time)
+    with open(client.download_artifacts(second.info.run_id, "jobs.json", str(tmp_path))) as f:
+        table = json.load(f)
+    assert [row[1] for row in table["data"]] == ["FINISHED (reused)", "FINISHED"]
+    assert second.data.metrics["speedup"] == max(j.data.metrics["speedup"] for j in jobs if k_of(j) in ("1", "3"))
 
 
-def test_sigterm_records_failed_and_resume_completes_the_job(tmp_path):
+def test_sigterm_records_failed_and_resume_completes_the_job(tmp_path, new_store):
+    new_store(tmp_path / "mlruns")  # empty, migrated once per test run
     args = ["-m", "model=tiny", "drafter=pld", "drafter.k=2", "dataset.num_prompts=8", "max_new_tokens=48"]
     returncode, _, err = interrupt_when_measuring(command(tmp_path, *args), tmp_path / "mlruns" / "mlflow.db", signal.SIGTERM,
                                                   cwd=tmp_path, env=env_for(tmp_path))
@@ -187,13 +199,13 @@ def test_sigterm_records_failed_and_resume_completes_the_job(tmp_path):
     assert sorted(r.info.status for r in jobs) == ["FAILED", "FINISHED"]
 
 
-def test_a_killed_jobs_running_run_is_marked_failed_and_run_again(tmp_path):
+def test_a_killed_jobs_running_run_is_marked_failed_and_run_again(tmp_path, new_store):
     """A RUNNING run of the same config whose process is gone (SIGKILL) is marked FAILED and tagged
     interrupted, with its sweep's parent; the job then runs. A RUNNING run on another host is left."""
     from mlflow import MlflowClient
 
     digest = config_hash(make_cfg(*FAST, "drafter.k=1"))
-    (tmp_path / "mlruns").mkdir()
+    new_store(tmp_path / "mlruns")
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     experiment = client.create_experiment("specresearch", artifact_location=(tmp_path / "artifacts").as_uri())
     dead = subprocess.Popen(["true"])
@@ -227,7 +239,8 @@ def _check_nested_under_one_parent(tmp_path, ks=("1", "2")):
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None, reason='pip install -e ".[sweeps]"')
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is None, reason='pip install -e ".[sweeps]"')
-def test_ray_launcher_on_a_local_instance_records_both_jobs_under_the_parent(tmp_path):
+def test_ray_launcher_on_a_local_instance_records_both_jobs_under_the_parent(tmp_path, new_store):
+    new_store(tmp_path / "mlruns")  # empty, migrated once per test run
     result = cli(tmp_path, "-m", "hydra/launcher=ray", "hydra.launcher.ray.init.address=local", "+hydra.launcher.ray.init.num_cpus=2",
                  "+hydra.launcher.ray.init.include_dashboard=false", *FAST, "drafter.k=1,2")
     assert "2 jobs: 2 ran, 0 skipped" in result.stdout
@@ -237,7 +250,8 @@ def test_ray_launcher_on_a_local_instance_records_both_jobs_under_the_parent(tmp
 # --- Optuna ------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None, reason='pip install -e ".[sweeps]"')
-def test_tune_pld_returns_finite_objectives(tmp_path):
+def test_tune_pld_returns_finite_objectives(tmp_path, new_store):
+    new_store(tmp_path / "mlruns")  # empty, migrated once per test run
     result = cli(tmp_path, "experiment=tune_pld", "model=tiny", "hydra.sweeper.n_trials=2", "dataset.num_prompts=1",
                  "max_new_tokens=8")
     assert "2 jobs: 2 ran, 0 skipped" in result.stdout
