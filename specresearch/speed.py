@@ -167,7 +167,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     for engine in engines:  # compiled slots sized once for the longest prompt (a larger cache would compile its graphs again),
         if engine.target.lm.compile:  # and a graph made for every width a verification may feed (one token for plain decoding)
             engine.target.reset(len(longest) + cfg.max_new_tokens + 1)
-            engine.target.precompile(1 if engine.drafter.k == 0 and not engine.drafter.depth else StaticSlots.COMPILED_WIDTHS[-1])
+            engine.target.precompile(1 if engine.drafter.k == 0 and not engine.drafter.depth else StaticSlots.COMPILED_WIDTHS[-1],
+                                     hidden=engine.drafter.needs_hidden)
     if cfg.warmup:  # first calls pay one-off costs (allocator, kernels, compilation): keep them out of every timing
         for engine in engines:  # a compiled engine decodes the longest prompt in full: its draft model's slots grow to their size too
             compiled_run = engine.target.lm.compile

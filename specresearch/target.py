@@ -443,31 +443,34 @@ class Target:
         return {"attention_mask": mask.to(self.device), "position_ids": positions[None].to(self.device)}
 
     @torch.inference_mode()  # (as the engine decodes: graphs made with grad mode on would be made again)
-    def precompile(self, upto: int = 64) -> None:
+    def precompile(self, upto: int = 64, hidden: bool = False) -> None:
         """With a compiled decoder (model.compile=true): make its graph for every compiled width up to the one
         that holds `upto` tokens now, a warm-up (a forward of that width at the write position, rolled back),
-        so a timed decode meets no compilation. Call it after `reset(capacity)`: the graphs hold these slots."""
+        so a timed decode meets no compilation. Call it after `reset(capacity)`: the graphs hold these slots.
+        `hidden`: the graphs that end at the hidden states (a drafter that reads them, or a head of its
+        own), not at the model's logits (see `StaticSlots.forward`)."""
         if not (self.static and self.lm.compile):
             return
         start = self.length
         for width in StaticSlots.COMPILED_WIDTHS:
-            self._static_forward(torch.zeros(1, width, dtype=torch.long, device=self.device))
+            self._static_forward(torch.zeros(1, width, dtype=torch.long, device=self.device), logits=None if hidden else 0)
             self.rollback(start)
             if width >= upto:
                 break
 
-    def _static_forward(self, ids: Tensor, **extra: Tensor) -> Tensor:
+    def _static_forward(self, ids: Tensor, logits: int | None = None, **extra: Tensor) -> Tensor:
         """[1, K, H] the final hidden states of `ids` ([1, K] or [1, K, H]) fed at the static cache's write
-        position: a chain (causal) or a tree (`extra`'s mask and positions), see `StaticSlots.forward`."""
+        position: a chain (causal) or a tree (`extra`'s mask and positions), see `StaticSlots.forward`;
+        with `logits` (an int), the model's logits of the last `logits` of them instead (0: all)."""
         k = ids.shape[1]
         mask = extra.get("attention_mask")  # [1, 1, K, length + K] a tree's, else None: a chain
         positions = extra.get("position_ids")
         if positions is None:
             positions = torch.arange(self.length, self.length + k, device=self.device)[None]  # [1, K]
-        hidden = self.static.forward(ids, self.length, positions, mask)
+        out = self.static.forward(ids, self.length, positions, mask, logits=logits)
         self.cache = self.static.cache  # (a larger one when the sequence outgrew it)
         self.length += k
-        return hidden
+        return out
 
     def _hidden_states(self, tokens: Tensor, **extra: Tensor) -> Tensor:
         """[K, H] the base model's final (normed) hidden states of `tokens`, fed after the cache."""
@@ -478,6 +481,8 @@ class Target:
         return out.last_hidden_state[0]
 
     def _run(self, tokens: Tensor, logits_to_keep: int, **extra: Tensor) -> Tensor:
+        if self.static and not self.keep_hidden:  # compiled, the lm head in the graph (as transformers compiles a model)
+            return self._static_forward(tokens.to(self.device)[None], logits=logits_to_keep, **extra)[0]
         if self.keep_hidden or self.static:  # the base model, then the lm head on the rows asked for
             hidden = self._hidden_states(tokens, **extra)  # [K, H]
             self.hidden = hidden if self.keep_hidden else None
@@ -517,7 +522,6 @@ class StaticSlots:
         self.cache: StaticCache | None = None
         self.capacity = 0
         self.batch = 1  # rows the cache holds
-        self._decoder = _compiled_decoder(lm) if lm.compile else lm.model.base_model
 
     def reset(self, capacity: int) -> StaticCache:
         """The cache for a new sequence of about `capacity` tokens (the same one when it is large enough)."""
@@ -580,11 +584,15 @@ class StaticSlots:
                 layer.values[:, :, :length] = slots[1]
         self.seek(length)
 
-    def forward(self, ids: Tensor, length: int, positions: Tensor, mask: Tensor | None, **shared: SharedPrefix) -> Tensor:
+    def forward(self, ids: Tensor, length: int, positions: Tensor, mask: Tensor | None, logits: int | None = None,
+                **shared: SharedPrefix) -> Tensor:
         """[B, K, H] the decoder's final hidden states of `ids` ([B, K] tokens or [B, K, H] embeddings)
         written from slot `length` on, at `positions` ([B, K]), a chain (causal) or under `mask` (the
         [B, 1, K, length + K] additive mask of a tree or of rows, over the slots before and the K new ones),
-        after the prompt of `shared` (prefix=SharedPrefix: rows); the write position ends at length + K."""
+        after the prompt of `shared` (prefix=SharedPrefix: rows); the write position ends at length + K.
+        With `logits` (an int), [B, n, V] the model's logits of the last n = `logits` of the K instead (0: all):
+        compiled, the lm head runs inside the graph (as transformers compiles a model), on every padded
+        position (a few rows cost one pass over its weights)."""
         k = ids.shape[1]
         compiled = self.lm.compile and ids.shape[0] == 1 and k <= self.COMPILED_WIDTHS[-1]  # wider forwards and rows run eagerly
         width = next(w for w in self.COMPILED_WIDTHS if w >= k) if compiled else k
@@ -604,10 +612,14 @@ class StaticSlots:
         for layer in self.cache.layers:
             layer.end = None if compiled else length + width
         self.seek(length)
-        decoder = self._decoder if compiled else self.model.base_model
+        whole = compiled and logits is not None
+        decoder = _compiled(self.lm, whole) if compiled else self.model.base_model
         out = decoder(**_inputs(ids), attention_mask=causal, position_ids=positions, cache=self.cache, use_cache=True, **shared)
         self.seek(length + k)
-        return out.last_hidden_state[:, :k]
+        if whole:
+            return out.logits[:, :k][:, -logits:]
+        hidden = out.last_hidden_state[:, :k]
+        return hidden if logits is None else self.model.get_output_embeddings()(hidden[:, -logits:])
 
     def _grow(self, needed: int) -> None:
         """A larger cache holding what this one wrote (new addresses: compiled graphs are made again)."""
@@ -651,15 +663,20 @@ def _static_cache(config, capacity: int) -> StaticCache:
     return cache
 
 
-def _compiled_decoder(lm: LoadedModel) -> Callable:
-    """The model's decoder under torch.compile, one per model (its Targets share it; the graphs are per width and per Target's slots)."""
+def _compiled(lm: LoadedModel, logits: bool) -> Callable:
+    """The model under torch.compile, one per model and kind (its Targets share them; the graphs are per
+    width and per Target's slots): with `logits` the whole causal LM (decoder and lm head, as transformers
+    compiles it), else its decoder alone (for the hidden states: drafters that read them, heads of their own)."""
     if lm.compiled is None:
+        lm.compiled = {}
+    if logits not in lm.compiled:
         limit = 8 * len(StaticSlots.COMPILED_WIDTHS)  # a graph per width for each of a run's caches (baseline, method, reference)
         for name in ("recompile_limit", "cache_size_limit"):  # a graph per width; torch renamed the setting
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
-        lm.compiled = torch.compile(lm.model.base_model, dynamic=False, mode="reduce-overhead" if lm.device.type == "cuda" else None)
-    return lm.compiled
+        module = lm.model if logits else lm.model.base_model
+        lm.compiled[logits] = torch.compile(module, dynamic=False, mode="reduce-overhead" if lm.device.type == "cuda" else None)
+    return lm.compiled[logits]
 
 
 def _inputs(x: Tensor) -> dict[str, Tensor]:
