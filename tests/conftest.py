@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import sqlite3
@@ -86,6 +87,21 @@ def new_store(tmp_path_factory) -> Callable[[Path], Path]:
         return folder
 
     return store
+
+
+def strict(text: str):
+    """json.loads that refuses NaN and Infinity, as strict parsers (JavaScript's JSON.parse) do."""
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def artifact(client, run, path: str) -> bytes:
+    """The bytes of a run's artifact `path` (an MlflowClient's download)."""
+    local = client.download_artifacts(run.info.run_id, path)
+    with open(local, "rb") as f:
+        return f.read()
 
 
 def train_cfg(**overrides):

@@ -13,21 +13,8 @@ import pytest
 from specresearch.records import NOTE_TAG, headline, json_text
 from specresearch.sweeps.summary import swept_keys
 
+from .conftest import artifact, strict
 from .test_sweeps import FAST, command, env_for, runs
-
-
-def strict(text: str):
-    """json.loads that refuses NaN and Infinity, as strict parsers (JavaScript's JSON.parse) do."""
-    def refuse(constant):
-        raise ValueError(f"not JSON: {constant}")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def artifact(client, run, path: str) -> bytes:
-    local = client.download_artifacts(run.info.run_id, path)
-    with open(local, "rb") as f:
-        return f.read()
 
 
 def test_json_text_writes_null_for_nan_and_infinity():

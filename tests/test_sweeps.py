@@ -6,7 +6,6 @@ End to end through `python -m specresearch` on the tiny random model with prompt
 model), a few tokens, into temporary MLflow stores; the lock file and caches go to tmp_path too."""
 
 import importlib.util
-import json
 import math
 import os
 import signal
@@ -23,7 +22,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.records import HASH_TAG, config_hash
 from specresearch.sweeps import JobSkipped
 
-from .conftest import interrupt_when_measuring, make_cfg
+from .conftest import artifact, interrupt_when_measuring, make_cfg, strict
 
 FAST = ["model=tiny", "drafter=pld", "dataset.num_prompts=1", "max_new_tokens=6"]
 
@@ -176,8 +175,7 @@ def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path, new_store):
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     second = max(parents, key=lambda p: p.info.start_time)
-    with open(client.download_artifacts(second.info.run_id, "jobs.json", str(tmp_path))) as f:
-        table = json.load(f)
+    table = strict(artifact(client, second, "jobs.json").decode())
     assert [row[1] for row in table["data"]] == ["FINISHED (reused)", "FINISHED"]
     assert second.data.metrics["speedup"] == max(j.data.metrics["speedup"] for j in jobs if k_of(j) in ("1", "3"))
 
