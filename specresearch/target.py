@@ -481,11 +481,10 @@ class Target:
         return out.last_hidden_state[0]
 
     def _run(self, tokens: Tensor, logits_to_keep: int, **extra: Tensor) -> Tensor:
-        if self.static and not self.keep_hidden:  # compiled, the lm head in the graph (as transformers compiles a model)
+        if self.static and not self.keep_hidden:  # logits from the static slots (compiled: the lm head in the graph)
             return self._static_forward(tokens.to(self.device)[None], logits=logits_to_keep, **extra)[0]
-        if self.keep_hidden or self.static:  # the base model, then the lm head on the rows asked for
-            hidden = self._hidden_states(tokens, **extra)  # [K, H]
-            self.hidden = hidden if self.keep_hidden else None
+        if self.keep_hidden:  # the base model, then the lm head on the rows asked for
+            hidden = self.hidden = self._hidden_states(tokens, **extra)  # [K, H]
             return self.model.get_output_embeddings()(hidden[-logits_to_keep:])  # [K or 1, V]
         out = self.model(
             **_inputs(tokens.to(self.device)[None]),  # [1, K]
