@@ -251,8 +251,10 @@ def device_info(device: torch.device) -> dict:
 
 
 def decode(engine, prompts: list[list[int]], n: int) -> list:
-    """Every prompt, EOS ignored (every method then decodes exactly n tokens), prompt i seeded i."""
-    return [engine.generate(p, max_new_tokens=n, eos_token_ids=[], seed=i) for i, p in enumerate(prompts)]
+    """Every prompt, EOS ignored (every method then decodes exactly n tokens), prompt i from stream i of seed 0."""
+    from specresearch.seeding import stream_seed
+
+    return [engine.generate(p, max_new_tokens=n, eos_token_ids=[], seed=stream_seed(0, i)) for i, p in enumerate(prompts)]
 
 
 def cell(build: Callable[[], Any], prompts: list[list[int]], n: int, reference: list[list[int]] | None) -> dict:

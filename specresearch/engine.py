@@ -20,6 +20,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
 from specresearch.models import LoadedModel
 from specresearch.sampling import logits_to_probs
+from specresearch.seeding import stream_seed
 from specresearch.target import Target
 from specresearch.types import Draft, GenerationOutput, SamplingParams, Verdict
 from specresearch.verifiers.base import Verifier
@@ -129,9 +130,12 @@ class Engine:
             max_new_tokens: the most new tokens to return (per row).
             stop_strings: strings that end generation.
             eos_token_ids: ids that end generation; default: the tokenizer's eos_token_id.
-            seed: seeds the generator of every random draw (drafter and verifier). A batch: row b's
-                generator is seeded `seed + b` (or `seed[b]`, a list of one seed per row), so row b
-                decodes what `generate(prompt[b], seed=seed + b)` does (exactly, at fp32).
+            seed: seeds the generator of every random draw (drafter and verifier), through
+                `specresearch.seeding.stream_seed`: one prompt's generator is stream (seed, 0); a batch's
+                row b gets stream (seed, b), the b-th stream spawned from `seed` (so a batch of one is
+                the prompt alone, and calls with seeds s and s + 1 share no stream); with a list of one
+                seed per row, row b gets stream (seed[b], 0) and decodes exactly what
+                `generate(prompt[b], seed=seed[b])` does (at fp32).
             reuse_prefill: keep the prompt's prefill (target and drafter) and restore it when the next
                 call has the same prompt (a batch: one prompt in every row): for many samples of one
                 prompt, not for timing prompts.
@@ -153,7 +157,7 @@ class Engine:
         if rows is None:
             if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
                 raise SpecResearchError(f"generate() of one prompt takes one integer seed, got {seed!r}")
-            return self._decode([self.check_request(prompt, max_new_tokens, sample_first)], [int(seed)], max_new_tokens,
+            return self._decode([self.check_request(prompt, max_new_tokens, sample_first)], [stream_seed(seed, 0)], max_new_tokens,
                                 stop_strings, eos_token_ids, reuse_prefill, sample_first, stop_after)[0]
         seeds = _seeds(seed, len(rows))
         checked = []
@@ -342,13 +346,16 @@ def _batch(prompt) -> list | None:
 
 
 def _seeds(seed: int | Sequence[int], n: int) -> list[int]:
-    """One seed per row: seed + b, or the list given (of n integers)."""
+    """Each row's generator seed: stream (seed, b) for row b of one integer seed, stream (seed[b], 0)
+    for a list of n integers (what `generate(prompt[b], seed=seed[b])` uses)."""
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-        return [int(seed) + b for b in range(n)]
+        return [stream_seed(seed, b) for b in range(n)]
     seeds = list(seed) if isinstance(seed, Sequence) else None
     if seeds is None or len(seeds) != n or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in seeds):
-        raise SpecResearchError(f"generate() of {n} prompts takes one integer seed (row b gets seed + b) or a list of {n} integers, got {seed!r}")
-    return [int(s) for s in seeds]
+        raise SpecResearchError(f"generate() of {n} prompts takes one integer seed (row b gets stream b of it: "
+                                f"specresearch.seeding.stream_seed(seed, b)) or a list of {n} integers (row b decodes as "
+                                f"generate(prompt[b], seed=seed[b]) does), got {seed!r}")
+    return [stream_seed(s, 0) for s in seeds]
 
 
 _NO_DRAFT = Draft.empty()  # the prefill step verifies nothing

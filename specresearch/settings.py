@@ -559,7 +559,7 @@ def _switch(value) -> bool:
 class Config:
     """conf/config.yaml: a speed run (or eval=NAME: a quality run). The groups are checked by OPTIONS."""
     study: Optional[str] = None       # the study a run belongs to (set by the study presets)
-    seed: int = MISSING               # seeds every random draw; prompt i uses seed + i
+    seed: int = MISSING               # seeds every random draw; prompt i uses stream i of it (seeding.stream_seed(seed, i))
     max_new_tokens: int = MISSING     # per prompt, for baseline and method alike
     batch_size: int = MISSING         # prompts decoded together (one target forward verifies every row's draft)
     warmup: bool = MISSING            # one short untimed generation of each engine first

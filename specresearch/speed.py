@@ -21,8 +21,10 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.records import HEADLINE_SECTION, Group, PromptStep, SpeedRecord, flatten, headline, json_text, prefixed
+from specresearch.seeding import stream_seed
 from specresearch.stats import (
-    Conditionals, Report, Samples, battery, calibration, family_size, position_df, sample_engine, sample_target, samples_for_tv, teacher_force,
+    Conditionals, Report, Samples, Stream, battery, calibration, family_size, position_df, sample_engine, sample_target, samples_for_tv,
+    teacher_force,
 )
 from specresearch.target import StaticSlots, Target
 from specresearch.tracking import browse_line, tracked_run
@@ -158,8 +160,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     k = int(drafter.k or drafter.depth)  # draft tokens per step; a tree's depth, as the Leviathan prediction's chain length
     label = method.label
 
-    def generate(engine: Engine, ids: list[list[int]], seed: int, max_new: int) -> list[GenerationOutput]:
-        return engine.generate(ids, max_new, stop_strings=stops, seed=seed)  # row b: seed + b
+    def generate(engine: Engine, ids: list[list[int]], first: int, max_new: int) -> list[GenerationOutput]:
+        """Prompts first, first + 1, ... (a batch): prompt i decodes stream i of the run's seed, whatever its batch."""
+        return engine.generate(ids, max_new, stop_strings=stops, seed=[stream_seed(cfg.seed, first + b) for b in range(len(ids))])
 
     batch = int(cfg.batch_size)
     engines = (baseline, method) if compiled is None else (baseline, method, compiled)
@@ -172,21 +175,21 @@ def run(cfg: DictConfig) -> dict[str, float]:
     if cfg.warmup:  # first calls pay one-off costs (allocator, kernels, compilation): keep them out of every timing
         for engine in engines:  # a compiled engine decodes the longest prompt in full: its draft model's slots grow to their size too
             compiled_run = engine.target.lm.compile
-            generate(engine, [longest] if compiled_run else prompt_ids[:batch], cfg.seed, cfg.max_new_tokens if compiled_run else min(8, cfg.max_new_tokens))
+            generate(engine, [longest] if compiled_run else prompt_ids[:batch], 0, cfg.max_new_tokens if compiled_run else min(8, cfg.max_new_tokens))
 
     results = Results(batch_size=batch)
     tags = {**machine_tags(target), **trained_on}
     with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked:
         with tqdm(total=len(prompts), desc=label, unit="prompt") as progress:  # closed before the battery's bars
-            for first in range(0, len(prompts), batch):  # prompt i (row i - first of its batch) is seeded cfg.seed + i
+            for first in range(0, len(prompts), batch):  # prompt i (row i - first of its batch) is seeded stream_seed(cfg.seed, i)
                 ids = prompt_ids[first : first + batch]
                 if first // batch % 2 == 0:  # alternate who goes first, so drifts in machine speed cancel
-                    base = generate(baseline, ids, cfg.seed + first, cfg.max_new_tokens)
-                    meth = generate(method, ids, cfg.seed + first, cfg.max_new_tokens)
+                    base = generate(baseline, ids, first, cfg.max_new_tokens)
+                    meth = generate(method, ids, first, cfg.max_new_tokens)
                 else:
-                    meth = generate(method, ids, cfg.seed + first, cfg.max_new_tokens)
-                    base = generate(baseline, ids, cfg.seed + first, cfg.max_new_tokens)
-                comp = generate(compiled, ids, cfg.seed + first, cfg.max_new_tokens) if compiled is not None else None
+                    meth = generate(method, ids, first, cfg.max_new_tokens)
+                    base = generate(baseline, ids, first, cfg.max_new_tokens)
+                comp = generate(compiled, ids, first, cfg.max_new_tokens) if compiled is not None else None
                 gaps = [divergence_gap(target, p, b.tokens, m.tokens) if sampling.greedy else None for p, b, m in zip(ids, base, meth)]
                 records = results.add_batch(prompts[first : first + batch], base, meth, gaps, comp)
                 if drafter.predicted_speedup is not None:  # shape=auto: fixed (Medusa) or over the steps so far (dynamic trees)
@@ -250,40 +253,58 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
     time); both scored by teacher forcing; tests against each other and against the target's
     conditionals. With samples=auto, N is the one at which the position tests detect a TV of `sc.tv`
     with `sc.power` (see `auto_samples`). With `sc.aa_repeats`, also the A/A calibration (baseline
-    against baseline, fresh seeds each time). Fills `results`."""
+    against baseline, fresh streams each time: `aa_report`). Fills `results`.
+
+    Every draw is a stream of `seed` (`specresearch.seeding.stream_seed`) named by its `Stream`: the
+    baseline, auto's rounds, the method (one stream per sample: `sample_seeds`), each side's scoring,
+    the A/A sides of each repeat; so runs with seeds s and s + 1 share none."""
     prompts = prompt_ids[: sc.prompts]
     rows = stats_rows(sc.batch, method.target.vocab_size)  # per call
-
-    def draw(n: int, offset: int, progress=None) -> list[Samples]:
-        return [sample_target(target, ids, n, sc.length, sampling, seed + offset + i, rows, i, progress) for i, ids in enumerate(prompts)]
-
-    def baseline_side(n: int, offset: int, progress=None) -> tuple[Samples, Conditionals]:
-        parts = draw(n, offset, progress)
-        return Samples.concat(parts), _score(target, prompts, parts, sampling, seed + offset, rows)
-
     auto = sc.samples == "auto"
     n = sc.samples if not auto else -(-samples_for_tv(sc.tv, 1, sc.length, sc.alpha, sc.power) // len(prompts))
     with tqdm(total=n * len(prompts), desc="equivalence samples: baseline", unit="sample") as b:
-        parts = draw(n, 1_000_000, b.update)
+        parts = baseline_samples(target, prompts, n, sc.length, sampling, seed, rows, progress=b.update)
         if auto:
-            parts, n = auto_samples(parts, n, lambda more, r: draw(more, 5_000_000 + r * len(prompts), b.update), sc, b)
-        base, base_cond = Samples.concat(parts), _score(target, prompts, parts, sampling, seed + 1_000_000, rows)
+            parts, n = auto_samples(parts, n, lambda more, r: baseline_samples(target, prompts, more, sc.length, sampling, seed, rows,
+                                                                               Stream.AUTO, r, b.update), sc, b)
+        base, base_cond = Samples.concat(parts), score(target, prompts, parts, sampling, seed, rows, Stream.BASELINE)
     with tqdm(total=n * len(prompts), desc="equivalence samples: method", unit="sample") as b:
-        meth_parts = [sample_engine(method, ids, n, sc.length, seed + 2_000_000 + i * n, rows, i, b.update)
-                      for i, ids in enumerate(prompts)]
+        meth_parts = method_samples(method, prompts, n, sc.length, seed, rows, b.update)
     meth = Samples.concat(meth_parts)
-    results.equivalence = battery(base, base_cond, meth, _score(target, prompts, meth_parts, sampling, seed + 3_000_000, rows),
-                                  alpha=sc.alpha, power=sc.power, seed=seed, tv=sc.tv)
+    results.equivalence = battery(base, base_cond, meth, score(target, prompts, meth_parts, sampling, seed, rows, Stream.METHOD),
+                                  alpha=sc.alpha, power=sc.power, seed=stream_seed(seed, Stream.PERMUTE), tv=sc.tv)
     if auto:  # the two samples pooled may keep a few categories more than the baseline alone did
         results.equivalence.sized_at_df = position_df(base)
     results.rates.update(samples_per_s_baseline=base.samples_per_s, samples_per_s_method=meth.samples_per_s)
     if sc.aa_repeats:
-        reports = []
-        for r in tqdm(range(sc.aa_repeats), desc="A/A calibration", unit="repeat"):
-            a, a_cond = baseline_side(n, 4_000_000 + 2 * r * len(prompts))
-            b, b_cond = baseline_side(n, 4_000_000 + (2 * r + 1) * len(prompts))
-            reports.append(battery(a, a_cond, b, b_cond, alpha=sc.alpha, power=sc.power, permutations=0, seed=seed + r, tv=sc.tv))
+        reports = [aa_report(target, prompts, n, sc.length, sampling, seed, r, rows, sc.alpha, sc.power, sc.tv)
+                   for r in tqdm(range(sc.aa_repeats), desc="A/A calibration", unit="repeat")]
         results.calibration.update(calibration(reports, sc.alpha))
+
+
+def baseline_samples(target, prompts: list[list[int]], n: int, length: int, sampling: SamplingParams, seed: int, rows: int,
+                     stream: int = Stream.BASELINE, part: int = 0, progress=None) -> list[Samples]:
+    """The battery's draws from the target alone: `n` continuations of each prompt, prompt i's from stream
+    (seed, stream, i, part) (`sample_target`); one Samples per prompt."""
+    return [sample_target(target, ids, n, length, sampling, seed, rows, i, progress, stream, part) for i, ids in enumerate(prompts)]
+
+
+def method_samples(method: Engine, prompts: list[list[int]], n: int, length: int, seed: int, rows: int, progress=None) -> list[Samples]:
+    """The battery's draws from the method: `n` continuations of each prompt, sample j of prompt i from
+    stream (seed, Stream.METHOD, i, j) (`sample_engine`, `sample_seeds`); one Samples per prompt."""
+    return [sample_engine(method, ids, n, length, seed, rows, i, progress) for i, ids in enumerate(prompts)]
+
+
+def aa_report(target, prompts: list[list[int]], n: int, length: int, sampling: SamplingParams, seed: int, repeat: int, rows: int,
+              alpha: float, power: float, tv: float) -> Report:
+    """One repeat of the A/A calibration: the battery (no permutations) on two fresh baseline samples of
+    `n` per prompt, side a from streams (seed, Stream.AA_A, prompt, repeat), side b from (seed, Stream.AA_B,
+    prompt, repeat): every repeat's, and every seed's, independent of the others."""
+    sides = []
+    for stream in (Stream.AA_A, Stream.AA_B):
+        parts = baseline_samples(target, prompts, n, length, sampling, seed, rows, stream, repeat)
+        sides += [Samples.concat(parts), score(target, prompts, parts, sampling, seed, rows, stream, repeat)]
+    return battery(*sides, alpha=alpha, power=power, permutations=0, seed=stream_seed(seed, Stream.PERMUTE, repeat), tv=tv)
 
 
 STATS_ROWS = 256  # stats.batch=auto: rows per call, fewer for large vocabularies
@@ -333,8 +354,12 @@ def auto_samples(parts: list[Samples], n: int, more: Callable[[int, int], list[S
     return parts, n
 
 
-def _score(target, prompts: list[list[int]], parts: list[Samples], sampling: SamplingParams, seed: int, batch: int) -> Conditionals:
-    return Conditionals.concat([teacher_force(target, ids, s.tokens, sampling, seed + i, batch) for i, (ids, s) in enumerate(zip(prompts, parts))])
+def score(target, prompts: list[list[int]], parts: list[Samples], sampling: SamplingParams, seed: int, batch: int, stream: int,
+          part: int | None = None) -> Conditionals:
+    """Teacher forcing of one side's samples (one Samples per prompt), prompt i's PIT uniforms from stream
+    (seed, Stream.SCORE, stream, i[, part]): each side, prompt and A/A repeat its own."""
+    return Conditionals.concat([teacher_force(target, ids, s.tokens, sampling, seed, batch, (stream, i) if part is None else (stream, i, part))
+                                for i, (ids, s) in enumerate(zip(prompts, parts))])
 
 
 def format_calibration(c: dict[str, float], alpha: float) -> str:

@@ -340,3 +340,35 @@ def test_flagship_table_puts_quality_and_the_battery_beside_the_speed_rows(tmp_p
     target = tmp_path / "data.json"
     target.write_text(out.read_text())
     assert "| code (HumanEval) | 0.7 |" in hook.render(hook.load(target), "data.json")
+
+
+def test_aa_calibration_repeats_both_comparisons_and_writes_a_results_page(tmp_path):
+    """benchmarks/aa_calibration.py: its core (`calibrate`) on 3 repeats of 30 samples a side, then its
+    page: the verdict's and every test's rates with Clopper-Pearson intervals, KS p-values, a command
+    without machine paths, and a page the docs hook renders."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("aa_calibration", ROOT / "benchmarks" / "aa_calibration.py")
+    aa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aa)
+    seen = []
+    threads = torch.get_num_threads()
+    try:  # one thread, as the script runs (two on a busy 2-core machine made its small calls 40-90x slower)
+        torch.set_num_threads(1)
+        result = aa.calibrate(3, 30, progress=lambda kind, r: seen.append((kind, r)))
+        assert aa.main(["--repeats", "3", "--samples", "20", "--out", str(tmp_path / "aa.json")]) == 0  # as a user runs it
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [("aa", 0), ("method", 0), ("aa", 1), ("method", 1), ("aa", 2), ("method", 2)]
+    assert result["config"]["method"] == "pld(k=10) x rejection" and result["config"]["prompt_tokens"] > 100
+    for side in ("aa", "method"):
+        cal, tests = result[side]["calibration"], result[side]["tests"]
+        assert cal["repeats"] == 3 and 0 <= cal["rate_ci_low"] <= cal["rate"] <= cal["rate_ci_high"] <= 1
+        assert "surprisal_z" in tests and "position_8" in tests and all(0 <= t["p_uniform"] <= 1 for t in tests.values())
+        assert all(len(ps) == 3 for ps in result[side]["pvalues"].values())
+    assert result["aa"]["pvalues"]["surprisal_z"] != result["method"]["pvalues"]["surprisal_z"]
+    data = json.loads((tmp_path / "aa.json").read_text())
+    assert data["command"] == ["python benchmarks/aa_calibration.py --repeats 3 --samples 20 --out aa.json"]
+    assert data["result"]["config"]["samples"] == 20 and "cores" in data["machine"] and str(tmp_path) not in json.dumps(data)
+    page = _docs_hook().render(_docs_hook().load(tmp_path / "aa.json"), "aa.json")
+    assert "| A/A (target vs target) | **Holm verdict** | " in page and "KS uniformity p" in page

@@ -136,7 +136,7 @@ def test_a_batchs_rows_draft_together_each_as_alone(mode, monkeypatch):
     for prompts in ([REPEATING, PLAIN, REPEATING[3:], PLAIN[:2]], [REPEATING] * 3):
         alone = [engine.generate(p, 30, eos_token_ids=[], seed=10 + i) for i, p in enumerate(prompts)]
         calls.clear()
-        rows = engine.generate(prompts, 30, eos_token_ids=[], seed=10)
+        rows = engine.generate(prompts, 30, eos_token_ids=[], seed=[10 + i for i in range(len(prompts))])
         assert [row.tokens for row in rows] == [out.tokens for out in alone]
         assert [row.stats.draft_forwards for row in rows] == [out.stats.draft_forwards for out in alone]
         assert 0 < sum(row.stats.accepted for row in rows) < sum(row.stats.drafted for row in rows)

@@ -73,7 +73,7 @@ def test_a_batch_drafts_every_row_in_one_head_forward_per_token_or_level(cyclic,
     calls = []
     hook = head.layer.register_forward_hook(lambda *_: calls.append(1))
     try:
-        batch = engine.generate(prompts, 24, eos_token_ids=[], seed=0)
+        batch = engine.generate(prompts, 24, eos_token_ids=[], seed=list(range(len(prompts))))  # row b: what seed b gives alone
     finally:
         hook.remove()
     assert [(o.tokens, o.stats.accepted, o.stats.draft_forwards) for o in batch] == [(o.tokens, o.stats.accepted, o.stats.draft_forwards) for o in alone]

@@ -164,7 +164,7 @@ def test_sampled_speculative_follows_target_law(target, far_draft):
     n = 3000
     counts: dict[tuple[int, int], int] = {}
     stats = SpecStats()
-    for first in range(0, n, 250):  # 250 rows per batched decode: row i seeded i, independent samples
+    for first in range(0, n, 250):  # 250 rows per batched decode: row b of seed `first` is stream (first, b), all independent
         for out in engine.generate([prompt] * 250, 4, eos_token_ids=[], seed=first):  # prefill token, then a 2-token draft
             first_two = tuple(out.tokens[:2])
             counts[first_two] = counts.get(first_two, 0) + 1
@@ -197,7 +197,7 @@ def test_confidence_stopped_drafts_follow_target_law(target, far_draft):
     engine = Engine(target, IndependentDrafter(target, k=2, model=far_draft, confidence=0.5), RejectionVerifier(), sampling)
     prompt = [65, 66, 67]
     n, runs, stats = 3000, [], SpecStats()
-    for first in range(0, n, 250):  # 250 rows per batched decode: row i seeded i, independent samples
+    for first in range(0, n, 250):  # 250 rows per batched decode: row b of seed `first` is stream (first, b), all independent
         for out in engine.generate([prompt] * 250, 4, eos_token_ids=[], seed=first):  # prefill token, then a draft of 1 or 2
             runs.append(tuple(out.tokens))
             stats = stats.merge(out.stats)
@@ -225,6 +225,45 @@ def test_a_seed_reproduces_its_sampled_output_and_another_seed_changes_it(target
     b = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=11).tokens
     c = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=12).tokens
     assert a == b and a != c
+
+
+def test_stream_seed_spawns_independent_streams_from_a_seed():
+    """stream_seed(s, k...) is SeedSequence's spawned stream: (s, b) the b-th child of s; negative seeds
+    map modulo 2**64; keys must be 32-bit words (a larger one would alias two words of a longer key)."""
+    from specresearch.seeding import stream_seed
+
+    children = np.random.SeedSequence(5).spawn(3)
+    assert [stream_seed(5, b) for b in range(3)] == [int(c.generate_state(1, np.uint64)[0]) >> 1 for c in children]
+    seeds = {stream_seed(s, *key) for s in (0, 1, 2) for key in ((), (0,), (1,), (0, 0), (0, 1), (1, 0))}
+    assert len(seeds) == 18 and all(0 <= x < 2**63 for x in seeds)  # no two (seed, key) tuples alike
+    assert stream_seed(-1, 0) == stream_seed(2**64 - 1, 0) != stream_seed(1, 0)
+    for bad in (-1, 2**32, 1.0, True):
+        with pytest.raises(ValueError, match="key must be an integer"):
+            stream_seed(0, bad)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        stream_seed("0", 1)
+
+
+def test_batches_of_consecutive_seeds_share_no_stream(target, close_draft):
+    """A batch with seed i gives row b stream (i, b): calls with seeds 0 and 1 share no row (with
+    `seed + b`, row b of seed 0 was row b - 1 of seed 1); a batch of one is the prompt alone with that
+    seed, and a list of seeds gives row b exactly what `generate(prompt[b], seed=seed[b])` gives (T = 1, fp32)."""
+    from specresearch.engine import _seeds
+    from specresearch.seeding import stream_seed
+
+    engine = Engine(target, IndependentDrafter(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=1.0))
+    prompt = [1, 2, 3]
+    calls = [[tuple(o.tokens) for o in engine.generate([prompt] * 4, 12, eos_token_ids=[], seed=i)] for i in (0, 1)]
+    assert len(set(calls[0] + calls[1])) == 8  # no row of one call equals a row of the other (nor of its own)
+    assert _seeds(0, 4) == [stream_seed(0, b) for b in range(4)] and _seeds([3, 3], 2) == [stream_seed(3, 0)] * 2
+    alone = engine.generate(prompt, 12, eos_token_ids=[], seed=7).tokens
+    assert engine.generate([prompt], 12, eos_token_ids=[], seed=7)[0].tokens == alone
+    assert tuple(engine.generate(prompt, 12, eos_token_ids=[], seed=1).tokens) not in calls[0]  # before: row 1 of seed 0
+    batch = [prompt, PLAIN, REPEATING[3:], prompt]
+    seeds = [7, 0, 1, 12]
+    rows = engine.generate(batch, 12, eos_token_ids=[], seed=seeds)
+    assert [r.tokens for r in rows] == [engine.generate(p, 12, eos_token_ids=[], seed=s).tokens for p, s in zip(batch, seeds)]
+    assert rows[0].tokens == alone and tuple(rows[3].tokens) not in calls[0] + calls[1]
 
 
 def test_divergence_gap_is_the_targets_logit_gap_at_the_first_difference(target):

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from specresearch.errors import SpecResearchError
 from specresearch.evaluation.lm import SpecResearchLM
+from specresearch.seeding import stream_seed
 
 from .conftest import ROOT
 
@@ -152,7 +153,7 @@ def _requests(kwargs_of=lambda i: {"until": ["\n\n"], "max_gen_toks": MAX_NEW}):
 def test_a_batch_size_decodes_in_batches_with_the_texts_and_seeds_of_batch_size_1(kwargs_of, monkeypatch):
     """5 requests of different lengths (second case: two kinds of stop strings and budgets, the odd ones
     and the even ones): batch_size=3 gives batch size 1's texts, in order; each engine call holds at
-    most 3 requests that decode alike (longest first), request i seeded seed + i."""
+    most 3 requests that decode alike (longest first), request i seeded stream_seed(seed, i)."""
     from specresearch.engine import Engine
 
     one = SpecResearchLM(**TINY_ARGS, drafter="pld", seed=7)
@@ -180,7 +181,7 @@ def test_a_batch_size_decodes_in_batches_with_the_texts_and_seeds_of_batch_size_
     for sizes, max_new, until, seeds in calls:
         assert 1 <= len(sizes) <= 3 and sizes == sorted(sizes, reverse=True)  # longest first
         members = [lengths[n] for n in sizes]
-        assert seeds == [7 + i for i in members]
+        assert seeds == [stream_seed(7, i) for i in members]
         assert all(requests[i].args[1]["max_gen_toks"] == max_new for i in members)
         assert all(tuple([u] if isinstance(u := requests[i].args[1]["until"], str) else u) == until for i in members)
         seen += members

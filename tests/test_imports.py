@@ -29,7 +29,7 @@ FLOORS = {
     "core": ["specresearch.engine", "specresearch.target", "specresearch.drafters", "specresearch.verifiers"],
     "services": ["specresearch.models", "specresearch.attention", "specresearch.data", "specresearch.vocab", "specresearch.tracking",
                  "specresearch.records", "specresearch.figures", "specresearch.config", "specresearch.assets"],
-    "ground": ["specresearch.types", "specresearch.metrics", "specresearch.sampling", "specresearch.errors",
+    "ground": ["specresearch.types", "specresearch.metrics", "specresearch.sampling", "specresearch.seeding", "specresearch.errors",
                "specresearch.settings"],
 }
 

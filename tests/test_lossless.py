@@ -3,27 +3,39 @@ in each of its drafting modes (`Drafter.modes`), with each verifier of conf/veri
 `lossless`, on tiny fp32 models:
 
 - at T = 1, the law of what the method itself emits (the engine with sample_first=False, so no token
-  comes from the plain prefill), from the rows of batched decodes (each row an independent sample): the first token, and the second given the first, against the
-  target's exact conditionals. Each is a G-test of the randomized PIT in 10 equal bins against the
-  uniform law (exact under H0 for any conditionals), sized so that a TV of 0.05 between the binned
-  laws (at most the tokens' TV) is detected with power 0.8 at alpha = 1e-3;
+  comes from the plain prefill), from 2,880 rows of ragged batched decodes (two prompts of different
+  lengths alternating row by row; each row an independent stream): the first token, the second given
+  the first, their joint over every cell expected 5 or more times, and the token rejection sampling
+  recovers after the first step's draft was rejected against the residual computed from the target's
+  own forwards (`law_pvalues` says what each sees and its power), each at alpha = 1e-3; in two
+  settings: where drafts land (LANDING) and where a step's first draft is rejected about half the
+  time (REJECTING), so the acceptance, residual and sibling paths each carry samples;
+- at T = 1, top-k 4, the exact law of the first emitted token by enumeration over the drafter's own
+  draws (tests/draws.py: its sampling calls replayed along every outcome, its code unchanged), equal
+  to the target's p to 1e-9: no sampling noise, so a drafter that draws children without
+  replacement or reports another q than it drew from fails for sure;
 - at T = 0, greedy identity with plain decoding, one prompt at a time, for every row of a batch of
   four prompts of different lengths whose rows stop at different steps, and for a batch of one prompt
   repeated (its rows share the prompt's cache).
 
-Both run where drafts land (conftest.LANDING: a cyclic target whose top token at T = 1 is about 0.85, a
-draft close to it, Medusa and EAGLE heads built to know its cycle, a prompt that is the target's own
-cycle): each law test asserts that the method's draft path carried its samples (at least MIN_ALPHA of
-the drafted tokens accepted; with `lookup`, fewer draft forwards than drafted tokens: the cascade
-fired), so a setting that stops exercising the acceptance path fails instead of passing on the
-residual path alone; the greedy identity also runs on the random target (TINY), where drafts are
-mostly rejected.
+LANDING: a cyclic target whose top token at T = 1 is about 0.85, a draft close to it, Medusa and EAGLE
+heads built to know its cycle, prompts that are the target's own cycle; each law test there asserts
+that the method's draft path carried its samples (at least MIN_ALPHA of the drafted tokens accepted;
+with `lookup`, fewer draft forwards than drafted tokens: the cascade fired), so a setting that stops
+exercising the acceptance path fails instead of passing on the residual path alone. REJECTING: a
+target less sure of the same cycle and a draft surer than it; each test there asserts that at least
+MIN_RECOVERED first steps kept no draft token. The greedy identity also runs on the random target
+(TINY), where drafts are mostly rejected.
 
 A new drafter, mode or lossless verifier is covered without editing this file. The control at the
-end shows the law test catches the defect it was written for.
+end shows the law test catches the defect it was written for; `python -m tests.mutants` applies 24
+lossy mutants one at a time and shows that these tests kill each one (docs/concepts/lossless.md).
 """
 
+import json
 import math
+import os
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -38,11 +50,13 @@ from specresearch.errors import SpecResearchError
 from specresearch.build import build_engine
 from specresearch.models import load_model
 from specresearch.sampling import logits_to_probs
+from specresearch.stats import draft_first_token_law, total_variation
 from specresearch.stats.battery import noncentrality
-from specresearch.types import SamplingParams
+from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import RejectionVerifier
 
-from .conftest import CONF_DIR, LANDING_START, PLAIN, REPEATING, drafter_cfg, landing_next
+from .conftest import CONF_DIR, LANDING, LANDING_START, PLAIN, REJECTING, REPEATING, drafter_cfg, landing_next
+from .draws import enumerated
 
 T1 = SamplingParams(temperature=1.0)
 ALPHA, POWER, TV, BINS = 1e-3, 0.8, 0.05, 10
@@ -80,8 +94,9 @@ def _cases(temperature: float):
     return [pytest.param(d, o, v, id=f"{d}[{m}]-{v}") for d, m, o in _modes() for v in _lossless(temperature)]
 
 
-def _engine(drafter: str, overrides: tuple[str, ...], verifier: str, sampling: str, tmp_path, landing: bool = True) -> Engine:
-    cfg = drafter_cfg(drafter, tmp_path, *(f"drafter.{o}" for o in overrides), f"verifier={verifier}", f"sampling={sampling}",
+def _engine(drafter: str, overrides: tuple[str, ...], verifier: str, sampling: str, tmp_path, *more: str,
+            landing: bool | list[str] = True) -> Engine:
+    cfg = drafter_cfg(drafter, tmp_path, *(f"drafter.{o}" for o in overrides), f"verifier={verifier}", f"sampling={sampling}", *more,
                       landing=landing)
     return build_engine(cfg)
 
@@ -95,7 +110,8 @@ def _cycling() -> list[int]:
 
 
 CYCLING = _cycling()
-MIN_ALPHA = 0.3  # the least share of drafted tokens a law test's method must have accepted
+MIN_ALPHA = 0.3  # landing: the least share of drafted tokens a law test's method must have accepted
+MIN_RECOVERED = 50  # rejecting: the fewest first steps that kept no draft token (their token is a recovered one)
 
 
 def pit(p: torch.Tensor, x: torch.Tensor, u: np.ndarray) -> np.ndarray:
@@ -114,44 +130,250 @@ def uniformity_p(u: np.ndarray) -> float:
     return float(st.power_divergence(counts, np.full(BINS, len(u) / BINS), lambda_="log-likelihood").pvalue)
 
 
-BATCH = 128  # samples decoded together: the rows of one batch are independent draws (row i seeded seed + i)
+def counts_p(observed: np.ndarray, expected: np.ndarray) -> float:
+    """G-test of category counts against their exact expected counts (same total): categories expected
+    below 5 are pooled into one, and that one into the smallest other if it is still below 5. For
+    independent draws from different laws (the expected counts are sums of each draw's law) the
+    statistic's null variance is at most the multinomial's, so the χ² p-value is conservative."""
+    keep = expected >= 5
+    obs, exp = list(observed[keep]), list(expected[keep])
+    if (~keep).any():
+        rest_o, rest_e = observed[~keep].sum(), expected[~keep].sum()
+        if rest_e >= 5 or not exp:
+            obs.append(rest_o)
+            exp.append(rest_e)
+        else:
+            i = int(np.argmin(exp))
+            obs[i], exp[i] = obs[i] + rest_o, exp[i] + rest_e
+    if len(exp) < 2:
+        return 1.0  # one category: nothing to test
+    return float(st.power_divergence(np.asarray(obs, float), np.asarray(exp, float), lambda_="log-likelihood").pvalue)
+
+
+BATCH = 128  # samples decoded together: the rows of one batch are independent draws (row b seeded with (seed, b))
+
+
+def _prompts() -> tuple[list[int], list[int]]:
+    """Two prompts of the target's cycle, of different lengths and last tokens (so different laws)."""
+    return CYCLING, CYCLING[2:11]
+
+
+PROMPTS = _prompts()
+
+
+@dataclass
+class Decodes:
+    """The first two tokens of n decodes of a method (ragged batches: row i decodes PROMPTS[i % 2]), with
+    the exact target laws they should follow and what the method's first step drafted and kept."""
+
+    prompt: torch.Tensor  # [N] the index of each row's prompt
+    x1: torch.Tensor  # [N] the first new token
+    x2: torch.Tensor  # [N] the second
+    p1: list[torch.Tensor]  # per prompt, [V] the target's law of the first token (float64)
+    p2: list[dict[int, torch.Tensor]]  # per prompt, first token -> [V] the law of the second
+    drafts: list[Draft]  # each row's first draft
+    verdicts: list[Verdict]  # and what the verifier made of it
+    counts: dict[str, int]  # drafted, accepted, draft_forwards over all steps
+
+    def first_laws(self) -> torch.Tensor:
+        return torch.stack([self.p1[int(i)] for i in self.prompt])  # [N, V]
+
+    def second_laws(self) -> torch.Tensor:
+        return torch.stack([self.p2[int(i)][int(x)] for i, x in zip(self.prompt, self.x1)])  # [N, V]
+
+
+def roots(draft: Draft) -> list[int]:
+    """The nodes of a draft tried first: a chain's first token, a tree's children of the root."""
+    k = len(draft)
+    return ([0] if k else []) if draft.parents is None else [i for i, parent in enumerate(draft.parents[:k].tolist()) if parent < 0]
 
 
 @torch.inference_mode()
-def law_pvalues(engine: Engine, prompt: list[int], n: int = N, seed: int = 0) -> tuple[float, float, dict]:
-    """The method's first two tokens, n times (decoded BATCH at a time, so the law tested is that of a
-    batched decode's rows): p-values of the first token's law and of the second given the first
-    against the target's exact conditionals, and the draft counters."""
+def decode_rows(engine: Engine, n: int = N, seed: int = 0) -> Decodes:
+    """n decodes of the method's first two tokens (BATCH rows a call, the prompts alternating row by row,
+    every token from a draft-and-verify step: sample_first=False), recording each row's first draft and
+    verdict from the engine's own verifier call; then the target's exact conditionals from plain
+    forwards (every first token the rows drew, and every one expected at least 5 times)."""
     depth = max(engine.drafter.k, engine.drafter.depth, 1)  # the first step drafts its full depth (k for chains)
-    firsts, seconds, counts = [], [], {"drafted": 0, "accepted": 0, "draft_forwards": 0}
-    for first in range(0, n, BATCH):
-        rows = min(BATCH, n - first)
-        outs = engine.generate([prompt] * rows, depth + 1, eos_token_ids=[], seed=seed + first, reuse_prefill=True,
-                               sample_first=False, stop_after=2)
-        for out in outs:
-            firsts.append(out.tokens[0])
-            seconds.append(out.tokens[1])
-            for key in counts:
-                counts[key] += getattr(out.stats, key)
+    verify, first = engine.verifier.verify_rows, []
+
+    def recording(drafts, p, rngs):
+        verdicts = verify(drafts, p, rngs)
+        if not first:
+            first.append((list(drafts), verdicts))
+        return verdicts
+
+    x1, x2, which, drafts, verdicts = [], [], [], [], []
+    counts = {"drafted": 0, "accepted": 0, "draft_forwards": 0}
+    engine.verifier.verify_rows = recording
+    try:
+        for start in range(0, n, BATCH):
+            rows = list(range(start, min(n, start + BATCH)))
+            first.clear()
+            outs = engine.generate([PROMPTS[i % 2] for i in rows], depth + 1, eos_token_ids=[], seed=seed + start,
+                                   sample_first=False, stop_after=2)
+            assert len(first[0][0]) == len(rows), "the first verification holds every row"
+            drafts += first[0][0]
+            verdicts += first[0][1]
+            for i, out in zip(rows, outs):
+                x1.append(out.tokens[0])
+                x2.append(out.tokens[1])
+                which.append(i % 2)
+                for key in counts:
+                    counts[key] += getattr(out.stats, key)
+    finally:
+        del engine.verifier.verify_rows
     model, sampling = engine.target.lm.model, engine.sampling
-    x1, x2 = torch.tensor(firsts), torch.tensor(seconds)
-    p1 = logits_to_probs(model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling)  # [V]
-    seen = x1.unique()  # [S] the first tokens drawn; one forward each gives the second token's law
-    p2 = logits_to_probs(model(input_ids=torch.cat([torch.tensor(prompt).expand(len(seen), -1), seen[:, None]], 1)).logits[:, -1], sampling)
-    p2 = p2[torch.searchsorted(seen, x1)]  # [N, V] the law of each second token
-    u = np.random.default_rng(seed).random((2, n))
-    return uniformity_p(pit(p1.expand(n, -1), x1, u[0])), uniformity_p(pit(p2, x2, u[1])), counts
+    prompt, x1t = torch.tensor(which), torch.tensor(x1)
+    p1, p2 = [], []
+    for i, ids in enumerate(PROMPTS):
+        law = logits_to_probs(model(input_ids=torch.tensor([ids])).logits[0, -1], sampling).double()  # [V]
+        rows = prompt == i
+        firsts = sorted({*x1t[rows].tolist(), *(law * int(rows.sum()) >= 5).nonzero()[:, 0].tolist()})
+        seconds = logits_to_probs(model(input_ids=torch.cat([torch.tensor(ids).expand(len(firsts), -1),
+                                                             torch.tensor(firsts)[:, None]], 1)).logits[:, -1], sampling).double()
+        p1.append(law)
+        p2.append(dict(zip(firsts, seconds)))
+    return Decodes(prompt, x1t, torch.tensor(x2), p1, p2, drafts, verdicts, counts)
+
+
+def law_pvalues(d: Decodes, verifier: str, seed: int = 0) -> dict[str, float]:
+    """The p-values of the law tests on n decodes (each exact under H0, so each is a valid test at any α):
+
+    - `first`, `second`: the randomized PIT of the first token, and of the second given the first,
+      under the target's exact conditionals, in BINS equal bins against the uniform law (G-test). A
+      TV of 0.05 between the binned laws is detected with power 0.8 at α = 1e-3 at N = 2,880. Blind to
+      errors in *which* unlikely token comes out: the top token fills most bins.
+    - `joint`: the counts of (prompt, first token, second token) against their exact expected counts
+      N_prompt · p(x1) · p(x2 | x1), every cell expected 5 or more times its own category (the rest
+      pooled). Sees the non-top tokens: a cell's deficit of δ·N tokens gives the statistic ≈ (δN)²/E;
+      with df cells, a TV of t spread over the cells gives noncentrality ≥ 4 N t² (Cauchy–Schwarz).
+    - `recovered` (rejection sampling): the rows whose first step rejected every child of the root (a
+      chain's first token, a tree's first level, siblings included): their token against the law
+      rejection sampling must give it, norm(max(cur − q_x, 0)) applied child after child from the
+      target's p (reference code, not the verifier's), expected counts summed over the rows. The
+      residual's mass is off the top token, where `first` cannot see; a bug that emits from p, skips
+      a sibling's update or reads another row's law moves whole categories.
+    """
+    n = len(d.x1)
+    u = np.random.default_rng([seed, 0x1A7]).random((2, n))
+    out = {"first": uniformity_p(pit(d.first_laws(), d.x1, u[0])), "second": uniformity_p(pit(d.second_laws(), d.x2, u[1]))}
+    observed, expected = {}, {}
+    for i, (p1, p2) in enumerate(zip(d.p1, d.p2)):
+        rows = int((d.prompt == i).sum())
+        for x, law in p2.items():
+            for y in (rows * p1[x] * law >= 5).nonzero()[:, 0].tolist():
+                expected[(i, x, y)] = float(rows * p1[x] * law[y])
+    for key in zip(d.prompt.tolist(), d.x1.tolist(), d.x2.tolist()):
+        observed[key] = observed.get(key, 0) + 1
+    cells = list(expected)
+    obs = np.array([observed.get(c, 0) for c in cells] + [n - sum(observed.get(c, 0) for c in cells)], float)
+    exp = np.array([expected[c] for c in cells] + [n - sum(expected.values())], float)
+    out["joint"] = counts_p(obs, exp)
+    if verifier == "rejection":
+        tokens, laws = [], []
+        for b, (draft, verdict) in enumerate(zip(d.drafts, d.verdicts)):
+            kids = roots(draft)
+            if kids and verdict.num_accepted == 0:
+                tokens.append(int(d.x1[b]))
+                laws.append(recovered_law(d.p1[int(d.prompt[b])], draft, kids))
+        if laws:
+            expected_r = torch.stack(laws).sum(0).numpy()
+            out["recovered"] = counts_p(np.bincount(tokens, minlength=len(expected_r)).astype(float), expected_r)
+    return out
+
+
+def recovered_law(p: torch.Tensor, draft: Draft, kids: list[int]) -> torch.Tensor:
+    """[V] the law of rejection sampling's token after every one of `kids` was rejected: the residual
+    norm(max(cur − q, 0)) taken child after child (q: the law the child was drawn from, one-hot for a
+    deterministic child), starting from the target's p."""
+    cur = p.double()
+    for c in kids:
+        q = torch.zeros_like(cur).index_fill_(0, draft.tokens[c : c + 1].cpu(), 1.0) if draft.q is None else draft.q[c].double().cpu()
+        r = (cur - q).clamp_min(0)
+        cur = r / r.sum() if r.sum() > 0 else cur
+    return cur
+
+
+def rejection_shares(d: Decodes) -> tuple[int, float, int]:
+    """The rows whose first step drafted and kept no draft token (their first token is a recovered one),
+    their share of the rows that drafted, and the rows whose first step rejected the root's first child
+    and tried a sibling after it (against the residual)."""
+    drafted = [(roots(draft), verdict) for draft, verdict in zip(d.drafts, d.verdicts) if len(draft)]
+    rejected = sum(verdict.num_accepted == 0 for _, verdict in drafted)
+    siblings = sum(len(kids) > 1 and (verdict.num_accepted == 0 or verdict.path[0] != kids[0]) for kids, verdict in drafted)
+    return rejected, rejected / max(len(drafted), 1), siblings
+
+
+def log_pvalues(test: str, pvalues: dict[str, float], exact_tv: float | None = None) -> None:
+    """Append a law test's p-values (or an exact test's TV) to $SPECRESEARCH_LAW_LOG, one JSON line:
+    `python -m tests.mutants` reads how strongly each mutant was killed."""
+    path = os.environ.get("SPECRESEARCH_LAW_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": test, "p": pvalues, "tv": exact_tv}) + "\n")
+
+
+SETTINGS = {"landing": LANDING, "rejecting": REJECTING}
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("drafter, overrides, verifier", _cases(1.0))
+def test_sampled_output_follows_the_target(drafter, overrides, verifier, setting, tmp_path, request):
+    """The method's first two tokens at T = 1 follow the target's law (`law_pvalues`: PIT of each,
+    their joint over every cell expected 5+ times, the recovered token's law after a rejection), on
+    ragged batches, in two settings: `landing` (drafts mostly accepted: the acceptance path carries
+    the samples) and `rejecting` (a step's first draft rejected about half the time, siblings after
+    it: the residual and sibling paths do)."""
+    engine = _engine(drafter, overrides, verifier, "random", tmp_path, landing=SETTINGS[setting])
+    d = decode_rows(engine)
+    pvalues = law_pvalues(d, verifier)
+    log_pvalues(request.node.name, pvalues)
+    counts = d.counts
+    assert min(pvalues.values()) >= ALPHA, (pvalues, counts)
+    if drafter == "none":
+        return
+    if setting == "landing":  # the method's own draft path carried samples: the test can see its mistakes there
+        assert counts["accepted"] >= MIN_ALPHA * counts["drafted"] > 0, counts
+        if any(o.startswith("lookup=") for o in overrides):  # the cascade fired: guesses saved draft forwards
+            assert counts["draft_forwards"] < counts["drafted"], counts
+    else:  # the residual carried samples too (how often siblings faced it: `python -m tests.test_lossless`)
+        recovered, share, _ = rejection_shares(d)
+        assert recovered >= MIN_RECOVERED, (recovered, share, counts)
 
 
 @pytest.mark.parametrize("drafter, overrides, verifier", _cases(1.0))
-def test_sampled_output_follows_the_target(drafter, overrides, verifier, tmp_path):
-    engine = _engine(drafter, overrides, verifier, "random", tmp_path)
-    p_first, p_second, counts = law_pvalues(engine, CYCLING)
-    assert p_first >= ALPHA and p_second >= ALPHA, (p_first, p_second, counts)
-    if drafter != "none":  # the method's own draft path carried samples: the test can see its mistakes there
-        assert counts["accepted"] >= MIN_ALPHA * counts["drafted"] > 0, counts
-    if any(o.startswith("lookup=") for o in overrides):  # the cascade fired: guesses saved draft forwards
-        assert counts["draft_forwards"] < counts["drafted"], counts
+def test_exact_law_through_the_drafters_own_draws(drafter, overrides, verifier, tmp_path, request):
+    """The exact law of the first token a method emits (T = 1, top-k 4: every law has 4 tokens), by
+    enumeration over the drafter's own draws (tests/draws.py: its sampling calls replayed along every
+    outcome, each weighed by its probability, the drafter's code unchanged), each draft's first-token
+    law from the verifier's acceptance and fallback (`draft_first_token_law`): equal to the target's
+    p to 1e-9. No sampling noise: a drafter that draws children without replacement, reports another
+    law than it drew from, or a verifier off by any amount fails here for sure."""
+    engine = _engine(drafter, overrides, verifier, "random", tmp_path, "sampling.top_k=4")
+    verify, seen = engine.verifier.verify_rows, []
+
+    def recording(drafts, p, rngs):
+        seen.append((drafts[0], p[0, 0]))
+        return verify(drafts, p, rngs)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, bool]:
+        seen.clear()  # a first step of depth 1 (2 new tokens at most): the draws that make the first level
+        engine.generate(CYCLING, 2, eos_token_ids=[], seed=0, reuse_prefill=True, sample_first=False, stop_after=1)
+        draft, p = seen[0]
+        return draft_first_token_law(engine.verifier, draft, p), p.double() / p.double().sum(), draft.q is not None
+
+    engine.verifier.verify_rows = recording
+    with torch.inference_mode():
+        paths = enumerated(run)
+    total = sum(w for w, _ in paths)
+    law = sum(w * law for w, (law, _, _) in paths)
+    p, sampled = paths[0][1][1], any(s for _, (_, _, s) in paths)
+    tv = total_variation(law, p)
+    log_pvalues(request.node.name, {}, tv)
+    assert abs(total - 1) < 1e-12, total
+    assert not sampled or len(paths) > 1, "a sampled draft, but no draw was enumerated: a draw outside tests/draws.py's primitives?"
+    assert tv < 1e-9, (tv, len(paths))
 
 
 @pytest.mark.parametrize("drafter, overrides, verifier", _cases(0.0))
@@ -189,22 +411,25 @@ def test_the_law_test_detects_a_biased_tree_budget(monkeypatch):
     target = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
     monkeypatch.setattr(TreeShape, "_budget_sampled", TreeShape._budget_top)
     drafter = TreeDrafter(target, model=target, branching=None, topk=4, depth=2, nodes=4, children="sample")
-    p_first, _, _ = law_pvalues(Engine(target, drafter, RejectionVerifier(), T1), REPEATING, n=N // 4)
-    assert p_first < ALPHA
+    d = decode_rows(Engine(target, drafter, RejectionVerifier(), T1), n=N // 4)
+    assert law_pvalues(d, "rejection")["first"] < ALPHA
 
 
 def landing_counts(rows: int = BATCH) -> None:
-    """Print, for every drafter x mode at T = 1 with rejection sampling in the law test's own setting, the
-    drafted and accepted tokens and the draft forwards of one batch of `rows` (`python -m tests.test_lossless`)."""
+    """Print, for every drafter x mode at T = 1 with rejection sampling in the law test's two settings, the
+    drafted and accepted tokens, the draft forwards, the share of first steps that kept no draft token and
+    the first steps that rejected two or more siblings, of `rows` decodes (`python -m tests.test_lossless`)."""
     import tempfile
     from pathlib import Path
 
-    print(f"{'drafter [mode]':56} {'drafted':>8} {'accepted':>8} {'alpha':>6} {'draft forwards':>15}")
+    print(f"{'drafter [mode]':52} {'setting':9} {'drafted':>8} {'alpha':>6} {'forwards':>8} {'rejected':>8} {'siblings':>8}")
     for drafter, mode, overrides in _modes():
-        with tempfile.TemporaryDirectory() as tmp:
-            counts = law_pvalues(_engine(drafter, overrides, "rejection", "random", Path(tmp)), CYCLING, n=rows)[2]
-        drafted, accepted = counts["drafted"], counts["accepted"]
-        print(f"{f'{drafter} [{mode}]':56} {drafted:8d} {accepted:8d} {accepted / max(drafted, 1):6.2f} {counts['draft_forwards']:15d}")
+        for setting, tiny in SETTINGS.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                d = decode_rows(_engine(drafter, overrides, "rejection", "random", Path(tmp), landing=tiny), n=rows)
+            c, (_, share, siblings) = d.counts, rejection_shares(d)
+            print(f"{f'{drafter} [{mode}]':52} {setting:9} {c['drafted']:8d} {c['accepted'] / max(c['drafted'], 1):6.2f} "
+                  f"{c['draft_forwards']:8d} {share:8.2f} {siblings:8d}")
 
 
 if __name__ == "__main__":

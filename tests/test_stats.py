@@ -12,7 +12,7 @@ from specresearch.engine import Engine
 from omegaconf import OmegaConf
 
 from specresearch.speed import auto_samples
-from specresearch.stats import Samples, battery, calibration, holm, sample_engine, sample_target, teacher_force
+from specresearch.stats import Samples, Stream, battery, calibration, holm, sample_engine, sample_seeds, sample_target, teacher_force
 from specresearch.stats.battery import MIN_EXPECTED, _tv_position, family_size, noncentrality, pooled_table, position_df, samples_for_tv
 from specresearch.types import SamplingParams
 from specresearch.verifiers import RejectionVerifier, TopKVerifier, TypicalVerifier
@@ -91,16 +91,39 @@ def test_engine_reused_prefill_gives_the_same_outputs(target, far_draft):
 
 
 def test_batched_method_samples_equal_the_one_by_one_draws(target, far_draft):
-    """sample_engine draws `batch` rows per generate call; sample i is seeded seed + i whatever the
-    batch, so the samples equal one generate call per sample (T = 1, fp32), in order."""
+    """sample_engine draws `batch` rows per generate call; sample j is seeded sample_seeds(seed, n)[j]
+    (stream (seed, Stream.METHOD, prompt, j)) whatever the batch, so the samples equal one generate call
+    per sample (T = 1, fp32), in order."""
+    from specresearch.seeding import stream_seed
+
     engine = Engine(target, IndependentDrafter(target, k=3, model=far_draft), RejectionVerifier(), T1)
-    one_by_one = [engine.generate(PROMPT, L, eos_token_ids=[], seed=50 + i, sample_first=False).tokens for i in range(7)]
+    seeds = sample_seeds(50, 7)
+    assert seeds == [stream_seed(50, Stream.METHOD, 0, j) for j in range(7)]
+    one_by_one = [engine.generate(PROMPT, L, eos_token_ids=[], seed=s, sample_first=False).tokens for s in seeds]
     seen = []
     for batch in (1, 3, 32):
         s = sample_engine(engine, PROMPT, 7, L, seed=50, batch=batch, progress=seen.append)
         assert s.tokens.tolist() == one_by_one and s.tokens.shape == (7, L)
     assert seen == [1] * 7 + [3, 3, 1] + [7]
     assert len({tuple(row) for row in one_by_one}) > 1  # the seeds differ, so do the samples
+
+
+def test_battery_runs_with_consecutive_seeds_share_no_sample(target, far_draft):
+    """The battery's draws (speed.equivalence's own functions) with seeds s and s + 1 share no stream:
+    no method sample's seed is in both runs (with `seed + 2_000_000 + i n + j` they shared n - 1 of
+    n), and the sequences drawn differ row for row, on the method's side and the baseline's."""
+    from specresearch.speed import baseline_samples, method_samples
+
+    prompts, n, length = [PROMPT, REPEATING], 40, 8
+    seeds = {s: [x for i in range(len(prompts)) for x in sample_seeds(s, n, i)] for s in (7, 8)}
+    assert len(set(seeds[7])) == len(set(seeds[8])) == len(prompts) * n and not set(seeds[7]) & set(seeds[8])
+    engine = Engine(target, IndependentDrafter(target, k=3, model=far_draft), RejectionVerifier(), T1)
+    for draw in (lambda s: method_samples(engine, prompts, n, length, s, 16),
+                 lambda s: baseline_samples(target, prompts, n, length, T1, s, 16)):
+        a, b = (Samples.concat(draw(s)).tokens for s in (7, 8))
+        assert a.shape == b.shape == (len(prompts) * n, length)
+        assert (a == b).all(1).mean() < 0.05  # identical rows: chance alone (8 tokens at T = 1)
+        assert len({tuple(row) for row in a} & {tuple(row) for row in b}) < 0.05 * len(a)  # nor shifted by a row or a prompt
 
 
 @pytest.mark.parametrize("drafter", ["independent", "none"])
@@ -148,16 +171,13 @@ def test_a_tempered_sampler_is_detected_by_the_one_sample_tests(target, baseline
 
 
 def test_a_a_calibration_stays_at_the_nominal_level(target):
-    """Baseline against baseline with fresh seeds, 60 times at alpha = 0.05: the verdict's rejection
+    """Baseline against baseline with fresh streams (aa_report: the run's stats.aa_repeats), 60 times at alpha = 0.05: the verdict's rejection
     rate is not above 0.05 (one-sided binomial test at 0.01), and the surprisal test's p-values are
     uniform (KS at 0.01)."""
-    alpha, reports = 0.05, []
-    for r in range(60):
-        a = sample_target(target, PROMPT, 150, 4, T1, seed=10 + 2 * r, batch=150)
-        b = sample_target(target, PROMPT, 150, 4, T1, seed=11 + 2 * r, batch=150)
-        ca = teacher_force(target, PROMPT, a.tokens, T1, seed=r, batch=150)
-        cb = teacher_force(target, PROMPT, b.tokens, T1, seed=r + 1000, batch=150)
-        reports.append(battery(a, ca, b, cb, alpha=alpha, permutations=0))
+    from specresearch.speed import aa_report
+
+    alpha = 0.05
+    reports = [aa_report(target, [PROMPT], 150, 4, T1, seed=10, repeat=r, rows=150, alpha=alpha, power=0.8, tv=0.05) for r in range(60)]
     result = calibration(reports, alpha)
     assert result["p_rate_above_alpha"] > 0.01, result
     assert result["p_uniform_surprisal_z"] > 0.01, result

@@ -128,3 +128,28 @@ def test_greedy_tree_keeps_the_longest_argmax_path():
     verdict = GreedyVerifier()(Draft(tokens=tokens, parents=parents), p, None)
     assert verdict.path == [1, 3] and verdict.num_accepted == 2
     assert verdict.tokens.tolist() == [2, 4, 5]  # then the argmax after node 3
+
+
+def test_enumerated_draws_weigh_every_outcome_by_its_probability():
+    """tests/draws.py, the law tests' exact enumeration: every outcome of a multinomial call, with and
+    without replacement, weighed by its probability (sequential draws renormalise without replacement),
+    and a chain's `sample` in a drafter module replayed too; a draw's outcome set depends on earlier ones."""
+    from specresearch import sampling
+    from specresearch.drafters import base
+
+    from .draws import enumerated
+
+    law = torch.tensor([0.5, 0.0, 0.3, 0.2])
+    with_replacement = dict((tuple(xs), w) for w, xs in enumerated(lambda: torch.multinomial(law, 2, replacement=True).tolist()))
+    assert len(with_replacement) == 9 and with_replacement[(0, 2)] == pytest.approx(0.15)
+    without = dict((tuple(xs), w) for w, xs in enumerated(lambda: torch.multinomial(law, 2, replacement=False).tolist()))
+    assert len(without) == 6 and without[(0, 2)] == pytest.approx(0.5 * 0.3 / 0.5) and without[(2, 0)] == pytest.approx(0.3 * 0.5 / 0.7)
+    assert sum(without.values()) == pytest.approx(1, abs=1e-12)
+
+    def chain() -> tuple[int, int]:  # the second draw's law depends on the first token
+        x = int(base.sample(law, None))
+        return x, int(base.sample(torch.tensor([1.0, 1.0]) if x == 0 else torch.tensor([0.0, 1.0]), None))
+
+    paths = dict((xs, w) for w, xs in enumerated(chain))
+    assert paths == pytest.approx({(0, 0): 0.25, (0, 1): 0.25, (2, 1): 0.3, (3, 1): 0.2})
+    assert base.sample is sampling.sample and torch.multinomial is torch._C._VariableFunctions.multinomial  # restored

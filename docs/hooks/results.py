@@ -8,6 +8,9 @@
   a report may carry a `title` and `notes` of its own. Drop such a file into the folder and it
   becomes a page.
 - `results/index.md`: every results page, newest first.
+- In any page, a line `<!-- results-table: NAME -->` becomes the table of `docs/results/data/NAME.json`
+  with a link to its page (command, machine, notes): a concept page shows measured numbers without
+  pasting them.
 - `studies/NAME.md` for every study README: `experiments/NAME/README.md` when that folder
   exists, else `specresearch/studies/NAME/README.md`.
 
@@ -388,3 +391,20 @@ def on_files(files, config, **kwargs):
     for name, readme in study_readmes(root).items():
         files.append(File.generated(config, f"studies/{name}.md", content=render_study(name, readme, root)))
     return files
+
+
+TABLE_MARK = re.compile(r"^<!-- results-table: ([\w.-]+) -->$", re.M)
+
+
+def on_page_markdown(markdown, page, config, files, **kwargs):
+    def table(match: re.Match) -> str:
+        name = match.group(1)
+        path = _docs_dir(config) / DATA / f"{name}.json"
+        if not path.is_file():
+            raise ValueError(f"{page.file.src_uri}: <!-- results-table: {name} --> names no file {DATA}/{name}.json")
+        data = load(path)
+        up = "../" * page.file.src_uri.count("/")
+        return (_table(data["columns"], data["rows"]) + f"\n\n<small>Measured {data['date']} ({data['machine']}); command and notes: "
+                f"[{_cell(data['title'])}]({up}results/{name}.md).</small>")
+
+    return TABLE_MARK.sub(table, markdown)

@@ -294,12 +294,13 @@ class MedusaDrafter(Drafter):
         """The tree of choices (those within ctx.max_draft) from one row's head logits ([K, V] or [K, N])."""
         device = ctx.tokens.device
         choices = [c for c in self.choices if len(c) <= ctx.max_draft]
+        widths = self._width[: max(map(len, choices))]  # the heads this step's tree reads (all but near the end)
         if self.children == "top":
             laws, q = None, None
-            ranked = [torch.topk(logits[d], w).indices for d, w in enumerate(self._width)]
+            ranked = [torch.topk(logits[d], w).indices for d, w in enumerate(widths)]
         else:
             laws = logits_to_probs(logits, ctx.sampling)  # [K, V] or [K, N]
-            ranked = [torch.multinomial(laws[d], w, replacement=True, generator=ctx.rng) for d, w in enumerate(self._width)]
+            ranked = [torch.multinomial(laws[d], w, replacement=True, generator=ctx.rng) for d, w in enumerate(widths)]
         if self.shortlist is not None:
             ranked = [self.shortlist.ids[r] for r in ranked]
         ranked = [r.tolist() for r in ranked]

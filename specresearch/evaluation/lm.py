@@ -31,6 +31,7 @@ from specresearch.config import compose, options
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.evaluation.plugin import quiet_git_hash
+from specresearch.seeding import stream_seed
 from specresearch.types import GenerationOutput, SamplingParams
 
 MAX_GEN_TOKS = 256  # lm-eval's usual default when a task does not say
@@ -51,11 +52,12 @@ class SpecResearchLM(TemplateLM):
 
     def __init__(self, engine: Engine | None = None, seed: int | None = None, max_length: int | None = None,
                  batch_size: int | str | None = None, max_batch_size: int | None = None, device: str | None = None,
-                 pretrained: str | None = None, **overrides: Any):
+                 pretrained: str | None = None, first_index: int = 0, **overrides: Any):
         """
         Args:
             engine: the engine to decode with; None builds one from `overrides`.
-            seed: request i of a `generate_until` call is decoded with seed + i (default: the config's
+            seed: request i of a `generate_until` call is decoded with stream `first_index + i` of this
+                seed (`specresearch.seeding.stream_seed(seed, first_index + i)`; default: the config's
                 `seed`, 0).
             max_length: the longest context scored by `loglikelihood_rolling` (default: the model's
                 position limit, at most 4096).
@@ -69,12 +71,16 @@ class SpecResearchLM(TemplateLM):
                 (`qwen2.5-coder-1.5b`, `tiny`, ...) as `model=NAME`, else (a Hugging Face id, a local
                 directory, a .gguf file) as `model.name=NAME`. Given with a different `model` or
                 `model.name`, it is refused.
+            first_index: the index of the first request among the task's problems (a run's `eval.offset`),
+                so problem i gets stream i whatever slice holds it.
             overrides: Hydra overrides of conf/config.yaml (`drafter=pld`, `drafter.k=4`, `model=tiny`,
                 `sampling=random`, ...), as lm-eval's `--model_args` passes them.
         """
         super().__init__()
         quiet_git_hash()  # the hash lm-eval records for this run: no "fatal: not a git repository" outside a checkout
         size = None if batch_size is None else batch_size_of(batch_size)  # refused before any model loads
+        if not isinstance(first_index, int) or isinstance(first_index, bool) or first_index < 0:
+            raise SpecResearchError(f"model specresearch: first_index must be an integer >= 0, got {first_index!r}")
         if max_batch_size is not None:
             raise SpecResearchError(f"model specresearch: max_batch_size goes with batch_size=auto, which it does not "
                                     f"offer: give batch_size=N (an integer >= 1), got max_batch_size={max_batch_size!r}")
@@ -91,6 +97,7 @@ class SpecResearchLM(TemplateLM):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.seed = seed or 0
+        self.first_index = first_index
         self.batch_size = size or 1
         config = engine.target.lm.model.config
         self.max_length = max_length or min(int(getattr(config, "max_position_embeddings", 4096) or 4096), 4096)
@@ -142,8 +149,9 @@ class SpecResearchLM(TemplateLM):
 
         Requests that decode alike (same sampling, `until` and `max_gen_toks`) go to the engine
         `batch_size` at a time, longest context first (as lm-eval's own models batch); request i is
-        seeded `seed + i` whatever its batch, so the texts do not depend on the batch size (exactly
-        at T = 0 in fp32). Every request is checked before the first is decoded.
+        seeded `stream_seed(seed, first_index + i)` whatever its batch, so the texts do not depend on the
+        batch size (exactly at T = 0 in fp32), and no two requests, nor two seeds, share a stream. Every
+        request is checked before the first is decoded.
 
         Returns:
             The generated texts, in the requests' order.
@@ -161,7 +169,7 @@ class SpecResearchLM(TemplateLM):
                     for start in range(0, len(members), self.batch_size):
                         batch = members[start:start + self.batch_size]
                         outs = self._engines[sampling].generate([jobs[i][0] for i in batch], max_new, stop_strings=list(until),
-                                                                seed=[self.seed + i for i in batch])
+                                                                seed=[stream_seed(self.seed, self.first_index + i) for i in batch])
                         for i, output in zip(batch, outs):
                             results[i] = output
                         bar.update(len(batch))

@@ -78,7 +78,7 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
 
     ec = cfg.eval
     chosen = check(ec)
-    seed = cfg.seed + (chosen[0] if chosen else 0)  # problem i is decoded with seed + i, whatever slice holds it
+    first = chosen[0] if chosen else 0  # problem i is decoded with stream_seed(cfg.seed, i), whatever slice holds it
     if int(cfg.get("batch_size", 1)) != 1:  # the records' speed split counts one row at a time: not yet batched rows
         raise SpecResearchError(f"eval={ec.task} decodes one prompt at a time for now: batch_size must be 1, got {cfg.batch_size} "
                                 "(the plain lm-eval command batches: lm-eval run --model specresearch --batch_size N ...)")
@@ -109,11 +109,11 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
                 sides["baseline"] = Side.from_json(cache.read_text(), str(cache))
                 log.info(f"baseline: reusing the scores and generations of an identical earlier run ({cache})")
             else:
-                sides["baseline"] = evaluate(SpecResearchLM(engine=baseline, seed=seed), ec, chosen)
+                sides["baseline"] = evaluate(SpecResearchLM(engine=baseline, seed=cfg.seed, first_index=first), ec, chosen)
                 if cache is not None:
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     cache.write_text(sides["baseline"].to_json())
-        sides["method"] = evaluate(SpecResearchLM(engine=method, seed=seed), ec, chosen)
+        sides["method"] = evaluate(SpecResearchLM(engine=method, seed=cfg.seed, first_index=first), ec, chosen)
     record = summarise(sides)
     log.info(format_summary(cfg, label, record))
     browse_line(tracker)
@@ -198,6 +198,7 @@ def baseline_cache(cfg: DictConfig, target) -> Path:
         "model": OmegaConf.to_container(cfg.model, resolve=True), "dtype": str(target.dtype), "device": str(target.device),
         "sampling": OmegaConf.to_container(cfg.sampling, resolve=True), "seed": cfg.seed, "task": task, "limit": cfg.eval.limit,
         **({"offset": cfg.eval.offset} if cfg.eval.get("offset") else {}),  # absent at 0: earlier runs' keys stay valid
+        **({"seeds": "stream_seed"} if float(cfg.sampling.temperature) > 0 else {}),  # sampled baselines of the old seeds (seed + i) are not reused
         "task_file": (TASKS_DIR / f"{task}.yaml").read_text(), "scorer": Path(scorer.__file__).read_text(),
         "sandbox": OmegaConf.to_container(cfg.eval.sandbox, resolve=True),
         "versions": [__version__, torch.__version__, transformers.__version__],

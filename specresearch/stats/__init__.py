@@ -2,11 +2,11 @@
 that decides whether a drafter × verifier samples from the target's law (see ../shared/STATS.md)."""
 
 from specresearch.stats.battery import Report, battery, calibration, family_size, holm, position_df, samples_for_tv
-from specresearch.stats.exact import acceptance_rate, first_token_law, sibling_law, single_step_tv, total_variation
-from specresearch.stats.samples import Conditionals, Samples, sample_engine, sample_target, teacher_force
+from specresearch.stats.exact import acceptance_rate, draft_first_token_law, first_token_law, sibling_law, single_step_tv, total_variation
+from specresearch.stats.samples import Conditionals, Samples, Stream, sample_engine, sample_seeds, sample_target, teacher_force
 
 __all__ = [
     "Report", "battery", "calibration", "family_size", "holm", "position_df", "samples_for_tv",
-    "acceptance_rate", "first_token_law", "sibling_law", "single_step_tv", "total_variation",
-    "Conditionals", "Samples", "sample_engine", "sample_target", "teacher_force",
+    "acceptance_rate", "draft_first_token_law", "first_token_law", "sibling_law", "single_step_tv", "total_variation",
+    "Conditionals", "Samples", "Stream", "sample_engine", "sample_seeds", "sample_target", "teacher_force",
 ]

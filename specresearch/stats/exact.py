@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specresearch.verifiers.base import Verifier, one_hot
+from specresearch.types import Draft
+from specresearch.verifiers.base import Verifier, draft_law, one_hot
 
 
 def first_token_law(verifier: Verifier, p: Tensor, q: Tensor | None = None, x: int | None = None) -> Tensor:
@@ -74,6 +75,38 @@ def sibling_law(
         reach *= float((qi * (1 - a)).sum())
         cur = _normalised(verifier.fallback(cur, qi))
     return law + reach * (cur if tries else _normalised(verifier.fallback(cur, None)))
+
+
+def draft_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> Tensor:
+    """The exact law of the first token a verifier emits for one drafted chain or tree, given its
+    tokens: the root's children (a chain's first token; a tree's nodes whose parent is the root) are
+    tried in turn, child x accepted with probability `acceptance(cur, q_x, x)`, and after its rejection
+    cur ← `fallback(cur, q_x)` (multi-step speculative sampling; for a chain, one child); when every
+    child is rejected the token comes from cur (from `fallback(p, None)` if there is no child).
+    Averaged over the drafter's own draws of the draft (q_x: the law it reports for node x,
+    normalised as a draw normalises it; one-hot for a deterministic node), a lossless pair gives p.
+
+    Args:
+        verifier: any verifier.
+        draft: one row's draft (tokens, q or None, parents or None).
+        p: [V] the target's law after the last committed token (need not be normalised: it is, first).
+
+    Returns:
+        [V] float64 probabilities.
+    """
+    p = _normalised(p)
+    k = len(draft)
+    kids = ([0] if k else []) if draft.parents is None else [i for i, parent in enumerate(draft.parents[:k].tolist()) if parent < 0]
+    x = draft.tokens[:k].to(p.device)  # [N]
+    q = draft_law(Draft(x, draft.q), p)  # [N, V]
+    q = q / q.sum(-1, keepdim=True)  # as the draws normalise it (float32 laws sum to 1 within ~1e-7)
+    law, reach, cur = torch.zeros_like(p), 1.0, p
+    for c in kids:
+        a = float(verifier.acceptance(cur[None], q[c : c + 1], x[c : c + 1])[0])
+        law[x[c]] += reach * a
+        reach *= 1.0 - a
+        cur = _normalised(verifier.fallback(cur, q[c]))
+    return law + reach * (cur if kids else _normalised(verifier.fallback(cur, None)))
 
 
 def total_variation(a: Tensor, b: Tensor) -> float:

@@ -3,9 +3,13 @@
 The baseline draws N sequences in batches from the target alone, sharing one prefill of the prompt
 (held once, every row attending over it: specresearch.attention);
 a speculative method draws them in batches through the engine's batch API (its prefill kept and
-restored), sample i seeded seed + i whatever the batch size.
+restored), sample j of prompt i from its own stream (`sample_seeds`) whatever the batch size.
 `teacher_force` then scores every sequence with the target in one batched pass per chunk, so the
 tests see p_t at each position independently of the code that produced the tokens.
+
+Every draw comes from a stream of the run's seed (`specresearch.seeding.stream_seed`) keyed by what
+it is for (`Stream`), the prompt's index and the sample's or round's: so runs with seeds s and s + 1,
+the two sides of a comparison and the rounds of one side share no stream.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 import torch
@@ -26,8 +31,21 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
 from specresearch.sampling import logits_to_probs, sample
+from specresearch.seeding import stream_seed
 from specresearch.target import Target, decode_batch
 from specresearch.types import SamplingParams
+
+
+class Stream(IntEnum):
+    """The named streams of the equivalence battery's draws: the first key of `stream_seed(seed, stream, ...)`."""
+
+    BASELINE = 1  # the target's own samples (sample_target): key (BASELINE, prompt, 0)
+    METHOD = 2  # the method's samples (sample_engine): sample j of prompt i, key (METHOD, i, j)
+    SCORE = 3  # teacher forcing's PIT uniforms: key (SCORE, *the scored side's key)
+    AA_A = 4  # A/A calibration, repeat r, side a (sample_target): key (AA_A, prompt, r)
+    AA_B = 5  # ... side b: key (AA_B, prompt, r)
+    AUTO = 6  # stats.samples=auto: the baseline's extra draws of round r (sample_target): key (AUTO, prompt, r)
+    PERMUTE = 7  # the battery's relabellings (its noise floor of the position TV): key (PERMUTE,)
 
 
 @dataclass
@@ -67,16 +85,31 @@ class Conditionals:
 @torch.inference_mode()
 def sample_target(
     lm: LoadedModel, prompt: list[int], n: int, length: int, sampling: SamplingParams, seed: int, batch: int = 64, prompt_index: int = 0,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, stream: int = Stream.BASELINE, part: int = 0,
 ) -> Samples:
     """Draw `n` continuations of `length` tokens from the target alone, `batch` at a time, after one
     prefill of the prompt (EOS does not stop a sequence: every method is sampled the same way).
-    `progress`, if given, is called with the number of sequences drawn after each batch (a bar's update).
+
+    The draws come from one generator, stream (seed, stream, prompt_index, part) of
+    `specresearch.seeding.stream_seed`, consumed batch after batch (so they depend on `batch`).
+
+    Args:
+        lm: the target.
+        prompt: the prompt's token ids.
+        n: sequences to draw.
+        length: new tokens per sequence.
+        sampling: temperature / top-k / top-p.
+        seed: the run's seed.
+        batch: rows per call.
+        prompt_index: recorded with each sequence (which prompt it continues), and keys its stream.
+        progress: if given, called with the number of sequences drawn after each batch (a bar's update).
+        stream: what the draws are for (`Stream`: the baseline, an A/A side, auto's rounds).
+        part: which draw of that stream for this prompt (auto's round, the A/A repeat).
 
     Returns:
         The tokens ([n, length]) and the wall time, prefill included.
     """
-    rng = torch.Generator(device=lm.device).manual_seed(seed)
+    rng = torch.Generator(device=lm.device).manual_seed(stream_seed(seed, stream, prompt_index, part))
     t0 = time.perf_counter()
     shared = _Prompt(lm, prompt)
     p1 = logits_to_probs(shared.logits, sampling)  # [1, V]
@@ -94,15 +127,23 @@ def sample_target(
     return Samples(tokens, np.full(n, prompt_index), time.perf_counter() - t0)
 
 
+def sample_seeds(seed: int, n: int, prompt_index: int = 0, stream: int = Stream.METHOD) -> list[int]:
+    """The seeds of `sample_engine`'s n samples of one prompt: sample j's is stream (seed, stream,
+    prompt_index, j) of `specresearch.seeding.stream_seed`, so no two samples, prompts, streams or
+    seeds share one."""
+    return [stream_seed(seed, stream, prompt_index, j) for j in range(n)]
+
+
 def sample_engine(
     engine: Engine, prompt: list[int], n: int, length: int, seed: int, batch: int = 32, prompt_index: int = 0,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, stream: int = Stream.METHOD,
 ) -> Samples:
     """Draw `n` continuations of `length` tokens through a speculative engine, `batch` rows per
     `Engine.generate` call (no EOS or stop string ends them).
 
-    Sample i is seeded seed + i whatever the batch, and a batch's row b is what `generate(prompt,
-    seed=seed[b])` returns, so the samples do not depend on `batch` (exactly at fp32). Every token
+    Sample j is seeded `sample_seeds(seed, n, prompt_index, stream)[j]` whatever the batch, and a
+    batch's row b is what `generate(prompt, seed=seeds[b])` returns, so the samples do not depend on
+    `batch` (exactly at fp32). Every token
     comes from the method's own draft-and-verify steps (Engine.generate's sample_first=False: the
     prompt's last token stands for the newest one sampled), so the first position tests the method
     too, not the plain prefill; a one-token prompt cannot, and gets its first token from the prefill.
@@ -112,10 +153,11 @@ def sample_engine(
         prompt: the prompt's token ids.
         n: sequences to draw.
         length: new tokens per sequence.
-        seed: sample i is seeded seed + i.
+        seed: the run's seed: sample j's stream is (seed, stream, prompt_index, j).
         batch: rows per generate call (stats.batch).
-        prompt_index: recorded with each sequence (which prompt it continues).
+        prompt_index: recorded with each sequence (which prompt it continues), and keys its streams.
         progress: if given, called with the number of sequences drawn after each batch (a bar's update).
+        stream: what the samples are for (`Stream.METHOD` unless told).
 
     Returns:
         The tokens ([n, length]) and the wall time of the drawing.
@@ -123,9 +165,10 @@ def sample_engine(
     if batch < 1:
         raise SpecResearchError(f"sample_engine needs batch >= 1 (stats.batch), got {batch}")
     t0 = time.perf_counter()
+    seeds = sample_seeds(seed, n, prompt_index, stream)
     rows: list[list[int]] = []
     for start, b in zip(range(0, n, batch), _chunks(n, batch)):
-        outs = engine.generate([list(prompt)] * b, length, eos_token_ids=[], seed=[seed + start + j for j in range(b)],
+        outs = engine.generate([list(prompt)] * b, length, eos_token_ids=[], seed=seeds[start : start + b],
                                reuse_prefill=True, sample_first=len(prompt) < 2)
         rows.extend(out.tokens for out in outs)
         if progress is not None:
@@ -138,7 +181,8 @@ TEACHER_ELEMENTS = 2**25  # the most probabilities (float32: 128 MiB per [b, L, 
 
 @torch.inference_mode()
 def teacher_force(
-    lm: LoadedModel, prompt: list[int], tokens: np.ndarray, sampling: SamplingParams, seed: int, batch: int = 32
+    lm: LoadedModel, prompt: list[int], tokens: np.ndarray, sampling: SamplingParams, seed: int, batch: int = 32,
+    key: tuple[int, ...] = (),
 ) -> Conditionals:
     """Score sequences with the target: at each position the law p_t (after the run's temperature,
     top-k and top-p), and from it the quantities the one-sample tests use.
@@ -148,12 +192,15 @@ def teacher_force(
         prompt: the prompt the sequences continue.
         tokens: [N, L] sampled continuations.
         sampling: the sampling settings the sequences were drawn with.
-        seed: seeds the PIT's uniform draws, from a stream hashed from it (numpy's SeedSequence), so they
-            are independent of the draws that made `tokens` even when those were seeded with `seed` too
-            (the same stream would make U the sampler's own uniform: the PIT is then not uniform).
+        seed: seeds the PIT's uniform draws, from stream (seed, Stream.SCORE, *key) of
+            `specresearch.seeding.stream_seed`, so they are independent of the draws that made `tokens`
+            even when those were seeded with `seed` too (the same stream would make U the sampler's own
+            uniform: the PIT is then not uniform).
         batch: sequences per forward (fewer where their laws, [batch, L, V], would pass TEACHER_ELEMENTS).
+        key: the scored side's stream key (e.g. (Stream.METHOD, prompt index)), so each side and prompt
+            scored with one seed gets its own uniforms.
     """
-    rng = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 0x5017]).generate_state(1, np.uint64)[0] >> 1))
+    rng = torch.Generator().manual_seed(stream_seed(seed, Stream.SCORE, *key))
     shared = _Prompt(lm, prompt)
     batch = max(1, min(batch, TEACHER_ELEMENTS // (tokens.shape[1] * shared.logits.shape[-1])))  # [b, L, V] laws: bounded
     parts = []
