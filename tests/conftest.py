@@ -31,6 +31,11 @@ LANDING_START = 34
 # Where drafts are often rejected: the same cycle, a target less sure of it (top token 0.2-0.6 at T = 1) and a draft
 # much surer (noisier too), so a draft model's first draft of a step is rejected about half the time (40-55%) and siblings
 # after it: the residual and sibling paths carry a large share of the samples (`python -m tests.test_lossless` prints it).
+# The law tests' Medusa heads (drafter_cfg with a setting given as a list) predict the target's own law a step ahead, perturbed
+# by this much of their spread (cycle_heads' `noise`). Heads built from the target's rows shifted along the cycle share only
+# the top token with the target's law among the tokens either gives real mass: after a rejected first child no second one is
+# ever accepted, so children drawn without replacement, a lossy bug, stayed exact there.
+HEAD_NOISE = 0.02
 REJECTING = ["model=tiny", "model.tiny.seed=4", "model.tiny.cycle=5", "model.tiny.logit_scale=1.9e-4", "drafter.model.name=tiny",
              "+drafter.model.tiny={vocab_size: 320, seed: 4, noise: 0.01, cycle: 5, logit_scale: 3e-4}"]
 
@@ -216,7 +221,7 @@ def drafter_cfg(name: str, tmp_path: Path, *overrides: str, landing: bool | list
         path = tmp_path / ("heads.safetensors" if name == "medusa" else "head.safetensors")
         if name not in ("medusa", "eagle"):
             raise NotImplementedError(f"drafter_cfg: no weights for drafter={name}; add them here")
-        head = cycle_heads(name, target) if landing else None
+        head = cycle_heads(name, target, noise=0.0 if landing is True else HEAD_NOISE) if landing else None
         if head is None and name == "medusa":
             from specresearch.drafters.medusa import MedusaHeads
 
@@ -238,13 +243,16 @@ def landing_next() -> torch.Tensor:
     return cycle_next(tiny.vocab_size, tiny.seed, tiny.cycle)
 
 
-def cycle_heads(name: str, target):
+def cycle_heads(name: str, target, noise: float = 0.0):
     """Medusa heads or an EAGLE head that know a cyclic tiny target's cycle (models.tiny_model's `cycle`),
     built, not trained: the target's last hidden state at token t points along t's (scaled) embedding
     and its lm head row j is the embedding of the token before j, times `logit_scale`.
 
     - medusa: three heads with their own lm heads, head i that row for the token i + 1 cycle steps
-      before j (it predicts the token at t + 2 + i), its residual block the identity (zero weights);
+      before j (it predicts the token at t + 2 + i), its residual block the identity (zero weights).
+      With `noise`: head i's lm head is the target's after a least-squares map of the target's
+      hidden state at t to the one at t + i + 1 along the cycle, perturbed by `noise` of its spread:
+      a law close to the target's own there, tail included, but not equal;
     - eagle: fc passes the token's normed embedding and drops the feature, the decoder layer adds
       nothing (zero output projections): the predicted feature is the drafted token's normed
       embedding, which the target's lm head maps to the token after it.
@@ -258,8 +266,18 @@ def cycle_heads(name: str, target):
 
             heads = MedusaHeads(tiny.hidden_size, 3, own_lm_head=True, vocab=tiny.vocab_size)
             back = prev.clone()
-            for own in heads.lm_heads:  # head i: row j = lm head row of prev^(i+1)(j) = embedding of prev^(i+2)(j)
-                own.weight.copy_(weight[back])
+            if noise:  # the target's final hidden states along its cycle from LANDING_START
+                cycle = [LANDING_START]
+                while len(cycle) < 24:
+                    cycle.append(int(landing_next()[cycle[-1]]))
+                h = target.model.model(input_ids=torch.tensor([cycle])).last_hidden_state[0].float()  # [T, H]
+            for i, own in enumerate(heads.lm_heads):
+                if noise:  # the target's lm head after a least-squares map of h_t to h_(t+i+1) on the cycle, perturbed
+                    ahead = torch.linalg.lstsq(h[: -(i + 1)], h[i + 1 :]).solution  # [H, H]
+                    own.weight.copy_(weight @ ahead.T)
+                    own.weight.add_(torch.randn(own.weight.shape, generator=torch.Generator().manual_seed(i)) * own.weight.std() * noise)
+                else:  # head i: row j = lm head row of prev^(i+1)(j) = embedding of prev^(i+2)(j)
+                    own.weight.copy_(weight[back])
                 back = prev[back]
             return heads
         from specresearch.drafters.eagle import EagleHead

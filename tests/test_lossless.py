@@ -28,7 +28,7 @@ MIN_RECOVERED first steps kept no draft token. The greedy identity also runs on 
 (TINY), where drafts are mostly rejected.
 
 A new drafter, mode or lossless verifier is covered without editing this file. The control at the
-end shows the law test catches the defect it was written for; `python -m tests.mutants` applies 24
+end shows the law test catches the defect it was written for; `python -m tests.mutants` applies 23
 lossy mutants one at a time and shows that these tests kill each one (docs/concepts/lossless.md).
 """
 
@@ -50,7 +50,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.build import build_engine
 from specresearch.models import load_model
 from specresearch.sampling import logits_to_probs
-from specresearch.stats import draft_first_token_law, total_variation
+from specresearch.stats.exact import draft_first_token_law, root_children, total_variation
 from specresearch.stats.battery import noncentrality
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import RejectionVerifier
@@ -153,12 +153,7 @@ def counts_p(observed: np.ndarray, expected: np.ndarray) -> float:
 BATCH = 128  # samples decoded together: the rows of one batch are independent draws (row b seeded with (seed, b))
 
 
-def _prompts() -> tuple[list[int], list[int]]:
-    """Two prompts of the target's cycle, of different lengths and last tokens (so different laws)."""
-    return CYCLING, CYCLING[2:11]
-
-
-PROMPTS = _prompts()
+PROMPTS = (CYCLING, CYCLING[2:11])  # two prompts of the target's cycle, of different lengths and last tokens (so laws)
 
 
 @dataclass
@@ -180,12 +175,6 @@ class Decodes:
 
     def second_laws(self) -> torch.Tensor:
         return torch.stack([self.p2[int(i)][int(x)] for i, x in zip(self.prompt, self.x1)])  # [N, V]
-
-
-def roots(draft: Draft) -> list[int]:
-    """The nodes of a draft tried first: a chain's first token, a tree's children of the root."""
-    k = len(draft)
-    return ([0] if k else []) if draft.parents is None else [i for i, parent in enumerate(draft.parents[:k].tolist()) if parent < 0]
 
 
 @torch.inference_mode()
@@ -273,7 +262,7 @@ def law_pvalues(d: Decodes, verifier: str, seed: int = 0) -> dict[str, float]:
     if verifier == "rejection":
         tokens, laws = [], []
         for b, (draft, verdict) in enumerate(zip(d.drafts, d.verdicts)):
-            kids = roots(draft)
+            kids = root_children(draft)
             if kids and verdict.num_accepted == 0:
                 tokens.append(int(d.x1[b]))
                 laws.append(recovered_law(d.p1[int(d.prompt[b])], draft, kids))
@@ -299,7 +288,7 @@ def rejection_shares(d: Decodes) -> tuple[int, float, int]:
     """The rows whose first step drafted and kept no draft token (their first token is a recovered one),
     their share of the rows that drafted, and the rows whose first step rejected the root's first child
     and tried a sibling after it (against the residual)."""
-    drafted = [(roots(draft), verdict) for draft, verdict in zip(d.drafts, d.verdicts) if len(draft)]
+    drafted = [(root_children(draft), verdict) for draft, verdict in zip(d.drafts, d.verdicts) if len(draft)]
     rejected = sum(verdict.num_accepted == 0 for _, verdict in drafted)
     siblings = sum(len(kids) > 1 and (verdict.num_accepted == 0 or verdict.path[0] != kids[0]) for kids, verdict in drafted)
     return rejected, rejected / max(len(drafted), 1), siblings
@@ -342,15 +331,17 @@ def test_sampled_output_follows_the_target(drafter, overrides, verifier, setting
         assert recovered >= MIN_RECOVERED, (recovered, share, counts)
 
 
+@pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("drafter, overrides, verifier", _cases(1.0))
-def test_exact_law_through_the_drafters_own_draws(drafter, overrides, verifier, tmp_path, request):
+def test_exact_law_through_the_drafters_own_draws(drafter, overrides, verifier, setting, tmp_path, request):
     """The exact law of the first token a method emits (T = 1, top-k 4: every law has 4 tokens), by
     enumeration over the drafter's own draws (tests/draws.py: its sampling calls replayed along every
     outcome, each weighed by its probability, the drafter's code unchanged), each draft's first-token
     law from the verifier's acceptance and fallback (`draft_first_token_law`): equal to the target's
-    p to 1e-9. No sampling noise: a drafter that draws children without replacement, reports another
-    law than it drew from, or a verifier off by any amount fails here for sure."""
-    engine = _engine(drafter, overrides, verifier, "random", tmp_path, "sampling.top_k=4")
+    p to 1e-9, in both settings (Medusa's heads there: conftest.HEAD_NOISE). No sampling noise: a
+    drafter that draws children without replacement, reports another law than it drew from, or a
+    verifier off by any amount fails here for sure."""
+    engine = _engine(drafter, overrides, verifier, "random", tmp_path, "sampling.top_k=4", landing=SETTINGS[setting])
     verify, seen = engine.verifier.verify_rows, []
 
     def recording(drafts, p, rngs):

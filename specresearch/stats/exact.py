@@ -95,9 +95,8 @@ def draft_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> Tensor
         [V] float64 probabilities.
     """
     p = _normalised(p)
-    k = len(draft)
-    kids = ([0] if k else []) if draft.parents is None else [i for i, parent in enumerate(draft.parents[:k].tolist()) if parent < 0]
-    x = draft.tokens[:k].to(p.device)  # [N]
+    kids = root_children(draft)
+    x = draft.tokens[: len(draft)].to(p.device)  # [N]
     q = draft_law(Draft(x, draft.q), p)  # [N, V]
     q = q / q.sum(-1, keepdim=True)  # as the draws normalise it (float32 laws sum to 1 within ~1e-7)
     law, reach, cur = torch.zeros_like(p), 1.0, p
@@ -107,6 +106,12 @@ def draft_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> Tensor
         reach *= 1.0 - a
         cur = _normalised(verifier.fallback(cur, q[c]))
     return law + reach * (cur if kids else _normalised(verifier.fallback(cur, None)))
+
+
+def root_children(draft: Draft) -> list[int]:
+    """The nodes a verifier tries first, in order: a chain's first token, a tree's children of the root."""
+    k = len(draft)
+    return ([0] if k else []) if draft.parents is None else [i for i, parent in enumerate(draft.parents[:k].tolist()) if parent < 0]
 
 
 def total_variation(a: Tensor, b: Tensor) -> float:
