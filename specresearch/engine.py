@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter, Forks
+from specresearch.drafters.base import Context, Drafter
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
 from specresearch.models import LoadedModel
@@ -88,8 +88,6 @@ class Engine:
         verifier.check(sampling)
         drafter.check(sampling)
         DraftLength.of(drafter)  # refuses a bad draft length before any decode
-        self._forks = Forks(drafter)  # drafts each row with its own drafter (one sequence: the drafter itself)
-        self._batched = drafter.batched_rows()  # drafts every row of a batch together, where the drafter can
         self.target = Target(target)
         self.tokenizer = target.tokenizer
         self.drafter = drafter
@@ -187,8 +185,7 @@ class Engine:
                 ids[id(prompt)] = torch.tensor(prompt, dtype=torch.long)
         rows = [_Row(ids[id(prompt)], max_new_tokens, torch.Generator(device=self.device).manual_seed(seed), self.drafter, self.device)
                 for prompt, seed in zip(prompts, seeds)]
-        drafting = self._forks if len(rows) == 1 or self._batched is None else self._batched
-        needs_hidden = self.drafter.needs_hidden
+        drafter, needs_hidden = self.drafter, self.drafter.needs_hidden
 
         def context(row: _Row) -> Context:
             room = row.room(max_new_tokens)
@@ -210,12 +207,12 @@ class Engine:
             index = [i for i, row in enumerate(active) if row.stop is None]
             if len(index) < len(active):
                 if drafted:
-                    for row, count in zip(active, drafting.forwards()):
+                    for row, count in zip(active, drafter.row_forwards):
                         row.stats.draft_forwards = count
                 if index:
                     self.target.select_rows(index)
                     if drafted:
-                        drafting.select(index)
+                        drafter.select_rows(index)
             return [active[i] for i in index]
 
         clock.start()
@@ -233,10 +230,10 @@ class Engine:
                     append(row, verdict)
             active = going(rows, drafted=False)
             if active:
-                drafting.prefill([context(row) for row in active])
+                drafter.prefill_rows([context(row) for row in active])
         while active:
             with clock.phase(active, "time_draft"):
-                drafts = drafting.propose([context(row) for row in active])
+                drafts = drafter.propose_rows([context(row) for row in active])
             with clock.phase(active, "time_verify"):
                 fed = [torch.cat([row.last(), draft.tokens.to(self.device)]) for row, draft in zip(active, drafts)]  # [1 + K]: the root, then the draft
                 parents = [None if draft.parents is None else torch.cat([_ROOT, draft.parents.cpu() + 1]) for draft in drafts]
@@ -262,8 +259,8 @@ class Engine:
             with clock.phase(active, "time_draft"):
                 for b, i in enumerate(index):
                     if drafts[i].scratch:
-                        drafting.observe(b, logits[i, len(drafts[i]) + 1 : len(fed[i])])
-                drafting.commit([context(row) for row in active], [verdicts[i] for i in index])
+                        drafter.observe_row(b, logits[i, len(drafts[i]) + 1 : len(fed[i])])
+                drafter.commit_rows([context(row) for row in active], [verdicts[i] for i in index])
         return [self._output(row, stops) for row in rows]
 
     def verify(self, drafts: list[Draft], logits: Tensor, rows: list[_Row]) -> list[Verdict]:

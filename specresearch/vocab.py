@@ -223,11 +223,8 @@ class Bridge:
     the draft's text in the target's tokens, and the tokens both vocabularies share (the same bytes),
     for drafts from another model family (drafters.cross_vocab; Timor et al. 2025).
 
-    The EOS of the draft stands for the target's: both end the text. Read-only once built: the rows of a
-    batch (drafter forks) share one.
+    The EOS of the draft stands for the target's: both end the text. Read-only once built.
     """
-
-    shared_by_forks = True
 
     def __init__(self, target_tokenizer, draft_tokenizer, target_vocab: int, draft_vocab: int):
         """

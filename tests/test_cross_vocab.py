@@ -122,7 +122,7 @@ def test_lookup_in_the_drafts_tokens_drafts_the_same_chain_in_fewer_forwards(mod
 
 @pytest.mark.parametrize("mode", ["string", "shared"])
 def test_a_batchs_rows_draft_together_each_as_alone(mode, monkeypatch):
-    """A batch's rows draft together (CrossRows: one draft forward per level for every row still
+    """A batch's rows draft together (one draft forward per level for every row still
     drafting, lookup guesses included): each row decodes what it decodes alone, seed for seed, at T = 1,
     with as many draft forwards, in fewer forward calls; rows that repeat one prompt share it."""
     from specresearch.drafters.draft_model import DraftModel

@@ -64,7 +64,7 @@ def test_the_head_learns_and_its_drafts_are_accepted(cyclic):
 @pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_batch_drafts_every_row_in_one_head_forward_per_token_or_level(cyclic, tree, temperature):
-    """EagleRows: each row of a batch drafts (and decodes) what it drafts alone with its seed, accepted
+    """Each row of a batch drafts (and decodes) what it drafts alone with its seed, accepted
     drafts included, while the head runs once per drafted token or tree level for all rows."""
     lm, head, _ = cyclic
     engine = Engine(lm, EagleDrafter(lm, k=4, head=head, tree=tree, depth=4, nodes=8), RejectionVerifier(), SamplingParams(temperature=temperature))
@@ -124,10 +124,11 @@ def test_the_dynamic_tree_scores_each_node_after_its_path_drafted_as_a_chain(tar
             path, i = [], node
             while i >= 0:
                 path, i = [tokens[i], *path], parents[i]
-            f = chain.feature
+            start, lengths = chain.draft.length, list(chain.draft.lengths)  # the one row's pairs in the head's slots
+            f = chain.features[0]
             for x in path:
-                f = chain._feed(f[None], torch.tensor([x]))[-1]
-            chain.cache.crop(chain.length - chain.cache.get_seq_length())
+                f = chain._feed([f[None]], [torch.tensor([x])])[0][-1]
+            chain.draft.crop_rows(start, lengths)
             assert children == set(torch.topk(chain.lm_head(f), 3).indices.tolist())
 
 

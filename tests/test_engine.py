@@ -41,9 +41,8 @@ class WrongDrafter(IndependentDrafter):
     """Drafts with an exact copy of the target, then shifts every token: each draft is rejected at
     its first position."""
 
-    def propose(self, ctx: Context) -> Draft:
-        draft = super().propose(ctx)
-        return Draft(tokens=(draft.tokens + 1) % VOCAB)
+    def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
+        return [Draft(tokens=(draft.tokens + 1) % VOCAB) for draft in super().propose_rows(ctxs)]
 
 
 def test_baseline_equals_transformers_generate(target):
@@ -479,24 +478,25 @@ def test_a_sibling_taken_drops_the_chain_after_it_from_the_draft_cache(target, f
     taken = 0
 
     class Checked(IndependentDrafter):
-        def propose(self, ctx):
+        def propose_rows(self, ctxs):
+            (ctx,) = ctxs  # one prompt: one row
             fresh = IndependentDrafter(target, k=4, model=far_draft, siblings=1)
             state = None if ctx.rng is None else ctx.rng.get_state()
             fresh.prefill(ctx)
             expected = fresh.propose(ctx)
             if state is not None:
                 ctx.rng.set_state(state)
-            draft = super().propose(ctx)
+            (draft,) = super().propose_rows(ctxs)
             assert draft.tokens.tolist() == expected.tokens.tolist()
             if draft.q is not None:
                 siblings = draft.parents[1:] == draft.parents[:-1]  # [N - 1] a node beside the one before it
                 assert (draft.q[1:][siblings].max(-1).values == 1).all()
-            return draft
+            return [draft]
 
-        def commit(self, ctx, verdict):
+        def commit_rows(self, ctxs, verdicts):
             nonlocal taken
-            taken += self._chain[1].accepted(verdict) < verdict.num_accepted
-            super().commit(ctx, verdict)
+            taken += self._chains[0][1].accepted(verdicts[0]) < verdicts[0].num_accepted
+            super().commit_rows(ctxs, verdicts)
 
     engine = Engine(target, Checked(target, k=4, model=far_draft, siblings=1), RejectionVerifier(), sampling)
     for i, prompt in enumerate(prompts(4, seed=60)):

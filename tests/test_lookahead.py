@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specresearch.drafters import Context, LookaheadDrafter, NoDrafter
+from specresearch.drafters.lookahead import Window
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
@@ -19,20 +20,21 @@ def ctx(tokens: list[int], max_draft: int = 100) -> Context:
 
 
 def test_pool_keeps_the_newest_distinct_ngrams_per_first_token():
-    drafter = LookaheadDrafter(window=2, ngram=3, guesses=2)
+    window = Window(LookaheadDrafter(window=2, ngram=3, guesses=2))
     for gram in ([1, 2, 3], [1, 4, 5], [1, 2, 3], [1, 6, 7], [9, 9, 9]):
-        drafter._remember(gram)
-    assert drafter.pool[1] == [(6, 7), (2, 3)]  # (2, 3) moved to the front when seen again, (4, 5) dropped
-    assert drafter.pool[9] == [(9, 9)]
+        window.remember(gram)
+    assert window.pool[1] == [(6, 7), (2, 3)]  # (2, 3) moved to the front when seen again, (4, 5) dropped
+    assert window.pool[9] == [(9, 9)]
 
 
 def test_candidates_merge_into_a_trie_cut_to_the_tokens_left():
     drafter = LookaheadDrafter(window=2, ngram=4, guesses=3)
     drafter.prefill(ctx([1, 2, 3]))
-    drafter.pool = {5: [(6, 7, 8), (6, 9, 1), (2, 2, 2)]}
-    assert drafter._trie(5, 3) == ([6, 7, 8, 9, 1, 2, 2, 2], [-1, 0, 1, 0, 3, -1, 5, 6])
-    assert drafter._trie(5, 1) == ([6, 2], [-1, -1])
-    assert drafter._trie(4, 3) == ([], [])
+    window = drafter.windows[0]  # the one row's
+    window.pool = {5: [(6, 7, 8), (6, 9, 1), (2, 2, 2)]}
+    assert window.trie(5, 3) == ([6, 7, 8, 9, 1, 2, 2, 2], [-1, 0, 1, 0, 3, -1, 5, 6])
+    assert window.trie(5, 1) == ([6, 2], [-1, -1])
+    assert window.trie(4, 3) == ([], [])
     draft = drafter.propose(ctx([1, 2, 5], max_draft=2))
     assert len(draft) == 5 and draft.depth == 2 and draft.q is None  # 6 7, 6 9, 2 2: five nodes
     assert draft.tokens[:5].tolist() == [6, 7, 9, 2, 2] and draft.parents[:5].tolist() == [-1, 0, 0, -1, 3]
@@ -48,7 +50,7 @@ def test_window_nodes_sit_at_their_positions_and_see_their_trajectory(window, ng
     draft = drafter.propose(ctx(list(range(50, 80))))
     assert len(draft) == 0 and draft.scratch == (window - 1) + (ngram - 2) * window
     depths = node_depths(draft.parents)
-    levels = drafter.levels
+    levels = drafter.windows[0].levels
     cells = [(0, i) for i in range(1, window)] + [(j, i) for j in range(1, ngram - 1) for i in range(window)]
     for node, (j, i) in enumerate(cells):
         assert depths[node] == j + i and int(draft.tokens[node]) == int(levels[j, i])
@@ -59,16 +61,17 @@ def test_window_nodes_sit_at_their_positions_and_see_their_trajectory(window, ng
 def test_commit_pools_each_column_and_moves_the_window():
     drafter = LookaheadDrafter(window=3, ngram=3, guesses=4)
     drafter.prefill(ctx([9]))
-    drafter.levels = torch.tensor([[0, 11, 12], [21, 22, 23]])  # [N − 1, W]
-    drafter.new = torch.tensor([31, 32, 33])  # the guesses for positions 2, 3, 4
+    window = drafter.windows[0]  # the one row's
+    window.levels = torch.tensor([[0, 11, 12], [21, 22, 23]])  # [N − 1, W]
+    window.new = torch.tensor([31, 32, 33])  # the guesses for positions 2, 3, 4
     drafter.commit(ctx([9, 7]), Verdict(tokens=torch.tensor([7]), num_accepted=0))
-    assert drafter.pool == {9: [(21, 31)], 11: [(22, 32)], 12: [(23, 33)]}  # column 0 starts at the root
-    assert drafter.levels.tolist() == [[21, 22, 23], [31, 32, 33]]  # one token committed: one level down
-    drafter.levels = torch.tensor([[0, 11, 12], [21, 22, 23]])
-    drafter.new = torch.tensor([31, 32, 33])
+    assert window.pool == {9: [(21, 31)], 11: [(22, 32)], 12: [(23, 33)]}  # column 0 starts at the root
+    assert window.levels.tolist() == [[21, 22, 23], [31, 32, 33]]  # one token committed: one level down
+    window.levels = torch.tensor([[0, 11, 12], [21, 22, 23]])
+    window.new = torch.tensor([31, 32, 33])
     drafter.commit(ctx([9, 7, 8, 6]), Verdict(tokens=torch.tensor([7, 8, 6]), num_accepted=2))
     # three tokens: the guess for position r is the old guess for r + 3, from the top level
-    assert drafter.levels.tolist() == [[32, 33, 33], [33, 33, 33]]
+    assert window.levels.tolist() == [[32, 33, 33], [33, 33, 33]]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -528,7 +528,7 @@ def test_the_command_line_refuses_a_bad_checkpoint_in_one_line_and_leaves_no_out
 
 @pytest.mark.parametrize("children", ["top", "sample"])
 def test_a_batchs_rows_are_drafted_by_one_heads_forward_each_as_alone(target, children, monkeypatch):
-    """A batch's rows (Drafter.batched_rows): the heads read every row's hidden state in one forward; each row's tree (tokens, parents
+    """A batch's rows (Drafter.propose_rows): the heads read every row's hidden state in one forward; each row's tree (tokens, parents
     and, sampled, q) is the one the row gets alone, its draws from its own generator; a row with no room
     to draft gets an empty draft."""
     heads = MedusaHeads(target.model.config.hidden_size, 3)
@@ -547,9 +547,8 @@ def test_a_batchs_rows_are_drafted_by_one_heads_forward_each_as_alone(target, ch
     calls = []
     forward = MedusaHeads.forward
     monkeypatch.setattr(MedusaHeads, "forward", lambda self, *a: calls.append(1) or forward(self, *a))
-    rows = drafter.batched_rows()
-    rows.prefill(contexts())
-    together = rows.propose(contexts())
+    drafter.prefill_rows(contexts())
+    together = drafter.propose_rows(contexts())
     assert len(calls) == 1 and len(together[2]) == 0 and max(node_depths(together[1].parents)) == 2
     for got, want in zip(together, alone):
         assert torch.equal(got.tokens, want.tokens) and (got.parents is None or torch.equal(got.parents, want.parents))

@@ -68,7 +68,7 @@ def test_rows_trees_grown_over_several_forwards_see_only_their_ancestors(target)
 
 @torch.inference_mode()
 def test_a_batch_grows_every_rows_tree_in_one_draft_forward_per_level(target, close_draft):
-    """A batch's trees (TreeRows) are each row's own, grown together: the draft model runs once per
+    """A batch's trees are each row's own, grown together: the draft model runs once per
     level for all rows, not once per row."""
     prompts = [REPEATING, PLAIN, REPEATING[3:] + PLAIN]
     drafter = TreeDrafter(target, model=close_draft, branching=None, topk=3, depth=3, nodes=8)

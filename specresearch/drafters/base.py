@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedTokenizerBase
 
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, say_once
+from specresearch.models import say_once
 from specresearch.sampling import logits_to_probs, ranking_probs, sample
 from specresearch.types import Draft, SamplingParams, Verdict
 
@@ -39,7 +37,9 @@ class Context:
 
 
 class Drafter(ABC):
-    """Proposes draft tokens and keeps its own state in step with the accepted sequence.
+    """Proposes draft tokens for the rows of a batch, and keeps each row's state (a draft model's cache,
+    a pool) in step with its accepted sequence. One implementation per drafter, batch first: one
+    sequence is a batch of one (`prefill`, `propose`, `observe`, `commit` call the rows methods so).
 
     A drafter that samples must return the q it sampled from (after the same temperature, top-k and
     top-p as p); a deterministic one returns q = None. Never report a q the tokens were not drawn
@@ -66,154 +66,61 @@ class Drafter(ABC):
     # tests (tests/test_lossless.py) prove every mode with every lossless verifier, so a new mode is
     # covered by naming it here.
     modes: ClassVar[dict[str, tuple[str, ...]]] = {"default": ()}
+    draft_forwards: int = 0  # forwards of a draft model over the drafter's life, one per row they drafted for (0: model-free)
+    row_forwards: list[int]  # each row's draft forwards since its prefill (`count`)
 
     def check(self, sampling: SamplingParams) -> None:
         """Raise SpecResearchError if this drafter cannot run with these sampling settings."""
 
-    def prefill(self, ctx: Context) -> None:
-        """Start a new sequence whose tokens are ctx.tokens."""
+    def prefill_rows(self, ctxs: list[Context]) -> None:
+        """Start one sequence per row, row b's tokens ctxs[b].tokens. A drafter with state per row sets
+        it up here (and calls this)."""
+        self.row_forwards = [0] * len(ctxs)
 
     @abstractmethod
+    def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
+        """One draft per row to follow ctxs[b].tokens: at most ctxs[b].max_draft tokens along any path
+        (for a chain drafter, the engine's draft length this step)."""
+
+    def observe_row(self, b: int, logits: Tensor) -> None:
+        """Row b's target logits ([S, V]) on its draft's scratch nodes, from the verification forward
+        (called before `commit_rows`, only for drafts with scratch nodes)."""
+
+    def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        """The verifier kept `verdicts[b].tokens` of row b; ctxs[b].tokens now ends with them. Roll each
+        row's state back."""
+
+    def select_rows(self, index: list[int]) -> None:
+        """Keep only the rows at `index` (in order): the others finished. A drafter with state per row
+        selects it (and calls this)."""
+        self.row_forwards = [self.row_forwards[i] for i in index]
+
+    def count(self, rows: Iterable[int]) -> None:
+        """One draft forward drafted for `rows` (it counts for each)."""
+        for b in rows:
+            self.row_forwards[b] += 1
+            self.draft_forwards += 1
+
+    def prefill(self, ctx: Context) -> None:
+        """Start one sequence (`prefill_rows` of one row)."""
+        self.prefill_rows([ctx])
+
     def propose(self, ctx: Context) -> Draft:
-        """Propose tokens to follow ctx.tokens: at most ctx.max_draft along any path (for a chain
-        drafter, the engine's draft length this step)."""
+        """One sequence's draft (`propose_rows` of one row)."""
+        return self.propose_rows([ctx])[0]
 
     def observe(self, logits: Tensor) -> None:
-        """The target's logits ([S, V]) on the draft's scratch nodes, from the verification forward
-        (called before `commit`, only for drafts with scratch nodes)."""
+        """One sequence's scratch logits (`observe_row` of row 0)."""
+        self.observe_row(0, logits)
 
     def commit(self, ctx: Context, verdict: Verdict) -> None:
-        """The verifier kept `verdict.tokens`; ctx.tokens now ends with them. Roll own state back."""
-
-    @property
-    def draft_forwards(self) -> int:
-        """Forwards of a draft model so far (for the draft cost ratio c); 0 for model-free drafters."""
-        return 0
-
-    def batched_rows(self) -> Rows | None:
-        """How this drafter drafts every row of a batch at once (one draft forward per level for all
-        rows), or None: each row then gets a fork of it (`Forks`), which drafts alone."""
-        return None
-
-    def fork(self) -> Drafter:
-        """A drafter like this one for another sequence of a batch: the same models, heads and
-        tokenizers (shared, never copied), its own state (caches, pools, counters): a deep copy of
-        everything else."""
-        shared: dict[int, object] = {}
-        _collect_shared(self, shared, set())
-        return copy.deepcopy(self, shared)
+        """One sequence's verdict (`commit_rows` of one row)."""
+        self.commit_rows([ctx], [verdict])
 
     @property
     def size_label(self) -> str:
         """How run names give the draft's size: "k=K" (draft tokens per step), or "depth=D" for trees."""
         return f"depth={self.depth}" if self.depth else f"k={self.k}"
-
-
-class Rows(ABC):
-    """The drafting of a batch's rows, for the engine: the Drafter interface with one context (and
-    verdict) per row still decoding. `Forks` gives every drafter one; a drafter that can draft its
-    rows together offers its own (`Drafter.batched_rows`)."""
-
-    @abstractmethod
-    def prefill(self, ctxs: list[Context]) -> None:
-        """Start one sequence per context (row b: ctxs[b])."""
-
-    @abstractmethod
-    def propose(self, ctxs: list[Context]) -> list[Draft]:
-        """One draft per row."""
-
-    @abstractmethod
-    def observe(self, b: int, logits: Tensor) -> None:
-        """Row b's target logits on its draft's scratch nodes (Drafter.observe)."""
-
-    @abstractmethod
-    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
-        """Each row's verdict (Drafter.commit)."""
-
-    @abstractmethod
-    def select(self, index: list[int]) -> None:
-        """Keep only the rows at `index` (in order): the others finished."""
-
-    @abstractmethod
-    def forwards(self) -> list[int]:
-        """Each row's draft forwards since its prefill (a forward that drafted for several rows counts for each)."""
-
-
-class StatelessRows(Rows):
-    """Every row of a batch drafted by one call, `propose(ctxs)`, of a drafter that keeps no state per row
-    and runs no draft model (prompt lookup, Medusa's heads): it counts the rows, nothing else."""
-
-    def __init__(self, propose: Callable[[list[Context]], list[Draft]]):
-        self._propose, self.rows = propose, 0
-
-    def prefill(self, ctxs: list[Context]) -> None:
-        self.rows = len(ctxs)
-
-    def propose(self, ctxs: list[Context]) -> list[Draft]:
-        return self._propose(ctxs)
-
-    def observe(self, b: int, logits: Tensor) -> None:
-        pass
-
-    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
-        pass
-
-    def select(self, index: list[int]) -> None:
-        self.rows = len(index)
-
-    def forwards(self) -> list[int]:
-        return [0] * self.rows  # no draft model
-
-
-class Forks(Rows):
-    """Each row drafted by its own drafter: row 0 by the drafter itself, the others by forks of it
-    (`Drafter.fork`), kept across batches so each keeps its own reused prefill."""
-
-    def __init__(self, drafter: Drafter):
-        self.pool, self.active, self.base = [drafter], [drafter], [0]
-
-    def prefill(self, ctxs: list[Context]) -> None:
-        while len(self.pool) < len(ctxs):
-            self.pool.append(self.pool[0].fork())
-        self.active = self.pool[: len(ctxs)]
-        self.base = [d.draft_forwards for d in self.active]
-        for drafter, ctx in zip(self.active, ctxs):
-            drafter.prefill(ctx)
-
-    def propose(self, ctxs: list[Context]) -> list[Draft]:
-        return [drafter.propose(ctx) for drafter, ctx in zip(self.active, ctxs)]
-
-    def observe(self, b: int, logits: Tensor) -> None:
-        self.active[b].observe(logits)
-
-    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
-        for drafter, ctx, verdict in zip(self.active, ctxs, verdicts):
-            drafter.commit(ctx, verdict)
-
-    def select(self, index: list[int]) -> None:
-        self.active, self.base = [self.active[i] for i in index], [self.base[i] for i in index]
-
-    def forwards(self) -> list[int]:
-        return [d.draft_forwards - base for d, base in zip(self.active, self.base)]
-
-
-def _collect_shared(obj: object, shared: dict[int, object], seen: set[int]) -> None:
-    """Map the id of every model, module and tokenizer reachable from `obj` (and every object whose
-    class sets `shared_by_forks`: read-only tables) to itself (a deepcopy memo that keeps them shared)."""
-    if id(obj) in seen or isinstance(obj, (Tensor, str, bytes, int, float, bool, type(None))):
-        return
-    seen.add(id(obj))
-    if isinstance(obj, (torch.nn.Module, LoadedModel, PreTrainedTokenizerBase)) or getattr(type(obj), "shared_by_forks", False):
-        shared[id(obj)] = obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            _collect_shared(value, shared, seen)
-    elif isinstance(obj, (list, tuple, set)):
-        for value in obj:
-            _collect_shared(value, shared, seen)
-    elif hasattr(obj, "__dict__"):
-        for value in vars(obj).values():
-            _collect_shared(value, shared, seen)
 
 
 class Chain:

@@ -11,12 +11,12 @@ import torch
 from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Chain, Context, Drafter, Rows
+from specresearch.drafters.base import Chain, Context, Drafter
 from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
 from specresearch.drafters.pld import lookup
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, load_model, logit_width
-from specresearch.types import Draft, SamplingParams, Verdict
+from specresearch.types import Draft, SamplingParams
 from specresearch.vocab import Bridge, Shortlist
 
 GREEDY = SamplingParams()
@@ -95,33 +95,57 @@ class CrossVocabDrafter(Drafter):
             twins = self.bridge.twin.to(own.ids.device)[own.ids]  # [S]
             self.rows = Shortlist(twins, own.head, self.bridge.target_vocab)
             self.draft_of = torch.full((self.bridge.target_vocab,), -1, dtype=torch.long, device=twins.device).index_copy_(0, twins, own.ids)
-        self.ids: list[int] = []  # the draft tokens in its cache, in order
-        self._forwards = 0
+        self.ids: list[list[int]] = []  # each row's draft tokens in the cache, in order
 
-    def prefill(self, ctx: Context) -> None:
+    def prefill_rows(self, ctxs: list[Context]) -> None:
+        super().prefill_rows(ctxs)
+        encoded: dict[tuple[int, ...], list[int]] = {}  # a prompt repeated (many samples of one prompt) is encoded once
+        self.ids = []
+        for ctx in ctxs:
+            tokens = tuple(ctx.tokens.tolist())
+            if tokens not in encoded:
+                encoded[tokens] = self.bridge.to_draft(list(tokens))[:-1]  # (the last one is fed by the first propose)
+            self.ids.append(list(encoded[tokens]))
         self.draft.reset()
-        ids = self.bridge.to_draft(ctx.tokens.tolist())[:-1]  # (the last one is fed by the first propose)
-        self.draft.prefill(torch.tensor(ids, dtype=torch.long, device=self.draft.device), reuse=ctx.reuse_prefill)
-        self.ids = ids
+        self.draft.prefill_rows([torch.tensor(ids, dtype=torch.long, device=self.draft.device) for ids in self.ids],
+                                reuse=ctxs[0].reuse_prefill)
 
-    def propose(self, ctx: Context) -> Draft:
-        begun = self._begin(ctx, self.ids)
-        if begun is None:
-            return Draft.empty(ctx.tokens.device)
-        context, kept = begun
-        self.draft.rollback(kept)
-        pending = context[kept:]  # [>= 1] the draft tokens it has not read
-        chain, drafted, done = self._chain(ctx), [], False  # drafted: the chain in the draft's tokens
-        while not done:
-            guess = self._guess(context + drafted, ctx.max_draft - len(drafted) - 1)  # [G] draft tokens
-            fed = self.draft.length + len(pending)  # the cache's length once `pending` is in
-            logits = self.draft.forward(torch.tensor(pending + guess, device=self.draft.device))[len(pending) - 1 :]  # [G + 1, V_d or S]
-            self._forwards += 1
-            i, done = self._walk(ctx, chain, logits, guess, drafted)
-            self.draft.rollback(fed + i)  # keep the guesses that became the chain's (the last token drafted is pending)
-            pending = drafted[-1:]
-        self.ids = context + drafted[:-1]  # the last token was not fed
-        return self._draft(ctx, chain, drafted)
+    def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
+        """Every row's draft: each row's context re-encoded in the draft's tokens and its cache rolled back
+        to what that encoding shares with it (into a prompt the rows share too: Target.truncate_rows),
+        then one draft forward per level feeds each row still drafting its pending tokens and lookup
+        guesses (ragged rows, each in its own slots of the draft's cache)."""
+        begun = [self._begin(ctx, ids) for ctx, ids in zip(ctxs, self.ids)]
+        self.draft.truncate_rows([len(ids) if start is None else start[1] for ids, start in zip(self.ids, begun)])
+        contexts = [[] if start is None else start[0] for start in begun]
+        pending = [[] if start is None else context[start[1] :] for context, start in zip(contexts, begun)]  # [>= 1] per drafting row
+        chains = [None if start is None else self._chain(ctx) for ctx, start in zip(ctxs, begun)]
+        drafted: list[list[int]] = [[] for _ in ctxs]  # each row's chain in the draft's tokens
+        live = [start is not None for start in begun]
+        while any(live):
+            guesses = [self._guess(context + chain, ctx.max_draft - len(chain) - 1) if on else []
+                       for ctx, context, chain, on in zip(ctxs, contexts, drafted, live)]  # [G_b] draft tokens
+            fed = [torch.tensor(tokens + guess if on else [], dtype=torch.long, device=self.draft.device)
+                   for tokens, guess, on in zip(pending, guesses, live)]
+            logits = self.draft.forward_rows(fed, [None] * len(fed))  # [n_b, V_d or S] per row
+            self.count(b for b, on in enumerate(live) if on)
+            kept = [range(0)] * len(ctxs)  # per row, the fed tokens its cache keeps
+            for b, ctx in enumerate(ctxs):
+                if live[b]:
+                    n = len(pending[b])
+                    i, done = self._walk(ctx, chains[b], logits[b][n - 1 :], guesses[b], drafted[b])
+                    live[b], kept[b], pending[b] = not done, range(n + i), drafted[b][-1:]  # guesses[b][:i] became the chain's
+            self.draft.keep_rows(kept)
+        for b, start in enumerate(begun):
+            if start is not None:
+                self.ids[b] = contexts[b] + drafted[b][:-1]  # the last token was not fed
+        return [Draft.empty(ctx.tokens.device) if start is None else self._draft(ctx, chain, tokens)
+                for ctx, start, chain, tokens in zip(ctxs, begun, chains, drafted)]
+
+    def select_rows(self, index: list[int]) -> None:
+        super().select_rows(index)
+        self.draft.select_rows(index)
+        self.ids = [self.ids[i] for i in index]
 
     def _begin(self, ctx: Context, ids: list[int]) -> tuple[list[int], int] | None:
         """The context in the draft's tokens, and how many of `ids` (the draft tokens its cache holds)
@@ -164,82 +188,6 @@ class CrossVocabDrafter(Drafter):
         if min(self.lookup, want) <= 0:
             return []
         return lookup(torch.tensor(tokens), min(self.lookup, want), match="last").tolist()
-
-    @property
-    def draft_forwards(self) -> int:
-        return self._forwards
-
-    def batched_rows(self) -> Rows | None:
-        return CrossRows(self)
-
-
-class CrossRows(Rows):
-    """The draft drafting every row of a batch: each step re-encodes each row's context in the draft's
-    tokens and rolls the row's cache back to what that encoding shares with it (into a prompt the rows
-    share too: Target.truncate_rows), then one draft forward per level feeds each row still drafting
-    its pending tokens and lookup guesses (ragged rows, each in its own slots of one cache), so a
-    row's draft is the one `CrossVocabDrafter.propose` drafts for it alone."""
-
-    def __init__(self, drafter: CrossVocabDrafter):
-        self.drafter = drafter
-        self.draft = DraftModel(drafter.draft.lm, drafter.draft.shortlist, drafter.draft.head)  # shared weights, a cache of its own
-        self.ids: list[list[int]] = []  # each row's draft tokens in the cache, in order
-        self.counts: list[int] = []
-
-    def prefill(self, ctxs: list[Context]) -> None:
-        encoded: dict[tuple[int, ...], list[int]] = {}  # a prompt repeated (many samples of one prompt) is encoded once
-        self.ids = []
-        for ctx in ctxs:
-            tokens = tuple(ctx.tokens.tolist())
-            if tokens not in encoded:
-                encoded[tokens] = self.drafter.bridge.to_draft(list(tokens))[:-1]  # (the last one is fed by the first propose)
-            self.ids.append(list(encoded[tokens]))
-        self.draft.reset()
-        self.draft.prefill_rows([torch.tensor(ids, dtype=torch.long, device=self.draft.device) for ids in self.ids],
-                                reuse=ctxs[0].reuse_prefill)
-        self.counts = [0] * len(ctxs)
-
-    def propose(self, ctxs: list[Context]) -> list[Draft]:
-        d = self.drafter
-        begun = [d._begin(ctx, ids) for ctx, ids in zip(ctxs, self.ids)]
-        self.draft.truncate_rows([len(ids) if start is None else start[1] for ids, start in zip(self.ids, begun)])
-        contexts = [[] if start is None else start[0] for start in begun]
-        pending = [[] if start is None else context[start[1] :] for context, start in zip(contexts, begun)]  # [>= 1] per drafting row
-        chains = [None if start is None else d._chain(ctx) for ctx, start in zip(ctxs, begun)]
-        drafted: list[list[int]] = [[] for _ in ctxs]  # each row's chain in the draft's tokens
-        live = [start is not None for start in begun]
-        while any(live):
-            guesses = [d._guess(context + chain, ctx.max_draft - len(chain) - 1) if on else []
-                       for ctx, context, chain, on in zip(ctxs, contexts, drafted, live)]  # [G_b] draft tokens
-            fed = [torch.tensor(tokens + guess if on else [], dtype=torch.long, device=self.draft.device)
-                   for tokens, guess, on in zip(pending, guesses, live)]
-            logits = self.draft.forward_rows(fed, [None] * len(fed))  # [n_b, V_d or S] per row
-            kept = [range(0)] * len(ctxs)  # per row, the fed tokens its cache keeps
-            for b, ctx in enumerate(ctxs):
-                if live[b]:
-                    self.counts[b] += 1
-                    n = len(pending[b])
-                    i, done = d._walk(ctx, chains[b], logits[b][n - 1 :], guesses[b], drafted[b])
-                    live[b], kept[b], pending[b] = not done, range(n + i), drafted[b][-1:]  # guesses[b][:i] became the chain's
-            self.draft.keep_rows(kept)
-        for b, start in enumerate(begun):
-            if start is not None:
-                self.ids[b] = contexts[b] + drafted[b][:-1]  # the last token was not fed
-        return [Draft.empty(ctx.tokens.device) if start is None else d._draft(ctx, chain, tokens)
-                for ctx, start, chain, tokens in zip(ctxs, begun, chains, drafted)]
-
-    def observe(self, b: int, logits: Tensor) -> None:
-        pass
-
-    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
-        pass  # the next propose re-encodes each row's context and rolls its cache back to it
-
-    def select(self, index: list[int]) -> None:
-        self.draft.select_rows(index)
-        self.ids, self.counts = [self.ids[i] for i in index], [self.counts[i] for i in index]
-
-    def forwards(self) -> list[int]:
-        return self.counts
 
 
 def _common_prefix(a: list[int], b: list[int], most: int) -> int:

@@ -21,12 +21,12 @@ from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
 from specresearch import settings
-from specresearch.drafters.base import Chain, Context, Drafter, Rows, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
+from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, optimise, rate_name
 from specresearch.drafters.tree import TreeShape, grow_rows, sizer, tree_draft
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
-from specresearch.target import Target, tree_attention
+from specresearch.target import Target
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.vocab import Shortlist
 
@@ -199,10 +199,9 @@ class EagleDrafter(Drafter):
         if vocab is not None:
             self.shortlist = Shortlist.load(self.lm_head, target.tokenizer, int(vocab), vocab_corpus, cache_dir)
             self.lm_head = self.shortlist.head
-        self.cache: DynamicCache | None = None
-        self.length = 0  # (feature, token) pairs of the accepted text in the head's cache
-        self.feature: Tensor | None = None  # [H] f̂ after the last accepted pair: the head's guess source for the next token
-        self._forwards = 0
+        weight = self.head.fc.weight  # the head's layer as a Target: each row's (feature, token) pairs in its own slots
+        self.draft = Target(LoadedModel(_Features(self.head.layer), None, "eagle head", weight.device, weight.dtype))
+        self.features: list[Tensor] = []  # per row, [H] f̂ after its last accepted pair: the source of its next guess
 
     @classmethod
     def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[EagleHead, dict]:
@@ -299,55 +298,79 @@ class EagleDrafter(Drafter):
             **{rate_name("train", l): a for l, a in enumerate(fit)},
         }
 
-    def _feed(self, features: Tensor, tokens: Tensor) -> Tensor:
-        """Feed pairs (f_t, x_{t+1}) ([T, H], [T]) after the cached ones; return [T, H] the f̂_{t+1}."""
-        self._forwards += 1
-        return self.head(self.embed(tokens)[None], features[None], self.cache)[0]
-
-    def prefill(self, ctx: Context) -> None:
-        if ctx.hidden is None:
-            raise SpecResearchError("drafter=eagle needs the target's hidden states (Context.hidden); run it through the Engine")
-        self.cache = DynamicCache(config=self.head.layer.config)
-        self.feature = self._feed(ctx.hidden, ctx.tokens[1:])[-1]  # the prompt's features, each with the token after it
-        self.length = self.cache.get_seq_length()
-
     def check(self, sampling: SamplingParams) -> None:
         if self.shape is not None:
             self.shape.check(sampling)
 
-    def propose(self, ctx: Context) -> Draft:
-        if self.shape is not None:
-            return self._tree(ctx)
-        chain = Chain(ctx, self.shortlist)
-        f = self.feature  # [H]
-        for i in range(ctx.max_draft):
-            x = chain.add(self.lm_head(f).float())  # from [V] logits, or [N] over the shortlist
-            if i + 1 < ctx.max_draft:
-                f = self._feed(f[None], x[None])[-1]  # the head's own feature stands in for the target's
-        return chain.draft()
+    def _pairs(self, features: Tensor, tokens: Tensor) -> Tensor:
+        """[T, H] the head layer's inputs of the pairs (features [T, H], tokens [T])."""
+        return self.head.inputs(self.embed(tokens), features)
 
-    def _tree(self, ctx: Context) -> Draft:
-        """EAGLE-2: the tree grows level by level; a level's nodes are fed together under a tree mask,
-        each as the pair (its parent's f̂, its token), and their f̂ score their children."""
+    def _feed(self, features: list[Tensor], tokens: list[Tensor], parents: list[Tensor | None] | None = None,
+              tree: int | None = None) -> list[Tensor]:
+        """Feed each row's pairs (none where tokens[b] is empty); [n_b, H] their f̂ per row."""
+        fed = list(self._pairs(torch.cat(features), torch.cat(tokens)).split([len(x) for x in tokens]))  # every row's in one call
+        out = self.draft.forward_rows(fed, parents or [None] * len(fed), tree=tree)
+        if tree is None:
+            self.draft.keep_rows([range(len(x)) for x in fed])
+        self.count(b for b, x in enumerate(fed) if len(x))
+        return out
+
+    def prefill_rows(self, ctxs: list[Context]) -> None:
+        if any(ctx.hidden is None for ctx in ctxs):
+            raise SpecResearchError("drafter=eagle needs the target's hidden states (Context.hidden); run it through the Engine")
+        super().prefill_rows(ctxs)
+        self.draft.reset()
+        out = self.draft.prefill_rows([self._pairs(ctx.hidden, ctx.tokens[1:]) for ctx in ctxs])  # [B, H]
+        self.count(range(len(ctxs)))
+        self.features = list(out)
+
+    def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
+        start, lengths = self.draft.length, list(self.draft.lengths)  # the drafted pairs are dropped after drafting
+        drafts = self._trees(ctxs) if self.shape is not None else self._chains(ctxs)
+        self.draft.crop_rows(start, lengths)
+        return drafts
+
+    def _chains(self, ctxs: list[Context]) -> list[Draft]:
+        """Each row's chain: one head forward per drafted token feeds every row still drafting its own f̂
+        (the head's feature stands in for the target's) with the token drawn from it."""
+        chains = [Chain(ctx, self.shortlist) for ctx in ctxs]
+        f = list(self.features)
+        none = torch.zeros(0, dtype=torch.long, device=ctxs[0].tokens.device)
+        for i in range(max(ctx.max_draft for ctx in ctxs)):
+            x = [chain.add(self.lm_head(f[b]).float())[None] if i < ctx.max_draft else none
+                 for b, (ctx, chain) in enumerate(zip(ctxs, chains))]
+            x = [token if i + 1 < ctx.max_draft else none for token, ctx in zip(x, ctxs)]  # the chain's last token is not fed
+            if not any(len(token) for token in x):
+                break
+            out = self._feed([f[b][None][: len(token)] for b, token in enumerate(x)], x)
+            f = [o[-1] if len(token) else old for o, token, old in zip(out, x, f)]
+        return [chain.draft() for chain in chains]
+
+    def _trees(self, ctxs: list[Context]) -> list[Draft]:
+        """EAGLE-2: each row's tree grows level by level; a level's nodes of every row are fed together
+        (each row's under its own tree mask), each as the pair (its parent's f̂, its token), and their f̂
+        score their children."""
         started = time.perf_counter()
-        depth = min(self.depth, ctx.max_draft)
-        if depth <= 0:
-            return Draft.empty(ctx.tokens.device)
-        fed: list[Tensor] = []  # per expanded node, its f̂ [H]
-        ancestry = torch.ones(0, 0, dtype=torch.bool)
+        depths = [min(self.depth, ctx.max_draft) for ctx in ctxs]
+        start, device = self.draft.length, ctxs[0].tokens.device
+        expanded: list[list[Tensor]] = [[] for _ in ctxs]  # per row, per expanded node its f̂ [H]
+        none = torch.zeros(0, dtype=torch.long)
 
-        def expand(tokens: Tensor, parents: Tensor) -> Tensor:
-            nonlocal ancestry
-            features = torch.stack([self.feature if p < 0 else fed[p] for p in parents.tolist()])  # [W, H]
-            length = self.cache.get_seq_length()
-            ancestry, mask, positions = tree_attention(ancestry, parents, length, self.length, self.head.fc.weight.dtype)
-            self._forwards += 1
-            out = self.head(self.embed(tokens)[None], features[None], self.cache, mask.to(tokens.device), positions[None].to(tokens.device))[0]
-            fed.extend(out)
-            return self.lm_head(out).float()  # [W, V] or [W, N]
+        def expand(requests: dict[int, tuple[Tensor, Tensor]]) -> dict[int, Tensor]:
+            rows = range(len(ctxs))
+            features = [torch.stack([self.features[b] if p < 0 else expanded[b][p] for p in requests[b][1].tolist()])
+                        if b in requests else self.features[b][None][:0] for b in rows]  # [W_b, H] each node's parent's f̂
+            out = self._feed(features, [requests[b][0] if b in requests else none.to(device) for b in rows],
+                             [requests[b][1] if b in requests else none for b in rows], tree=start)
+            for b in requests:
+                expanded[b].extend(out[b])
+            logits = self.lm_head(torch.cat([out[b] for b in requests])).float().split([len(out[b]) for b in requests])
+            return dict(zip(requests, logits))  # [W_b, V] or [W_b, N] per row
 
-        nodes = self.shape.grow(self.lm_head(self.feature)[None].float(), expand, ctx, depth, self.token, self.widen, started)
-        return tree_draft([nodes], ctx.tokens.device)
+        trees = grow_rows(self.shape, ctxs, depths, lambda b: self.lm_head(self.features[b])[None].float(), expand,
+                          self.token, self.widen, started)
+        return [tree_draft([nodes], device) if depth > 0 else Draft.empty(device) for nodes, depth in zip(trees, depths)]
 
     def token(self, x: int) -> int:
         """The token id of index `x` of the head's logits (its shortlist's, if it has one)."""
@@ -357,27 +380,21 @@ class EagleDrafter(Drafter):
         """[..., N] a law over the head's logits → [..., V] over the whole vocabulary."""
         return q if self.shortlist is None else self.shortlist.widen(q)
 
-    def commit(self, ctx: Context, verdict: Verdict) -> None:
-        # Drop the drafted pairs, then feed the target's own features of the tokens it kept, each with
-        # the token that followed it (the accepted draft tokens and the added one).
-        drafted = self.cache.get_seq_length() - self.length
-        if drafted > 0:
-            self.cache.crop(-drafted)
-        rows = ctx.hidden.shape[0]  # the last token before the step, then the accepted ones
-        self.feature = self._feed(ctx.hidden, ctx.tokens[-rows:])[-1]
-        self.length = self.cache.get_seq_length()
+    def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        # The drafted pairs are gone (propose_rows); feed the target's own features of the tokens it
+        # kept, each with the token that followed it (the last token before the step, the accepted ones).
+        out = self._feed([ctx.hidden for ctx in ctxs], [ctx.tokens[-ctx.hidden.shape[0]:] for ctx in ctxs])
+        self.features = [o[-1] for o in out]
 
-    @property
-    def draft_forwards(self) -> int:
-        return self._forwards
+    def select_rows(self, index: list[int]) -> None:
+        super().select_rows(index)
+        self.draft.select_rows(index)
+        self.features = [self.features[i] for i in index]
 
     @property
     def predicted_speedup(self) -> float | None:
         """shape=auto's predicted speedup over the steps so far (None without it)."""
         return None if self.shape is None or self.shape.sizer is None else self.shape.sizer.predicted_speedup
-
-    def batched_rows(self) -> Rows | None:
-        return EagleRows(self)
 
 
 class _Features(nn.Module):
@@ -408,95 +425,3 @@ class _Features(nn.Module):
 
     def forward(self, logits_to_keep: int = 0, **inputs) -> SimpleNamespace:
         return SimpleNamespace(logits=self.layer(**inputs).last_hidden_state[:, -logits_to_keep:])  # [B, K, H]
-
-
-class EagleRows(Rows):
-    """The head drafting every row of a batch: one head forward per drafted token (a chain) or tree
-    level feeds every row still drafting, each row's pairs in its own slots of one cache (Target's rows
-    over the head's decoder layer), so a row's draft is the one `EagleDrafter` drafts for it alone."""
-
-    def __init__(self, drafter: EagleDrafter):
-        self.d = drafter
-        weight = drafter.head.fc.weight
-        self.head = Target(LoadedModel(_Features(drafter.head.layer), None, "eagle head", weight.device, weight.dtype))
-        self.features: list[Tensor] = []  # per row, [H] f̂ after its last accepted pair
-        self.counts: list[int] = []
-
-    def _pairs(self, features: Tensor, tokens: Tensor) -> Tensor:
-        """[T, H] the head layer's inputs of the pairs (features [T, H], tokens [T])."""
-        return self.d.head.inputs(self.d.embed(tokens), features)
-
-    def _feed(self, features: list[Tensor], tokens: list[Tensor], parents: list[Tensor | None] | None = None,
-              tree: int | None = None) -> list[Tensor]:
-        """Feed each row's pairs (none where tokens[b] is empty); [n_b, H] their f̂ per row."""
-        fed = list(self._pairs(torch.cat(features), torch.cat(tokens)).split([len(x) for x in tokens]))  # every row's in one call
-        out = self.head.forward_rows(fed, parents or [None] * len(fed), tree=tree)
-        if tree is None:
-            self.head.keep_rows([range(len(x)) for x in fed])
-        self.counts = [c + bool(len(x)) for c, x in zip(self.counts, fed)]
-        return out
-
-    def prefill(self, ctxs: list[Context]) -> None:
-        if any(ctx.hidden is None for ctx in ctxs):
-            raise SpecResearchError("drafter=eagle needs the target's hidden states (Context.hidden); run it through the Engine")
-        self.head.reset()
-        out = self.head.prefill_rows([self._pairs(ctx.hidden, ctx.tokens[1:]) for ctx in ctxs])  # [B, H]
-        self.counts = [1] * len(ctxs)
-        self.features = list(out)
-
-    def propose(self, ctxs: list[Context]) -> list[Draft]:
-        start, lengths = self.head.length, list(self.head.lengths)  # the drafted pairs are dropped after drafting
-        drafts = self._trees(ctxs) if self.d.shape is not None else self._chains(ctxs)
-        self.head.crop_rows(start, lengths)
-        return drafts
-
-    def _chains(self, ctxs: list[Context]) -> list[Draft]:
-        chains = [Chain(ctx, self.d.shortlist) for ctx in ctxs]
-        f = list(self.features)
-        none = torch.zeros(0, dtype=torch.long, device=ctxs[0].tokens.device)
-        for i in range(max(ctx.max_draft for ctx in ctxs)):
-            x = [chain.add(self.d.lm_head(f[b]).float())[None] if i < ctx.max_draft else none
-                 for b, (ctx, chain) in enumerate(zip(ctxs, chains))]
-            x = [token if i + 1 < ctx.max_draft else none for token, ctx in zip(x, ctxs)]  # the chain's last token is not fed
-            if not any(len(token) for token in x):
-                break
-            out = self._feed([f[b][None][: len(token)] for b, token in enumerate(x)], x)
-            f = [o[-1] if len(token) else old for o, token, old in zip(out, x, f)]
-        return [chain.draft() for chain in chains]
-
-    def _trees(self, ctxs: list[Context]) -> list[Draft]:
-        started = time.perf_counter()
-        depths = [min(self.d.depth, ctx.max_draft) for ctx in ctxs]
-        start, device = self.head.length, ctxs[0].tokens.device
-        expanded: list[list[Tensor]] = [[] for _ in ctxs]  # per row, per expanded node its f̂ [H]
-        none = torch.zeros(0, dtype=torch.long)
-
-        def expand(requests: dict[int, tuple[Tensor, Tensor]]) -> dict[int, Tensor]:
-            rows = range(len(ctxs))
-            features = [torch.stack([self.features[b] if p < 0 else expanded[b][p] for p in requests[b][1].tolist()])
-                        if b in requests else self.features[b][None][:0] for b in rows]  # [W_b, H] each node's parent's f̂
-            out = self._feed(features, [requests[b][0] if b in requests else none.to(device) for b in rows],
-                             [requests[b][1] if b in requests else none for b in rows], tree=start)
-            for b in requests:
-                expanded[b].extend(out[b])
-            logits = self.d.lm_head(torch.cat([out[b] for b in requests])).float().split([len(out[b]) for b in requests])
-            return dict(zip(requests, logits))  # [W_b, V] or [W_b, N] per row
-
-        trees = grow_rows(self.d.shape, ctxs, depths, lambda b: self.d.lm_head(self.features[b])[None].float(), expand,
-                          self.d.token, self.d.widen, started)
-        return [tree_draft([nodes], device) if depth > 0 else Draft.empty(device) for nodes, depth in zip(trees, depths)]
-
-    def observe(self, b: int, logits: Tensor) -> None:
-        pass
-
-    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
-        # The target's own features of the tokens it kept, each with the token that followed it.
-        out = self._feed([ctx.hidden for ctx in ctxs], [ctx.tokens[-ctx.hidden.shape[0]:] for ctx in ctxs])
-        self.features = [o[-1] for o in out]
-
-    def select(self, index: list[int]) -> None:
-        self.head.select_rows(index)
-        self.features, self.counts = [self.features[i] for i in index], [self.counts[i] for i in index]
-
-    def forwards(self) -> list[int]:
-        return self.counts

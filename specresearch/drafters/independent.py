@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Chain, Context, Drafter, Rows
+from specresearch.drafters.base import Chain, Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.drafters.pld import lookup
 from specresearch.errors import SpecResearchError
@@ -20,7 +20,7 @@ class IndependentDrafter(Drafter):
     """A smaller model with the target's tokenizer proposes k tokens autoregressively: its argmax
     when decoding greedily (q = None), else samples from its own q after the same processing as p.
 
-    Its KV cache holds every accepted token but the last, like the target's. When all k draft
+    Its KV cache holds every accepted token but the last of each row, like the target's. When all k draft
     tokens are accepted it has not yet seen the k-th one (gpt-fast's subtlety): the next proposal
     feeds the two missing tokens in one forward.
 
@@ -90,29 +90,37 @@ class IndependentDrafter(Drafter):
         self.lookup = int(lookup)
         self.chain_confidence = None if chain_confidence is None else float(chain_confidence)
         self.siblings, self.sibling_confidence = int(siblings), float(sibling_confidence)
-        self._chain: tuple[int, Chain] | None = None  # the last step's (context length, chain)
+        self._chains: list[tuple[int, Chain]] = []  # each row's (context length, chain) of the last step
         self.draft = DraftModel.load(model, target)
-        self._forwards = 0
 
-    def prefill(self, ctx: Context) -> None:
+    def prefill_rows(self, ctxs: list[Context]) -> None:
+        super().prefill_rows(ctxs)
         self.draft.reset()
-        self.draft.prefill(ctx.tokens[:-1], reuse=ctx.reuse_prefill)
+        self.draft.prefill_rows([ctx.tokens[:-1] for ctx in ctxs], reuse=ctxs[0].reuse_prefill)
 
-    def propose(self, ctx: Context) -> Draft:
-        pending = ctx.tokens[self.draft.length :]  # [1], or [2] after a fully accepted step
+    def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
+        """Every row's chain: one draft forward per level feeds each row still drafting (rows done drafting
+        feed nothing) its pending tokens and, with `lookup`, its own prompt-lookup guesses (ragged rows),
+        each row in its own slots of the draft's cache (Target's rows)."""
         scored = self.confidence is not None or self.chain_confidence is not None
-        chain = Chain(ctx, self.draft.shortlist, self.siblings, self.sibling_confidence, scored)
-        self._chain = (ctx.tokens.numel(), chain)
-        done = ctx.max_draft <= 0
-        while not done:
-            guess = self._guess(ctx, chain)  # [G], G <= lookup
-            fed = self.draft.length + pending.numel()  # the cache's length once `pending` is in
-            logits = self.draft.forward(torch.cat([pending, guess]))[pending.numel() - 1 :]  # [G + 1, V or N]
-            self._forwards += 1
-            i, x, done = self._walk(ctx, chain, logits, guess)
-            self.draft.rollback(fed + i)  # keep the guesses that became the chain's (x itself is pending)
-            pending = x[None]
-        return chain.draft()
+        chains = [Chain(ctx, self.draft.shortlist, self.siblings, self.sibling_confidence, scored) for ctx in ctxs]
+        self._chains = [(ctx.tokens.numel(), chain) for ctx, chain in zip(ctxs, chains)]
+        pending = [ctx.tokens[n:] for ctx, n in zip(ctxs, self.draft.lengths)]  # [1], or [2] after a fully accepted step
+        live = [ctx.max_draft > 0 for ctx in ctxs]
+        while any(live):
+            guesses = [self._guess(ctx, chain) if on else ctx.tokens[:0] for ctx, chain, on in zip(ctxs, chains, live)]  # [G_b]
+            fed = [torch.cat([tokens, guess]) if on else tokens[:0] for tokens, guess, on in zip(pending, guesses, live)]
+            logits = self.draft.forward_rows(fed, [None] * len(fed))  # [n_b, V or N] per row
+            self.count(b for b, on in enumerate(live) if on)
+            kept = [range(0)] * len(ctxs)  # per row, the fed tokens its cache keeps
+            for b, (ctx, chain) in enumerate(zip(ctxs, chains)):
+                if not live[b]:
+                    continue
+                n = pending[b].numel()
+                i, x, done = self._walk(ctx, chain, logits[b][n - 1 :], guesses[b])
+                live[b], kept[b], pending[b] = not done, range(n + i), x[None]  # guesses[b][:i] became the chain's (x is pending)
+            self.draft.keep_rows(kept)
+        return [chain.draft() for chain in chains]
 
     def _walk(self, ctx: Context, chain: Chain, logits: Tensor, guess: Tensor) -> tuple[int, Tensor, bool]:
         """Add the draft's token of each row of `logits` ([G + 1, V or N]; row i: the draft's law after the
@@ -138,70 +146,13 @@ class IndependentDrafter(Drafter):
         tokens = torch.cat([ctx.tokens, *[x[None] for x in chain.tokens]])  # [T + chain]
         return lookup(tokens, want, match="last").to(ctx.tokens.device)
 
-    def commit(self, ctx: Context, verdict: Verdict) -> None:
-        # Keep what the draft cache saw of the accepted sequence (everything but its last token), and
-        # none of the chain after a sibling the target took in its place.
-        start, chain = self._chain
-        self.draft.rollback(min(self.draft.length, ctx.tokens.numel() - 1, start + chain.accepted(verdict)))
-
-    @property
-    def draft_forwards(self) -> int:
-        return self._forwards
-
-    def batched_rows(self) -> Rows | None:
-        return ChainRows(self)
-
-
-class ChainRows(Rows):
-    """The draft model drafting every row of a batch: one draft forward per level feeds each row still
-    drafting (rows done drafting feed nothing) its pending tokens and, with `lookup`, its own prompt-lookup
-    guesses (ragged rows), each row in its own slots of one cache (Target's rows), so a row's chain is the
-    one `IndependentDrafter.propose` drafts for it alone."""
-
-    def __init__(self, drafter: IndependentDrafter):
-        self.drafter = drafter
-        self.draft = DraftModel(drafter.draft.lm, drafter.draft.shortlist, drafter.draft.head)  # shared weights, a cache of its own
-        self.chains: list[tuple[int, Chain]] = []  # each row's (context length, chain) of the last step
-        self.counts: list[int] = []
-
-    def prefill(self, ctxs: list[Context]) -> None:
-        self.draft.reset()
-        self.draft.prefill_rows([ctx.tokens[:-1] for ctx in ctxs], reuse=ctxs[0].reuse_prefill)
-        self.counts = [0] * len(ctxs)
-
-    def propose(self, ctxs: list[Context]) -> list[Draft]:
-        d = self.drafter
-        scored = d.confidence is not None or d.chain_confidence is not None
-        chains = [Chain(ctx, self.draft.shortlist, d.siblings, d.sibling_confidence, scored) for ctx in ctxs]
-        self.chains = [(ctx.tokens.numel(), chain) for ctx, chain in zip(ctxs, chains)]
-        pending = [ctx.tokens[n:] for ctx, n in zip(ctxs, self.draft.lengths)]  # [1], or [2] after a fully accepted step
-        live = [ctx.max_draft > 0 for ctx in ctxs]
-        while any(live):
-            guesses = [d._guess(ctx, chain) if on else ctx.tokens[:0] for ctx, chain, on in zip(ctxs, chains, live)]  # [G_b]
-            fed = [torch.cat([tokens, guess]) if on else tokens[:0] for tokens, guess, on in zip(pending, guesses, live)]
-            logits = self.draft.forward_rows(fed, [None] * len(fed))  # [n_b, V or N] per row
-            kept = [range(0)] * len(ctxs)  # per row, the fed tokens its cache keeps
-            for b, (ctx, chain) in enumerate(zip(ctxs, chains)):
-                if not live[b]:
-                    continue
-                self.counts[b] += 1
-                n = pending[b].numel()
-                i, x, done = d._walk(ctx, chain, logits[b][n - 1 :], guesses[b])
-                live[b], kept[b], pending[b] = not done, range(n + i), x[None]  # guesses[b][:i] became the chain's (x is pending)
-            self.draft.keep_rows(kept)
-        return [chain.draft() for chain in chains]
-
-    def observe(self, b: int, logits: Tensor) -> None:
-        pass
-
-    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+    def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        # Keep what each row's draft cache saw of its accepted sequence (everything but its last token),
+        # and none of the chain after a sibling the target took in its place.
         self.draft.truncate_rows([min(n, ctx.tokens.numel() - 1, start + chain.accepted(verdict))
-                                  for n, ctx, verdict, (start, chain) in zip(self.draft.lengths, ctxs, verdicts, self.chains)])
+                                  for n, ctx, verdict, (start, chain) in zip(self.draft.lengths, ctxs, verdicts, self._chains)])
 
-    def select(self, index: list[int]) -> None:
+    def select_rows(self, index: list[int]) -> None:
+        super().select_rows(index)
         self.draft.select_rows(index)
-        self.chains, self.counts = [self.chains[i] for i in index], [self.counts[i] for i in index]
-
-    def forwards(self) -> list[int]:
-        return self.counts
-
+        self._chains = [self._chains[i] for i in index]

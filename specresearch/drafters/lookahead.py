@@ -51,48 +51,82 @@ class LookaheadDrafter(Drafter):
         self.W, self.N, self.G = int(window), int(ngram), int(guesses)
         self.pool_from_prompt = bool(pool_from_prompt)
         self.depth = self.N - 1  # the longest proposal
-        self.pool: dict[int, list[tuple[int, ...]]] = {}  # first token -> continuations (N − 1 tokens), newest first
-        self.levels = torch.zeros(self.N - 1, self.W, dtype=torch.long)  # [N−1, W]
-        self.new: Tensor | None = None  # [W] the target's argmax on the top level, from the last forward
+        self.windows: list[Window] = []  # each row's pool and Jacobi window
         self._scratch_parents = self._window_parents()  # [M]: -1 = root, else index among scratch nodes
         self._top = torch.arange(self.W) + (self.N - 2) * self.W - 1  # [W] the top level's scratch rows
 
-    def prefill(self, ctx: Context) -> None:
+    def prefill_rows(self, ctxs: list[Context]) -> None:
+        super().prefill_rows(ctxs)
+        self.windows = [Window(self, ctx) for ctx in ctxs]
+
+    def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
+        """Each row's tree from its own pool and window (a dict and a small tensor per row: O(1) Python per row)."""
+        drafts = []
+        for window, ctx in zip(self.windows, ctxs):
+            device = ctx.tokens.device
+            depth = min(self.N - 1, ctx.max_draft)
+            if depth <= 0:
+                drafts.append(Draft.empty(device))
+                continue
+            tokens, parents = window.trie(int(ctx.tokens[-1]), depth)
+            n = len(tokens)
+            scratch = window.levels.flatten()[1:]  # [M]: level 0 from column 1, then levels 1.. (row-major)
+            scratch_parents = torch.where(self._scratch_parents < 0, -1, self._scratch_parents + n)
+            drafts.append(Draft(tokens=torch.cat([torch.tensor(tokens, dtype=torch.long), scratch]).to(device),
+                                parents=torch.cat([torch.tensor(parents, dtype=torch.long), scratch_parents]), scratch=scratch.numel()))
+        return drafts
+
+    def observe_row(self, b: int, logits: Tensor) -> None:
+        self.windows[b].new = logits[self._top.to(logits.device)].argmax(-1).cpu()  # [W] one Jacobi step on the top level
+
+    def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        for window, ctx, verdict in zip(self.windows, ctxs, verdicts):
+            window.commit(ctx, verdict)
+
+    def select_rows(self, index: list[int]) -> None:
+        super().select_rows(index)
+        self.windows = [self.windows[i] for i in index]
+
+    def _window_parents(self) -> Tensor:
+        """[M] the lookahead branch's parents among the scratch nodes (-1 = root): level 0 is a chain
+        from the root; level j ≥ 1 of column i follows level j − 1 of column i."""
+        def at(j: int, i: int) -> int:  # the scratch index of levels[j, i]; -1 for levels[0, 0] = the root
+            return j * self.W + i - 1
+
+        parents = [at(0, i - 1) for i in range(1, self.W)]
+        parents += [at(j - 1, i) for j in range(1, self.N - 1) for i in range(self.W)]
+        return torch.tensor(parents, dtype=torch.long)
+
+
+class Window:
+    """One row's lookahead state: its n-gram pool and its Jacobi window (see LookaheadDrafter)."""
+
+    def __init__(self, lookahead: LookaheadDrafter, ctx: Context | None = None):
+        """A new sequence's, whose tokens are ctx.tokens: the window starts from random prompt tokens (the
+        paper's start; any start converges by iteration), the pool empty or, with pool_from_prompt, the
+        prompt's n-grams. Without ctx: an empty pool and window."""
+        self.N, self.W, self.G = lookahead.N, lookahead.W, lookahead.G
+        self.pool: dict[int, list[tuple[int, ...]]] = {}  # first token -> continuations (N − 1 tokens), newest first
+        self.levels = torch.zeros(self.N - 1, self.W, dtype=torch.long)  # [N−1, W]
+        self.new: Tensor | None = None  # [W] the target's argmax on the top level, from the last forward
+        if ctx is None:
+            return
         prompt = ctx.tokens.cpu()
-        self.pool, self.new = {}, None
-        if self.pool_from_prompt:
+        if lookahead.pool_from_prompt:
             for gram in prompt.unfold(0, self.N, 1).tolist() if prompt.numel() >= self.N else []:
-                self._remember(gram)
-        # The paper starts the window from random prompt tokens; any start converges by iteration.
+                self.remember(gram)
         pick = torch.randint(prompt.numel(), (self.N - 1, self.W), generator=ctx.rng, device=ctx.rng.device).cpu()
         self.levels = prompt[pick]  # [N−1, W]
 
-    def propose(self, ctx: Context) -> Draft:
-        device = ctx.tokens.device
-        depth = min(self.N - 1, ctx.max_draft)
-        if depth <= 0:
-            return Draft.empty(device)
-        tokens, parents = self._trie(int(ctx.tokens[-1]), depth)
-        n = len(tokens)
-        scratch = self.levels.flatten()[1:]  # [M]: level 0 from column 1, then levels 1.. (row-major)
-        scratch_parents = torch.where(self._scratch_parents < 0, -1, self._scratch_parents + n)
-        return Draft(
-            tokens=torch.cat([torch.tensor(tokens, dtype=torch.long), scratch]).to(device),
-            parents=torch.cat([torch.tensor(parents, dtype=torch.long), scratch_parents]),
-            scratch=scratch.numel(),
-        )
-
-    def observe(self, logits: Tensor) -> None:
-        self.new = logits[self._top.to(logits.device)].argmax(-1).cpu()  # [W] one Jacobi step on the top level
-
     def commit(self, ctx: Context, verdict: Verdict) -> None:
+        """Pool the last forward's n-grams and move the window by the committed tokens."""
         m = verdict.tokens.numel()
         levels = self.levels.clone()
         levels[0, 0] = int(ctx.tokens[-m - 1])  # this step's root
         new = self.new if self.new is not None else levels[-1]
         if self.new is not None:
             for gram in torch.cat([levels, new[None]]).T.tolist():  # [W, N]: one n-gram per column
-                self._remember(gram)
+                self.remember(gram)
         self.new = None
         # Positions are relative to the root, which moved m tokens: the guess for r is the old one for r + m.
         ext = torch.cat([levels, new[None]])  # [N, W]: row j guesses positions j + i
@@ -106,7 +140,7 @@ class LookaheadDrafter(Drafter):
                 rows.append(torch.cat([top, top[-1:].expand(self.W - top.numel())]))
         self.levels = torch.stack(rows)
 
-    def _remember(self, gram: list[int]) -> None:
+    def remember(self, gram: list[int]) -> None:
         """Put an n-gram in the pool, most recent first, at most G per first token."""
         grams = self.pool.setdefault(gram[0], [])
         cont = tuple(gram[1:])
@@ -115,7 +149,7 @@ class LookaheadDrafter(Drafter):
         grams.insert(0, cont)
         del grams[self.G :]
 
-    def _trie(self, root: int, depth: int) -> tuple[list[int], list[int]]:
+    def trie(self, root: int, depth: int) -> tuple[list[int], list[int]]:
         """The pool's continuations of `root`, cut to `depth` tokens, merged into a trie:
         (tokens, parents) with parents before children, -1 = the root."""
         trie = Trie()
@@ -124,13 +158,3 @@ class LookaheadDrafter(Drafter):
             for tok in cont[:depth]:
                 node = trie.add(node, tok)
         return trie.tokens, trie.parents
-
-    def _window_parents(self) -> Tensor:
-        """[M] the lookahead branch's parents among the scratch nodes (-1 = root): level 0 is a chain
-        from the root; level j ≥ 1 of column i follows level j − 1 of column i."""
-        def at(j: int, i: int) -> int:  # the scratch index of levels[j, i]; -1 for levels[0, 0] = the root
-            return j * self.W + i - 1
-
-        parents = [at(0, i - 1) for i in range(1, self.W)]
-        parents += [at(j - 1, i) for j in range(1, self.N - 1) for i in range(self.W)]
-        return torch.tensor(parents, dtype=torch.long)

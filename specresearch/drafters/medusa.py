@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter, Rows, StatelessRows, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
+from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
 from specresearch.drafters.tree import Sizer
 from specresearch.errors import SpecResearchError
@@ -273,9 +273,6 @@ class MedusaDrafter(Drafter):
         if self.children == "sample" and sampling.greedy:
             raise SpecResearchError("drafter.children=sample draws children from the heads' laws at temperature > 0; use children=top for greedy decoding")
 
-    def propose(self, ctx: Context) -> Draft:
-        return self.propose_rows([ctx])[0]
-
     def propose_rows(self, ctxs: Sequence[Context]) -> list[Draft]:
         """One tree per row: the heads read every row's hidden state in one forward (the lm head's
         matrix streamed once for all rows and heads), then each row's tree comes from its own top
@@ -312,9 +309,6 @@ class MedusaDrafter(Drafter):
             if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
                 q = self.shortlist.widen(q)
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents))
-
-    def batched_rows(self) -> Rows:
-        return StatelessRows(self.propose_rows)
 
     @classmethod
     def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:

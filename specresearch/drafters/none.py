@@ -15,5 +15,5 @@ class NoDrafter(Drafter):
     def __init__(self, target=None, **_):
         pass
 
-    def propose(self, ctx: Context) -> Draft:
-        return Draft.empty(ctx.tokens.device)
+    def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
+        return [Draft.empty(ctx.tokens.device) for ctx in ctxs]

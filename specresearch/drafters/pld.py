@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter, Rows, StatelessRows
+from specresearch.drafters.base import Context, Drafter
 from specresearch.types import Draft
 
 
@@ -42,16 +42,11 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram, self.min_ngram, self.match = int(max_ngram), int(min_ngram), match
         self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
 
-    def propose(self, ctx: Context) -> Draft:
-        return Draft(tokens=lookup(ctx.tokens, ctx.max_draft, self.max_ngram, self.min_ngram, self.match))
-
     def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
-        """Every row's draft from one lookup of all rows (`lookup_rows`), each what `propose` gives it alone."""
+        """Every row's draft from one lookup of all rows (`lookup_rows`)."""
         found = lookup_rows([ctx.tokens for ctx in ctxs], [ctx.max_draft for ctx in ctxs], self.max_ngram, self.min_ngram, self.match)
         return [Draft(tokens=tokens) for tokens in found]
 
-    def batched_rows(self) -> Rows:
-        return StatelessRows(self.propose_rows)
 
 
 def lookup(tokens: Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1, match: str = "first") -> Tensor:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from specresearch import settings
-from specresearch.drafters.base import Context, Drafter, Rows
+from specresearch.drafters.base import Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
@@ -121,27 +121,20 @@ class TreeShape:
         if self.children == "sample" and sampling.greedy:
             raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; use children=top for greedy decoding")
 
-    def grow(self, logits: Tensor, expand: Callable[[Tensor, Tensor], Tensor], ctx: Context, depth: int,
-             token: Callable[[int], int] = int, widen: Callable[[Tensor], Tensor] = lambda q: q,
-             started: float | None = None) -> list[tuple[int, int, Tensor | None]]:
-        """One tree: (token, parent, q or None) per node, parents first.
+    def growing(self, logits: Tensor, ctx: Context, depth: int, token: Callable[[int], int] = int,
+                widen: Callable[[Tensor], Tensor] = lambda q: q, started: float | None = None) -> Growing:
+        """One row's tree, grown as a generator so that many rows grow in lockstep (`grow_rows`: one draft
+        forward per level for all of them): it yields each level's (tokens [W], parents [W]) of the nodes
+        to expand (parents: indices among the nodes expanded before, -1 = the root), is sent the draft's
+        [W, V] logits after each, and returns the tree: (token, parent, q or None) per node, parents first.
 
         Args:
             logits: [1, V] (or [1, N] over a shortlist) the draft's logits after the last committed token.
-            expand: (tokens [W], parents [W]) → [W, V] the draft's logits after each of a level's nodes
-                to expand (parents: indices among the nodes expanded before, -1 = the root).
             ctx: the step (sampling, rng).
             depth: the most levels (the step's draft budget allowing).
             token, widen: a shortlisted draft's index → token id, and [N] law → [V] (see DraftModel).
             started: when the step's drafting began (time.perf_counter; the sizer counts it); None = now.
         """
-        return finish(self.growing(logits, ctx, depth, token, widen, started), expand)
-
-    def growing(self, logits: Tensor, ctx: Context, depth: int, token: Callable[[int], int] = int,
-                widen: Callable[[Tensor], Tensor] = lambda q: q, started: float | None = None) -> Growing:
-        """`grow` as a generator, for drafting many rows' trees in lockstep (one draft forward per level
-        for all of them): it yields each level's (tokens [W], parents [W]) to expand, is sent their
-        [W, V] logits, and returns the tree (see `finish`)."""
         started = time.perf_counter() if started is None else started
         nodes: list[tuple[int, int, Tensor | None, float]] = []  # (token, parent, q, cumulative log q)
         fed: dict[int, int] = {}  # node -> its index among the nodes expanded
@@ -215,16 +208,6 @@ class TreeShape:
         return sorted(kept)
 
 Growing = Generator[tuple[Tensor, Tensor], Tensor, list[tuple[int, int, Tensor | None]]]  # TreeShape.growing
-
-
-def finish(tree: Growing, expand: Callable[[Tensor, Tensor], Tensor]) -> list[tuple[int, int, Tensor | None]]:
-    """Run a growing tree to its end, each level's nodes expanded by `expand`: its (token, parent, q) nodes."""
-    try:
-        request = next(tree)
-        while True:
-            request = tree.send(expand(*request))
-    except StopIteration as done:
-        return done.value
 
 
 Nodes = list[tuple[int, int, Tensor | None]]  # a grown tree: (token, parent, q or None) per node, parents first
@@ -328,112 +311,55 @@ class TreeDrafter(Drafter):
         self.shape.sizer = sizer(shape, target, self.shape)
         self.depth = self.shape.depth
         self.drafts = [DraftModel.load(spec, target) for spec in [model, *ensemble]]
-        self._forwards = 0
 
     def check(self, sampling: SamplingParams) -> None:
         self.shape.check(sampling)
 
-    def prefill(self, ctx: Context) -> None:
-        for draft in self.drafts:
-            draft.reset()
-            draft.prefill(ctx.tokens[:-1], reuse=ctx.reuse_prefill)
-
-    def propose(self, ctx: Context) -> Draft:
-        depth = min(self.depth, ctx.max_draft)
-        device = ctx.tokens.device
-        if depth <= 0:
-            return Draft.empty(device)
-        return tree_draft([self._grow(draft, ctx, depth) for draft in self.drafts], device, merge=self.shape.children == "top")
-
-    def _grow(self, draft: DraftModel, ctx: Context, depth: int) -> Nodes:
-        """One draft model's tree: (token, parent, q or None) per node, parents first."""
-        started = time.perf_counter()
-        pending = ctx.tokens[draft.length :]  # [P] committed tokens the draft has not seen, the last one included
-        logits = draft.forward(pending)[-1:]  # [1, V] the law after the last token ([1, N] over a shortlist)
-        start = draft.length
-
-        def expand(tokens: Tensor, parents: Tensor) -> Tensor:
-            self._forwards += 1
-            return draft.forward(tokens, parents=parents, tree=start)  # [W, V]
-
-        self._forwards += 1
-        nodes = self.shape.grow(logits, expand, ctx, depth, draft.token, draft.widen, started)
-        draft.rollback(start)
-        return nodes
-
-    def commit(self, ctx: Context, verdict: Verdict) -> None:
-        for draft in self.drafts:  # each draft cache holds the accepted sequence but its last token
-            draft.rollback(min(draft.length, ctx.tokens.numel() - 1))
-
-    @property
-    def draft_forwards(self) -> int:
-        return self._forwards
-
-    @property
-    def predicted_speedup(self) -> float | None:
-        """shape=auto's predicted speedup over the steps so far (None without it)."""
-        return None if self.shape.sizer is None else self.shape.sizer.predicted_speedup
-
-    def batched_rows(self) -> Rows | None:
-        return TreeRows(self)
-
-
-class TreeRows(Rows):
-    """Every row's tree grown together: one draft forward per level feeds every row's nodes of that
-    level (each row's tree under its own mask, in its own slots of one cache: Target's rows), so a
-    row's tree is the one `TreeDrafter.propose` grows for it alone."""
-
-    def __init__(self, drafter: TreeDrafter):
-        self.drafter = drafter
-        self.drafts = [DraftModel(d.lm, d.shortlist, d.head) for d in drafter.drafts]  # shared weights, caches of their own
-        self.counts: list[int] = []
-
-    def prefill(self, ctxs: list[Context]) -> None:
+    def prefill_rows(self, ctxs: list[Context]) -> None:
+        super().prefill_rows(ctxs)
         for draft in self.drafts:
             draft.reset()
             draft.prefill_rows([ctx.tokens[:-1] for ctx in ctxs], reuse=ctxs[0].reuse_prefill)
-        self.counts = [0] * len(ctxs)
 
-    def propose(self, ctxs: list[Context]) -> list[Draft]:
-        depths = [min(self.drafter.depth, ctx.max_draft) for ctx in ctxs]
+    def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
+        depths = [min(self.depth, ctx.max_draft) for ctx in ctxs]
         grown = [self._grow(draft, ctxs, depths) for draft in self.drafts]  # per draft model, per row
-        device, merge = ctxs[0].tokens.device, self.drafter.shape.children == "top"
+        device, merge = ctxs[0].tokens.device, self.shape.children == "top"
         return [tree_draft([trees[b] for trees in grown], device, merge) if depth > 0 else Draft.empty(device)
                 for b, depth in enumerate(depths)]
 
     def _grow(self, draft: DraftModel, ctxs: list[Context], depths: list[int]) -> list[Nodes]:
-        """One draft model's tree per row (TreeDrafter._grow for all rows), [] for a row that drafts nothing."""
+        """One draft model's tree per row, [] for a row that drafts nothing: every row's level fed in one
+        draft forward (each row's tree under its own mask, in its own slots of the draft's cache)."""
         started = time.perf_counter()
         live = [depth > 0 for depth in depths]
         fed = [ctx.tokens[n:] if on else ctx.tokens[:0] for ctx, n, on in zip(ctxs, draft.lengths, live)]  # [P] unseen committed tokens
         logits = draft.forward_rows(fed, [None] * len(fed))  # [P, V] per row ([P, N] over a shortlist)
         draft.keep_rows([range(tokens.numel()) for tokens in fed])
         start, lengths = draft.length, list(draft.lengths)
-        self.counts = [c + on for c, on in zip(self.counts, live)]
+        self.count(b for b, on in enumerate(live) if on)
         empty = torch.zeros(0, dtype=torch.long)
 
         def expand(requests: dict[int, tuple[Tensor, Tensor]]) -> list[Tensor]:
-            for b in requests:
-                self.counts[b] += 1
+            self.count(requests)
             rows = range(len(ctxs))
             return draft.forward_rows([requests[b][0] if b in requests else empty for b in rows],
                                       [requests[b][1] if b in requests else empty for b in rows], tree=start)  # [W_b, V] per row
 
-        trees = grow_rows(self.drafter.shape, ctxs, depths, lambda b: logits[b][-1:], expand, draft.token, draft.widen, started)
+        trees = grow_rows(self.shape, ctxs, depths, lambda b: logits[b][-1:], expand, draft.token, draft.widen, started)
         draft.crop_rows(start, lengths)
         return trees
 
-    def observe(self, b: int, logits: Tensor) -> None:
-        pass
-
-    def commit(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
-        for draft in self.drafts:  # each draft cache holds the accepted sequence but its last token
+    def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        for draft in self.drafts:  # each draft cache holds each row's accepted sequence but its last token
             draft.truncate_rows([min(n, ctx.tokens.numel() - 1) for n, ctx in zip(draft.lengths, ctxs)])
 
-    def select(self, index: list[int]) -> None:
+    def select_rows(self, index: list[int]) -> None:
+        super().select_rows(index)
         for draft in self.drafts:
             draft.select_rows(index)
-        self.counts = [self.counts[i] for i in index]
 
-    def forwards(self) -> list[int]:
-        return self.counts
+    @property
+    def predicted_speedup(self) -> float | None:
+        """shape=auto's predicted speedup over the steps so far (None without it)."""
+        return None if self.shape.sizer is None else self.shape.sizer.predicted_speedup
