@@ -172,34 +172,56 @@ class Engine:
     @torch.inference_mode()
     def _decode(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int, stop_strings: Sequence[str],
                 eos_token_ids: Sequence[int] | None, reuse_prefill: bool, sample_first: bool, stop_after: int | None) -> list[GenerationOutput]:
-        """The decode loop over the rows of a batch (checked prompts); see `generate`."""
+        """The decode loop over the rows of a batch (checked prompts); see `generate`.
+
+        A step is batch-wide tensor work: the target's one forward for every row, the verifier's laws
+        and draws, and one write of every row's new tokens into the rows' token buffer ([B, T] on the
+        device; a row's context is a view of its buffer row). What stays per row in Python is O(1)
+        bookkeeping on the host: the Context handed to the drafter, the verdict's few token ids, the
+        row's counters (SpecStats) and its stop checks (EOS and length from those ids; a stop string
+        decodes the row's last tokens), plus the drafter's own per-row work (see each drafter).
+        """
         if eos_token_ids is None:
             eos = getattr(self.tokenizer, "eos_token_id", None)
             eos_token_ids = [] if eos is None else [eos]
         eos_set, stops = set(eos_token_ids), list(stop_strings)
         limit = min(max_new_tokens, stop_after or max_new_tokens)  # new tokens out before a row ends
         clock = _Clock(self.device, self.time_split)
-        ids: dict[int, Tensor] = {}  # each prompt's ids as a tensor, made once for a prompt repeated (many samples of it)
-        for prompt in prompts:
-            if id(prompt) not in ids:
-                ids[id(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        rows = [_Row(ids[id(prompt)], max_new_tokens, torch.Generator(device=self.device).manual_seed(seed), self.drafter, self.device)
-                for prompt, seed in zip(prompts, seeds)]
+        buffer = torch.zeros(len(prompts), max(len(p) for p in prompts) + max_new_tokens, dtype=torch.long)  # [B, T] every row's tokens
+        made: dict[int, Tensor] = {}  # each prompt's ids as a tensor, made once for a prompt repeated (many samples of it)
+        for b, prompt in enumerate(prompts):
+            if id(prompt) not in made:
+                made[id(prompt)] = torch.tensor(prompt, dtype=torch.long)
+            buffer[b, : len(prompt)] = made[id(prompt)]
+        buffer = buffer.to(self.device)
+        rows = [_Row(b, prompt, max_new_tokens, torch.Generator(device=self.device).manual_seed(seed), self.drafter)
+                for b, (prompt, seed) in enumerate(zip(prompts, seeds))]
         drafter, needs_hidden = self.drafter, self.drafter.needs_hidden
 
         def context(row: _Row) -> Context:
             room = row.room(max_new_tokens)
             max_draft = room if row.draft_length is None else min(room, row.draft_length.k)
-            return Context(row.context(), self.sampling, row.rng, max_draft, reuse_prefill, row.hidden)
+            return Context(buffer[row.index, : row.end], self.sampling, row.rng, max_draft, reuse_prefill, row.hidden)
 
-        def append(row: _Row, verdict: Verdict) -> None:
-            """Append the verdict's tokens one by one, up to the first stop, which ends the row."""
-            for tok in row.extend(verdict.tokens):
-                row.new.append(tok)
-                row.stop = self._stop_reason(row.new, limit, eos_set, stops)
-                if row.stop:
-                    row.stats.time_total = clock.since_start()
-                    return
+        def append(rows: list[_Row], verdicts: list[Verdict]) -> None:
+            """Each row's verdict tokens, one by one up to the first stop (which ends the row), then one
+            write of every row's into the buffer."""
+            index: list[int] = []  # (row, position, token) of every token written
+            position: list[int] = []
+            written: list[int] = []
+            for row, verdict in zip(rows, verdicts):
+                for tok in verdict.tokens.tolist():
+                    index.append(row.index)
+                    position.append(row.end)
+                    written.append(tok)
+                    row.new.append(tok)
+                    row.stop = self._stop_reason(row.new, limit, eos_set, stops)
+                    if row.stop:
+                        row.stats.time_total = clock.since_start()
+                        break
+            if written:
+                at = torch.tensor([index, position, written]).to(self.device)  # [3, N] one copy to the device
+                buffer[at[0], at[1]] = at[2]
 
         def going(active: list[_Row], drafted: bool = True) -> list[_Row]:
             """The rows still decoding; the finished ones leave the target's cache and the drafter's (so
@@ -219,15 +241,14 @@ class Engine:
         # The prefill gives the first new token, exactly as plain decoding (and transformers) do;
         # without sample_first it leaves the prompt's last token out of the cache, as a step does.
         with clock.phase(rows, "time_prefill"):
-            self.target.reset(max(len(p) for p in prompts) + max_new_tokens + 1)
+            self.target.reset(buffer.shape[1] + 1)
             self.target.keep_hidden = needs_hidden
-            logits = self.target.prefill_rows([row.context()[: None if sample_first else -1] for row in rows], reuse_prefill)  # [B, V]
+            logits = self.target.prefill_rows([buffer[row.index, : row.start - (not sample_first)] for row in rows], reuse_prefill)  # [B, V]
             if needs_hidden:
                 for b, row in enumerate(rows):
                     row.hidden = self.target.hidden_rows[b]  # [T, H] the prompt tokens' (all but the last without sample_first)
             if sample_first:
-                for row, verdict in zip(rows, self.verify([_NO_DRAFT] * len(rows), logits[:, None], rows)):
-                    append(row, verdict)
+                append(rows, self.verify([_NO_DRAFT] * len(rows), logits[:, None], rows))
             active = going(rows, drafted=False)
             if active:
                 drafter.prefill_rows([context(row) for row in active])
@@ -235,7 +256,11 @@ class Engine:
             with clock.phase(active, "time_draft"):
                 drafts = drafter.propose_rows([context(row) for row in active])
             with clock.phase(active, "time_verify"):
-                fed = [torch.cat([row.last(), draft.tokens.to(self.device)]) for row, draft in zip(active, drafts)]  # [1 + K]: the root, then the draft
+                last = torch.tensor([row.newest for row in active]).to(self.device)[:, None]  # [B, 1] each row's newest token: the root
+                width = 1 + max(draft.tokens.numel() for draft in drafts)  # fed positions (the root, proposals, scratch)
+                if width > 1:
+                    last = torch.cat([last, torch.nn.utils.rnn.pad_sequence([draft.tokens.to(self.device) for draft in drafts], batch_first=True)], 1)
+                fed = [last[b, : 1 + draft.tokens.numel()] for b, draft in enumerate(drafts)]  # [1 + K_b]: the root, then the draft (views)
                 parents = [None if draft.parents is None else torch.cat([_ROOT, draft.parents.cpu() + 1]) for draft in drafts]
                 logits = self.target.forward_rows(fed, parents, padded=True)  # [B, W, V]: row b's first 1 + K_b (+ scratch) its own
             with clock.phase(active, "time_accept"):
@@ -251,7 +276,7 @@ class Engine:
                 row.stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel(), off_chain=not chain)
                 if row.draft_length is not None:
                     row.draft_length.update(draft.depth, verdict.num_accepted)
-                append(row, verdict)
+            append(active, verdicts)
             index = [i for i, row in enumerate(active) if row.stop is None]
             active = going(active)
             if not active:
@@ -361,36 +386,31 @@ _STOP_WINDOW = 24  # tokens decoded to look for a stop string ending at the newe
 
 
 class _Row:
-    """One sequence of a batch: its tokens, generator, draft length and counters."""
+    """One sequence of a batch, on the host: where its tokens are (its row of the batch's token buffer),
+    its new tokens' ids, its generator, draft length and counters."""
 
-    def __init__(self, prompt: Tensor, max_new_tokens: int, rng: torch.Generator, drafter: Drafter, device: torch.device):
-        self.start, self.rng = len(prompt), rng  # prompt: [T] its ids
-        self.tokens = torch.empty(len(prompt) + max_new_tokens, dtype=torch.long, device=device)  # prompt, then new tokens
-        self.tokens[: len(prompt)] = prompt
-        self.new: list[int] = []  # the same tokens as tokens[start:], on the host, for the stop checks
+    def __init__(self, index: int, prompt: list[int], max_new_tokens: int, rng: torch.Generator, drafter: Drafter):
+        self.index, self.start, self.rng = index, len(prompt), rng  # its row of the buffer, the prompt's length
+        self.prompt_last = prompt[-1]
+        self.new: list[int] = []  # the new tokens (the buffer holds them after the prompt)
         self.draft_length = DraftLength.of(drafter)  # every sequence starts from the configured k
         self.stats = SpecStats(prompt_tokens=len(prompt))
         self.hidden: Tensor | None = None  # [R, H] the target's hidden states of the tokens it took in last (needs_hidden)
         self.stop: str | None = None  # why the row ended: "eos" | "stop_string" | "length"
 
-    def context(self) -> Tensor:
-        """[T] the prompt and the new tokens so far."""
-        return self.tokens[: self.start + len(self.new)]
+    @property
+    def end(self) -> int:
+        """The row's tokens so far: the prompt and the new ones."""
+        return self.start + len(self.new)
 
-    def last(self) -> Tensor:
-        """[1] the newest token, not yet in the target's cache."""
-        end = self.start + len(self.new)
-        return self.tokens[end - 1 : end]
+    @property
+    def newest(self) -> int:
+        """The newest token (not yet in the target's cache after a step)."""
+        return self.new[-1] if self.new else self.prompt_last
 
     def room(self, max_new_tokens: int) -> int:
         """Draft tokens that fit: the recovered or bonus token comes on top."""
         return max_new_tokens - len(self.new) - 1
-
-    def extend(self, tokens: Tensor) -> list[int]:
-        """Write `tokens` after the row's tokens; their ids, for the stop checks."""
-        at = self.start + len(self.new)
-        self.tokens[at : at + tokens.numel()] = tokens
-        return tokens.tolist()
 
 
 class _Clock:

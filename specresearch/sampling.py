@@ -82,7 +82,7 @@ def sample(probs: Tensor, rng: torch.Generator | None) -> Tensor:
         [...] token ids (int64).
     """
     rows = probs.reshape(-1, probs.shape[-1]).shape[0]
-    return _invert_cdf(probs, torch.rand((rows, 1), generator=rng, dtype=torch.float64, device=probs.device))
+    return invert_cdf(probs, torch.rand((rows, 1), generator=rng, dtype=torch.float64, device=probs.device))
 
 
 def sample_rows(probs: Tensor, rngs: Sequence[torch.Generator | None]) -> Tensor:
@@ -97,11 +97,12 @@ def sample_rows(probs: Tensor, rngs: Sequence[torch.Generator | None]) -> Tensor
         [B] token ids (int64).
     """
     u = [torch.rand((1, 1), generator=rng, dtype=torch.float64, device=probs.device) for rng in rngs]
-    return _invert_cdf(probs, torch.cat(u) if u else probs.new_empty(0, 1, dtype=torch.float64))
+    return invert_cdf(probs, torch.cat(u) if u else probs.new_empty(0, 1, dtype=torch.float64))
 
 
-def _invert_cdf(probs: Tensor, u: Tensor) -> Tensor:
-    """[..., V] probabilities and [N, 1] uniforms (N rows of probs) → [...] the tokens they pick."""
+def invert_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """[..., V] probabilities and [N, 1] uniforms (float64; N rows of probs) → [...] the tokens they pick:
+    the first token whose cumulative mass exceeds u times the row's total (`sample`'s draw, given u)."""
     flat = probs.reshape(-1, probs.shape[-1])  # [N, V]
     cdf = flat.double().cumsum(-1)  # [N, V]
     total = cdf[:, -1:]  # [N, 1]

@@ -119,6 +119,8 @@ class Verdict:
     tokens: [num_accepted + 1] the accepted draft prefix (the accepted path of a tree), then one
             token from the target: the *recovered* token (sampled from the residual after a
             rejection) or the *bonus* token (sampled from p when every draft token was accepted).
+            On the host (the engine reads the ids for its stop checks and writes them into the rows'
+            buffer in one copy per step).
     """
 
     tokens: Tensor  # [n + 1]

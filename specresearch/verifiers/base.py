@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from specresearch.sampling import sample, sample_rows
+from specresearch.sampling import invert_cdf, sample_rows
 from specresearch.types import Draft, SamplingParams, Verdict
 
 
@@ -94,7 +94,8 @@ class Verifier(ABC):
     def verify_rows(self, drafts: Sequence[Draft], p: Tensor, rngs: Sequence[torch.Generator | None]) -> list[Verdict]:
         """Verify the drafts of B rows (a batch), row b exactly as `self(drafts[b], p[b, :K_b + 1], rngs[b])`
         would: the chains together (one `acceptance` and at most two `fallback` calls for all of them,
-        each row drawing its uniforms from its own generator in the same order), trees one at a time.
+        each row drawing its uniforms from its own generator in the same order), the trees together
+        (`_verify_trees`).
 
         Args:
             drafts: B drafts (chains or trees).
@@ -106,9 +107,11 @@ class Verifier(ABC):
         """
         verdicts: list[Verdict | None] = [None] * len(drafts)
         chains = [b for b, draft in enumerate(drafts) if draft.parents is None]
-        for b, draft in enumerate(drafts):
-            if draft.parents is not None:
-                verdicts[b] = self._verify_tree(draft, p[b, : len(draft) + 1], rngs[b])
+        trees = [b for b, draft in enumerate(drafts) if draft.parents is not None]
+        if trees:
+            for b, verdict in zip(trees, self._verify_trees([drafts[b] for b in trees], p if len(trees) == len(drafts) else p[trees],
+                                                              [rngs[b] for b in trees])):
+                verdicts[b] = verdict
         if chains:
             whole = len(chains) == len(drafts)  # (no copy of p for a batch of chains)
             laws = p if whole else p[chains]
@@ -147,42 +150,80 @@ class Verifier(ABC):
             law = torch.empty_like(p_n)
             law[bonus] = self.fallback(p_n[bonus], None)
             law[rejected] = self.fallback(p_n[rejected], q[rejected, n[rejected]])
-        y = sample_rows(law, rngs)  # [B]
-        return [Verdict(tokens=torch.cat([x[b, : at[b]], y[b : b + 1]]) if at[b] else y[b : b + 1], num_accepted=at[b])
-                for b in range(rows)]
+        y = sample_rows(law, rngs).tolist()  # [B]
+        x = x.tolist() if width else [[]] * rows
+        return [Verdict(tokens=torch.tensor(x[b][: at[b]] + [y[b]]), num_accepted=at[b]) for b in range(rows)]
 
-    def _verify_tree(self, draft: Draft, p: Tensor, rng: torch.Generator | None) -> Verdict:
-        """Multi-step speculative sampling (SpecInfer, Miao et al. 2024) in terms of the same two
-        functions: at each node try the children in order, accepting child x with probability
-        `acceptance(p, q, x)`; after a rejection p ← `fallback(p, q)` (the residual, for rejection
-        sampling) and the next child is tried against it. The first accepted child becomes the node;
-        when every child is rejected the added token comes from the current p, at a leaf from
-        `fallback(p, None)`. Lossless for rejection sampling with deterministic children (q one-hot:
-        p(x) is zeroed and renormalised after a rejection) and with children drawn independently
-        from the node's q; greedy keeps the longest path of argmax tokens.
+    def _verify_trees(self, drafts: list[Draft], p: Tensor, rngs: list[torch.Generator | None]) -> list[Verdict]:
+        """The trees of `verify_rows` (p [B, W, V]), every row walked at once: multi-step speculative
+        sampling (SpecInfer, Miao et al. 2024) in terms of the same two functions. At each node the row
+        tries the children in order, accepting child x with probability `acceptance(p, q, x)`; after a
+        rejection p ← `fallback(p, q)` (the residual, for rejection sampling) and the next child is tried
+        against it. The first accepted child becomes the node; when every child is rejected the added
+        token comes from the current p, at a leaf from `fallback(p, None)`. Lossless for rejection
+        sampling with deterministic children (q one-hot: p(x) is zeroed and renormalised after a
+        rejection) and with children drawn independently from the node's q; greedy keeps the longest
+        path of argmax tokens.
+
+        Row b draws its N_b + 1 uniforms from its own generator in one call (its t-th try reads the t-th,
+        the added token the last), so it walks as it would alone. One step of the walk tries the next
+        child of every row still walking: its acceptance, its residual and its move are tensor ops over
+        those rows; the walk takes as many steps as the longest row's tries.
         """
-        k = len(draft)
-        x = draft.tokens[:k].to(p.device)  # [N]
-        q = draft_law(Draft(x, draft.q), p)  # [N, V]
-        children: dict[int, list[int]] = {}
-        for i, parent in enumerate(draft.parents[:k].tolist()):
-            children.setdefault(parent, []).append(i)
-        path: list[int] = []
-        node, law = -1, p[0]  # [V]
-        while True:
-            kids = children.get(node, [])
-            if not kids:
-                law = self.fallback(law, None)
-            for child in kids:
-                u = torch.rand((), generator=rng, device=p.device)
-                if u < self.acceptance(law[None], q[child : child + 1], x[child : child + 1])[0]:
+        rows, vocab, device = len(drafts), p.shape[-1], p.device
+        k = [len(draft) for draft in drafts]
+        width = max(k)
+        x = torch.nn.utils.rnn.pad_sequence([d.tokens[: k[b]].to(device) for b, d in enumerate(drafts)], batch_first=True)  # [B, N]
+        parent = torch.nn.utils.rnn.pad_sequence([d.parents[: k[b]].cpu() for b, d in enumerate(drafts)], batch_first=True,
+                                                 padding_value=-2)  # [B, N] (-2: no node)
+        node_ids = torch.arange(width)
+        earlier = (parent[:, :, None] == parent[:, None, :]) & (node_ids[None, :] < node_ids[:, None])  # [B, N, N] an earlier sibling
+        rank = earlier.sum(-1)  # [B, N] each node's place among its parent's children
+        child_at = torch.full((rows, width + 1, int(rank.max()) + 2 if width else 1), -1)  # [B, N + 1, C + 1] node v's j-th child at [b, v + 1, j], then -1
+        real = parent > -2
+        child_at[real.nonzero(as_tuple=True)[0], parent[real] + 1, rank[real]] = node_ids.expand(rows, -1)[real]
+        sampled = [b for b, d in enumerate(drafts) if d.q is not None]  # rows whose q is a law (the others': one-hot)
+        q_rows = torch.cat([drafts[b].q[: k[b]].to(device=device, dtype=p.dtype) for b in sampled]) if sampled else None  # [ΣN_b, V]
+        offset = torch.full((rows,), -1)  # [B] where each sampled row's q starts in q_rows
+        offset[sampled] = (torch.tensor([k[b] for b in sampled]).cumsum(0) - torch.tensor([k[b] for b in sampled])) if sampled else offset[:0]
+        u = torch.stack([torch.rand(width + 1, generator=rng, dtype=torch.float64, device=device) for rng in rngs])  # [B, N + 1]
+        node = torch.full((rows,), -1)  # [B] each row's current node (-1: the root)
+        tries = torch.zeros(rows, dtype=torch.long)  # [B] the children each row has tried
+        law = p[:, 0].clone()  # [B, V] the law each row's next child faces (p at its node, or a residual of it)
+        path: list[list[int]] = [[] for _ in range(rows)]
+        walking = torch.ones(rows, dtype=torch.bool)
+        while bool(walking.any()):
+            at = walking.nonzero()[:, 0]  # [R] the rows still walking, each at its node
+            leaf = at[child_at[at, node[at] + 1, 0] < 0]
+            if leaf.numel():  # no child: the bonus token comes from fallback(p, None)
+                law[leaf.to(device)] = self.fallback(law[leaf.to(device)], None)
+                walking[leaf] = False
+            trying, j = at[child_at[at, node[at] + 1, 0] >= 0], 0
+            while trying.numel():
+                child = child_at[trying, node[trying] + 1, j]  # [R] each row's next child (-1: none left)
+                walking[trying[child < 0]] = False  # every child rejected: the token comes from the residual
+                trying, child = trying[child >= 0], child[child >= 0]
+                if not trying.numel():
                     break
-                law = self.fallback(law, q[child])
-            else:
-                y = sample(law, rng)
-                return Verdict(tokens=torch.cat([x[path], y[None]]), num_accepted=len(path), path=path)
-            path.append(child)
-            node, law = child, p[child + 1]
+                r, c = trying.to(device), child.to(device)
+                x_c = x[r, c]  # [R]
+                q_c = torch.nn.functional.one_hot(x_c, vocab).to(p.dtype)  # [R, V] the laws the children were drawn from
+                drawn = offset[trying] >= 0
+                if bool(drawn.any()):
+                    q_c[drawn.to(device)] = q_rows[(offset[trying][drawn] + child[drawn]).to(device)]
+                ok = (u[r, tries[trying].to(device)] < self.acceptance(law[r], q_c, x_c)).cpu()  # [R]
+                tries[trying] += 1
+                taken, rejected = trying[ok], trying[~ok]
+                for b, c in zip(taken.tolist(), child[ok].tolist()):
+                    path[b].append(c)
+                node[taken] = child[ok]
+                law[taken.to(device)] = p[taken.to(device), child[ok].to(device) + 1]
+                law[rejected.to(device)] = self.fallback(law[rejected.to(device)], q_c[(~ok).to(device)])
+                trying, j = rejected, j + 1
+        y = invert_cdf(law, u[:, width:]).tolist()  # [B] the added tokens
+        x = x.tolist()
+        return [Verdict(tokens=torch.tensor([x[b][i] for i in path[b]] + [y[b]]), num_accepted=len(path[b]), path=path[b])
+                for b in range(rows)]
 
 
 def argmax_verdicts(drafts: Sequence[Draft], top: Tensor, longest: bool = False) -> list[Verdict]:
@@ -230,7 +271,7 @@ def argmax_verdicts(drafts: Sequence[Draft], top: Tensor, longest: bool = False)
                     path.append(child)
                     node = child
             tokens, last = [x[i] for i in path], (path[-1] if path else -1) + 1  # p's row after node i is i + 1 (row 0: the root's)
-        verdicts.append(Verdict(tokens=torch.tensor(tokens + [t[last]], device=top.device), num_accepted=len(tokens), path=path))
+        verdicts.append(Verdict(tokens=torch.tensor(tokens + [t[last]]), num_accepted=len(tokens), path=path))
     return verdicts
 
 

@@ -56,6 +56,10 @@ class RelaxedVerifier(Verifier):
     def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:
         return argmax_law(p) if self.recover == "greedy" else p
 
+    def _verify_trees(self, drafts: list[Draft], p: Tensor, rngs: list[torch.Generator | None]) -> list[Verdict]:
+        """Each row's tree by `_verify_tree` (p [B, W, V])."""
+        return [self._verify_tree(draft, p[b, : len(draft) + 1], rng) for b, (draft, rng) in enumerate(zip(drafts, rngs))]
+
     def _verify_tree(self, draft: Draft, p: Tensor, rng: torch.Generator | None) -> Verdict:
         """Medusa's rule on a tree: keep the longest path whose every token passes (ties: the path
         likelier under p), then the target's token after it (from `fallback`)."""
@@ -77,7 +81,7 @@ class RelaxedVerifier(Verifier):
             best = parents[best]
         path.reverse()
         y = sample(self.fallback(p[path[-1] + 1 if path else 0], None), rng)
-        return Verdict(tokens=torch.cat([x[path], y[None]]), num_accepted=len(path), path=path)
+        return Verdict(tokens=torch.cat([x[path], y[None]]).cpu(), num_accepted=len(path), path=path)
 
     @abstractmethod
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
