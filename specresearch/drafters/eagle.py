@@ -23,7 +23,7 @@ from transformers import AutoModel, DynamicCache
 from specresearch import settings
 from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, optimise, rate_name
-from specresearch.drafters.tree import TreeShape, grow_rows, sizer, tree_draft
+from specresearch.drafters.tree import TreeShape, sizer, tree_draft
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.target import Target
@@ -368,8 +368,8 @@ class EagleDrafter(Drafter):
             logits = self.lm_head(torch.cat([out[b] for b in requests])).float().split([len(out[b]) for b in requests])
             return dict(zip(requests, logits))  # [W_b, V] or [W_b, N] per row
 
-        trees = grow_rows(self.shape, ctxs, depths, lambda b: self.lm_head(self.features[b])[None].float(), expand,
-                          self.token, self.widen, started)
+        trees = self.shape.grow_rows(ctxs, depths, lambda b: self.lm_head(self.features[b])[None].float(), expand,
+                                     self.token, self.widen, started)
         return [tree_draft([nodes], device) if depth > 0 else Draft.empty(device) for nodes, depth in zip(trees, depths)]
 
     def token(self, x: int) -> int:

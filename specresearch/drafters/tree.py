@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -121,51 +121,77 @@ class TreeShape:
         if self.children == "sample" and sampling.greedy:
             raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; use children=top for greedy decoding")
 
-    def growing(self, logits: Tensor, ctx: Context, depth: int, token: Callable[[int], int] = int,
-                widen: Callable[[Tensor], Tensor] = lambda q: q, started: float | None = None) -> Growing:
-        """One row's tree, grown as a generator so that many rows grow in lockstep (`grow_rows`: one draft
-        forward per level for all of them): it yields each level's (tokens [W], parents [W]) of the nodes
-        to expand (parents: indices among the nodes expanded before, -1 = the root), is sent the draft's
-        [W, V] logits after each, and returns the tree: (token, parent, q or None) per node, parents first.
+    def grow_rows(self, ctxs: list[Context], depths: list[int], root: Callable[[int], Tensor],
+                  expand: Callable[[dict[int, tuple[Tensor, Tensor]]], Sequence[Tensor]], token: Callable[[int], int] = int,
+                  widen: Callable[[Tensor], Tensor] = lambda q: q, started: float | None = None) -> list[Nodes]:
+        """Every row's tree, grown level by level for all rows at once: one ranking of every row's frontier
+        laws and one top-k (or, sampled, one draw per row from its own generator) per level, then one
+        expansion of every row's new frontier (`expand`: one draft forward). What stays per row is its
+        nodes' bookkeeping.
 
         Args:
-            logits: [1, V] (or [1, N] over a shortlist) the draft's logits after the last committed token.
-            ctx: the step (sampling, rng).
-            depth: the most levels (the step's draft budget allowing).
+            ctxs: the rows' steps (sampling, rng); every row decodes with the same sampling settings.
+            depths: each row's most levels (its draft budget allowing); 0: no tree ([]).
+            root: root(b) is row b's [1, V] (or [1, N] over a shortlist) draft logits after its last committed token.
+            expand: expand(requests) feeds each requesting row b its level's (tokens [W_b], parents [W_b]: indices
+                among the row's nodes expanded before, -1 = the root) in one forward and returns logits
+                indexable by b ([W_b, V] after each).
             token, widen: a shortlisted draft's index → token id, and [N] law → [V] (see DraftModel).
             started: when the step's drafting began (time.perf_counter; the sizer counts it); None = now.
+
+        Returns:
+            Each row's tree: (token, parent, q or None) per node, parents first.
         """
         started = time.perf_counter() if started is None else started
-        nodes: list[tuple[int, int, Tensor | None, float]] = []  # (token, parent, q, cumulative log q)
-        fed: dict[int, int] = {}  # node -> its index among the nodes expanded
-        frontier = [-1]  # the nodes whose children this level adds (-1 = the root)
-        for level in range(depth):
-            laws = ranking_probs(logits, ctx.sampling)  # [W, V or N]: q at T > 0; at T = 0 the softmax ranks the top children
+        live = [b for b, depth in enumerate(depths) if depth > 0]
+        nodes: dict[int, list[tuple[int, int, Tensor | None, float]]] = {b: [] for b in live}  # (token, parent, q, cumulative log q)
+        fed: dict[int, dict[int, int]] = {b: {} for b in live}  # per row: node -> its index among the nodes expanded
+        frontier = {b: [-1] for b in live}  # the nodes whose children this level adds (-1 = the root)
+        logits = {b: root(b) for b in live}  # [W_b, V or N]
+        level = 0
+        while live:
+            sampling = ctxs[live[0]].sampling
+            laws = ranking_probs(torch.cat([logits[b] for b in live]), sampling)  # [ΣW, V or N]: q at T > 0; at T = 0 the softmax ranks
+            sizes = [len(frontier[b]) for b in live]
             width = self.branching[level] if self.branching is not None else self.topk
-            if self.children == "sample":  # [W, width] each frontier node's children
-                xs = torch.stack([torch.multinomial(law, width, replacement=True, generator=ctx.rng) for law in laws])
+            if self.children == "sample":  # [ΣW, width] each frontier node's children, each row's from its own generator
+                xs = torch.cat([torch.multinomial(rows, width, replacement=True, generator=ctxs[b].rng)
+                                for b, rows in zip(live, laws.split(sizes))])
             else:
                 xs = torch.topk(laws, min(width, laws.shape[-1])).indices
-            log_q = laws.gather(1, xs).log()  # [W, width] (-inf: top-k / top-p removed it, the target would never accept it)
-            new = []
-            for w, (parent, children, logs) in enumerate(zip(frontier, xs.tolist(), log_q.tolist())):
-                base = nodes[parent][3] if parent >= 0 else 0.0
-                q = widen(laws[w]) if self.children == "sample" else None  # [V] the law the children were drawn from
-                for x, log in zip(children, logs):
-                    if log > -math.inf:
-                        new.append(len(nodes))
-                        nodes.append((token(x), parent, q, base + log))
-            if level == depth - 1 or not new:
-                break
-            if self.chain_confidence is not None and max(nodes[i][3] for i in new) < math.log(self.chain_confidence):
-                break  # no path of this level is likely enough to grow further
-            if self.branching is None:  # EAGLE-2: expand only the level's best
-                new = sorted(new, key=lambda i: -nodes[i][3])[: self.topk]
-            for i in new:
-                fed[i] = len(fed)
-            frontier = new
-            logits = yield (torch.tensor([nodes[i][0] for i in new], device=ctx.tokens.device),
-                            torch.tensor([fed.get(nodes[i][1], -1) for i in new]))  # [W, V]
+            log_q = laws.gather(1, xs).log().tolist()  # [ΣW, width] (-inf: top-k / top-p removed it, the target would never accept it)
+            xs = xs.tolist()
+            requests: dict[int, tuple[Tensor, Tensor]] = {}
+            at = 0
+            for b, size in zip(live, sizes):
+                tree, new = nodes[b], []
+                for w, parent in enumerate(frontier[b]):
+                    base = tree[parent][3] if parent >= 0 else 0.0
+                    q = widen(laws[at + w]) if self.children == "sample" else None  # [V] the law the children were drawn from
+                    for x, log in zip(xs[at + w], log_q[at + w]):
+                        if log > -math.inf:
+                            new.append(len(tree))
+                            tree.append((token(x), parent, q, base + log))
+                at += size
+                if level == depths[b] - 1 or not new:
+                    continue
+                if self.chain_confidence is not None and max(tree[i][3] for i in new) < math.log(self.chain_confidence):
+                    continue  # no path of this level is likely enough to grow further
+                if self.branching is None:  # EAGLE-2: expand only the level's best
+                    new = sorted(new, key=lambda i: -tree[i][3])[: self.topk]
+                for i in new:
+                    fed[b][i] = len(fed[b])
+                frontier[b] = new
+                requests[b] = (torch.tensor([tree[i][0] for i in new], device=ctxs[b].tokens.device),
+                               torch.tensor([fed[b].get(tree[i][1], -1) for i in new]))
+            if requests:
+                out = expand(requests)
+                logits = {b: out[b] for b in requests}  # [W_b, V]
+            live, level = list(requests), level + 1
+        return [self._budget(nodes[b], started) if b in nodes else [] for b in range(len(ctxs))]
+
+    def _budget(self, nodes: list[tuple[int, int, Tensor | None, float]], started: float) -> Nodes:
+        """A grown tree cut to its budget (dynamic trees: `nodes`, or the sizer's size), as (token, parent, q) nodes."""
         if self.branching is None and (len(nodes) > self.nodes or self.sizer is not None):
             budget = min(self.nodes, len(nodes))
             if self.sizer is not None:  # children are top here (shape=auto refuses sampled ones)
@@ -175,6 +201,7 @@ class TreeShape:
             new_index = {old: new for new, old in enumerate(keep)}
             nodes = [(t, new_index.get(p, -1), q, s) for t, p, q, s in (nodes[i] for i in keep)]
         return [(t, p, q) for t, p, q, _ in nodes]
+
     def _budget_top(self, nodes: list, budget: int | None = None) -> list[int]:
         """EAGLE-2's reranking: the `budget` (default `nodes`) best by cumulative draft log-probability
         (a parent scores at least as high as its children, so the set is a tree). Lossless for top
@@ -207,39 +234,7 @@ class TreeShape:
                 break
         return sorted(kept)
 
-Growing = Generator[tuple[Tensor, Tensor], Tensor, list[tuple[int, int, Tensor | None]]]  # TreeShape.growing
-
-
 Nodes = list[tuple[int, int, Tensor | None]]  # a grown tree: (token, parent, q or None) per node, parents first
-
-
-def grow_rows(shape: TreeShape, ctxs: list[Context], depths: list[int], root: Callable[[int], Tensor],
-              expand: Callable[[dict[int, tuple[Tensor, Tensor]]], Sequence[Tensor]], token: Callable[[int], int] = int,
-              widen: Callable[[Tensor], Tensor] = lambda q: q, started: float | None = None) -> list[Nodes]:
-    """Every row's tree (`TreeShape.growing`) grown in lockstep, one expansion for all rows per level:
-    `root(b)` is row b's [1, V] logits after its last committed token, `expand(requests)` feeds each
-    requesting row b its level's (tokens [W_b], parents [W_b]) in one forward and returns logits
-    indexable by b ([W_b, V]). A row with depth 0 gets no tree ([])."""
-    trees: list[Nodes] = [[] for _ in ctxs]
-    growing: dict[int, Growing] = {}
-    requests: dict[int, tuple[Tensor, Tensor]] = {}
-
-    def advance(b: int, logits: Tensor | None) -> None:
-        try:
-            requests[b] = next(growing[b]) if logits is None else growing[b].send(logits)
-        except StopIteration as done:
-            requests.pop(b, None)
-            trees[b] = done.value
-
-    for b, ctx in enumerate(ctxs):
-        if depths[b] > 0:
-            growing[b] = shape.growing(root(b), ctx, depths[b], token, widen, started)
-            advance(b, None)
-    while requests:
-        out = expand(requests)
-        for b in list(requests):
-            advance(b, out[b])
-    return trees
 
 
 def tree_draft(trees: Sequence[Nodes], device: torch.device, merge: bool = False) -> Draft:
@@ -346,7 +341,7 @@ class TreeDrafter(Drafter):
             return draft.forward_rows([requests[b][0] if b in requests else empty for b in rows],
                                       [requests[b][1] if b in requests else empty for b in rows], tree=start)  # [W_b, V] per row
 
-        trees = grow_rows(self.shape, ctxs, depths, lambda b: logits[b][-1:], expand, draft.token, draft.widen, started)
+        trees = self.shape.grow_rows(ctxs, depths, lambda b: logits[b][-1:], expand, draft.token, draft.widen, started)
         draft.crop_rows(start, lengths)
         return trees
 
