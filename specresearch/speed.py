@@ -382,7 +382,7 @@ def divergence_gap(lm, prompt: list[int], a: list[int], b: list[int]) -> float |
         return None
     fresh = Target(lm)
     fresh.reset()
-    logits = fresh.prefill(torch.tensor(prompt + a[:d]))[0].float()  # [V]
+    logits = fresh.prefill_rows([torch.tensor(prompt + a[:d])])[0].float()  # [V]
     return abs(logits[a[d]] - logits[b[d]]).item()
 
 

@@ -30,9 +30,11 @@ class Target:
     the cache, so each step feeds [last token, draft tokens] and gets one distribution per draft
     position plus the bonus position.
 
-    One sequence: `prefill`, `forward`, `rollback`, `keep` (draft models use these too).
+    One API, over rows (`prefill_rows`, `forward_rows`, `keep_rows`, `truncate_rows`, `crop_rows`,
+    `select_rows`); one sequence is a batch of one, which runs the plain layout through the private
+    one-sequence steps (`_prefill`, `_forward`, `_rollback`, `_keep`: no mask for a chain, compiled graphs).
 
-    Rows (`prefill_rows`, `forward_rows`, `keep_rows`, `select_rows`): B sequences share one cache of
+    Rows: B sequences share one cache of
     `length` slots. Row b's tokens sit, in order, in the slots where `valid[b]` is True, and its next
     position id is `lengths[b]`: positions and attention come from the row, not from the slot. A step
     writes every row's fed tokens into the same new window of slots (padded to the widest row's);
@@ -98,7 +100,7 @@ class Target:
 
         Args:
             prompts: B prompts.
-            reuse: as in `prefill` (a batch of one prompt repeated B times counts as that prompt).
+            reuse: as in `_prefill` (a batch of one prompt repeated B times counts as that prompt).
 
         Returns:
             [B, V] the logits after each prompt's last token; None when every prompt is empty (a draft
@@ -113,7 +115,7 @@ class Target:
         if all(p.shape == first.shape and torch.equal(p, first) for p in prompts[1:]):  # one prefill serves every row
             if self.static:
                 self.cache = self.static.rows(1)
-            logits = self.prefill(first, reuse)  # [1, V]
+            logits = self._prefill(first, reuse)  # [1, V]
             self.lengths, self.valid = [len(first)] * len(prompts), None
             self.hidden_rows = [self.hidden] * len(prompts)
             if len(prompts) > 1 and shares_prefix(self.model):  # the prompt held once; the rows' slots start empty
@@ -139,7 +141,7 @@ class Target:
     def forward_rows(self, fed: Sequence[Tensor], parents: Sequence[Tensor | None], head: torch.nn.Module | None = None,
                      tree: int | None = None, padded: bool = False) -> list[Tensor] | Tensor:
         """Feed row b's tokens `fed[b]` ([n_b] >= 1: a chain, or a tree under `parents[b]`, as in
-        `forward`; [n_b, H] input embeddings for a model fed embeddings, such as EAGLE's head) after
+        `_forward`; [n_b, H] input embeddings for a model fed embeddings, such as EAGLE's head) after
         its cached ones, every row in one forward.
 
         A row may feed nothing (n_b = 0): a drafter's row that is done drafting while others go on.
@@ -154,7 +156,7 @@ class Target:
         """
         if self._single and len(fed[0]):  # one sequence: the plain forward (no mask for a chain)
             self._window = self.length
-            logits = self.forward(fed[0], head=head, parents=parents[0], tree=tree)
+            logits = self._forward(fed[0], head=head, parents=parents[0], tree=tree)
             self.hidden_rows = [self.hidden]
             self.lengths = [self.length]
             return logits[None] if padded else [logits]
@@ -164,10 +166,10 @@ class Target:
 
     def keep_rows(self, kept: Sequence[Sequence[int]]) -> None:
         """Keep, of the tokens each row fed in the last `forward_rows`, those at `kept[b]` (in order:
-        the root and the accepted path, at least one), as `keep` does for one sequence."""
+        the root and the accepted path, at least one), as `_keep` does for one sequence."""
         start = self._window
         if self._single:
-            self.keep(start, list(kept[0]))
+            self._keep(start, list(kept[0]))
             self.lengths = [self.length]
             return
         width = max(len(k) for k in kept)
@@ -184,10 +186,10 @@ class Target:
             self.valid = None
 
     def truncate_rows(self, lengths: Sequence[int]) -> None:
-        """Drop each row's cached tokens beyond its first `lengths[b]` (`rollback` for rows): their
+        """Drop each row's cached tokens beyond its first `lengths[b]` (`_rollback` for rows): their
         slots become holes, compacted away once they are as many as the tokens."""
         if self._single:
-            self.rollback(lengths[0])
+            self._rollback(lengths[0])
             self.lengths = [self.length]
             return
         if self.prefix is not None and min(lengths) < self.prefix.length:  # into the prompt the rows share: each row its own copy
@@ -237,7 +239,7 @@ class Target:
         """Drop every slot from `slots` on, where each row then holds `lengths[b]` tokens (a drafter's
         trees, fed after slot `slots`, dropped after drafting)."""
         if self._single:
-            self.rollback(slots)
+            self._rollback(slots)
             self.lengths = [self.length]
             return
         self._crop(slots)
@@ -350,7 +352,7 @@ class Target:
             slots[b] = slots[b] + list(range(self.length, self.length + n[b]))
         return cached, base
 
-    def prefill(self, tokens: Tensor, reuse: bool = False) -> Tensor | None:
+    def _prefill(self, tokens: Tensor, reuse: bool = False) -> Tensor | None:
         """Put `tokens` ([T], may be empty) into the cache.
 
         Args:
@@ -378,7 +380,7 @@ class Target:
             self._kept = (tokens.clone(), kept, logits, self.hidden)
         return logits
 
-    def forward(
+    def _forward(
         self, tokens: Tensor, head: torch.nn.Module | None = None, parents: Tensor | None = None, tree: int | None = None
     ) -> Tensor:
         """Feed `tokens` ([K]) after the cached ones: a chain, or a tree under a tree attention mask.
@@ -403,7 +405,7 @@ class Target:
             return self._run(tokens, logits_to_keep=0, **extra)
         return head(self._hidden_states(tokens, **extra))  # [K, H] -> [K, N]
 
-    def rollback(self, length: int) -> None:
+    def _rollback(self, length: int) -> None:
         """Drop cached tokens beyond the first `length` (after a rejection)."""
         if length < self.length:
             if self.static:
@@ -412,12 +414,12 @@ class Target:
                 self.cache.crop(length - self.length)  # transformers 5: a negative count drops the newest tokens
             self.length = length
 
-    def keep(self, start: int, rows: list[int]) -> None:
+    def _keep(self, start: int, rows: list[int]) -> None:
         """Keep, of the tokens cached since length `start`, only those at `rows` (in order): the
         accepted path of a tree. The cache then equals a prefill of that path (a select, no
         recomputation); a path that is a prefix of the fed tokens is a plain rollback."""
         if rows == list(range(len(rows))):
-            self.rollback(start + len(rows))
+            self._rollback(start + len(rows))
             return
         index = torch.tensor(rows, device=self.device) + start  # [R]
         if self.static:
@@ -454,7 +456,7 @@ class Target:
         start = self.length
         for width in StaticSlots.COMPILED_WIDTHS:
             self._static_forward(torch.zeros(1, width, dtype=torch.long, device=self.device), logits=None if hidden else 0)
-            self.rollback(start)
+            self._rollback(start)
             if width >= upto:
                 break
 
@@ -713,16 +715,16 @@ def forward_seconds(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: 
     model = Target(lm)
     sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
     model.reset()
-    model.prefill(torch.tensor(ids[:-1]))
+    model.prefill_rows([torch.tensor(ids[:-1])])
 
     def seconds(n: int) -> float:
         runs = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            model.forward(torch.tensor(ids[-1:] * n))
+            model.forward_rows([torch.tensor(ids[-1:] * n)], [None])
             sync()
             runs.append(time.perf_counter() - t0)
-            model.rollback(len(ids) - 1)
+            model.truncate_rows([len(ids) - 1])
         return min(runs)
 
     times = {n: seconds(n) for n in sorted(set(sizes))}

@@ -109,9 +109,9 @@ def test_kv_caches_equal_fresh_prefill(target, close_draft, same_draft, drafter_
         seq = prompt + out.tokens
         # The engine stops before committing its last step; commit the cache as the next step would.
         assert engine.target.length >= len(seq) - 1 - drafter.k
-        engine.target.rollback(len(seq) - 1)
+        engine.target.truncate_rows([len(seq) - 1])
         with torch.inference_mode():
-            cached = engine.target.forward(torch.tensor(seq[engine.target.length :]))[-1]
+            cached = engine.target.forward_rows([torch.tensor(seq[engine.target.length :])], [None])[0][-1]
         torch.testing.assert_close(cached, next_logits_fresh(target, seq), atol=1e-4, rtol=1e-4)
 
 
@@ -121,10 +121,10 @@ def test_tokens_fed_after_a_rollback_see_only_the_kept_cache(target):
     seq = list(range(20, 40))
     with torch.inference_mode():
         wrapper.reset()
-        wrapper.prefill(torch.tensor(seq[:10]))
-        wrapper.forward(torch.tensor([7, 8, 9, 10, 11]))  # 5 tokens then rejected after 2
-        wrapper.rollback(12)
-        logits = wrapper.forward(torch.tensor([99, 98]))[-1]
+        wrapper.prefill_rows([torch.tensor(seq[:10])])
+        wrapper.forward_rows([torch.tensor([7, 8, 9, 10, 11])], [None])  # 5 tokens then rejected after 2
+        wrapper.truncate_rows([12])
+        logits = wrapper.forward_rows([torch.tensor([99, 98])], [None])[0][-1]
     torch.testing.assert_close(logits, next_logits_fresh(target, seq[:10] + [7, 8, 99, 98]), atol=1e-4, rtol=1e-4)
 
 

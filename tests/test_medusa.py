@@ -90,7 +90,8 @@ def test_self_cache_labels_are_the_generated_tokens_after_the_next(target):
         if len(p) > 1:  # a prompt's own features, as the target alone computes them
             reader = Target(target)
             reader.keep_hidden = True
-            reader.forward(torch.tensor(p))
+            reader.reset()
+            reader.prefill_rows([torch.tensor(p)])  # the hidden states of every prompt token
             torch.testing.assert_close(cache.hidden[rows][: len(p) - 1], reader.hidden[:-1], atol=1e-4, rtol=1e-4)
         lab = cache.labels[rows][len(p) - 1 :]
         assert (cache.labels[rows][: len(p) - 1] == -100).all()  # no head learns from a prompt's positions
@@ -128,8 +129,8 @@ def test_text_data_is_kept_in_chunks_that_more_tokens_extend(tmp_path, target, m
     text = [target.tokenizer.encode(p.text, add_special_tokens=False) for p in training_prompts(["python-stdlib"], 0, files=True)[:3]]
     seq = 16
     forwards = []
-    real = Target.forward
-    monkeypatch.setattr(Target, "forward", lambda self, *a, **k: forwards.append(1) or real(self, *a, **k))
+    real = Target.forward_rows
+    monkeypatch.setattr(Target, "forward_rows", lambda self, *a, **k: forwards.append(1) or real(self, *a, **k))
     small = text_cache(target, text, 2 * SHARD * seq, seq, 3, 0.1, tmp_path)
     assert len(forwards) == 2 * SHARD and len(list(tmp_path.glob("chunks-*.safetensors"))) == 2
     forwards.clear()

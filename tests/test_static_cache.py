@@ -61,22 +61,22 @@ def test_slots_are_preallocated_reused_and_grown_in_blocks():
     target = Target(lm)
     target.reset(10)
     slots = target.static
-    target.prefill(torch.tensor(PLAIN))
+    target.prefill_rows([torch.tensor(PLAIN)])
     keys = slots.cache.layers[0].keys
     assert slots.capacity == StaticSlots.BLOCK and keys.shape[2] == StaticSlots.BLOCK
-    target.forward(torch.tensor([5, 6, 7]))
-    target.rollback(len(PLAIN) + 1)  # a rejection: the write position moves back, nothing is freed
+    target.forward_rows([torch.tensor([5, 6, 7])], [None])
+    target.truncate_rows([len(PLAIN) + 1])  # a rejection: the write position moves back, nothing is freed
     assert int(slots.cache.layers[0].cumulative_length) == target.length == len(PLAIN) + 1
     target.reset(10)
     assert slots.cache.layers[0].keys is keys  # a new sequence reuses the slots (compiled graphs keep their addresses)
-    target.prefill(torch.tensor(PLAIN))
-    before = target.forward(torch.tensor([9] * 3))  # [3, V]
-    target.rollback(len(PLAIN))
-    target.forward(torch.tensor([1] * (StaticSlots.BLOCK - len(PLAIN))))  # fills the slots
-    target.forward(torch.tensor([2, 3]))  # needs more: a larger cache with what was written
+    target.prefill_rows([torch.tensor(PLAIN)])
+    before = target.forward_rows([torch.tensor([9] * 3)], [None])[0]  # [3, V]
+    target.truncate_rows([len(PLAIN)])
+    target.forward_rows([torch.tensor([1] * (StaticSlots.BLOCK - len(PLAIN)))], [None])  # fills the slots
+    target.forward_rows([torch.tensor([2, 3])], [None])  # needs more: a larger cache with what was written
     assert slots.capacity == 2 * StaticSlots.BLOCK
-    target.rollback(len(PLAIN))
-    torch.testing.assert_close(target.forward(torch.tensor([9] * 3)), before)
+    target.truncate_rows([len(PLAIN)])
+    torch.testing.assert_close(target.forward_rows([torch.tensor([9] * 3)], [None])[0], before)
 
 
 @torch.inference_mode()
@@ -90,10 +90,10 @@ def test_a_compiled_decoder_decodes_what_the_eager_one_does(tmp_path):
         tokens[compiled] = engine.generate(PLAIN, 12, eos_token_ids=[]).tokens  # prefill at width 4, then width 1
         target = Target(engine.target.lm)
         target.reset(len(PLAIN) + 8)
-        target.prefill(torch.tensor(PLAIN))
-        chain = target.forward(torch.tensor([5, 6, 7]))  # [3, V]
-        target.rollback(len(PLAIN))
-        tree = target.forward(torch.tensor([5, 6, 9]), parents=torch.tensor([-1, 0, 0]))
+        target.prefill_rows([torch.tensor(PLAIN)])
+        chain = target.forward_rows([torch.tensor([5, 6, 7])], [None])[0]  # [3, V]
+        target.truncate_rows([len(PLAIN)])
+        tree = target.forward_rows([torch.tensor([5, 6, 9])], [torch.tensor([-1, 0, 0])])[0]
         logits[compiled] = torch.cat([chain, tree])
     assert engine.target.lm.compiled is not None and tokens[True] == tokens[False]
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)

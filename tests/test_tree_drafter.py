@@ -22,17 +22,17 @@ def test_a_tree_grown_over_several_forwards_sees_only_its_ancestors(target):
     prompt = torch.tensor([5, 9, 33, 2])
     grown = Target(target)
     grown.reset()
-    grown.prefill(prompt)
+    grown.prefill_rows([prompt])
     start = grown.length
-    first = grown.forward(torch.tensor([40, 41, 42]), parents=torch.tensor([-1, -1, -1]), tree=start)
-    second = grown.forward(torch.tensor([50, 51]), parents=torch.tensor([2, 0]), tree=start)
+    first = grown.forward_rows([torch.tensor([40, 41, 42])], [torch.tensor([-1, -1, -1])], tree=start)[0]
+    second = grown.forward_rows([torch.tensor([50, 51])], [torch.tensor([2, 0])], tree=start)[0]
     for nodes, logits in (([42, 50], second[0]), ([40, 51], second[1]), ([41], first[1])):
         chain = Target(target)
         chain.reset()
-        chain.prefill(prompt)
-        torch.testing.assert_close(logits, chain.forward(torch.tensor(nodes))[-1], atol=1e-4, rtol=0)
+        chain.prefill_rows([prompt])
+        torch.testing.assert_close(logits, chain.forward_rows([torch.tensor(nodes)], [None])[0][-1], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="not a tree"):
-        grown.forward(torch.tensor([1]), parents=torch.tensor([-1]), tree=start + 1)
+        grown.forward_rows([torch.tensor([1])], [torch.tensor([-1])], tree=start + 1)
 
 
 @torch.inference_mode()
@@ -53,15 +53,15 @@ def test_rows_trees_grown_over_several_forwards_see_only_their_ancestors(target)
     for b, nodes, logits in paths:
         chain = Target(target)
         chain.reset()
-        chain.prefill(prompts[b])
-        torch.testing.assert_close(logits, chain.forward(torch.tensor(nodes))[-1], atol=1e-4, rtol=0)
+        chain.prefill_rows([prompts[b]])
+        torch.testing.assert_close(logits, chain.forward_rows([torch.tensor(nodes)], [None])[0][-1], atol=1e-4, rtol=0)
     grown.crop_rows(start, [4, 2])  # the trees dropped: each row goes on after its prompt
     after = grown.forward_rows([torch.tensor([8]), torch.tensor([8])], [None, None])
     for b in range(2):
         chain = Target(target)
         chain.reset()
-        chain.prefill(prompts[b])
-        torch.testing.assert_close(after[b][0], chain.forward(torch.tensor([8]))[-1], atol=1e-4, rtol=0)
+        chain.prefill_rows([prompts[b]])
+        torch.testing.assert_close(after[b][0], chain.forward_rows([torch.tensor([8])], [None])[0][-1], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="not trees"):
         grown.forward_rows([torch.tensor([1]), torch.tensor([1])], [torch.tensor([-1]), torch.tensor([-1])], tree=start - 1)
 

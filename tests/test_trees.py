@@ -27,7 +27,7 @@ def lm():
 def prefilled(lm, tokens: torch.Tensor) -> Target:
     target = Target(lm)
     target.reset()
-    target.prefill(tokens)
+    target.prefill_rows([tokens])
     return target
 
 
@@ -37,12 +37,12 @@ def test_tree_logits_equal_each_path_decoded_as_a_chain(attention):
     lm = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
     lm.model.set_attn_implementation(attention)
     assert lm.model.config._attn_implementation == attention
-    tree = prefilled(lm, PROMPT).forward(FED, parents=PARENTS)  # [6, V]
+    tree = prefilled(lm, PROMPT).forward_rows([FED], [PARENTS])[0]  # [6, V]
     for path in PATHS:
-        chain = prefilled(lm, PROMPT).forward(FED[path])
+        chain = prefilled(lm, PROMPT).forward_rows([FED[path]], [None])[0]
         torch.testing.assert_close(tree[path], chain, atol=1e-4, rtol=0)
     # the mask matters: without it, node 2 would see node 1 and its logits would differ
-    flat = prefilled(lm, PROMPT).forward(FED)
+    flat = prefilled(lm, PROMPT).forward_rows([FED], [None])[0]
     assert (flat[2] - tree[2]).abs().max() > 1e-3
 
 
@@ -50,15 +50,15 @@ def test_tree_logits_equal_each_path_decoded_as_a_chain(attention):
 @pytest.mark.parametrize("rows", [[0, 2, 5], [0, 1, 3], [0]])
 def test_kept_path_equals_a_fresh_prefill(lm, rows):
     target = prefilled(lm, PROMPT)
-    target.forward(FED, parents=PARENTS)
-    target.keep(PROMPT.numel(), rows)
+    target.forward_rows([FED], [PARENTS])
+    target.keep_rows([rows])
     fresh = prefilled(lm, torch.cat([PROMPT, FED[rows]]))
     assert target.length == fresh.length == PROMPT.numel() + len(rows)
     for ours, theirs in zip(target.cache.layers, fresh.cache.layers):
         torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=0)
         torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=0)
     nxt = torch.tensor([77])
-    torch.testing.assert_close(target.forward(nxt), fresh.forward(nxt), atol=1e-4, rtol=0)
+    torch.testing.assert_close(target.forward_rows([nxt], [None])[0], fresh.forward_rows([nxt], [None])[0], atol=1e-4, rtol=0)
 
 
 def test_node_depths():

@@ -59,9 +59,9 @@ class DraftModel(Target):
         settings, options = split_spec(spec)
         return cheapen(load_model(**settings), target, **options)
 
-    def forward(self, tokens: Tensor, head=None, parents: Tensor | None = None, tree: int | None = None) -> Tensor:
-        """Target.forward, scored by the shortlist's head when there is one: [K, N] logits."""
-        return super().forward(tokens, head=head if head is not None else self.head, parents=parents, tree=tree)
+    def _forward(self, tokens: Tensor, head=None, parents: Tensor | None = None, tree: int | None = None) -> Tensor:
+        """Target._forward (one row's), scored by the shortlist's head when there is one: [K, N] logits."""
+        return super()._forward(tokens, head=head if head is not None else self.head, parents=parents, tree=tree)
 
     def forward_rows(self, fed, parents, head=None, tree: int | None = None) -> list[Tensor]:
         """Target.forward_rows, scored by the shortlist's head when there is one: [n_b, N] logits per row."""

@@ -245,7 +245,7 @@ class _Prompt:
     def __init__(self, lm: LoadedModel, prompt: list[int]):
         target = Target(lm, static=False)
         target.reset()
-        self.logits = target.prefill(torch.tensor(prompt, device=lm.device))  # [1, V]
+        self.logits = target.prefill_rows([torch.tensor(prompt, device=lm.device)])  # [1, V]
         self.lm, self.cache, self.length = lm, target.cache, len(prompt)
         self.prefix = SharedPrefix.of(self.cache, self.length) if shares_prefix(lm.model) else None
 

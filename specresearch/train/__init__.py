@@ -193,7 +193,8 @@ def text_cache(lm: LoadedModel, texts: list[list[int]], tokens: int, seq_len: in
         parts = []
         for chunk in group:
             target.reset()
-            logits = target.forward(torch.tensor(chunk))  # [T, V]
+            target.prefill_rows([torch.tensor(chunk[:0], dtype=torch.long)])  # one row, nothing cached yet
+            logits = target.forward_rows([torch.tensor(chunk)], [None])[0]  # [T, V]
             top1 = logits.argmax(-1).cpu()  # [T]: top1[j] is the target's guess for token j + 1
             n = len(chunk)
             lab = torch.full((n, heads), -100, dtype=torch.long)
