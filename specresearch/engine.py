@@ -257,8 +257,7 @@ class Engine:
                 drafts = drafter.propose_rows([context(row) for row in active])
             with clock.phase(active, "time_verify"):
                 last = torch.tensor([row.newest for row in active]).to(self.device)[:, None]  # [B, 1] each row's newest token: the root
-                width = 1 + max(draft.tokens.numel() for draft in drafts)  # fed positions (the root, proposals, scratch)
-                if width > 1:
+                if any(draft.tokens.numel() for draft in drafts):  # then the drafts' tokens (proposals and scratch)
                     last = torch.cat([last, torch.nn.utils.rnn.pad_sequence([draft.tokens.to(self.device) for draft in drafts], batch_first=True)], 1)
                 fed = [last[b, : 1 + draft.tokens.numel()] for b, draft in enumerate(drafts)]  # [1 + K_b]: the root, then the draft (views)
                 parents = [None if draft.parents is None else torch.cat([_ROOT, draft.parents.cpu() + 1]) for draft in drafts]

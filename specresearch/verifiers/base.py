@@ -184,8 +184,9 @@ class Verifier(ABC):
         child_at[real.nonzero(as_tuple=True)[0], parent[real] + 1, rank[real]] = node_ids.expand(rows, -1)[real]
         sampled = [b for b, d in enumerate(drafts) if d.q is not None]  # rows whose q is a law (the others': one-hot)
         q_rows = torch.cat([drafts[b].q[: k[b]].to(device=device, dtype=p.dtype) for b in sampled]) if sampled else None  # [ΣN_b, V]
+        sizes = torch.tensor([k[b] for b in sampled], dtype=torch.long)
         offset = torch.full((rows,), -1)  # [B] where each sampled row's q starts in q_rows
-        offset[sampled] = (torch.tensor([k[b] for b in sampled]).cumsum(0) - torch.tensor([k[b] for b in sampled])) if sampled else offset[:0]
+        offset[sampled] = sizes.cumsum(0) - sizes
         u = torch.stack([torch.rand(width + 1, generator=rng, dtype=torch.float64, device=device) for rng in rngs])  # [B, N + 1]
         node = torch.full((rows,), -1)  # [B] each row's current node (-1: the root)
         tries = torch.zeros(rows, dtype=torch.long)  # [B] the children each row has tried
@@ -194,11 +195,12 @@ class Verifier(ABC):
         walking = torch.ones(rows, dtype=torch.bool)
         while bool(walking.any()):
             at = walking.nonzero()[:, 0]  # [R] the rows still walking, each at its node
-            leaf = at[child_at[at, node[at] + 1, 0] < 0]
+            first = child_at[at, node[at] + 1, 0]  # [R] each one's first child (-1: a leaf)
+            leaf = at[first < 0]
             if leaf.numel():  # no child: the bonus token comes from fallback(p, None)
                 law[leaf.to(device)] = self.fallback(law[leaf.to(device)], None)
                 walking[leaf] = False
-            trying, j = at[child_at[at, node[at] + 1, 0] >= 0], 0
+            trying, j = at[first >= 0], 0
             while trying.numel():
                 child = child_at[trying, node[trying] + 1, j]  # [R] each row's next child (-1: none left)
                 walking[trying[child < 0]] = False  # every child rejected: the token comes from the residual
