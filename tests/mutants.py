@@ -51,12 +51,14 @@ MUTANTS = [
     Mutant("accept-ignores-q", "accept with min(1, p): q left out of the ratio", "specresearch/verifiers/rejection.py",
            [("return acceptance_probability(px, qx)", "return acceptance_probability(px, torch.ones_like(qx))")], SAMPLED),
     Mutant("accept-q-of-next-token", "each draft token's ratio read with the next token's q row", "specresearch/verifiers/base.py",
-           [("q[b, : k[b]] = draft_law(draft, p)", "q[b, : k[b]] = draft_law(draft, p).roll(-1, 0)")], SAMPLED),
+           [("[draft.q[: len(draft)] for draft in drafts if draft.q is not None]",
+             "[draft.q[: len(draft)].roll(-1, 0) for draft in drafts if draft.q is not None]")], SAMPLED),
     Mutant("accept-p-of-next-position", "acceptance read from p one position late", "specresearch/verifiers/base.py",
            [("self.acceptance(p[:, :width].reshape(-1, vocab)", "self.acceptance(p[:, 1 : width + 1].reshape(-1, vocab)")]),
     Mutant("one-uniform-per-chain", "one uniform for every position of a row's chain", "specresearch/verifiers/base.py",
-           [("u[b, : k[b]] = torch.rand(k[b], generator=rngs[b], device=p.device)",
-             "u[b, : k[b]] = torch.rand(1, generator=rngs[b], device=p.device)")], "independent or pld or self_draft"),
+           [("torch.rand(int(k_b) + 1, generator=rng, dtype=torch.float64, device=device)",
+             "torch.cat([torch.rand(1, generator=rng, dtype=torch.float64, device=device).expand(int(k_b)), "
+             "torch.rand(1, generator=rng, dtype=torch.float64, device=device)])")], "independent or pld or self_draft"),
     # -- residual and bonus
     Mutant("recovered-from-p", "after a rejection, the token drawn from p instead of the residual", "specresearch/verifiers/rejection.py",
            [("return p if q is None else residual(p, q)", "return p")]),

@@ -585,7 +585,7 @@ def test_greedy_decoding_takes_the_argmax_and_builds_no_law(target, close_draft,
         raise AssertionError("a law was built or drawn from at T = 0")
 
     monkeypatch.setattr(engine_module, "logits_to_probs", built)
-    monkeypatch.setattr(verifiers_base, "sample_rows", built)
+    monkeypatch.setattr(verifiers_base, "invert_cdf", built)
     after = [[(o.tokens, o.stats.accepted) for o in e.generate(ids, 12, eos_token_ids=[])] for e in engines]
     assert after == before and any(accepted for _, accepted in after[1])
     with pytest.raises(AssertionError, match="law was built"):  # T > 0 does build p

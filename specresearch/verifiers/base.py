@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from specresearch.sampling import invert_cdf, sample_rows
+from specresearch.sampling import invert_cdf
 from specresearch.types import Draft, SamplingParams, Verdict
 
 
@@ -120,38 +120,40 @@ class Verifier(ABC):
         return verdicts
 
     def _verify_chains(self, drafts: list[Draft], p: Tensor, rngs: list[torch.Generator | None]) -> list[Verdict]:
-        """The chains of `verify_rows`: p [B, W, V]. Row b accepts its first n_b tokens (u_i < acceptance_i
-        up to the first failure; K_b uniforms from its generator), then draws the added token from
-        `fallback` at position n_b (one more uniform)."""
-        rows, vocab = len(drafts), p.shape[-1]
-        k = [len(draft) for draft in drafts]
-        width = max(k)
-        n = torch.zeros(rows, dtype=torch.long, device=p.device)  # [B] accepted per row
+        """The chains of `verify_rows` (p [B, W, V]), every row at once. Row b draws its K_b + 1 uniforms from
+        its generator in one call; it accepts its first n_b tokens (u_i < acceptance_i up to the first
+        failure), then draws the added token from `fallback` at position n_b with its last uniform.
+        Per row only that draw and its verdict; the rest are tensor ops over the rows."""
+        rows, vocab, device = len(drafts), p.shape[-1], p.device
+        k = torch.tensor([len(draft) for draft in drafts])  # [B]
+        width = int(k.max())
+        u = torch.nn.utils.rnn.pad_sequence([torch.rand(int(k_b) + 1, generator=rng, dtype=torch.float64, device=device)
+                                             for k_b, rng in zip(k, rngs)], batch_first=True)  # [B, K + 1] (0 past a row's K_b + 1)
+        x = torch.nn.utils.rnn.pad_sequence([draft.tokens[: len(draft)].to(device) for draft in drafts], batch_first=True)  # [B, K] (0 past a row's K_b)
+        n = torch.zeros(rows, dtype=torch.long, device=device)  # [B] accepted per row
         if width:
-            x = torch.zeros(rows, width, dtype=torch.long, device=p.device)  # [B, K] (zeros past a row's K_b)
-            q = torch.zeros(rows, width, vocab, dtype=p.dtype, device=p.device)  # [B, K, V]
-            u = torch.ones(rows, width, device=p.device)  # [B, K] 1 past a row's K_b: never accepted
-            for b, draft in enumerate(drafts):
-                if k[b]:
-                    x[b, : k[b]] = draft.tokens.to(p.device)
-                    q[b, : k[b]] = draft_law(draft, p)
-                    u[b, : k[b]] = torch.rand(k[b], generator=rngs[b], device=p.device)  # u in [0, 1): probability 0 never accepts
+            real = torch.arange(width) < k[:, None]  # [B, K] a row's own draft positions
+            q = torch.nn.functional.one_hot(x, vocab).to(p.dtype)  # [B, K, V] one-hot: a deterministic drafter's law
+            drawn = torch.tensor([draft.q is not None for draft in drafts])  # [B] rows whose q is a law
+            if bool(drawn.any()):
+                q[(real & drawn[:, None]).to(device)] = torch.cat(
+                    [draft.q[: len(draft)] for draft in drafts if draft.q is not None]).to(device=device, dtype=p.dtype)
             accept = self.acceptance(p[:, :width].reshape(-1, vocab), q.reshape(-1, vocab), x.reshape(-1)).view(rows, width)
-            n = (u < accept).int().cumprod(1).sum(1)  # [B]
+            n = ((u[:, :width] < accept) & real.to(device)).int().cumprod(1).sum(1)  # [B] (nothing kept past a row's K_b)
         at = n.tolist()
         p_n = p[torch.arange(rows, device=p.device), n]  # [B, V] the law where each row's added token goes
-        bonus = [b for b in range(rows) if at[b] == k[b]]
-        rejected = [b for b in range(rows) if at[b] < k[b]]
-        if not rejected:  # [B, V] the law of each row's added token
+        bonus = (torch.tensor(at) == k).to(device)  # [B] rows that kept their whole draft
+        rejected = ~bonus
+        if bool(bonus.all()):  # [B, V] the law of each row's added token
             law = self.fallback(p_n, None)
-        elif not bonus:
+        elif not bool(bonus.any()):
             law = self.fallback(p_n, q[torch.arange(rows, device=p.device), n])
         else:
             law = torch.empty_like(p_n)
             law[bonus] = self.fallback(p_n[bonus], None)
             law[rejected] = self.fallback(p_n[rejected], q[rejected, n[rejected]])
-        y = sample_rows(law, rngs).tolist()  # [B]
-        x = x.tolist() if width else [[]] * rows
+        y = invert_cdf(law, u.gather(1, k.to(device)[:, None])).tolist()  # [B] each row's last uniform
+        x = x.tolist()
         return [Verdict(tokens=torch.tensor(x[b][: at[b]] + [y[b]]), num_accepted=at[b]) for b in range(rows)]
 
     def _verify_trees(self, drafts: list[Draft], p: Tensor, rngs: list[torch.Generator | None]) -> list[Verdict]:
