@@ -256,6 +256,7 @@ def load_model(
     kernels: str = "auto",
     cache: str = "dynamic",
     compile: bool = False,
+    draft: str | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer, without network access.
 
@@ -272,6 +273,8 @@ def load_model(
         cache: the KV cache its Targets keep: "dynamic" (grows per token) or "static" (preallocated
             slots, see target.StaticSlots).
         compile: run the decoder under torch.compile at fixed widths (needs cache="static").
+        draft: not read here: a `model` node's name of its usual draft model (what drafter.model.name
+            defaults to), taken so that `load_model(**cfg.model)` loads the node as it is.
 
     Returns:
         The model in eval mode on `device` in `dtype`, and its tokenizer.

@@ -63,7 +63,13 @@ class Model:
 
 
 @dataclass
-class TinyModel(Model):
+class TargetModel(Model):
+    """The `model` group: the target, and the draft model its drafters default to."""
+    draft: Optional[str] = None  # drafter.model.name's default (independent, tree); load_model does not read it
+
+
+@dataclass
+class TinyModel(TargetModel):
     """model=tiny: a random-weight model built from `tiny`."""
     tiny: Optional[Dict[str, Any]] = None  # vocab_size, hidden_size, num_layers, num_heads, seed (and noise, ...)
 
@@ -623,7 +629,7 @@ class TrainConfig:
 
 # Each option of each config group (conf/GROUP/NAME.yaml) -> its schema; "*": any other option's.
 OPTIONS: dict[str, dict[str, type]] = {
-    "model": {"tiny": TinyModel, "*": Model},
+    "model": {"tiny": TinyModel, "*": TargetModel},
     "drafter": {"independent": Independent, "tree": Tree, "medusa": Medusa, "eagle": Eagle, "pld": PromptLookup,
                 "lookahead": Lookahead, "self_draft": SelfDraft, "cross_vocab": CrossVocab, "none": NoDrafter},
     "verifier": {"greedy": Greedy, "rejection": Rejection, "margin": Margin, "topk": TopK, "typical": Typical},

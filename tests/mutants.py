@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.date.today().isoformat(),
             "machine": machine(),
             "command": ([f"python -m tests.mutants --workers {args.workers} --json {args.json.as_posix()}"] if not earlier else
-                        json.loads(args.json.read_text())["command"][:1]) + ([f"python -m tests.mutants --only {' '.join(args.only)} "
+                        json.loads(args.json.read_text())["command"]) + ([f"python -m tests.mutants --only {' '.join(args.only)} "
                                                                               f"--workers {args.workers} --json {args.json.as_posix()}"]
                                                                              if args.only else []),
             "prompts": ("tests/test_lossless.py's law tests (2,880 ragged-batch decodes at T = 1 in two settings, `landing` and "
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                       "Tests failed: failing / run among the selected law tests (`-k`, in tests/mutants.py). Smallest p: "
                       "over every p-value the Monte Carlo law tests logged (first, second, joint, recovered), with the "
                       "test that gave it; exact TV: the enumeration test's distance of the first token's law to p.",
-                      f"Took {sum(r['seconds'] for r in rows) / 60:.0f} minutes (the sum of the rows' runs; a second command "
+                      f"Took {sum(r['seconds'] for r in rows) / 60:.0f} minutes (the sum of the rows' runs; each later command "
                       "re-ran the mutants it names and kept the other rows).",
                       "Not in the table: a cross-vocabulary mapping bug (cross_vocab's shared q widened onto the draft's ids "
                       "instead of their target twins) is an equivalent mutant here: the tests' two tiny tokenizers give the "

@@ -1,6 +1,6 @@
 """What a user who knows lm-eval expects of `--model specresearch`: `pretrained=NAME`, the
 `--confirm_run_unsafe_code` opt-in, our tasks found by name without `--include_path` (and listed by
-`lm-eval ls tasks`), and no "fatal: not a git repository" outside a checkout."""
+`lm-eval ls tasks`), the plain `lm_eval` command working after our install, and refusals in one line."""
 
 import json
 import logging
@@ -24,15 +24,13 @@ from .conftest import ROOT
 import specresearch.evaluation.hook  # noqa: E402,F401 (in this process too, the hook specresearch-lm-eval.pth installs at start)
 
 
-# lm-eval's own command line (what `lm-eval` runs) in an interpreter whose site dirs hold
-# specresearch-lm-eval.pth, as site-packages does after `pip install specresearch` (an editable
-# install of the checkout gets no .pth): site processes the checkout's copy of it.
-LM_EVAL = (sys.executable, "-c", "import site, sys; site.addsitedir(sys.argv.pop(1))\n"
-           "from lm_eval.__main__ import cli_evaluate; cli_evaluate()", str(ROOT))
+# lm-eval's own command line, the `lm_eval` script of this environment: it knows our model and tasks
+# through specresearch-lm-eval.pth, which our install put into site-packages (editable or not)
+LM_EVAL = (os.path.join(os.path.dirname(sys.executable), "lm_eval"),)
 
 
 def _lm_eval(*args: str, cwd, env_drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """The lm-eval command line with specresearch-lm-eval.pth installed (LM_EVAL), run from `cwd`."""
+    """The plain lm-eval command line, run from `cwd`."""
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
     return subprocess.run([*LM_EVAL, *args], cwd=cwd, env={**env, "HF_DATASETS_OFFLINE": "1"},
                           capture_output=True, text=True, timeout=600)
@@ -106,23 +104,25 @@ def test_an_unknown_model_arg_names_the_valid_ones():
 
 # -- 2. the code-execution opt-in ---------------------------------------------------------------------
 
-def test_the_cli_with_confirm_run_unsafe_code_runs_a_code_task_from_any_folder(tmp_path, isolated):
-    """Items 1-4 at once, as a user types it: `pretrained=`, our task by name without --include_path,
-    lm-eval's flag as the only opt-in (SPECRESEARCH_ALLOW_CODE_EXECUTION unset), run outside any
-    checkout without git's complaint."""
+def test_the_plain_lm_eval_command_runs_our_model_on_our_task_from_any_folder(tmp_path, isolated):
+    """The README's install, then lm-eval's own command as a user types it (`lm_eval` of this environment,
+    nothing put on the path by the test): `pretrained=tiny` and its defaults, our task by name without
+    --include_path, lm-eval's flag as the only opt-in (SPECRESEARCH_ALLOW_CODE_EXECUTION unset), run
+    outside any checkout; lm-eval prints its table. CI runs it in the fresh venv of .ci/run."""
     out = tmp_path / "out"
-    run = _lm_eval("run", "--model", "specresearch", "--model_args", "pretrained=tiny,drafter=pld",
-                   "--tasks", "stdlib_doctest", "--limit", "1", "--confirm_run_unsafe_code", "--log_samples",
+    run = _lm_eval("run", "--model", "specresearch", "--model_args", "pretrained=tiny",
+                   "--tasks", "stdlib_doctest", "--limit", "2", "--confirm_run_unsafe_code", "--log_samples",
                    "--output_path", str(out), cwd=tmp_path, env_drop=(ALLOW_ENV,))
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "fatal" not in run.stderr
+    table = [line.split("|") for line in run.stdout.splitlines() if line.startswith("|stdlib_doctest")]
+    assert [cell.strip() for cell in table[0][4:6]] == ["0", "pass@1"], run.stdout  # lm-eval's table: n-shot, metric
     (result,) = out.rglob("results_*.json")
     data = json.loads(result.read_text())
-    assert data["results"]["stdlib_doctest"]["sample_len"] == 1 and "pass@1,none" in data["results"]["stdlib_doctest"]
+    assert data["results"]["stdlib_doctest"]["sample_len"] == 2 and "pass@1,none" in data["results"]["stdlib_doctest"]
     assert data["git_hash"] is None  # lm-eval still asked; there is no checkout here
     (samples,) = out.rglob("samples_stdlib_doctest_*.jsonl")
-    (sample,) = [json.loads(line) for line in samples.read_text().splitlines()]
-    assert sample["pass@1"] == 0.0 and sample["timeout"] == 0.0  # scored: a random model's text fails the doctests
+    samples = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert [(s["pass@1"], s["timeout"]) for s in samples] == [(0.0, 0.0)] * 2  # scored: a random model's text fails the doctests
 
 
 def test_the_flag_alone_opts_in(monkeypatch, isolated):
@@ -182,23 +182,6 @@ def test_every_task_manager_knows_our_tasks_and_a_users_own_wins(tmp_path, caplo
     assert mine.task_index["stdlib_doctest"].yaml_path == tmp_path / "mine.yaml"
 
 
-# -- 4. git -----------------------------------------------------------------------------------------
-
-GIT_HASH = ("from specresearch.evaluation.lm import SpecResearchLM; SpecResearchLM(pretrained='tiny', drafter='pld')\n"
-            "import lm_eval.evaluator as e; print(e.get_git_commit_hash())")
-
-
-def test_no_git_complaint_outside_a_checkout_and_the_same_hash_inside(tmp_path):
-    """Once our model is built (so in runs of our model only), lm-eval's git lookup is quiet."""
-    outside = subprocess.run([sys.executable, "-c", GIT_HASH], cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert "fatal" not in outside.stderr and outside.stdout.strip() == "None"
-    described = subprocess.run(["git", "describe", "--always"], cwd=ROOT, capture_output=True, text=True)
-    if described.returncode != 0:
-        pytest.skip("the tests do not run from a git checkout")
-    inside = subprocess.run([sys.executable, "-c", GIT_HASH], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert inside.stdout.strip().splitlines()[-1] == described.stdout.strip()  # lm-eval still records the checkout's hash
-
-
 # -- 5. our refusals on lm-eval's command line: one line, exit 2 -----------------------------------
 
 REFUSALS = {  # case -> (lm-eval arguments after `--model specresearch`, {env var: value}, the one line's start)
@@ -248,38 +231,80 @@ def lm_eval_here(monkeypatch):
     monkeypatch.setattr(logger, "propagate", logger.propagate)
 
 
+def _ended(caught, monkeypatch, capsys) -> tuple[int | None, str]:
+    """What the process's `sys.excepthook` (plugin.one_line_refusals) makes of the exception `caught` that
+    ended lm-eval's command line: the exit code it chose (None: it handed the exception on) and stderr."""
+    from specresearch.evaluation import plugin
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    plugin.one_line_refusals()
+    monkeypatch.setattr(os, "_exit", exit_now)
+    capsys.readouterr()
+    try:
+        sys.excepthook(caught.type, caught.value, caught.tb)
+    except SystemExit as exit:
+        return exit.code, capsys.readouterr().err
+    return None, capsys.readouterr().err
+
+
+def _cli(argv: list[str], monkeypatch):
+    """lm-eval's command line (what `lm_eval` runs) in this process, with `argv`: the exception it ends with."""
+    from lm_eval.__main__ import cli_evaluate
+
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(Exception) as caught:
+        cli_evaluate()
+    return caught
+
+
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_our_refusals_on_lm_evals_command_line_are_one_line_and_exit_2(case, tmp_path, monkeypatch, capsys, lm_eval_here):
-    """In this process: `python -m specresearch.evaluation.hook run ...` (hook.main) is lm-eval's command line."""
-    from specresearch.evaluation.hook import main
-
+    """In this process, lm-eval's command line ends with our SpecResearchError, which the process's
+    excepthook prints as one line, exit 2; nothing is written."""
     args, env, start = REFUSALS[case]
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(sys, "argv", ["lm-eval", *_lm_eval_args(args, tmp_path / "out")])
-    with pytest.raises(SystemExit) as exit:
-        main()
-    _assert_one_error_line(exit.value.code, capsys.readouterr().err, start)
+    caught = _cli(["lm_eval", *_lm_eval_args(args, tmp_path / "out")], monkeypatch)
+    assert isinstance(caught.value, SpecResearchError)
+    _assert_one_error_line(*_ended(caught, monkeypatch, capsys), start)
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
-# the same as a user starts it: from a checkout (no .pth), and with the .pth installed (the `lm_eval` script)
-ENTRY_POINTS = {"checkout": (sys.executable, "-m", "specresearch.evaluation.hook"), "installed": LM_EVAL}
+LM_EVALS_OWN = {  # lm-eval's own refusals of its arguments, with our model: (arguments after the model's, the line's start)
+    "unknown task": (["--tasks", "nope_task"], "error: lm-eval: Tasks not found: nope_task"),
+    "no docs": (["--tasks", "stdlib_doctest", "--limit", "0", "--confirm_run_unsafe_code"],
+                "error: lm-eval: task.build_requests() did not find any docs!"),
+    "unsafe without the flag": (["--tasks", "stdlib_doctest", "--limit", "1"],
+                                "error: lm-eval: Attempted to run task: stdlib_doctest which is marked as unsafe"),
+}
 
 
-@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
-def test_both_entry_points_refuse_in_one_line_with_exit_2(entry, tmp_path):
-    args, _, start = REFUSALS["unknown option"]
-    run = subprocess.run([*ENTRY_POINTS[entry], *_lm_eval_args(args, tmp_path / "out")], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
-    _assert_one_error_line(run.returncode, run.stderr, start)
-    assert not (tmp_path / "out").exists()
+@pytest.mark.parametrize("case", list(LM_EVALS_OWN))
+def test_lm_evals_own_refusals_of_a_run_of_our_model_are_one_line_too(case, tmp_path, monkeypatch, capsys, lm_eval_here):
+    args, start = LM_EVALS_OWN[case]
+    argv = ["lm_eval", "run", "--model", "specresearch", "--model_args", "pretrained=tiny,drafter=pld", *args,
+            "--output_path", str(tmp_path / "out")]
+    caught = _cli(argv, monkeypatch)
+    assert caught.type is ValueError  # lm-eval's own
+    _assert_one_error_line(*_ended(caught, monkeypatch, capsys), start)
 
 
-def test_lm_evals_own_errors_stay_lm_evals(monkeypatch, lm_eval_here):
-    """Only a SpecResearchError becomes one line: another model's failure is lm-eval's to report."""
-    from specresearch.evaluation.hook import main
+def test_the_installed_command_refuses_in_one_line_with_exit_2(tmp_path):
+    """The same, as a user starts it: the `lm_eval` script, a process of its own (our refusal and lm-eval's)."""
+    for args, start in [(REFUSALS["unknown option"][0] + ["--tasks", "stdlib_doctest"], REFUSALS["unknown option"][2]),
+                        (["--model_args", "pretrained=tiny,drafter=pld", *LM_EVALS_OWN["unknown task"][0]],
+                         LM_EVALS_OWN["unknown task"][1])]:
+        run = _lm_eval("run", "--model", "specresearch", *args, "--output_path", str(tmp_path / "out"), cwd=tmp_path)
+        _assert_one_error_line(run.returncode, run.stderr, start)
+        assert not (tmp_path / "out").exists()
 
-    monkeypatch.setattr(sys, "argv", ["lm-eval", "run", "--model", "no_such_model", "--tasks", "stdlib_doctest"])
-    with pytest.raises(ValueError, match="no_such_model"):
-        main()
+
+def test_other_models_errors_stay_lm_evals(tmp_path, monkeypatch, capsys, lm_eval_here):
+    """Only a SpecResearchError, or lm-eval's refusal in a run of our model, becomes one line: another
+    model's failure is lm-eval's to report, with its traceback."""
+    caught = _cli(["lm_eval", "run", "--model", "no_such_model", "--tasks", "stdlib_doctest"], monkeypatch)
+    assert caught.type is ValueError and "no_such_model" in str(caught.value)
+    code, err = _ended(caught, monkeypatch, capsys)
+    assert code is None and "Traceback" in err

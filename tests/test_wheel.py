@@ -3,17 +3,21 @@ run from another folder, it finds its configs and studies and decodes with the t
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from .conftest import ROOT
 
-SOURCES = ("pyproject.toml", "README.md", "specresearch-lm-eval.pth", "specresearch", "conf", "experiments", "analysis")
+SOURCES = ("pyproject.toml", "MANIFEST.in", "README.md", "specresearch-lm-eval.pth", "_build_backend", "specresearch", "conf",
+           "experiments", "analysis")
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +38,31 @@ def installed(tmp_path_factory) -> Path:
     wheel = next((tmp / "dist").glob("specresearch-*.whl"))
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=300)
     return site
+
+
+def _pth_in(wheel: Path) -> tuple[bytes, str]:
+    """The wheel's root specresearch-lm-eval.pth and its RECORD line."""
+    with zipfile.ZipFile(wheel) as whl:
+        record = next(name for name in whl.namelist() if name.endswith(".dist-info/RECORD"))
+        line = next(line for line in whl.read(record).decode().splitlines() if line.startswith("specresearch-lm-eval.pth,"))
+        return whl.read("specresearch-lm-eval.pth"), line
+
+
+def test_every_wheel_carries_the_lm_eval_pth_at_its_root(installed, tmp_path):
+    """What makes the plain `lm_eval` know us (specresearch/evaluation/hook.py) reaches site-packages from
+    a wheel and from an editable install's wheel (PEP 660, what `pip install -e .` builds), listed in
+    RECORD with its true hash and size."""
+    pth = (ROOT / "specresearch-lm-eval.pth").read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(pth).digest()).rstrip(b"=").decode()
+    assert (installed / "specresearch-lm-eval.pth").read_bytes() == pth  # pip put it beside the package
+    src = installed.parent / "src"
+    build = ("import sys; sys.path.insert(0, '_build_backend'); import backend\n"
+             "print(getattr(backend, sys.argv[1])(sys.argv[2]))")
+    for hook in ("build_wheel", "build_editable"):
+        out = tmp_path / hook
+        name = subprocess.run([sys.executable, "-c", build, hook, str(out)], cwd=src, capture_output=True, text=True,
+                              check=True, timeout=300).stdout.strip().splitlines()[-1]
+        assert _pth_in(out / name) == (pth, f"specresearch-lm-eval.pth,sha256={digest},{len(pth)}"), hook
 
 
 def run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:

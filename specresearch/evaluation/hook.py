@@ -2,22 +2,22 @@
 
 lm-eval 0.4.13 reads no plugin entry points and no setting that names outside models or task folders
 (pyproject.toml declares our model in the `lm_eval.models` entry-point group for the releases that
-read it). So `specresearch-lm-eval.pth`, installed into site-packages, imports this module at every
-interpreter start. It imports nothing (sys is loaded already) and only puts a finder first on
-`sys.meta_path`; that finder acts on three lm-eval modules alone, right after each one runs, by calling
+read it). So `specresearch-lm-eval.pth`, which every wheel of ours puts into site-packages (editable
+installs too: _build_backend/backend.py), imports this module at every interpreter start. It imports
+nothing (sys is loaded already) and only puts a finder first on `sys.meta_path`; that finder acts on
+two public lm-eval modules alone, right after each one runs, by calling
 specresearch.evaluation.plugin (imported then, not before):
   - `lm_eval.models` (lm-eval's table of model names, imported by `get_model` on first use):
-    `specresearch` joins lm-eval's registry as a lazy `module:class` path;
-  - `lm_eval.tasks`: every TaskManager also indexes our task folder;
-  - `lm_eval._cli.harness` (lm-eval's command line): our refusals are one `error:` line and exit 2.
+    `specresearch` joins lm-eval's registry as a lazy `module:class` path, and our refusals become
+    one `error:` line and exit 2;
+  - `lm_eval.tasks`: every TaskManager also indexes our task folder.
 A process that never imports lm-eval runs nothing else of ours; tests/test_startup.py keeps the cost
 at interpreter start under 5 ms.
 """
 
 import sys
 
-AFTER = {"lm_eval.models": "register", "lm_eval.tasks": "add_tasks",  # lm-eval module -> plugin function
-         "lm_eval._cli.harness": "one_line_errors"}
+AFTER = {"lm_eval.models": "register", "lm_eval.tasks": "add_tasks"}  # lm-eval module -> plugin function
 
 
 class AfterLmEval:
@@ -57,19 +57,4 @@ def install() -> None:
             getattr(plugin, hook)(sys.modules[name])
 
 
-def main() -> None:
-    """lm-eval's own command line (`sys.argv` as `lm-eval` takes it) with the hook on: what
-    `python -m specresearch.evaluation.hook run --model specresearch ...` runs where
-    specresearch-lm-eval.pth is not installed (an editable install of a checkout). Importing this
-    module installed the hook."""
-    from lm_eval.__main__ import cli_evaluate
-
-    cli_evaluate()
-
-
-if __name__ == "__main__":  # this file run as __main__: the imported module installed the hook; run its main
-    from specresearch.evaluation.hook import main
-
-    main()
-else:
-    install()
+install()

@@ -30,7 +30,6 @@ from specresearch.build import build_engine
 from specresearch.config import compose, options
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.evaluation.plugin import quiet_git_hash
 from specresearch.seeding import stream_seed
 from specresearch.types import GenerationOutput, SamplingParams
 
@@ -77,7 +76,6 @@ class SpecResearchLM(TemplateLM):
                 `sampling=random`, ...), as lm-eval's `--model_args` passes them.
         """
         super().__init__()
-        quiet_git_hash()  # the hash lm-eval records for this run: no "fatal: not a git repository" outside a checkout
         size = None if batch_size is None else batch_size_of(batch_size)  # refused before any model loads
         if not isinstance(first_index, int) or isinstance(first_index, bool) or first_index < 0:
             raise SpecResearchError(f"model specresearch: first_index must be an integer >= 0, got {first_index!r}")
