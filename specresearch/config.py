@@ -123,6 +123,9 @@ def unknown_option(args: Sequence[str], config_name: str = "config") -> str | No
     chosen: dict[str, list[str]] = {}  # group → the options the arguments select
     for arg in args:
         group, sep, value = arg.lstrip("+").partition("=")
+        if sep and group == "study":  # the label the analysis selects a study's runs by: only its preset sets it
+            return (f"study is set by a study's preset, not by hand (the study's analysis would count this run among "
+                    f"its own): run experiment=NAME, NAME one of {', '.join(options(STUDY_GROUP))}")
         if not sep or (group not in known and group not in own) or not re.fullmatch(r"[\w.-]+(,[\w.-]+)*", value):
             continue
         valid = own[group] if group in own else options(group)

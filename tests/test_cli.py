@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from specresearch.config import options
 from specresearch.errors import SpecResearchError
 from specresearch.speed import run
 
@@ -191,3 +192,19 @@ def test_a_compiled_reference_states_the_speedup_over_the_fastest_plain_decoding
     assert "over the fastest plain decoding" in caplog.text and "compiled plain decoding:" in caplog.text
     off = run(make_cfg(*common, "compiled_reference=false"))
     assert math.isnan(off["compiled_baseline_tokens_per_s"]) and off["speedup_vs_fastest_plain"] == pytest.approx(off["speedup"])
+
+
+@pytest.mark.parametrize("label", ["study=specbench", "+study=specbench", "study=mine"])
+def test_a_study_label_by_hand_is_refused_naming_the_presets(label, tmp_path):
+    """`study` labels the runs a study's analysis selects: set by hand, without the study's preset, it would
+    mix this run into that study's tables (docs/running.md once named it so). Refused before anything runs,
+    pointing to experiment=NAME; the preset still sets it."""
+    result = cli("model=tiny", "tracker=none", label, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "error: study is set by a study's preset, not by hand (the study's analysis would count this run among its own): "
+        f"run experiment=NAME, NAME one of {', '.join(options('experiment'))}"]
+    assert not (tmp_path / "out").exists()
+    preset = subprocess.run([sys.executable, "-m", "specresearch", "experiment=specbench", "--cfg", "job"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert preset.returncode == 0 and "\nstudy: specbench\n" in preset.stdout, preset.stderr[-2000:]

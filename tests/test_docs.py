@@ -102,3 +102,39 @@ def test_mkdocs_build_strict(tmp_path):
     for name in hook.study_readmes(ROOT):
         assert (site / "studies" / name / "index.html").is_file(), name
     assert (site / "mlflow" / "runs.png").is_file()
+
+
+COMMAND = re.compile(r"(?:^|`)\s*((?:specresearch|python -m specresearch(?:\.train)?)(?= )[^`#\n]*)", re.M)
+PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]*$|^<.*>$|\.\.\.")  # NAME, N, PATH, <dir>, ...
+
+
+def _documented_commands() -> list[tuple[str, str, list[str]]]:
+    """Every `specresearch ...` / `python -m specresearch[.train] ...` command of the README and the docs
+    (code blocks and inline code): (page, command, its key=value arguments, placeholders left out)."""
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = page.read_text(encoding="utf-8").replace("\\\n", " ")
+        for match in COMMAND.finditer(text):
+            command = re.split(r"&&|\||;", match.group(1))[0].strip()
+            args = [arg for arg in command.split()[1:] if "=" in arg and not arg.startswith("-")
+                    and not PLACEHOLDER.search(arg.partition("=")[2]) and not PLACEHOLDER.search(arg.partition("=")[0])]
+            if args:
+                found.append((str(page.relative_to(ROOT)), command, args))
+    return found
+
+
+def test_every_key_the_docs_name_is_one_the_config_has():
+    """A documented command whose key or option the config does not have would be refused (or, as
+    `study=` once was, do something else): every one of the README's and the docs' is checked as
+    the command line checks it (specresearch.config.unknown_option), and the config groups the settings
+    table names are the config's groups."""
+    from specresearch.config import groups, unknown_option
+
+    commands = _documented_commands()
+    assert len(commands) > 40  # the parse finds the docs' commands
+    problems = [f"{page}: `{command}`: {problem}" for page, command, args in commands
+                if (problem := unknown_option(args, "train" if "specresearch.train" in command else "config"))]
+    assert problems == []
+    table = (ROOT / "docs" / "running.md").read_text(encoding="utf-8").split("## Config groups", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"^\| `([\w/]+)` \|", table, re.M)
+    assert named and set(named) <= set(groups()), set(named) - set(groups())
