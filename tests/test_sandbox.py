@@ -1,5 +1,6 @@
 """The code sandbox: opt-in, pass/fail/timeout, and each isolation layer tried for real."""
 
+import ctypes
 import os
 import shutil
 import socket
@@ -160,7 +161,7 @@ def test_isolation_reports_the_layers_of_this_machine(allowed):
     assert sandbox.check_isolation() == layers
 
 
-@pytest.mark.parametrize("layer", ["landlock_fs", "disk_quota", "seccomp_sockets"])
+@pytest.mark.parametrize("layer", ["landlock_fs", "disk_quota", "seccomp_sockets", "ipc_namespace", "shared_memory"])
 def test_refuses_a_missing_layer(allowed, monkeypatch, layer):
     monkeypatch.setattr(sandbox, "_isolation", {**sandbox.isolation(), layer: False})
     monkeypatch.setattr(sandbox, "_launch", lambda *a, **k: pytest.fail("a program was started"))
@@ -255,6 +256,10 @@ def test_socket_filter_decisions(machine):
     ]
     for nr, args, action in cases:
         assert _run_filter(lines, nr, arch, args) == action, (nr, args)
+        assert _run_filter(child.socket_filter(machine, shared_memory=False), nr, arch, args) == action, (nr, args)
+    for nr in child.SHARED_MEMORY[machine]:  # memfd_create, memfd_secret, shmget, msgget: refused without a cgroup
+        assert _run_filter(lines, nr, arch) == child.RET_ALLOW
+        assert _run_filter(child.socket_filter(machine, shared_memory=False), nr, arch) == deny
     assert _run_filter(lines, sys_socket, 0x40000003, (child.AF_INET, 1)) == child.RET_KILL_PROCESS  # i386
     with pytest.raises(OSError, match="no seccomp filter for riscv64"):
         child.socket_filter("riscv64")
@@ -296,3 +301,190 @@ def test_disk_quota_caps_all_writes(allowed, monkeypatch):
     assert host_bytes and host_bytes[0] < 2**20  # the host's folder held the program only
     assert list(base.iterdir()) == []
     base.rmdir()
+
+
+# SysV shared memory from ctypes, for the host side of the tests below and for the programs.
+SYSV = """
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+
+def shmget(key, size, flags):
+    shmid = libc.shmget(ctypes.c_int(key), ctypes.c_size_t(size), ctypes.c_int(flags))
+    if shmid < 0:
+        error = ctypes.get_errno()
+        raise OSError(error, errno.errorcode[error])
+    return shmid
+
+def msgget(key, flags):
+    queue = libc.msgget(ctypes.c_int(key), ctypes.c_int(flags))
+    if queue < 0:
+        error = ctypes.get_errno()
+        raise OSError(error, errno.errorcode[error])
+    return queue
+"""
+IPC_CREAT, IPC_EXCL, IPC_RMID = 0o1000, 0o2000, 0
+
+
+def _host_segments() -> list[dict]:
+    """The SysV shared memory segments the host's IPC namespace holds."""
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()
+    names = lines[0].split()
+    return [dict(zip(names, map(int, line.split()))) for line in lines[1:]]
+
+
+def _sandbox_cgroups() -> list[str]:
+    """The memory cgroups this process made for programs and has not removed."""
+    bases, _ = sandbox._cgroup_bases()
+    return [name for base in bases for name in os.listdir(base) if name.startswith(f"{sandbox.CGROUP_PREFIX}{os.getpid()}-")]
+
+
+def test_sysv_shared_memory_stays_in_the_sandbox(allowed):
+    """The host's segment is invisible to a program; a program's segments (left, not removed) are not on the host
+    after it ends, nor visible to the next sandbox: its own IPC namespace, destroyed with it. Without a memory
+    cgroup (shared_memory refused by seccomp) shmget itself is refused."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    key, size = 0x5EC00000 | (os.getpid() & 0xFFFF), 3 * 2**20 + 4096 * 7  # a size no one else uses
+    host = libc.shmget(key, 4096, IPC_CREAT | IPC_EXCL | 0o666)  # anyone may attach: only a namespace hides it
+    assert host >= 0, os.strerror(ctypes.get_errno())
+    try:
+        counted = sandbox.isolation()["memory_cgroup"]
+        maker = SYSV + (
+            "import sys\n"
+            f"visible = open('/proc/sysvipc/shm').read().splitlines()[1:]\n"
+            "assert visible == [], visible\n"
+            "try:\n"
+            f"    shmget({key}, 0, 0)\n"
+            "except FileNotFoundError:\n"
+            "    pass\n"
+            "else:\n"
+            "    raise SystemExit('saw the host segment')\n"
+            "try:\n"
+            f"    ids = [shmget({key} + 1 + i, {size}, {IPC_CREAT | 0o666}) for i in range(3)]\n"
+            "except PermissionError:\n"
+            "    print('shmget refused', file=sys.stderr)\n"
+            "else:\n"
+            "    for shmid in ids:  # touch them: memory in use, then left behind (no IPC_RMID)\n"
+            "        address = libc.shmat(shmid, None, 0)\n"
+            f"        ctypes.memset(address, 1, {size})\n"
+            "        libc.shmdt(ctypes.c_void_p(address))\n"
+            "    print('made', len(ids), file=sys.stderr)\n"
+        )
+        made = run_program(maker)
+        assert made.passed, made.detail
+        assert made.detail == ("made 3" if counted else "shmget refused"), made.detail
+        assert not [s for s in _host_segments() if s["size"] == size], "a program's segment outlived it on the host"
+        assert [s["shmid"] for s in _host_segments() if s["key"] == key] == [host]
+        looker = SYSV + (
+            "for i in range(3):\n"
+            "    try:\n"
+            f"        shmget({key} + 1 + i, 0, 0)\n"
+            "    except (FileNotFoundError, PermissionError):\n"
+            "        pass\n"
+            "    else:\n"
+            "        raise SystemExit('saw the segment of an earlier sandbox')\n"
+        )
+        seen = run_program(looker)
+        assert seen.passed, seen.detail
+    finally:
+        assert libc.shmctl(host, IPC_RMID, None) == 0
+
+
+def test_shared_memory_counts_against_the_memory_limit(allowed):
+    """memfd files (not mapped, so RLIMIT_AS misses them) far past memory_mb: the memory cgroup stops the program
+    (the kernel kills it and the detail says why); where no cgroup can be made, memfd_create is refused. Either way it
+    never holds them all, and its cgroup is gone afterwards."""
+    program = (
+        "import os, sys\n"
+        "chunk, held = b'x' * 2**20, 0\n"
+        "try:\n"
+        "    for i in range(40):\n"
+        "        fd = os.memfd_create(f'm{i}')\n"
+        "        for _ in range(16):\n"
+        "            held += os.write(fd, chunk)\n"
+        "except PermissionError:\n"
+        "    print('memfd_create refused', file=sys.stderr)\n"
+        "else:\n"
+        "    raise SystemExit(f'held {held >> 20} MB in memfd files')\n"
+    )
+    started = time.monotonic()
+    outcome = run_program(program, Limits(memory_mb=128, disk_mb=16))
+    assert time.monotonic() - started < 10
+    if sandbox.isolation()["memory_cgroup"]:
+        assert outcome.status == "failed", outcome.detail
+        assert "reached its memory limit (144 MB: memory_mb + disk_mb, shared memory included)" in outcome.detail
+    else:  # this host gives no cgroup (sandbox._why says why): the filter refuses instead
+        assert outcome.passed and outcome.detail == "memfd_create refused", outcome.detail
+    assert _sandbox_cgroups() == []
+
+
+def test_without_a_memory_cgroup_shared_memory_is_refused(allowed, monkeypatch, caplog):
+    """A host where no memory cgroup can be made (here: as if): memfd_create, shmget and msgget are refused
+    (EACCES), so memory that RLIMIT_AS does not count is unavailable; the rest runs as usual; and
+    check_isolation says so once."""
+    monkeypatch.setattr(sandbox, "_make_cgroup", lambda limit: (None, "no cgroup (this test)"))
+    monkeypatch.setattr(sandbox, "_isolation", {**sandbox.isolation(), "memory_cgroup": False})
+    monkeypatch.setattr(sandbox, "_said_no_cgroup", False)
+    with caplog.at_level("WARNING", logger=sandbox.__name__):
+        sandbox.check_isolation()
+        sandbox.check_isolation()
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["the code sandbox has no memory cgroup here"]
+    program = SYSV + (
+        "import os, sys\n"
+        "for name, call in (('memfd_create', lambda: os.memfd_create('m')), ('shmget', lambda: shmget(0, 4096, 0o1600)),\n"
+        "                   ('msgget', lambda: msgget(0, 0o1600))):\n"
+        "    try:\n"
+        "        call()\n"
+        "    except OSError as e:\n"
+        "        print(name, errno.errorcode[e.errno], file=sys.stderr)\n"
+        "    else:\n"
+        "        raise SystemExit(f'{name} allowed')\n"
+        "open('file', 'wb').write(b'x' * 2**20)\n"
+    )
+    outcome = run_program(program)
+    assert outcome.passed, outcome.detail
+    assert outcome.detail.splitlines() == ["memfd_create EACCES", "shmget EACCES", "msgget EACCES"]
+
+
+def test_cgroup_bases(tmp_path):
+    """Where the memory cgroups are made: cgroup v1's memory hierarchy at our own cgroup (also when the mount shows
+    only a part of the hierarchy); cgroup v2 where the memory controller is enabled for children (our parent, since
+    our own cgroup holds us), and otherwise none, saying why."""
+    v1 = "30 25 0:27 /docker/c1 /sys/fs/cgroup/memory rw,nosuid shared:12 - cgroup cgroup rw,memory\n"
+    assert sandbox._cgroup_bases(v1, "4:memory:/docker/c1/job\n0::/\n") == (["/sys/fs/cgroup/memory/job"], "")
+    assert sandbox._cgroup_bases(v1, "4:memory:/elsewhere\n")[0] == []
+    own = tmp_path / "user.slice" / "u.service" / "app.scope"
+    own.mkdir(parents=True)
+    (own.parent / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    (own / "cgroup.subtree_control").write_text("\n")
+    v2 = f"36 25 0:31 / {tmp_path} rw,nosuid - cgroup2 cgroup2 rw\n"
+    hybrid = v1.replace("/docker/c1 ", "/ ") + v2  # memory is v1's then: v2 has not got it
+    assert sandbox._cgroup_bases(v2, "0::/user.slice/u.service/app.scope\n") == ([str(own.parent)], "")
+    assert sandbox._cgroup_bases(hybrid, "4:memory:/a\n0::/user.slice\n") == (["/sys/fs/cgroup/memory/a"], "")
+    (own.parent / "cgroup.subtree_control").write_text("pids\n")
+    bases, why = sandbox._cgroup_bases(v2, "0::/user.slice/u.service/app.scope\n")
+    assert bases == [] and "memory controller is not enabled" in why and "Delegate=yes" in why
+    assert sandbox._cgroup_bases("", "0::/\n") == ([], "no cgroup file system is mounted")
+
+
+def test_memory_limit_bounds_all_its_processes(allowed):
+    """Four children of 100 MB each, every one within RLIMIT_AS: together past memory_mb + disk_mb, so the cgroup
+    kills some (without a cgroup only each process is bounded: test_memory_bomb)."""
+    if not sandbox.isolation()["memory_cgroup"]:
+        pytest.skip(f"no memory cgroup on this machine: {sandbox._why.get('memory_cgroup')}")
+    program = (
+        "import os, time\n"
+        "pids = []\n"
+        "for i in range(4):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        x = bytearray(100 * 2**20)\n"
+        "        time.sleep(0.5)\n"
+        "        os._exit(0)\n"
+        "    pids.append(pid)\n"
+        "codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]\n"
+        "assert codes == [0] * 4, codes\n"
+    )
+    outcome = run_program(program, Limits(memory_mb=160, disk_mb=16))
+    assert outcome.status == "failed" and "reached its memory limit (176 MB" in outcome.detail, outcome.detail
+    assert _sandbox_cgroups() == []

@@ -2,9 +2,14 @@
 
 Started as `python -I -S _sandbox_child.py SETTINGS_JSON`, so it may use the standard library only.
 In order, it:
+  0. joins the memory cgroup that sandbox.py made for it (`cgroup` in the settings), if any: a limit of
+     memory_mb + disk_mb on all the memory of the launcher and of everything the program starts, shared
+     memory included (SysV segments, memfd files, tmpfs), which RLIMIT_AS does not count;
   1. unshares a network namespace (no interface is up: every connect fails, even to the host's
-     127.0.0.1) and a PID namespace (the program becomes its PID 1: when it dies, or is killed,
-     the kernel kills every process it left behind, even one that left the process group);
+     127.0.0.1), a PID namespace (the program becomes its PID 1: when it dies, or is killed,
+     the kernel kills every process it left behind, even one that left the process group) and an IPC
+     namespace (its SysV shared memory, semaphores, message queues and POSIX message queues are its own,
+     none of the host's or another sandbox's, and are destroyed with it);
   2. as root, drops to uid/gid 65534 (nobody), so file permissions and RLIMIT_NPROC apply; if the
      interpreter lies under a folder nobody cannot enter (e.g. /root, mode 0700), it first exposes
      only the interpreter's own folders in a private mount namespace (a read-only tmpfs over that folder);
@@ -17,6 +22,9 @@ In order, it:
      to go), so no unix socket, pathname or abstract, nor vsock or netlink; socketpair() only of
      SOCK_STREAM (a datagram socketpair could sendto a host's pathname socket); no io_uring (its
      operations would bypass the filter); any other system call ABI (i386, x32) kills the process;
+     without the memory cgroup, also no memfd_create, memfd_secret, shmget or msgget (EACCES): memory that
+     RLIMIT_AS does not count is then unavailable instead of counted (POSIX shm_open, in /dev/shm, is
+     already refused by Landlock);
   6. forks the program (the PID namespace's init), sets the resource limits in it and execs
      `python -I -S program.py`; then waits and exits with the program's status (128 + signal if killed).
 
@@ -37,6 +45,7 @@ NOBODY = 65534  # the uid and gid root drops to
 
 CLONE_NEWNS = 0x00020000
 INODES = 4096  # files and folders the sandbox folder's tmpfs may hold (each costs kernel memory)
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -66,6 +75,10 @@ SYSCALLS = {  # machine -> (AUDIT_ARCH_*, socket, socketpair); io_uring_setup/en
     "aarch64": (0xC00000B7, 198, 199),
 }
 IO_URING = (425, 428)  # [first, end)
+SHARED_MEMORY = {  # machine -> memfd_create, memfd_secret, shmget, msgget: refused without the memory cgroup
+    "x86_64": (319, 447, 29, 68),
+    "aarch64": (279, 447, 194, 186),
+}
 AF_INET, AF_INET6, SOCK_STREAM, SOCK_TYPE_MASK = 2, 10, 1, 0xF
 
 # The new mount API (Linux >= 5.2; same numbers on every architecture) and mount(2) flags.
@@ -73,8 +86,8 @@ SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
 OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 1, 0x8000, 0x4, -100
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 1 << 14, 1 << 18
 
-LAYERS = ("network_namespace", "pid_namespace", "unprivileged_uid", "disk_quota", "landlock_fs", "landlock_net",
-          "landlock_scope", "seccomp_sockets")
+LAYERS = ("network_namespace", "pid_namespace", "ipc_namespace", "memory_cgroup", "unprivileged_uid", "disk_quota",
+          "landlock_fs", "landlock_net", "landlock_scope", "seccomp_sockets", "shared_memory")
 
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
@@ -163,16 +176,19 @@ def disk_quota(folder: str, program: str, disk_mb: int, owner: tuple[int, int]) 
     os.chdir(folder)  # the launcher's working folder was the one beneath the tmpfs
 
 
-def socket_filter(machine: str) -> list[tuple[int, int, int, int]]:
-    """The seccomp filter (see the module's docstring) as classic BPF: (code, jt, jf, k) per instruction."""
+def socket_filter(machine: str, shared_memory: bool = True) -> list[tuple[int, int, int, int]]:
+    """The seccomp filter (see the module's docstring) as classic BPF: (code, jt, jf, k) per instruction.
+    `shared_memory=False` also refuses the system calls of SHARED_MEMORY (when no memory cgroup counts them)."""
     if machine not in SYSCALLS:
         raise OSError(errno.ENOSYS, f"no seccomp filter for {machine} (only {', '.join(SYSCALLS)})")
     arch, socket, socketpair = SYSCALLS[machine]
+    refused = () if shared_memory else SHARED_MEMORY[machine]
     lines = [  # (label, code, k, where to jump if true, if false): None = the next instruction
         (None, LD_W_ABS, ARCH, None, None),
         (None, JEQ, arch, None, "kill"),
         (None, LD_W_ABS, NR, None, None),
         (None, JGE, X32_SYSCALL_BIT, "kill", None),
+        *((None, JEQ, number, "deny", None) for number in refused),
         (None, JGE, IO_URING[0], None, "socket"),
         (None, JGE, IO_URING[1], "allow", "deny"),
         ("socket", JEQ, socket, None, "socketpair"),
@@ -192,13 +208,14 @@ def socket_filter(machine: str) -> list[tuple[int, int, int, int]]:
             for i, (_, code, k, yes, no) in enumerate(lines)]
 
 
-def seccomp_sockets() -> None:
+def seccomp_sockets(shared_memory: bool) -> dict:
     """Install socket_filter for this machine on this process and all it starts."""
-    lines = socket_filter(os.uname().machine)
+    lines = socket_filter(os.uname().machine, shared_memory)
     program = (SockFilter * len(lines))(*(SockFilter(*line) for line in lines))
     _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(NO_NEW_PRIVS)")  # required to install a filter without root
     _check(_prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(SockFprog(len(lines), program))),
            "prctl(SET_SECCOMP)")
+    return {"seccomp_sockets": True, "shared_memory": True}  # counted by the cgroup, or refused by the filter
 
 
 def landlock_abi() -> int:
@@ -270,8 +287,16 @@ def expose_interpreter(keep: list[str]) -> None:
         _mount(None, closed, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
-def isolate(folder: str, program: str, disk_mb: int) -> tuple[dict, dict]:
-    """Apply every layer this process can; return which were applied and why the others were not."""
+def join_cgroup(cgroup: str) -> None:
+    """Move this process (so all it starts) into the memory cgroup `cgroup`, a folder of the cgroup file system."""
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+
+
+def isolate(folder: str, program: str, disk_mb: int, cgroup: str | None = None,
+            cgroup_why: str = "") -> tuple[dict, dict]:
+    """Apply every layer this process can; return which were applied and why the others were not.
+    `cgroup`: the memory cgroup sandbox.py made for this run (None: it could not, `cgroup_why` says why)."""
     applied, why = dict.fromkeys(LAYERS, False), {}
     if _libc is None or not sys.platform.startswith("linux"):
         return applied, dict.fromkeys(LAYERS, "not Linux")
@@ -285,9 +310,14 @@ def isolate(folder: str, program: str, disk_mb: int) -> tuple[dict, dict]:
         except (OSError, AttributeError) as e:  # AttributeError: the libc lacks the function
             why[layer] = str(e)
 
+    if cgroup is not None:  # first, while still the host's uid: all that follows is counted in it
+        attempt("memory_cgroup", lambda: join_cgroup(cgroup))
+    else:
+        why["memory_cgroup"] = cgroup_why or "no memory cgroup was made for this run"
     # without root, a user namespace gives the right to create the others (and the uid is unprivileged already)
     attempt("network_namespace", lambda: unshare(CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET))
     attempt("pid_namespace", lambda: unshare(CLONE_NEWPID))
+    attempt("ipc_namespace", lambda: unshare(CLONE_NEWIPC))  # in the user namespace above, without root
 
     def quota():
         if not root:
@@ -315,7 +345,11 @@ def isolate(folder: str, program: str, disk_mb: int) -> tuple[dict, dict]:
     for layer, version in (("landlock_net", 4), ("landlock_scope", 6)):
         if not applied[layer] and layer not in why:
             why[layer] = f"needs Landlock ABI >= {version}, this kernel has {abi or 'none'}"
-    attempt("seccomp_sockets", seccomp_sockets)  # last: the launcher itself needs no socket after it
+    # last: the launcher itself needs no socket after it
+    attempt("seccomp_sockets", lambda: seccomp_sockets(shared_memory=applied["memory_cgroup"]))
+    if not applied["shared_memory"]:
+        why["shared_memory"] = ("neither counted (no memory cgroup) nor refused (no seccomp filter): "
+                                + why.get("seccomp_sockets", "?"))
     return applied, why
 
 
@@ -340,7 +374,8 @@ def set_limits(limits: dict) -> None:
 def main() -> int:
     settings = json.loads(sys.argv[1])
     folder = settings["folder"]
-    applied, why = isolate(folder, settings["program"], settings["limits"]["disk_mb"])
+    applied, why = isolate(folder, settings["program"], settings["limits"]["disk_mb"], settings.get("cgroup"),
+                           settings.get("cgroup_why", ""))
     missing = [layer for layer in settings["require"] if not applied[layer]]
     with os.fdopen(settings["report_fd"], "w") as report:
         report.write(json.dumps({"applied": applied, "why": why, "missing": missing}) + "\n")
