@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from specresearch.analysis.format import DASH, Table, missing, with_ci
 from specresearch.analysis.runs import CONTRACT_TAGS, NOT_FACTS, Run, Study
 from specresearch.data import DATASETS
+from specresearch.records import COMMIT_TAG, DIFF_TAG
 
 TASK_NAMES = {"humaneval": "HumanEval", "mtbench": "MT-bench", "sharegpt": "ShareGPT"}  # how papers spell them
 
@@ -113,9 +114,9 @@ def facts(runs: list[Run]) -> str:
         lo, hi = int(min(sizes)), int(max(sizes))
         parts.append(f"prompts per run {lo}" + (f"–{hi}" if hi != lo else ""))
     machine = sorted({k for r in runs for k in r.tags if k.startswith("specresearch.") and k not in CONTRACT_TAGS
-                      and not k.startswith(NOT_FACTS)})
+                      and not k.startswith(NOT_FACTS) and k not in (COMMIT_TAG, DIFF_TAG)})
     parts += [f"{k.removeprefix('specresearch.')} {_distinct(r.tags.get(k) for r in runs)}" for k in machine]
-    commits = _distinct((r.tags.get("mlflow.source.git.commit") or "")[:8] for r in runs)
+    commits = _distinct((r.tags.get(COMMIT_TAG) or r.tags.get("mlflow.source.git.commit") or "")[:8] for r in runs)
     if commits:
         parts.append(f"commit {commits}")
     return "; ".join(parts)

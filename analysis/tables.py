@@ -21,7 +21,7 @@ from specresearch.analysis.report import Report
 from specresearch.analysis.runs import AnalysisError, Study, load_study
 from specresearch.analysis.studies import analysed, builder
 from specresearch.config import STUDY_GROUP, compose
-from specresearch.tracking import store_path_problem
+from specresearch.tracking import store_path_problem, write_problem
 
 COMMAND = "python -m specresearch.analysis"
 USAGE = f"{COMMAND} experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR]"
@@ -98,6 +98,10 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
     from specresearch import figures
 
     build = builder(study)
+    out = Path(out) if out is not None else OUT_ROOT / study
+    problem = write_problem(out)  # (a file there: "is not a folder")
+    if problem:  # before the runs are read and the tables computed
+        raise AnalysisError(f"cannot write the tables to {out} (out=DIR): {problem}")
     runs = load_study(study, uri, experiment)
     report = build(runs)
     if runs.superseded:
@@ -106,7 +110,6 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
     if runs.unfinished:
         report.notes.append(f"{len(runs.unfinished)} job run(s) not FINISHED were left out: "
                             + ", ".join(f"{r.id} ({r.status})" for r in runs.unfinished))
-    out = Path(out) if out is not None else OUT_ROOT / study
     out.mkdir(parents=True, exist_ok=True)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (f"Study `{study}`: tables from MLflow ({uri}, experiment '{experiment}'), {len(runs.runs)} runs, "

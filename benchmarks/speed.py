@@ -70,6 +70,7 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.models import LoadedModel, SkinnyLinear, cache_root, load_model, use_skinny_linear
+from specresearch.sweeps.lock import busy
 from specresearch.target import cost_curve
 from specresearch.tracking import MLflowTracker, NullTracker, browse_line, tracked_run, write_problem
 from specresearch.types import SamplingParams
@@ -98,6 +99,7 @@ class Method:
     decode: Callable[[list[list[int]], int], Run]  # (a batch of prompts, new tokens) -> Run
     seconds: list[float] = field(default_factory=list)  # [R] total time of each repeat
     tokens: list[int] = field(default_factory=list)  # [R] new tokens of each repeat
+    group_seconds: list[float] = field(default_factory=list)  # [G] each prompt's (group's) time, summed over repeats
     stats: SpecStats = field(default_factory=SpecStats)
     outputs: list[list[int]] = field(default_factory=list)  # first repeat's tokens, per prompt
 
@@ -324,12 +326,13 @@ def build_methods(args, target: LoadedModel, draft: Callable[[], LoadedModel], c
     return methods
 
 
-def prompt_set(dataset: str, n: int, offset: int) -> list[Prompt]:
+def prompt_set(dataset: str, n: int, offset: int, why: str = "") -> list[Prompt]:
     """HumanEval's prompts from `offset` on; MT-bench's first turns (chat template; evaluation only, so
     no head was trained on them): ceil(n / 8) questions of each category after its first `offset`, category
     after category, the first `n` of them (8 prompts cover all 8 categories); or ShareGPT's first turns from
     `offset` on (the evaluation side, chat template: a chat set to choose settings on, MT-bench to report).
-    An `offset` past the dataset's prompts is refused naming how many it has."""
+    An `offset` past the dataset's prompts, or more prompts than it has from `offset` on, is refused naming
+    how many it has (never fewer than asked, silently); `why` says where `n` came from when not from --prompts."""
     every = load_prompts(dataset, SHAREGPT_EVAL if dataset == "sharegpt" else None)
     if dataset == "mtbench":
         size = max(sum(p.meta["category"] == c for p in every) for c in MTBENCH_CATEGORIES)
@@ -338,9 +341,13 @@ def prompt_set(dataset: str, n: int, offset: int) -> list[Prompt]:
         size, what = len(every), f"{len(every)} {dataset} prompts"
     if offset >= size:
         raise SpecResearchError(f"--offset {offset} is past the prompts: there are {what} (--offset 0 to {size - 1})")
-    if dataset == "mtbench":
-        return load_prompts("mtbench", per_category=-(-n // len(MTBENCH_CATEGORIES)), offset=offset)[:n]
-    return load_prompts(dataset, n, offset=offset)
+    chosen = (load_prompts("mtbench", per_category=-(-n // len(MTBENCH_CATEGORIES)), offset=offset)[:n] if dataset == "mtbench"
+              else every[offset : offset + n])
+    if len(chosen) < n:
+        raise SpecResearchError(f"--prompts {n}{why} with --offset {offset} asks for more prompts than {dataset} has: "
+                                f"{len(chosen)} from --offset {offset} ({what}); valid are "
+                                f"{f'batch sizes whose least common multiple is <= {len(chosen)}' if why else f'--prompts <= {len(chosen)}'}")
+    return load_prompts(dataset, n, offset=offset) if dataset != "mtbench" else chosen
 
 
 def cross_spec(args, node: DictConfig) -> dict:
@@ -386,6 +393,9 @@ def measure(methods: list[Method], groups: list[list[list[int]]], n: int, repeat
                 run = m.decode(group, n)
                 took[m.name] = run.seconds
                 m.seconds[r] += run.seconds
+                if r == 0:
+                    m.group_seconds.append(0.0)
+                m.group_seconds[i] += run.seconds
                 m.tokens[r] += sum(map(len, run.tokens))
                 if run.stats is not None:
                     m.stats = m.stats.merge(run.stats)
@@ -493,10 +503,30 @@ def profile_table(prof: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+INTERVAL = 0.95  # the bootstrap interval of every speedup over prompts
+BOOTSTRAP_DRAWS = 10_000
+
+
+def speedup_interval(reference: Method, m: Method) -> list[float] | None:
+    """The INTERVAL bootstrap interval over prompts of `m`'s speedup over `reference` (the ratio of their
+    total times on the same prompts, every method decoding the same new tokens): the prompts resampled
+    with replacement, each draw's ratio of sums, the percentiles (seeded: the same numbers every time).
+    None with fewer than 2 prompts, where there is no spread to resample."""
+    import numpy as np
+
+    ref, own = np.asarray(reference.group_seconds), np.asarray(m.group_seconds)
+    if len(ref) < 2 or len(ref) != len(own):
+        return None
+    picks = np.random.default_rng(0).integers(0, len(ref), (BOOTSTRAP_DRAWS, len(ref)))  # [D, G]
+    ratios = ref[picks].sum(1) / own[picks].sum(1)  # [D]
+    return [float(x) for x in np.quantile(ratios, [(1 - INTERVAL) / 2, (1 + INTERVAL) / 2])]
+
+
 def summarize(methods: list[Method], v_curve: list[float] | None = None, sampled: bool = False) -> list[dict]:
-    """One row per method: tokens/s (mean and spread over repeats), ratios, α, τ, c, v, Leviathan,
-    and the Leviathan-optimal k (from `v_curve`, the measured v(k), when given); the prompts decoded
-    identically to the reference unless `sampled` (then None: sampled continuations differ by chance)."""
+    """One row per method: tokens/s (mean and spread over repeats), ratios with their bootstrap interval
+    over prompts (`speedup_interval`), α, τ, c, v, Leviathan, and the Leviathan-optimal k (from `v_curve`,
+    the measured v(k), when given); the prompts decoded identically to the reference unless `sampled`
+    (then None: sampled continuations differ by chance)."""
     by_name = {m.name: m for m in methods}
     reference = by_name.get("generate", methods[0])
     baseline = by_name.get("baseline")
@@ -511,12 +541,14 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None, sampled
             "tokens_per_s": sum(m.tokens) / sum(m.seconds),
             "tokens_per_s_std": statistics.stdev(per_repeat) if len(per_repeat) > 1 else 0.0,
             f"speedup_vs_{reference.name}": sum(reference.seconds) / sum(m.seconds),
+            "speedup_interval": speedup_interval(reference, m),
             "speedup_min": min(ratios),
             "speedup_max": max(ratios),
             "identical_to_reference": None if sampled else sum(first_divergence(a, b) is None for a, b in zip(m.outputs, reference.outputs)),
         }
         if baseline is not None:
             row["speedup_vs_baseline"] = sum(baseline.seconds) / sum(m.seconds)
+            row["speedup_vs_baseline_interval"] = speedup_interval(baseline, m)
         if fastest is not None:  # the fastest plain decoding measured: tokens/s over its tokens/s
             row["fastest_plain"] = fastest.name
             row["speedup_vs_fastest_plain"] = (sum(m.tokens) / sum(m.seconds)) / (sum(fastest.tokens) / sum(fastest.seconds))
@@ -542,7 +574,7 @@ def table(rows: list[dict], header: str) -> str:
     w = max(len(r["method"]) for r in rows) + 2
     lines = [
         header,
-        f"{'method':<{w}}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{'(min-max)':>13}{'vs_baseline':>12}{'vs_fastest':>11}"
+        f"{'method':<{w}}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{f'({INTERVAL:.0%} CI)':>13}{'vs_baseline':>12}{'vs_fastest':>11}"
         f"{'alpha':>7}{'tau':>6}{'c':>7}{'v':>7}{'Leviathan':>10}{'identical':>10}",
     ]
     for r in rows:
@@ -551,7 +583,8 @@ def table(rows: list[dict], header: str) -> str:
 
         lines.append(
             f"{r['method']:<{w}}{r['tokens_per_s']:>8.2f}{r['tokens_per_s_std']:>6.2f}{r[ref]:>13.2f}x"
-            f"{r['speedup_min']:>7.2f}-{r['speedup_max']:<5.2f}{f('speedup_vs_baseline', '.2f', 'x'):>12}"
+            + (f"{r['speedup_interval'][0]:>7.2f}-{r['speedup_interval'][1]:<5.2f}" if r.get("speedup_interval") else f"{'-':>13}")
+            + f"{f('speedup_vs_baseline', '.2f', 'x'):>12}"
             f"{f('speedup_vs_fastest_plain', '.2f', 'x'):>11}"
             f"{f('alpha', '.3f'):>7}{f('tau', '.2f'):>6}{f('c', '.3f'):>7}{f('v', '.2f'):>7}{f('leviathan', '.2f', 'x'):>10}"
             f"{'-' if r['identical_to_reference'] is None else r['identical_to_reference']:>10}"
@@ -571,12 +604,15 @@ def table(rows: list[dict], header: str) -> str:
 
 def metrics(rows: list[dict]) -> dict[str, float]:
     """Every number of every row as an MLflow metric `<method>.<key>` (names made MLflow-safe)."""
-    return {
-        re.sub(r"[^\w./ -]", "_", f"{r['method']}.{key}"): value
-        for r in rows
-        for key, value in r.items()
-        if isinstance(value, (int, float)) and value == value  # drop NaN
-    }
+    out = {}
+    for r in rows:
+        for key, value in r.items():
+            if key.endswith("_interval") and isinstance(value, list):  # [low, high] -> NAME_low, NAME_high
+                value = {f"{key}_low": value[0], f"{key}_high": value[1]}
+            for name, number in (value if isinstance(value, dict) and key.endswith("_interval") else {key: value}).items():
+                if isinstance(number, (int, float)) and number == number:  # drop NaN
+                    out[re.sub(r"[^\w./ -]", "_", f"{r['method']}.{name}")] = number
+    return out
 
 
 BATCH_KEYS = ("method", "tokens_per_s", "tokens_per_s_std", "fastest_plain", "speedup_vs_fastest_plain", "speedup_vs_baseline",
@@ -801,7 +837,8 @@ def run(args) -> None:
     if args.batch:
         check_batches(args.prompts, args.batch)
     drafters = drafter_configs(args)
-    texts = prompt_set(args.dataset, args.prompts, args.offset)
+    lcm = f" (--quick with --batch {','.join(map(str, args.batch))}: their least common multiple)" if args.quick and args.batch else ""
+    texts = prompt_set(args.dataset, args.prompts, args.offset, lcm)
     out, tracker = destinations(args)
     target, draft, prompts = load(args, texts)
     cross = None
@@ -823,6 +860,9 @@ def run(args) -> None:
             return (batch_metrics(*summarize_batches(done, args.temperature > 0)) if done else {}), {}
         return (metrics(summarize(methods, sampled=args.temperature > 0)) if all(m.seconds and m.seconds[0] for m in methods) else {}), {}
 
+    warning = busy()  # the lock of our own runs orders only them: say when something else is running
+    if warning:
+        print(f"warning: {warning}", flush=True)
     crossing = any(m.split(":")[0] in CROSS for m in wanted_methods(args.methods))
     cross_note = f", {args.cross_draft} (another tokenizer)" if crossing else ""
     with tracked_run(tracker, OmegaConf.create(report_args(args)), "speed", measured):

@@ -28,6 +28,15 @@ def work(cfg: DictConfig) -> dict[str, float]:
     return run(cfg)
 
 
+def ready(cfg: DictConfig) -> None:
+    """What a speed job checks before it waits for the speed lock (specresearch.speed.check_run);
+    a quality job (`eval=NAME`) takes no lock and checks as it starts."""
+    if cfg.get("eval") is None:
+        from specresearch.speed import check_run
+
+        check_run(cfg)
+
+
 # Bash completion of `python -m specresearch ...`, which Hydra's own script skips (it completes `python
 # FILE.py` only): the same query (COMP_LINE in, the matching words out), and python's previous
 # completion for other python commands, kept (once) in _HYDRA_OLD_COMP: Hydra's `-sc uninstall=bash`
@@ -56,7 +65,7 @@ def main() -> None:
             return
         if "COMP_LINE" in os.environ:  # a completion query: Hydra strips `python`, not `-m specresearch`
             os.environ["COMP_LINE"] = re.sub(r"^\s*\S*python[\d.]*\s+-m\s+", "", os.environ["COMP_LINE"])
-    cli("config", work)
+    cli("config", work, ready=ready)
 
 
 if __name__ == "__main__":

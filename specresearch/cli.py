@@ -29,7 +29,8 @@ class OwnMessages(logging.Filter):
         return record.name.split(".")[0] in ("specresearch", "__main__") or record.levelno >= logging.WARNING
 
 
-def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None], timed: bool = True) -> None:
+def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None], timed: bool = True,
+        ready: Callable[[DictConfig], Any] | None = None) -> None:
     """Run a Hydra command (`python -m specresearch`, `python -m specresearch.train`): every job, single
     or in a sweep, is checked (settings.check) before a run opens, then runs `work(cfg)` inside
     sweeps.job (signals end its run FAILED, `resume` may skip it, a timed speed job holds the speed lock).
@@ -40,20 +41,28 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
         config_name: the primary config of conf/ ("config" or "train").
         work: the job: the composed config in, the summary metrics out.
         timed: whether the jobs' results are timings (sweeps.job: the speed lock); False for training.
+        ready: the job's own checks that need no model (files, prompts, sizes), run with settings.check
+            before sweeps.job: a job it refuses neither waits for the speed lock nor opens a run.
     """
+    if "--version" in sys.argv[1:] or "-V" in sys.argv[1:]:  # ours, not Hydra's ("Hydra 1.3.8")
+        from specresearch import __version__
+
+        print(f"specresearch {__version__}")
+        return
     import hydra
 
     problem = unknown_option(sys.argv[1:], config_name)
     if problem:
         fail(problem)
     try:
-        hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(_job(work, timed))()
+        hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(_job(work, timed, ready))()
     except KeyboardInterrupt:  # Ctrl-C outside a job (during a job sweeps.exit_on_signals turns it into SystemExit(130))
         print("\ninterrupted by SIGINT", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
 
 
-def _job(work: Callable[[DictConfig], dict[str, float] | None], timed: bool) -> Callable[[DictConfig], Any]:
+def _job(work: Callable[[DictConfig], dict[str, float] | None], timed: bool,
+         ready: Callable[[DictConfig], Any] | None = None) -> Callable[[DictConfig], Any]:
     def task(cfg: DictConfig) -> Any:
         """One job. Returns the summary metric `objective` (a float, for Optuna's sweeper; None when
         it is not set or not finite), or what SweepCallback counts: JobSkipped, JobFailed."""
@@ -67,6 +76,8 @@ def _job(work: Callable[[DictConfig], dict[str, float] | None], timed: bool) -> 
         multirun = hc.mode == RunMode.MULTIRUN
         try:
             check(cfg)  # before sweeps.job: a refused config opens no run and takes no lock
+            if ready is not None:
+                ready(cfg)  # so are missing or damaged files, too few prompts, sizes a model cannot hold
             with sweeps.job(cfg, multirun=multirun, timed=timed) as skipped:
                 if skipped is not None:
                     return skipped

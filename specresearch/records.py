@@ -6,13 +6,18 @@ analysis (specresearch.analysis) with the same names, so the two cannot drift ap
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
 import re
 import socket
+import subprocess
+import sys
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -30,15 +35,93 @@ INTERRUPTED_TAG = "specresearch.interrupted"  # "true" on a RUNNING run that res
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: a sweep's job run names its parent
 NOTE_TAG = "mlflow.note.content"  # MLflow's own: the run's description (markdown), shown first on its page
 OVERRIDES_TAG = "specresearch.overrides"  # a job's command-line overrides: what a sweep's summary tabulates it by
-HASH_EXCLUDED = ("tracker", "resume")  # where a run is recorded, and whether to skip it, do not change what it measures
+HASH_EXCLUDED = ("tracker", "resume", "resume_ignore_code")  # where a run is recorded, and whether to skip it, do not change what it measures
+# The code a run was measured by (code_tags): resume re-runs a job whose recorded code differs (same_code).
+COMMIT_TAG = "specresearch.commit"  # the git commit of the checkout specresearch ran from; absent outside a checkout
+DIRTY_TAG = "specresearch.dirty"  # "true" when that checkout had uncommitted changes to tracked files, else "false"
+DIFF_TAG = "specresearch.diff"  # a dirty checkout's changes: sha256 (16 hex) of `git diff HEAD`; absent when clean or unknown
+VERSION_TAGS = {"specresearch": "specresearch.version", "torch": "specresearch.torch",  # distribution -> its version's tag
+                "transformers": "specresearch.transformers", "lm_eval": "specresearch.lm_eval"}
+GIT_TIMEOUT_S = 5.0  # per git command: a hung git (a network file system) must not hold a run
 
 
 def process_tags(cfg: DictConfig) -> dict[str, str]:
-    """The tags of every run we open, job or sweep parent: this process (host, pid) and the study."""
-    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+    """The tags of every run we open, job or sweep parent: this process (host, pid), the study and the
+    code it runs (code_tags: commit, dirty flag, library versions)."""
+    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), **code_tags()}
     if cfg.get("study") is not None:
         tags[STUDY_TAG] = str(cfg.study)
     return tags
+
+
+@functools.cache
+def code_tags() -> dict[str, str]:
+    """The code this process runs, as tags (computed once per process): the git commit of the checkout
+    specresearch is imported from and whether it is dirty (with a digest of the uncommitted changes),
+    and the versions of specresearch, torch, transformers and lm-eval ("none" when one is not
+    installed). Outside a checkout (an installed wheel), or where git is missing or fails, there is
+    no commit: the specresearch version names the code. Never raises."""
+    from specresearch import __version__
+
+    tags = {VERSION_TAGS["specresearch"]: __version__}
+    for name in ("torch", "transformers", "lm_eval"):
+        module = sys.modules.get(name)
+        try:
+            tags[VERSION_TAGS[name]] = str(getattr(module, "__version__", None) or importlib.metadata.version(name))
+        except importlib.metadata.PackageNotFoundError:
+            tags[VERSION_TAGS[name]] = "none"
+    return {**tags, **_git_tags()}
+
+
+def _git(root: str, *args: str) -> bytes | None:
+    """`git -C root ARGS`'s output; None when git is missing, fails or outlasts GIT_TIMEOUT_S (stderr silenced)."""
+    try:
+        done = subprocess.run(["git", "-C", root, *args], capture_output=True, timeout=GIT_TIMEOUT_S,
+                              env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _git_tags() -> dict[str, str]:
+    """COMMIT_TAG, DIRTY_TAG (and DIFF_TAG) when specresearch is imported from a git checkout of its
+    own (the package folder at the top of the work tree: not a wheel inside some other repository);
+    {} otherwise."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = _git(root, "rev-parse", "--show-toplevel", "HEAD")
+    lines = found.decode(errors="replace").split() if found else []
+    if len(lines) != 2 or os.path.realpath(lines[0]) != os.path.realpath(root):
+        return {}
+    diff = _git(root, "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color")
+    tags = {COMMIT_TAG: lines[1], DIRTY_TAG: "false" if diff == b"" else "true"}  # diff None (failed): dirty, unknown
+    if diff:
+        tags[DIFF_TAG] = hashlib.sha256(diff).hexdigest()[:16]
+    return tags
+
+
+def code_of(tags: Mapping[str, str]) -> str:
+    """The code a run's tags (or code_tags()) name, as one short line: the commit (12 hex), `+dirty`
+    and the changes' digest when dirty; `specresearch VERSION` outside a checkout; "unrecorded"
+    for a run from before these tags."""
+    if tags.get(COMMIT_TAG):
+        dirty = f"+dirty {tags.get(DIFF_TAG, '(changes unknown)')}" if tags.get(DIRTY_TAG) != "false" else ""
+        return tags[COMMIT_TAG][:12] + dirty
+    version = tags.get(VERSION_TAGS["specresearch"])
+    return f"specresearch {version}" if version else "unrecorded"
+
+
+def same_code(recorded: Mapping[str, str], current: Mapping[str, str]) -> bool:
+    """Whether a run's recorded code (its tags) is the code `current` names (code_tags()): the same
+    commit and dirty flag and, for a dirty checkout, the same digest of its uncommitted changes;
+    outside a checkout, the same specresearch version. A dirty tree cannot be proven equal to another
+    beyond that digest (untracked files are not in it), and one whose changes could not be read is
+    never equal; a run that recorded no code is not either (resume re-runs it)."""
+    if current.get(COMMIT_TAG) or recorded.get(COMMIT_TAG):
+        keys = (COMMIT_TAG, DIRTY_TAG, DIFF_TAG)
+        dirty_unknown = current.get(DIRTY_TAG) != "false" and not current.get(DIFF_TAG)
+        return not dirty_unknown and all(recorded.get(key) == current.get(key) for key in keys)
+    version = current.get(VERSION_TAGS["specresearch"])
+    return version is not None and recorded.get(VERSION_TAGS["specresearch"]) == version
 
 
 def json_text(value, indent: int | None = 2, default=None) -> str:

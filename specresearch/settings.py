@@ -571,6 +571,7 @@ class Config:
     warmup: bool = MISSING            # one short untimed generation of each engine first
     compiled_reference: Any = MISSING  # time compiled plain decoding beside the baseline: auto (on CUDA), true or false
     resume: Any = MISSING             # auto (in sweeps only), true or false
+    resume_ignore_code: bool = MISSING  # resume reuses a run measured by other code (commit, dirty flag) too
     exclusive: bool = MISSING         # a speed job holds the machine's speed lock
     objective: Optional[str] = None   # the summary metric a job returns (for Optuna)
     stats: Stats = field(default_factory=Stats)

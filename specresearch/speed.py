@@ -8,14 +8,15 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specresearch import settings
 from specresearch.build import build, build_engine, claim_params
-from specresearch.models import machine_tags
+from specresearch.models import check_model_files, check_tiny_args, machine_tags
 from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
@@ -146,10 +147,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     """
     torch.manual_seed(cfg.seed)
     sampling = SamplingParams(**cfg.sampling)
-    settings.check(cfg)  # as the command line checks it: a run from Python too, before anything is recorded
+    prompts = check_run(cfg)  # as the command line checks it (before the speed lock): a run from Python too, before anything is recorded
     tracker = build(cfg.tracker)
     tracker.check()  # where results go, before any model loads
-    prompts = load_prompts(**cfg.dataset)
     method = build_engine(cfg)
     baseline = build_engine(cfg, baseline=True, target=method.target.lm)
     compiled = compiled_reference(cfg, baseline)
@@ -173,6 +173,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
             engine.target.precompile(1 if engine.drafter.k == 0 and not engine.drafter.depth else StaticSlots.COMPILED_WIDTHS[-1],
                                      hidden=engine.drafter.needs_hidden)
     if cfg.warmup:  # first calls pay one-off costs (allocator, kernels, compilation): keep them out of every timing
+        log.info(f"warm-up (untimed; warmup=false skips it): {' and '.join(e.label for e in engines)} decode "
+                 f"{min(8, cfg.max_new_tokens)} tokens of {len(prompt_ids[:batch])} prompt(s) each, so that one-off costs "
+                 "(memory, kernels, compiled graphs) stay out of the timings")
         for engine in engines:  # a compiled engine decodes the longest prompt in full: its draft model's slots grow to their size too
             compiled_run = engine.target.lm.compile
             generate(engine, [longest] if compiled_run else prompt_ids[:batch], 0, cfg.max_new_tokens if compiled_run else min(8, cfg.max_new_tokens))
@@ -180,7 +183,11 @@ def run(cfg: DictConfig) -> dict[str, float]:
     results = Results(batch_size=batch)
     tags = {**machine_tags(target), **trained_on}
     with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked:
-        with tqdm(total=len(prompts), desc=label, unit="prompt") as progress:  # closed before the battery's bars
+        per_prompt = len(engines) * cfg.max_new_tokens  # at most: a row may stop early (EOS, a stop string)
+        sides = "baseline and method" if compiled is None else "baseline, method and compiled plain decoding"
+        with tqdm(total=len(prompts) * per_prompt, desc=f"{label} ({sides})", unit="token") as progress:  # closed before the battery's bars
+            for engine in engines:
+                engine.on_tokens = progress.update  # the bar moves with every step
             for first in range(0, len(prompts), batch):  # prompt i (row i - first of its batch) is seeded stream_seed(cfg.seed, i)
                 ids = prompt_ids[first : first + batch]
                 if first // batch % 2 == 0:  # alternate who goes first, so drifts in machine speed cancel
@@ -197,7 +204,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 summary = prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION)
                 for i, (b, m, record) in enumerate(zip(base, meth, records), start=first):
                     tracked.log_metrics({**summary, **_step_metrics(b, m, record)}, step=i)
-                progress.update(len(ids))
+                progress.update((first + len(ids)) * per_prompt - progress.n)  # rows that stopped early: their tokens never came
+            for engine in engines:
+                engine.on_tokens = None
         if cfg.stats.samples and not sampling.greedy:
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
     record = results.record(k)
@@ -210,6 +219,66 @@ def run(cfg: DictConfig) -> dict[str, float]:
         log.info("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
     browse_line(tracker)
     return flatten(record)
+
+
+def check_run(cfg: DictConfig) -> list[Prompt]:
+    """Everything a speed run can check without loading a model, refused in one line before the run
+    waits for the speed lock (the command line calls it before sweeps.job), opens a run or loads
+    anything: the settings (settings.check), a local model's files, a tiny model's sizes, the prompts (never fewer than
+    asked), whether the longest prompt and max_new_tokens fit a tiny model's positions, a drafter's
+    checkpoint files, and what the equivalence battery would need (stats.prompts, stats.samples=auto).
+
+    Returns:
+        The prompts (load_prompts(**cfg.dataset)).
+    """
+    settings.check(cfg)
+    tiny = []  # (tokenizer, max positions, its settings' path) of each tiny model
+    for path, node in (("model", cfg.get("model")), ("drafter.model", (cfg.get("drafter") or {}).get("model"))):
+        if node is not None and node.get("name") not in (None, "tiny"):
+            check_model_files(node.name)
+        if node is not None and node.get("name") == "tiny":
+            given = node.get("tiny")
+            tiny.append((*check_tiny_args(OmegaConf.to_container(given, resolve=True) if given is not None else None, f"{path}.tiny"), path))
+    prompts = load_prompts(**cfg.dataset)
+    for tokenizer, limit, path in [t for t in tiny if t[2] == "model"]:  # the target's (a draft checks its own as it loads)
+        length, longest = max((len(encode(tokenizer, p)), p.id) for p in prompts)
+        if length + cfg.max_new_tokens > limit:
+            room = f"valid are max_new_tokens <= {limit - length} for these prompts" if length < limit else "the prompt alone fills them"
+            raise SpecResearchError(f"prompt {longest} ({length} tokens) and max_new_tokens={cfg.max_new_tokens} need "
+                                    f"{length + cfg.max_new_tokens} positions, but the tiny model has {limit} "
+                                    f"({path}.tiny.max_position_embeddings): {room}")
+    drafter = cfg.get("drafter") or {}
+    if drafter.get("checkpoint"):  # medusa, eagle: the files now, not after the models load
+        from specresearch.drafters.base import check_checkpoint
+
+        from specresearch.drafters.medusa import SHAPE_KEYS
+
+        medusa = "medusa" in str(drafter.get("_target_", "")).lower()
+        check_checkpoint("medusa" if medusa else "eagle", Path(str(drafter.checkpoint)).expanduser(), keys=SHAPE_KEYS if medusa else ())
+    sc = cfg.get("stats")
+    if sc is not None and sc.samples and cfg.sampling.temperature > 0:  # the battery runs
+        if sc.prompts > len(prompts):
+            raise SpecResearchError(f"stats.prompts={sc.prompts} > the {len(prompts)} prompt(s) this run decodes (dataset.num_prompts, "
+                                    f"dataset.offset): valid are stats.prompts <= {len(prompts)}")
+        if sc.samples == "auto":
+            least = samples_for_tv(sc.tv, 1, sc.length, sc.alpha, sc.power)  # auto's first draw, per side
+            if least > AUTO_MAX:
+                low = _least_auto_tv(sc)
+                raise SpecResearchError(
+                    f"stats.samples=auto: a position TV of {sc.tv} needs at least {least:,} sequences per side (length {sc.length}, "
+                    f"alpha {sc.alpha}, power {sc.power}), above the {AUTO_MAX:,} that auto draws at most: valid are stats.tv >= "
+                    f"{low:.4g} with samples=auto, or an explicit stats.samples=N (sequences per prompt)")
+    return prompts
+
+
+def _least_auto_tv(sc: DictConfig) -> float:
+    """The smallest position TV (rounded up to 3 digits) whose first draw fits AUTO_MAX sequences per side."""
+    low, high = 1e-6, 0.999  # samples_for_tv falls as the TV grows: too many at low, few enough at high
+    for _ in range(60):
+        mid = (low * high) ** 0.5
+        low, high = (low, mid) if samples_for_tv(mid, 1, sc.length, sc.alpha, sc.power) <= AUTO_MAX else (mid, high)
+    step = 10.0 ** (math.floor(math.log10(high)) - 2)
+    return math.ceil(high / step) * step
 
 
 def compiled_reference(cfg: DictConfig, baseline: Engine) -> Engine | None:

@@ -151,7 +151,7 @@ class Target:
         own ancestors. `crop_rows` drops the trees again.
 
         Returns:
-            [n_b, V] logits per row: row i of each is the distribution of the token after fed[b][i]; with
+            [n_b, V] logits per row: row i of each is the distribution of the token after `fed[b][i]`; with
             `padded`, one [B, W, V] tensor instead (W >= every n_b; row b's first n_b positions are its own).
         """
         if self._single and len(fed[0]):  # one sequence: the plain forward (no mask for a chain)

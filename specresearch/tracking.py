@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specresearch.errors import SpecResearchError
 from specresearch.records import (
-    HASH_TAG, HOST_TAG, INTERRUPTED_TAG, OVERRIDES_TAG, PID_TAG, config_hash, headline, json_text, process_tags,
+    HASH_TAG, HEADLINE, HOST_TAG, INTERRUPTED_TAG, OVERRIDES_TAG, PID_TAG, config_hash, headline, json_text, process_tags,
 )
 
 log = logging.getLogger(__name__)
@@ -220,6 +220,19 @@ class NullTracker:
         pass
 
 
+# How MLflow 3's UI shows our experiments: as model development (it opens on the runs table, not the GenAI
+# traces view with its assistant panel), with a description on the experiment's page. The runs table's
+# columns cannot be preset from here (the UI keeps that choice in the browser): the description says which.
+EXPERIMENT_TAGS = {
+    "mlflow.experimentKind": "custom_model_development",
+    "mlflow.note.content": (
+        "Runs of specresearch (speculative decoding): one run per job (`python -m specresearch`, a "
+        "sweep's jobs under their parent run). The headline metrics, logged first: " + ", ".join(f"`{name}`" for name in HEADLINE)
+        + ". Add them as columns in the runs table (Columns), and open a run for its prompts (`prompt/*`), its "
+        "`headline/*` charts over the prompts, its records (`records.jsonl`) and its log (`specresearch.log`)."),
+}
+
+
 class MLflowTracker:
     """MLflow on a local sqlite store, artifacts beside it under an absolute path; or on a tracking
     server (`uri`), which a sweep's jobs on other machines (Ray) can reach.
@@ -294,16 +307,16 @@ class MLflowTracker:
 
     def _experiment_id(self, mlflow) -> str:
         found = mlflow.get_experiment_by_name(self.experiment)
-        if found is not None:
-            return found.experiment_id
-        with self._store_lock():  # another process may be creating it right now
-            found = mlflow.get_experiment_by_name(self.experiment)
-            if found is not None:
-                return found.experiment_id
-            if not self.local:  # a server keeps (or proxies) the artifacts itself
-                return mlflow.create_experiment(self.experiment)
-            location = (self.store / "artifacts" / self.experiment).as_uri()
-            return mlflow.create_experiment(self.experiment, artifact_location=location)
+        if found is None:
+            with self._store_lock():  # another process may be creating it right now
+                found = mlflow.get_experiment_by_name(self.experiment)
+                if found is None:
+                    location = (self.store / "artifacts" / self.experiment).as_uri() if self.local else None  # a server keeps its own
+                    return mlflow.create_experiment(self.experiment, artifact_location=location, tags=EXPERIMENT_TAGS)
+        for key, value in EXPERIMENT_TAGS.items():  # an experiment made before these tags, or by hand
+            if key not in found.tags:
+                mlflow.MlflowClient(tracking_uri=self.uri).set_experiment_tag(found.experiment_id, key, value)
+        return found.experiment_id
 
     def client(self):
         """An MlflowClient on this tracker's store."""
@@ -418,7 +431,8 @@ def tracked_run(tracker: Tracker, cfg: DictConfig, name: str, report: Callable[[
         cfg: the composed config, logged as the run's params.
         name: the run's name.
         report: what was measured so far: (summary metrics, {file name: text}); read once, at the end.
-        tags, params: extra tags (e.g. `machine_tags`) and params (e.g. `claim_params`).
+        tags: extra tags (e.g. `machine_tags`).
+        params: extra params (e.g. `claim_params`).
 
     Yields:
         The tracker, to log step metrics as they come.

@@ -547,3 +547,20 @@ def test_a_store_mlflow_cannot_read_is_one_line_exit_2(tmp_path, capsys, case):
         "a '?' in the path": f"error: tracker.store cannot hold '?' (MLflow's sqlite URI reads them otherwise), got {store}",
     }[case])
     assert (store / "mlflow.db").read_bytes() == b"random bytes, not sqlite" * 40 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["under a file", "in /proc", "a file"])
+def test_an_unwritable_out_is_one_line_before_the_runs_are_read(tmp_path, capsys, monkeypatch, where):
+    """out=<under a regular file> or out=/proc/x failed after the tables were computed: now refused
+    first, in one line, with nothing read from MLflow and nothing written."""
+    from specresearch.analysis import tables
+
+    monkeypatch.setattr(tables, "load_study", lambda *a, **k: pytest.fail("the runs were read"))
+    (tmp_path / "file").write_text("keep me")
+    out = {"under a file": f"{tmp_path}/file/sub", "in /proc": "/proc/specresearch-x", "a file": f"{tmp_path}/file"}[where]
+    assert tables.main(["experiment=leviathan", f"tracker.store={tmp_path}/mlruns", f"out={out}"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"error: cannot write the tables to {out} (out=DIR): " + {
+        "under a file": f"{tmp_path}/file is not a folder", "in /proc": "cannot create a file in /proc (No such file or directory)",
+        "a file": f"{tmp_path}/file is not a folder"}[where]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "keep me"

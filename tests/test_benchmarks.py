@@ -233,6 +233,11 @@ REFUSED = {  # arguments -> the start of the one error line
     "--offset -1": "error: argument --offset: must be an integer >= 0, got -1",
     "--offset 1000": "error: --offset 1000 is past the prompts: there are 164 humaneval prompts (--offset 0 to 163)",
     "--offset 10 --dataset mtbench": "error: --offset 10 is past the prompts: there are at most 10 questions in an MT-bench category",
+    "--batch 7,11,13": "error: --prompts 1001 (--quick with --batch 7,11,13: their least common multiple) with --offset 0 asks for more "
+                       "prompts than humaneval has: 164 from --offset 0 (164 humaneval prompts); valid are batch sizes whose least common "
+                       "multiple is <= 164",
+    "--offset 162 --batch 4": "error: --prompts 4 (--quick with --batch 4: their least common multiple) with --offset 162 asks for more "
+                              "prompts than humaneval has: 2 from --offset 162",
     "--store /proc/x": "error: cannot write the MLflow store /proc/x",
     "--store FILE/mlruns": "error: cannot write the MLflow store FILE/mlruns",
     "--json /proc/x/speed.json": "error: cannot write the report /proc/x/speed.json (--json): cannot create a file in /proc",
@@ -269,6 +274,28 @@ def test_a_bad_argument_or_destination_is_refused_in_one_line_before_a_model_loa
     assert line.startswith(REFUSED[args].replace("FILE", str(tmp_path / "file")))
     assert loaded == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("args, line", [
+    ("--prompts 200", "error: --prompts 200 with --offset 0 asks for more prompts than humaneval has: 164 from --offset 0 "
+                      "(164 humaneval prompts); valid are --prompts <= 164"),
+    ("--offset 160 --prompts 8", "error: --prompts 8 with --offset 160 asks for more prompts than humaneval has: 4 from --offset 160 "
+                                 "(164 humaneval prompts); valid are --prompts <= 4"),
+    ("--dataset mtbench --prompts 81", "error: --prompts 81 with --offset 0 asks for more prompts than mtbench has: 80 from --offset 0"),
+])
+def test_more_prompts_than_the_dataset_has_are_refused_not_cut_short(tmp_path, monkeypatch, capsys, args, line):
+    """--prompts 200 decoded HumanEval's 164 while the report said 200: now one line, before a model
+    loads, naming how many there are; nothing written."""
+    speed = speed_module()
+    monkeypatch.setattr(speed, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setattr(sys, "argv", [SPEED, "--methods", "generate,baseline", "--json", str(tmp_path / "speed.json"),
+                                      "--store", str(tmp_path / "mlruns"), *args.split()])
+    with pytest.raises(SystemExit) as stop:
+        speed.main()
+    assert stop.value.code == 2
+    (got,) = capsys.readouterr().err.strip().splitlines()
+    assert got.startswith(line), got
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_script_refuses_an_unwritable_report_folder_in_one_line(tmp_path):

@@ -129,7 +129,7 @@ def test_unknown_group_option_lists_valid_ones(tmp_path, group, valid):
     "overrides, message",
     [
         (["model.name=no-such-model"], "unknown model 'no-such-model'"),
-        (["dataset.offset=1000"], "dataset humaneval is empty"),
+        (["dataset.offset=1000"], r"dataset.offset \+ dataset.num_prompts = 1001 > the 164 prompts of humaneval"),
         (["dataset.name=nonsense"], "choose one of humaneval, mtbench"),
         (["sampling=random"], "verifier=rejection"),
         (["max_new_tokens=0"], "max_new_tokens must be >= 1"),
@@ -142,6 +142,47 @@ def test_bad_inputs_raise_clear_errors(overrides, message, tmp_path):
     with pytest.raises(SpecResearchError, match=message):
         run(cfg)
     assert not (tmp_path / "mlruns" / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["dataset.offset=162", "dataset.num_prompts=5"],
+     "dataset.offset + dataset.num_prompts = 167 > the 164 prompts of humaneval: valid are offset + num_prompts <= 164 "
+     "(num_prompts=null: all from offset)"),
+    (["dataset=mtbench", "dataset.num_prompts=81"], "dataset.offset + dataset.num_prompts = 81 > the 80 prompts of mtbench"),
+    (["sampling=random", "verifier=rejection", "stats.samples=10", "stats.prompts=100"],
+     "stats.prompts=100 > the 1 prompt(s) this run decodes (dataset.num_prompts, dataset.offset): valid are stats.prompts <= 1"),
+    (["sampling=random", "verifier=rejection", "stats.samples=auto", "stats.tv=0.001"],
+     "stats.samples=auto: a position TV of 0.001 needs at least 8,928,091 sequences per side (length 8, alpha 0.01, power 0.8), "
+     "above the 100,000 that auto draws at most: valid are stats.tv >= 0.00945 with samples=auto, or an explicit stats.samples=N "
+     "(sequences per prompt)"),
+    (["model.cache=static", "max_new_tokens=2040"],
+     "prompt HumanEval/0 (348 tokens) and max_new_tokens=2040 need 2388 positions, but the tiny model has 2048 "
+     "(model.tiny.max_position_embeddings): valid are max_new_tokens <= 1700 for these prompts"),
+    (["model.tiny.vocab_size=0"], "model.tiny.vocab_size must be an integer >= 2, got 0"),
+])
+def test_what_cannot_be_met_is_refused_before_a_model_loads(overrides, message, tmp_path, monkeypatch):
+    """Fewer prompts than asked, a battery on more prompts than the run has, samples=auto sized in the
+    millions, a prompt and max_new_tokens past the tiny model's positions: one line naming the valid
+    range, before any model loads (nothing recorded), not a cut-short run or a failure after loading."""
+    import specresearch.speed
+
+    monkeypatch.setattr(specresearch.speed, "build_engine", lambda *a, **k: pytest.fail("a model loaded"))
+    cfg = make_cfg(*TINY, "dataset.num_prompts=1", "max_new_tokens=4", f"tracker.store={tmp_path}/mlruns", *overrides)
+    with pytest.raises(SpecResearchError) as refused:
+        run(cfg)
+    assert str(refused.value) == message or str(refused.value).startswith(message)
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_a_static_cache_too_long_for_the_tiny_model_leaves_no_outputs(tmp_path):
+    """model.cache=static max_new_tokens=2040 failed only after the models loaded, and left outputs/ behind."""
+    result = subprocess.run([sys.executable, "-m", "specresearch", *TINY, "dataset.num_prompts=1", "model.cache=static",
+                             "max_new_tokens=2040", "tracker=none"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: prompt HumanEval/0 (348 tokens) and max_new_tokens=2040 need 2388 positions") and "loading" not in result.stdout
+    assert list(tmp_path.iterdir()) == []  # no outputs/
 
 
 def test_draft_vocabulary_mismatch_is_refused(tmp_path):
@@ -208,3 +249,34 @@ def test_a_study_label_by_hand_is_refused_naming_the_presets(label, tmp_path):
     preset = subprocess.run([sys.executable, "-m", "specresearch", "experiment=specbench", "--cfg", "job"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert preset.returncode == 0 and "\nstudy: specbench\n" in preset.stdout, preset.stderr[-2000:]
+
+
+def test_an_mlflow_run_from_the_cli_carries_its_code(tmp_path, new_store):
+    """A run records the code it was measured by: the git commit of the checkout specresearch runs from and whether
+    it had uncommitted changes (or, outside a checkout, nothing but the version), and the versions of specresearch,
+    torch, transformers and lm-eval, as installed here."""
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from specresearch import __version__
+    from specresearch.records import COMMIT_TAG, DIFF_TAG, DIRTY_TAG, VERSION_TAGS
+
+    result = cli("model=tiny", "drafter=pld", "dataset.num_prompts=1", "max_new_tokens=4",
+                 f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = mlflow_runs(tmp_path / "mlruns")
+    tags = record.data.tags
+    assert {name: tags[tag] for name, tag in VERSION_TAGS.items()} == {
+        "specresearch": __version__, "torch": version("torch"), "transformers": version("transformers"), "lm_eval": version("lm_eval")}
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+    top = git("rev-parse", "--show-toplevel")
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root:  # not run from a checkout: the version names the code
+        assert COMMIT_TAG not in tags and DIRTY_TAG not in tags
+        return
+    assert tags[COMMIT_TAG] == git("rev-parse", "HEAD").stdout.strip() and len(tags[COMMIT_TAG]) == 40
+    dirty = git("diff", "HEAD", "--quiet").returncode != 0  # (others may edit the tree meanwhile: a dirty tree stays dirty)
+    assert tags[DIRTY_TAG] == ("true" if dirty else "false") and (DIFF_TAG in tags) == dirty

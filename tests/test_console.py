@@ -36,7 +36,7 @@ def test_a_plain_run_prints_no_warning(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "greedy identity" in result.stdout
     assert not_bars(result.stderr) == [], result.stderr[-3000:]
-    assert "pld(k=10) x greedy" in bars(result.stderr)
+    assert "| 16/16 [" in bars(result.stderr)["pld(k=10) x greedy (baseline and method)"]  # new tokens, both sides
 
 
 def test_the_battery_has_one_bar_per_side(tmp_path):

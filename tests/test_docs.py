@@ -138,3 +138,33 @@ def test_every_key_the_docs_name_is_one_the_config_has():
     table = (ROOT / "docs" / "running.md").read_text(encoding="utf-8").split("## Config groups", 1)[1].split("\n## ", 1)[0]
     named = re.findall(r"^\| `([\w/]+)` \|", table, re.M)
     assert named and set(named) <= set(groups()), set(named) - set(groups())
+
+
+def _headline():
+    spec = importlib.util.spec_from_file_location("headline", ROOT / "benchmarks" / "headline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_headline_numbers_come_from_the_data_and_agree_between_readme_and_docs():
+    """README and the docs' home show the same headline table, written from committed speed reports with
+    their bootstrap intervals (benchmarks/headline.py): `--check` finds both current."""
+    headline = _headline()
+    assert headline.main(["--check"]) == 0
+    blocks = [headline.BLOCK.search(page.read_text(encoding="utf-8")).group(0) for page in headline.PAGES]
+    rows = [[line.rsplit("|", 2)[0] for line in block.splitlines() if line.startswith("| ")] for block in blocks]
+    assert rows[0] == rows[1] and len(rows[0]) == 1 + len(headline.headlines())  # the same numbers (links differ)
+    for h in headline.headlines():
+        assert h["prompts"] >= headline.MIN_PROMPTS and h["interval"][0] <= h["speedup"] <= h["interval"][1]
+
+
+def test_a_headline_without_enough_prompts_or_an_interval_is_refused(tmp_path, monkeypatch):
+    headline = _headline()
+    report = json.loads((DATA / "2026-11-28-flagship-humaneval.json").read_text())  # 3 prompts, before intervals
+    (tmp_path / "old.json").write_text(json.dumps(report))
+    (tmp_path / "headline.json").write_text(json.dumps([{"what": "x", "report": "old", "method": "independent"}]))
+    monkeypatch.setattr(headline, "DATA", tmp_path)
+    monkeypatch.setattr(headline, "SOURCE", tmp_path / "headline.json")
+    with pytest.raises(headline.HeadlineError, match="needs >= 8 prompts and a bootstrap interval.*it has 3 prompts and no interval"):
+        headline.headlines()

@@ -517,8 +517,18 @@ def short_engine():
     ([1.5, 2], 8, "generate() takes the prompt as a list of integer token ids, got 1.5 (float) at position 0"),
     ([3, True], 8, "generate() takes the prompt as a list of integer token ids, got True (bool) at position 1"),
     ("def f():", 8, "generate() takes token ids, not text: encode it with engine.tokenizer.encode(text)"),
-    (torch.tensor([1.0, 2.0]), 8, "generate() takes the prompt as a 1-D tensor of integer token ids, got a 1-D float32 tensor"),
-    (torch.tensor([[1, 2]]), 8, "generate() takes the prompt as a 1-D tensor of integer token ids, got a 2-D int64 tensor"),
+    (torch.tensor([1.0, 2.0]), 8, "generate() takes the prompt as a 1-D tensor of integer token ids (a batch: a 2-D tensor of "
+                                  "equal-length prompts, one per row, or a list of prompts), got a 1-D float32 tensor"),
+    (torch.tensor([[[1, 2]]]), 8, "generate() takes the prompt as a 1-D tensor of integer token ids (a batch: a 2-D tensor of "
+                                  "equal-length prompts, one per row, or a list of prompts), got a 3-D int64 tensor"),
+    (torch.zeros(0, 2, dtype=torch.long), 8, "generate() takes the prompt as a 1-D tensor of integer token ids (a batch: a 2-D "
+                                             "tensor of equal-length prompts, one per row, or a list of prompts), got a 2-D int64 "
+                                             "tensor with no rows"),
+    (np.array([[[1, 2]]]), 8, "generate() takes the prompt as a 1-D array of integer token ids (a batch: a 2-D array of "
+                              "equal-length prompts, one per row, or a list of prompts), got a 3-D int64 array"),
+    (np.array([1.5, 2.0]), 8, "generate() takes the prompt as a 1-D array of integer token ids (a batch: a 2-D array of "
+                              "equal-length prompts, one per row, or a list of prompts), got a 1-D float64 array"),
+    (torch.tensor([[1.0, 2.0]]), 8, "prompt 0 of the batch: generate() takes the prompt as a 1-D tensor of integer token ids"),
     ({1, 2}, 8, "generate() takes the prompt as a list (or 1-D tensor) of integer token ids, got set"),
     ([], 8, "generate() needs a prompt of at least 1 token id, got 0"),
     ([99999], 8, f"token id 99999 at position 0 of the prompt is outside tiny's vocabulary: ids must be in [0, {VOCAB})"),
@@ -543,6 +553,16 @@ def test_generate_refuses_a_request_the_target_cannot_decode(short_engine, promp
         del target.prefill
     assert str(err.value).startswith(error) and "\n" not in str(err.value), err.value
     assert calls == []
+
+
+def test_a_2d_tensor_or_array_is_a_batch_of_equal_length_prompts(short_engine):
+    """generate()'s docstring: a batch is a list of prompts, or a 2-D tensor or numpy array (one prompt
+    per row); each decodes what the list of rows decodes."""
+    rows = [[5, 6, 7, 5], [7, 6, 5, 7]]
+    expected = [o.tokens for o in short_engine.generate(rows, 6, eos_token_ids=[])]
+    for batch in (torch.tensor(rows), torch.tensor(rows, dtype=torch.int32), np.array(rows), [np.array(r) for r in rows]):
+        outputs = short_engine.generate(batch, 6, eos_token_ids=[])
+        assert isinstance(outputs, list) and [o.tokens for o in outputs] == expected
 
 
 def test_generate_takes_a_list_a_tuple_a_tensor_or_an_array_of_ids_up_to_the_last_position(short_engine):

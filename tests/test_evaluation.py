@@ -114,6 +114,13 @@ def test_plain_lm_eval_command_line(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     (result,) = out.rglob("results_*.json")
     assert json.loads(result.read_text())["results"][task]["exact_match,none"] == 1.0
+    # lm-eval records the model's info in its config: the code that ran it, as MLflow's tags name it
+    from specresearch.records import COMMIT_TAG, DIRTY_TAG, VERSION_TAGS, code_tags
+
+    config = json.loads(result.read_text())["config"]
+    named = (COMMIT_TAG, DIRTY_TAG, *VERSION_TAGS.values())
+    assert {tag: config.get(tag) for tag in named} == {tag: code_tags().get(tag) for tag in named}
+    assert config["model_dtype"] == "float32"
 
 
 def test_task_sampling_settings_override_the_configured_ones():

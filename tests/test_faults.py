@@ -157,6 +157,39 @@ def _waiting_for_the_lock(tmp_path, *args: str) -> tuple[subprocess.Popen, objec
     return proc, out
 
 
+@pytest.mark.parametrize("case", ["tiny vocab_size=0", "damaged checkpoint", "too few prompts", "battery past the prompts"])
+def test_a_refusal_does_not_wait_for_the_speed_lock(tmp_path, case):
+    """With another process holding the speed lock, what can be checked without a model (settings, a
+    tiny model's sizes, a checkpoint's files, the prompts) is refused at once, in one line: not
+    "waiting for the speed lock" until the holder ends."""
+    from specresearch.sweeps import speed_lock
+
+    (tmp_path / "heads.safetensors").write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{" + b"\x07" * 50)  # a cut header
+    (tmp_path / "heads.json").write_text('{"hidden": 64, "heads": 3, "layers": 1, "own_lm_head": false, "vocab": 320}')
+    args, line = {
+        "tiny vocab_size=0": (["model.tiny.vocab_size=0"], "error: model.tiny.vocab_size must be an integer >= 2, got 0"),
+        "damaged checkpoint": (["model=tiny", "drafter=medusa", f"drafter.checkpoint={tmp_path}/heads.safetensors"],
+                               f"error: {tmp_path}/heads.safetensors is not a whole safetensors file"),
+        "too few prompts": (["dataset.offset=162", "dataset.num_prompts=5"],
+                            "error: dataset.offset + dataset.num_prompts = 167 > the 164 prompts of humaneval"),
+        "battery past the prompts": (["sampling=random", "verifier=rejection", "stats.samples=10", "stats.prompts=100"],
+                                     "error: stats.prompts=100 > the 1 prompt(s) this run decodes"),
+    }[case]
+    store = tmp_path / "mlruns"
+    with speed_lock(tmp_path / "speed.lock"):
+        start = time.monotonic()
+        result = subprocess.run(spec(*(FAST if "drafter=medusa" not in args else ["dataset.num_prompts=1", "max_new_tokens=4"]), *args,
+                                     f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out"), cwd=tmp_path,
+                                env={**env(), "SPECRESEARCH_SPEED_LOCK": str(tmp_path / "speed.lock")},
+                                capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - start
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "waiting for the speed lock" not in result.stdout and took < 60
+    (got,) = result.stderr.strip().splitlines()
+    assert got.startswith(line), got
+    assert not (tmp_path / "out").exists() and not store.exists()
+
+
 def test_sigterm_before_a_run_opened_says_nothing_was_recorded(tmp_path):
     from specresearch.sweeps import speed_lock
 

@@ -85,6 +85,20 @@ def test_train_help_lists_its_groups_and_their_options(tmp_path):
     examples(result.stdout, "train")
 
 
+@pytest.mark.parametrize("command", ["specresearch", "python -m specresearch", "python -m specresearch.train"])
+def test_version_prints_specresearchs_version(command, tmp_path):
+    """`--version` is ours (Hydra's would print "Hydra 1.3.8"), wherever it stands on the line; --help names it."""
+    from specresearch import __version__
+
+    if shutil.which(command.split()[0], path=str(BIN)) is None:
+        pytest.skip(f"no {command.split()[0]} in {BIN}")
+    argv = [sys.executable, *command.split()[1:]] if command.startswith("python") else [str(BIN / command)]
+    for args in (["--version"], ["drafter=pld", "--version"]):
+        result = run(*argv, *args, cwd=tmp_path)
+        assert result.stdout == f"specresearch {__version__}\n" and "Hydra" not in result.stdout + result.stderr
+    assert "specresearch's version: --version" in run(*argv, "--help", cwd=tmp_path).stdout
+
+
 @pytest.mark.parametrize("command", ["specresearch", "python -m specresearch"])
 def test_tab_completion_lists_options_and_keys(command, tmp_path):
     if shutil.which(command.split()[0], path=str(BIN)) is None:

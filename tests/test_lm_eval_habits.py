@@ -19,8 +19,6 @@ from specresearch.evaluation.lm import SpecResearchLM
 from specresearch.evaluation.runner import TASKS, TASKS_DIR
 from specresearch.evaluation.sandbox import ALLOW_ENV, CodeExecutionNotAllowed
 
-from .conftest import ROOT
-
 import specresearch.evaluation.hook  # noqa: E402,F401 (in this process too, the hook specresearch-lm-eval.pth installs at start)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import time
 
 import pytest
 
@@ -208,3 +209,86 @@ def test_runs_of_dead_processes_on_this_host_are_marked_failed_when_a_store_open
         assert client.get_run(live).info.status == "FAILED" and client.get_run(elsewhere).info.status == "RUNNING"
     finally:
         alive.kill()
+
+
+def test_the_experiment_opens_on_the_runs_table_and_describes_itself(tmp_path):
+    """MLflow 3 opens an experiment of kind custom_model_development on its runs table (not the GenAI traces view):
+    ours is made so, with a description naming the headline metrics; one made before (or by hand) gets both."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from specresearch.records import HEADLINE
+    from specresearch.tracking import MLflowTracker, tracked_run
+
+    from .conftest import make_cfg
+
+    for made_before in (False, True):
+        store = tmp_path / str(made_before)
+        tracker = MLflowTracker(store=str(store))
+        tracker.check()
+        if made_before:
+            mlflow.set_tracking_uri(f"sqlite:///{store}/mlflow.db")
+            mlflow.create_experiment("specresearch")
+        with tracked_run(tracker, make_cfg(*FAST), "run", lambda: ({"speedup": 1.0}, {})):
+            pass
+        tags = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db").get_experiment_by_name("specresearch").tags
+        assert tags["mlflow.experimentKind"] == "custom_model_development", made_before
+        assert all(f"`{name}`" in tags[NOTE_TAG] for name in HEADLINE)
+
+
+# --- the code a run was measured by (issue 59) ------------------------------------------------------
+
+def test_same_code_needs_the_same_commit_and_dirty_state_or_outside_a_checkout_the_same_version():
+    from specresearch.records import COMMIT_TAG, DIFF_TAG, DIRTY_TAG, VERSION_TAGS, code_of, same_code
+
+    version = VERSION_TAGS["specresearch"]
+    clean = {COMMIT_TAG: "a" * 40, DIRTY_TAG: "false", version: "0.1.0"}
+    dirty = {**clean, DIRTY_TAG: "true", DIFF_TAG: "1234"}
+    assert same_code(clean, clean) and same_code(dirty, dirty)
+    assert same_code({**clean, version: "0.0.9"}, clean)  # in a checkout the commit names the code
+    assert not same_code({**clean, COMMIT_TAG: "b" * 40}, clean)
+    assert not same_code(clean, dirty) and not same_code(dirty, clean)  # a dirty tree is other code than its commit
+    assert not same_code({**dirty, DIFF_TAG: "5678"}, dirty)  # other uncommitted changes
+    unknown = {k: v for k, v in dirty.items() if k != DIFF_TAG}  # changes that could not be read: equal to nothing
+    assert not same_code(unknown, unknown)
+    assert not same_code({}, clean) and not same_code({version: "0.1.0"}, clean)  # recorded nothing, or outside a checkout
+    wheel = {version: "0.1.0"}
+    assert same_code(wheel, wheel) and not same_code({version: "0.2.0"}, wheel) and not same_code(clean, wheel)
+    assert not same_code({}, wheel)
+    assert code_of(clean) == "aaaaaaaaaaaa" and code_of(dirty) == "aaaaaaaaaaaa+dirty 1234"
+    assert code_of(unknown) == "aaaaaaaaaaaa+dirty (changes unknown)"
+    assert code_of(wheel) == "specresearch 0.1.0" and code_of({}) == "unrecorded"
+
+
+def test_code_tags_never_fail_a_run_where_git_is_missing_hangs_or_is_no_checkout(tmp_path, monkeypatch, capfd):
+    """Without a usable git (missing, hanging past GIT_TIMEOUT_S, complaining on stderr) or outside a checkout of
+    specresearch, the version names the code; git's stderr never reaches the console. Computed once per process."""
+    from specresearch import records
+    from specresearch.records import COMMIT_TAG, DIRTY_TAG, VERSION_TAGS, code_tags
+
+    assert code_tags() is code_tags()  # cached
+    versions = {tag: code_tags()[tag] for tag in VERSION_TAGS.values()}
+    fresh = code_tags.__wrapped__
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git at all
+    assert fresh() == versions
+    (tmp_path / "git").write_text("#!/bin/sh\necho 'fatal: something' >&2\nexec sleep 30\n")
+    (tmp_path / "git").chmod(0o755)
+    monkeypatch.setattr(records, "GIT_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    assert fresh() == versions and time.monotonic() - started < 10
+    assert "fatal" not in "".join(capfd.readouterr())
+    monkeypatch.undo()
+    monkeypatch.setattr(records, "__file__", str(tmp_path / "site-packages" / "specresearch" / "records.py"))
+    assert COMMIT_TAG not in fresh() and DIRTY_TAG not in fresh()  # a folder that is no checkout of its own
+
+
+def test_every_run_opened_goes_through_the_tracker_that_tags_the_code():
+    """Runs are opened by tracking.MLflowTracker only (start: process_tags; start_parent: the sweep callback's
+    process_tags), so every entry point (CLI, sweep job and parent, benchmarks, training, eval) tags its code."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    openers = {str(path.relative_to(root)) for folder in ("specresearch", "benchmarks", "analysis")
+               for path in (root / folder).rglob("*.py") if "start_run(" in path.read_text()}
+    assert openers == {"specresearch/tracking.py"}
+    assert "process_tags(config)" in (root / "specresearch/sweeps/callback.py").read_text()

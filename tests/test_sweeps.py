@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import shlex
 import sys
 import time
 
@@ -61,7 +62,7 @@ def k_of(run) -> str:
 
 def test_config_hash_ignores_tracker_and_resume_only():
     base = config_hash(make_cfg(*FAST))
-    assert base == config_hash(make_cfg(*FAST, "tracker=none", "resume=false"))
+    assert base == config_hash(make_cfg(*FAST, "tracker=none", "resume=false", "resume_ignore_code=true"))
     assert base != config_hash(make_cfg(*FAST, "drafter.k=3"))
     assert base != config_hash(make_cfg(*FAST, "exclusive=false"))
 
@@ -72,6 +73,18 @@ def test_resume_is_on_for_sweeps_by_default_and_true_or_false_overrides_it():
     assert not sweeps.resume_on(make_cfg(*FAST, "resume=false"), multirun=True)
     with pytest.raises(SpecResearchError, match="resume must be auto, true or false"):
         sweeps.resume_on(make_cfg(*FAST, "resume=sometimes"), multirun=True)
+
+
+@pytest.mark.parametrize("value", ["maybe", "1", "null"])
+def test_resume_ignore_code_is_true_or_false(value):
+    """Refused in one line naming the valid values, by the settings check (before anything runs) and by the job itself."""
+    from specresearch.settings import check
+
+    assert not sweeps.ignore_code(make_cfg(*FAST)) and sweeps.ignore_code(make_cfg(*FAST, "resume_ignore_code=true"))
+    cfg = make_cfg(*FAST, f"resume_ignore_code={value}")
+    for refuse in (check, lambda c: sweeps.job(c, multirun=True).__enter__()):
+        with pytest.raises(SpecResearchError, match=r"^resume_ignore_code must be true or false, got (.*)$"):
+            refuse(cfg)
 
 
 def test_objective_value_is_a_finite_float_or_none():
@@ -117,6 +130,44 @@ def test_speed_lock_excludes_a_second_process(tmp_path):
         assert not waited
 
 
+def test_a_waiting_job_says_who_holds_the_lock_for_how_long_and_keeps_saying_it(tmp_path):
+    """The wait names the holder and how long it has held the lock, then repeats that every WAIT_NOTE_S."""
+    path = tmp_path / "speed.lock"
+    child_code = ("import sys; from specresearch.sweeps import lock\nlock.WAIT_NOTE_S = 1\n"
+                  "with lock.speed_lock(sys.argv[1]) as waited:\n    print('held', waited, flush=True)\n")
+    with sweeps.speed_lock(path):
+        path.write_text(f"pid {os.getpid()} on here since {time.time() - 125:.0f}")  # as if held for 2 minutes
+        child = subprocess.Popen([sys.executable, "-c", child_code, str(path)], stdout=subprocess.PIPE, text=True)
+        try:
+            first, again = child.stdout.readline(), child.stdout.readline()
+        finally:
+            time.sleep(0.1)
+    assert f"(held by pid {os.getpid()} on here, for 2m0" in first
+    assert again.startswith("still waiting for the speed lock (0m01s so far; held by pid") and "for 2m0" in again
+    assert child.stdout.read().strip().splitlines()[-1] == "held True" and child.wait(timeout=60) == 0
+
+
+def test_a_timed_job_is_told_when_another_process_keeps_the_machine_busy():
+    """busy() names another process that burns a core (not this one, nor its children), and is quiet without it."""
+    from specresearch.sweeps.lock import busy
+
+    spin = f"{shlex.quote(sys.executable)} -c 'import time\nend = time.time() + 30\nwhile time.time() < end: pass' >/dev/null 2>&1 &\necho $!"
+    pid = int(subprocess.run(["sh", "-c", spin], capture_output=True, text=True, check=True).stdout)  # not our child: its shell left
+    try:
+        time.sleep(0.5)
+        warning = busy(sample_s=0.5)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    assert warning is not None and f"pid {pid} python" in warning and "timings measured now will be off" in warning
+    mine = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 2\nwhile time.time() < end: pass"])]
+    try:
+        time.sleep(0.3)
+        quiet = busy(sample_s=0.5)  # (other tests' workers may be busy meanwhile: only our own child must not be named)
+    finally:
+        mine[0].wait()
+    assert quiet is None or f"pid {mine[0].pid} " not in quiet
+
+
 def test_quality_jobs_and_exclusive_false_do_not_lock(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECRESEARCH_CACHE", str(tmp_path))
     with sweeps.speed_lock():  # held: a job that wanted it would block here
@@ -154,17 +205,17 @@ def test_an_interrupted_job_says_whether_its_run_was_recorded(tmp_path, capsys, 
 def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path, new_store):
     """The first sweep runs on the joblib launcher (two processes): its jobs nest under one parent too."""
     new_store(tmp_path / "mlruns")  # empty, migrated once per test run
-    first = cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *FAST, "drafter.k=1,2", "study=resume_test")
+    first = cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *FAST, "drafter.k=1,2")
     assert "2 jobs: 2 ran, 0 skipped" in first.stdout
     _check_nested_under_one_parent(tmp_path)
     jobs, parents = runs(tmp_path)
     assert sorted(k_of(r) for r in jobs) == ["1", "2"] and all(r.info.status == "FINISHED" for r in jobs)
     tags = jobs[0].data.tags
-    assert tags["specresearch.study"] == "resume_test" and tags["specresearch.pid"].isdigit() and tags["specresearch.host"]
-    assert parents[0].data.tags["specresearch.sweep"] == "true" and parents[0].data.tags["specresearch.study"] == "resume_test"
+    assert tags["specresearch.pid"].isdigit() and tags["specresearch.host"]  # (the study tag: a preset's, test_analysis)
+    assert parents[0].data.tags["specresearch.sweep"] == "true"
 
     # k=1 finished before: skipped, nothing measured again; k=3 is new: it runs
-    changed = cli(tmp_path, "-m", *FAST, "drafter.k=1,3", "study=resume_test")
+    changed = cli(tmp_path, "-m", *FAST, "drafter.k=1,3")
     assert changed.stdout.count("skipped: identical config already finished as run") == 1
     assert "2 jobs: 1 ran, 1 skipped" in changed.stdout and "(resume=false to measure again)" in changed.stdout
     jobs, parents = runs(tmp_path)
@@ -178,6 +229,89 @@ def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path, new_store):
     table = strict(artifact(client, second, "jobs.json").decode())
     assert [row[1] for row in table["data"]] == ["FINISHED (reused)", "FINISHED"]
     assert second.data.metrics["speedup"] == max(j.data.metrics["speedup"] for j in jobs if k_of(j) in ("1", "3"))
+
+
+def _other_code(tags: dict[str, str]) -> dict[str, str]:
+    """`tags` (code_tags) as another commit of a clean checkout would record them."""
+    from specresearch.records import COMMIT_TAG, DIFF_TAG, DIRTY_TAG
+
+    return {**{k: v for k, v in tags.items() if k != DIFF_TAG}, COMMIT_TAG: "d" * 40, DIRTY_TAG: "false"}
+
+
+def test_resume_reuses_only_runs_of_the_same_code_unless_told_to_ignore_it(tmp_path, new_store, monkeypatch, caplog):
+    """A finished run of the same config is reused when this code measured it; when the code (as resume sees it)
+    is another commit, the job runs again with one line saying so, and resume_ignore_code=true reuses it anyway."""
+    import logging
+
+    from hydra.utils import instantiate
+
+    from specresearch.records import code_of, code_tags
+    from specresearch.sweeps import resume
+    from specresearch.tracking import tracked_run
+
+    new_store(tmp_path / "mlruns")
+    cfg = make_cfg(*FAST, "exclusive=false", f"tracker.store={tmp_path}/mlruns")
+    with tracked_run(instantiate(cfg.tracker), cfg, "run", lambda: ({"speedup": 1.5}, {})):
+        pass
+    (recorded,), _ = runs(tmp_path)
+    assert {k: recorded.data.tags.get(k) for k in code_tags()} == code_tags()
+    with sweeps.job(cfg, multirun=True) as skipped:
+        assert skipped == JobSkipped(recorded.info.run_id, 1.5)  # the same code: reused
+
+    caplog.set_level(logging.INFO, logger="specresearch.sweeps.resume")
+    changed = _other_code(code_tags())
+    monkeypatch.setattr(resume, "code_tags", lambda: changed)
+    for _ in range(2):  # asked again (as after waiting for the speed lock): still one line
+        with sweeps.job(cfg, multirun=True) as skipped:
+            assert skipped is None
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("re-running")]
+    assert said == [f"re-running: run {recorded.info.run_id} of this config was measured by code {code_of(recorded.data.tags)} "
+                    "(now dddddddddddd); resume_ignore_code=true to reuse it"]
+    with sweeps.job(make_cfg(*FAST, "exclusive=false", f"tracker.store={tmp_path}/mlruns", "resume_ignore_code=true"),
+                    multirun=True) as skipped:
+        assert skipped == JobSkipped(recorded.info.run_id, 1.5)
+    with sweeps.job(cfg, multirun=False) as skipped:  # resume off (a single run): no line, it runs
+        assert skipped is None
+
+
+def test_a_resumed_sweep_re_runs_the_jobs_that_other_code_measured(tmp_path, new_store):
+    """A code change (simulated: the finished runs' recorded commit set to another) makes a resumed sweep measure
+    its jobs again, one line each; after another change, resume_ignore_code=true reuses them. The sweep's parent
+    and its jobs carry the code (commit, dirty flag, versions) as code_tags computes it."""
+    from mlflow import MlflowClient
+
+    from specresearch.records import COMMIT_TAG, DIFF_TAG, DIRTY_TAG, code_tags
+
+    new_store(tmp_path / "mlruns")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    sweep = ("-m", *FAST, "drafter.k=1,2")
+    assert "2 jobs: 2 ran, 0 skipped" in cli(tmp_path, *sweep).stdout
+    jobs, (parent,) = runs(tmp_path)
+    stable = {k: v for k, v in code_tags().items() if k != DIFF_TAG}  # (the digest moves while others edit the tree)
+    for run in (*jobs, parent):
+        assert {k: run.data.tags.get(k) for k in stable} == stable
+        assert (DIFF_TAG in run.data.tags) == (run.data.tags.get(DIRTY_TAG) == "true")
+
+    def change_code(found):  # as if the code had moved on since these runs
+        for run in found:
+            client.set_tag(run.info.run_id, COMMIT_TAG, "0" * 40)
+            client.set_tag(run.info.run_id, DIRTY_TAG, "false")
+            if DIFF_TAG in run.data.tags:
+                client.delete_tag(run.info.run_id, DIFF_TAG)
+
+    change_code(jobs)
+    again = cli(tmp_path, *sweep)
+    assert "2 jobs: 2 ran, 0 skipped" in again.stdout, again.stdout
+    lines = [line for line in again.stdout.splitlines() if "re-running:" in line]
+    assert len(lines) == 2 and {line.split("re-running: run ")[1].split()[0] for line in lines} == {r.info.run_id for r in jobs}
+    assert all("measured by code 000000000000 (now " in line and "resume_ignore_code=true to reuse it" in line for line in lines)
+    rerun, _ = runs(tmp_path)
+    assert len(rerun) == 4 and all(r.info.status == "FINISHED" for r in rerun)
+
+    change_code(rerun)
+    reused = cli(tmp_path, *sweep, "resume_ignore_code=true")
+    assert "2 jobs: 0 ran, 2 skipped" in reused.stdout and "re-running" not in reused.stdout
+    assert len(runs(tmp_path)[0]) == 4
 
 
 def test_sigterm_records_failed_and_resume_completes_the_job(tmp_path, new_store):

@@ -168,20 +168,33 @@ def test_an_unusable_destination_is_refused_before_the_model_loads(tmp_path, mon
     ("train.heads=x", "error: train.heads must be an integer, got 'x'"),
     ("+train.foo=1", "error: train has no setting 'foo': valid are heads, "),
     ("train.soft=2", "error: train.soft must lie in [0, 1] (the soft labels' share of the loss), got 2"),
-], ids=["out-under-a-file", "heads-not-a-number", "unknown-setting", "soft-out-of-range"])
+    ("train.lr=-1", "error: train.lr must be a finite number > 0 (the peak learning rate, e.g. 1e-3), got -1"),
+    ("train.weight_decay=-0.5", "error: train.weight_decay must be a finite number >= 0, got -0.5"),
+    ("drafter=eagle train.init=HEAD", "error: train.init: HEAD is not a whole safetensors file (SafetensorError: "),
+    ("drafter=eagle train.init=FILE", "error: train.init: the eagle checkpoint FILE has no file.json beside it"),
+], ids=["out-under-a-file", "heads-not-a-number", "unknown-setting", "soft-out-of-range", "negative-lr", "negative-weight-decay",
+        "damaged-init", "init-without-its-json"])
 def test_the_train_command_refuses_in_one_line_before_training(tmp_path, setting, says):
     """`python -m specresearch.train`: a train.out under a file, a value of the wrong type, an unknown
     setting (the settings schema) are one `error:` line and exit 2, before anything is trained: no
     training data in the model cache, no outputs/ or MLflow store left behind."""
     (tmp_path / "file").write_text("")
-    cmd = [sys.executable, "-m", "specresearch.train", "drafter=medusa", "model=tiny", "train.tokens=256", "train.new=16",
-           setting.replace("FILE", str(tmp_path / "file"))]
+    made = ["file"]
+    if "HEAD" in setting:  # a head cut short: its header promises more bytes than the file holds
+        (tmp_path / "head.safetensors").write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{" + b"\x07" * 50)
+        (tmp_path / "head.json").write_text("{}")
+        made += ["head.json", "head.safetensors"]
+    paths = {"FILE": str(tmp_path / "file"), "HEAD": str(tmp_path / "head.safetensors")}
+    for key, path in paths.items():
+        setting, says = setting.replace(key, path), says.replace(key, path)
+    cmd = [sys.executable, "-m", "specresearch.train", "drafter=medusa", "model=tiny", "train.tokens=256", "train.new=16", *setting.split()]
     env = {**os.environ, "SPECRESEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(says.replace("FILE", str(tmp_path / "file")))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no cache/distill/, outputs/ or mlruns/
+    assert line.startswith(says), line
+    assert "drafter.checkpoint" not in line  # train.init's file is named as train.init
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(made)  # no cache/distill/, outputs/ or mlruns/
 
 
 @pytest.mark.parametrize("pattern, soft, zero", [("same", 1.0, True), ("alternating", 1.0, False), ("same", 0.0, False)])

@@ -178,7 +178,8 @@ def speed_to_table(data: dict, name: str) -> dict:
     args = data.get("args", {})
     rows = data["rows"]
     ref = next((k for k in (rows[0] if rows else {}) if k.startswith("speedup_vs_") and k != "speedup_vs_baseline"), "speedup_vs_generate")
-    columns = ["method", "tok/s", "±", ref.replace("speedup_", "").replace("_", " "), "min-max", "vs baseline",
+    interval = bool(rows) and bool(rows[0].get("speedup_interval"))  # a bootstrap interval over prompts, or the repeats' range
+    columns = ["method", "tok/s", "±", ref.replace("speedup_", "").replace("_", " "), "95% interval" if interval else "min-max", "vs baseline",
                "vs fastest plain", "α", "τ", "c", "v", "Leviathan", "identical"]
     keys = ["method", "tokens_per_s", "tokens_per_s_std", ref, None, "speedup_vs_baseline",
             "speedup_vs_fastest_plain", "alpha", "tau", "c", "v", "leviathan", "identical_to_reference"]
@@ -187,7 +188,8 @@ def speed_to_table(data: dict, name: str) -> dict:
         row = []
         for key in keys:
             if key is None:
-                row.append(f"{r['speedup_min']:.2f}-{r['speedup_max']:.2f}" if "speedup_min" in r else "")
+                low, high = r.get("speedup_interval") or (r.get("speedup_min"), r.get("speedup_max"))
+                row.append(f"{low:.2f}-{high:.2f}" if low is not None else "")
             elif key.startswith("speedup_vs_") or key == "leviathan":
                 v = r.get(key)
                 row.append("" if v is None else "n/a" if v != v else f"{v:.2f}x")
@@ -365,13 +367,34 @@ def render_study(name: str, readme: Path, root: Path) -> str:
 def _fill(nav: list, title: str, entries: list) -> None:
     for item in nav:
         if isinstance(item, dict) and title in item and isinstance(item[title], list):
-            present = {next(iter(e.values())) if isinstance(e, dict) else e for e in item[title]}
-            item[title].extend(e for e in entries if next(iter(e.values())) not in present)
+            present = {repr(next(iter(e.values()))) if isinstance(e, dict) else repr(e) for e in item[title]}
+            item[title].extend(e for e in entries if repr(next(iter(e.values()))) not in present)
+
+
+TOPICS = (  # the navigation's sections of results pages: (title, a pattern of the data file's name), the first match wins
+    ("Headline and flagship", r"headline|flagship"),
+    ("Law tests and calibration", r"mutants|calibration"),
+    ("GPU", r"h100|h200|gpu"),
+    ("Batches", r"batch"),
+    ("Compiled decoding", r"compiled|avx2"),
+    ("Cross-vocabulary drafts", r"cross-vocab"),
+    ("Trained heads: Medusa, EAGLE", r"eagle|medusa"),
+    ("Quality", r"quality"),
+    ("Drafting settings", r"."),
+)
+
+
+def topic(stem: str) -> str:
+    """The navigation section of the results page `stem` (TOPICS)."""
+    return next(title for title, pattern in TOPICS if re.search(pattern, stem))
 
 
 def on_config(config, **kwargs):
     docs = _docs_dir(config)
-    results = [{load(p)["title"]: f"results/{p.stem}.md"} for p in reversed(data_files(docs))]
+    sections: dict[str, list] = {title: [] for title, _ in TOPICS}  # newest first within each
+    for p in reversed(data_files(docs)):
+        sections[topic(p.stem)].append({load(p)["title"]: f"results/{p.stem}.md"})
+    results = [{title: pages} for title, pages in sections.items() if pages]
     studies = [{name: f"studies/{name}.md"} for name in study_readmes(_repo_root(config))]
     if config.get("nav"):
         _fill(config["nav"], "Results", results)

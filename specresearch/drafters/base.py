@@ -267,6 +267,30 @@ def read_meta(drafter: str, path: Path, keys: Sequence[str] = ()) -> dict:
     return meta
 
 
+def check_checkpoint(drafter: str, path: Path, option: str = "drafter.checkpoint", keys: Sequence[str] = ()) -> None:
+    """Refuse, without building the module or reading the weights (so before a run waits for the speed
+    lock or loads a model), a checkpoint `option` names that load_checkpoint would refuse for what its
+    files alone show: no file, a missing or bad JSON beside it, a safetensors header that is damaged or
+    promises more bytes than the file holds. One line naming `option`, the file and what to do."""
+    from safetensors import SafetensorError, safe_open
+
+    named = "" if option == "drafter.checkpoint" else f"{option}: "  # (drafter.checkpoint's messages are load_checkpoint's, word for word)
+    retrain = f"retrain it with python -m specresearch.train drafter={drafter}, or point {option} at a whole checkpoint"
+    if not path.is_file():
+        raise SpecResearchError(f"{named}no {drafter} checkpoint at {path}"
+                                f"{' (a folder)' if path.is_dir() else ''}: train one with python -m specresearch.train drafter={drafter}")
+    try:
+        read_meta(drafter, path, keys)
+    except SpecResearchError as err:
+        raise SpecResearchError(f"{named}{str(err).replace('point drafter.checkpoint at', f'point {option} at')}") from None
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            weights.keys()
+    except (SafetensorError, OSError, ValueError) as err:
+        raise SpecResearchError(f"{named}{path} is not a whole safetensors file ({_one_line(err)}): it is damaged or cut "
+                                f"short; {retrain}") from None
+
+
 def load_checkpoint(drafter: str, path: Path, make: Callable[[dict], torch.nn.Module],
                     keys: Sequence[str] = ()) -> tuple[torch.nn.Module, dict]:
     """A trained drafter's module and its JSON: `make(meta)` builds the module (`keys`: what it reads of

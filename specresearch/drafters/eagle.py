@@ -228,8 +228,11 @@ class EagleDrafter(Drafter):
         if norm is not None and getattr(head.layer, "norm", None) is not None and norm.weight.shape == head.layer.norm.weight.shape:
             with torch.no_grad():  # start the head's own final norm at the target's (Qwen2.5: weights about 4.6, not 1)
                 head.layer.norm.weight.copy_(norm.weight.float())
-        if tc.get("init"):  # go on training a head trained before
-            head.load_state_dict(EagleHead.load(Path(tc.init), lm.model.config)[0].state_dict())
+        if tc.get("init"):  # go on training a head trained before (its files were checked with the settings; its shape is checked here)
+            try:
+                head.load_state_dict(EagleHead.load(Path(tc.init), lm.model.config)[0].state_dict())
+            except SpecResearchError as err:
+                raise SpecResearchError(f"train.init: {str(err).replace('point drafter.checkpoint at', 'point train.init at')}") from None
         _, counts = torch.unique_consecutive(cache.seq, return_counts=True)
         spans = [(int(s), int(n)) for s, n in zip(counts.cumsum(0) - counts, counts) if n > 2]  # (start, length)
         train_spans = [sp for sp in spans if not bool(cache.held_out[sp[0]])]

@@ -30,6 +30,7 @@ from specresearch.build import build_engine
 from specresearch.config import compose, options
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
+from specresearch.records import code_tags
 from specresearch.seeding import stream_seed
 from specresearch.types import GenerationOutput, SamplingParams
 
@@ -123,6 +124,12 @@ class SpecResearchLM(TemplateLM):
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         return getattr(self.tokenizer, "chat_template", None) if chat_template else None
+
+    def get_model_info(self) -> dict[str, str]:
+        """What lm-eval adds to its results' `config` about the model: the target's dtype and the code
+        that ran it (records.code_tags: git commit and dirty flag, versions of specresearch, torch,
+        transformers and lm-eval), under the names MLflow's tags have."""
+        return {"model_dtype": str(self.engine.target.lm.dtype).removeprefix("torch."), **code_tags()}
 
     @torch.inference_mode()
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from specresearch.sweeps.lock import speed_lock
 from specresearch.sweeps.outcomes import JobSkipped
-from specresearch.sweeps.resume import finished_run, resume_on, store_tracker
+from specresearch.sweeps.resume import finished_run, ignore_code, resume_on, store_tracker
 from specresearch.sweeps.signals import Interrupted, exit_on_signals, restore_signals
 from specresearch.records import config_hash
 from specresearch.tracking import runs_opened
@@ -30,19 +30,21 @@ def job(cfg: DictConfig, multirun: bool, timed: bool = True) -> Iterator[JobSkip
             (not `eval=...`) holds the speed lock unless `exclusive=false`.
 
     Yields:
-        JobSkipped when an identical config already finished (do not run it), else None (run it).
+        JobSkipped when an identical config already finished, measured by the same code unless
+        `resume_ignore_code=true` (do not run it), else None (run it).
     """
     previous = exit_on_signals()
     before = len(runs_opened())
     try:
+        reuse_any = ignore_code(cfg)
         tracker = store_tracker(cfg) if resume_on(cfg, multirun) else None
         digest = config_hash(cfg) if tracker is not None else ""
-        if tracker is not None and (done := finished_run(tracker, digest, cfg.get("objective"))) is not None:
+        if tracker is not None and (done := finished_run(tracker, digest, cfg.get("objective"), reuse_any)) is not None:
             yield done
             return
         if timed and cfg.get("eval") is None and cfg.get("exclusive", True):
             with speed_lock() as waited:
-                if waited and tracker is not None and (done := finished_run(tracker, digest, cfg.get("objective"))) is not None:
+                if waited and tracker is not None and (done := finished_run(tracker, digest, cfg.get("objective"), reuse_any)) is not None:
                     yield done  # measured by someone else while this job waited
                     return
                 yield None

@@ -1,7 +1,10 @@
 """resume (`resume: auto`, on in sweeps): before a job runs, MLflow is asked for a FINISHED run of the
-same config (`records.config_hash`) in the same experiment; if there is one the job is skipped.
-RUNNING runs left by a killed process (same host, pid gone) are marked FAILED first
-(specresearch.tracking.mark_dead_runs), so a sweep started again re-runs exactly what did not finish."""
+same config (`records.config_hash`) in the same experiment, measured by the same code
+(`records.same_code`: commit and dirty flag, or the package version outside a checkout); if there is
+one the job is skipped. A run of the same config measured by other code is re-run, with one line
+saying so, unless `resume_ignore_code=true`. RUNNING runs left by a killed process (same host, pid
+gone) are marked FAILED first (specresearch.tracking.mark_dead_runs), so a sweep started again
+re-runs exactly what did not finish."""
 
 from __future__ import annotations
 
@@ -12,11 +15,12 @@ import time
 from omegaconf import DictConfig
 
 from specresearch.errors import SpecResearchError
-from specresearch.records import HASH_TAG, HOST_TAG, PARENT_TAG, PID_TAG
+from specresearch.records import HASH_TAG, HOST_TAG, PARENT_TAG, PID_TAG, code_of, code_tags, same_code
 from specresearch.sweeps.outcomes import JobSkipped
 from specresearch.tracking import MLflowTracker, local_pid, mark_dead_runs, pid_alive
 
 log = logging.getLogger(__name__)
+_SAID: set[str] = set()  # the re-run lines this process has said (a job that waited for the speed lock asks twice)
 
 
 def resume_on(cfg: DictConfig, multirun: bool) -> bool:
@@ -29,6 +33,15 @@ def resume_on(cfg: DictConfig, multirun: bool) -> bool:
     raise SpecResearchError(f"resume must be auto, true or false, got {value!r}")
 
 
+def ignore_code(cfg: DictConfig) -> bool:
+    """`resume_ignore_code`: true = resume reuses a finished run of the same config even when other
+    code measured it; false (the default) = such a job runs again."""
+    value = cfg.get("resume_ignore_code", False)
+    if not isinstance(value, bool):
+        raise SpecResearchError(f"resume_ignore_code must be true or false, got {value!r}")
+    return value
+
+
 def store_tracker(cfg: DictConfig) -> MLflowTracker | None:
     if "tracker" not in cfg:
         return None
@@ -38,11 +51,19 @@ def store_tracker(cfg: DictConfig) -> MLflowTracker | None:
     return tracker if isinstance(tracker, MLflowTracker) else None
 
 
-def finished_run(tracker: MLflowTracker, digest: str, objective: str | None = None) -> JobSkipped | None:
-    """The latest FINISHED run with config hash `digest` in the tracker's experiment, as the job's
-    return value (with the run's `objective` metric); None if there is none. First, RUNNING runs whose
-    process is gone (this host, pid dead: a SIGKILL, a power cut) are marked FAILED with the tag
-    `specresearch.interrupted` (tracking.mark_dead_runs: also done once when a process opens a store)."""
+def finished_run(tracker: MLflowTracker, digest: str, objective: str | None = None,
+                 any_code: bool = False) -> JobSkipped | None:
+    """The latest FINISHED run with config hash `digest` in the tracker's experiment measured by this
+    process's code (records.same_code; by any code with `any_code`), as the job's return value (with
+    the run's `objective` metric); None if there is none, with one line naming the latest such run
+    when only other code measured the config. First, RUNNING runs whose process is gone (this host,
+    pid dead: a SIGKILL, a power cut) are marked FAILED with the tag `specresearch.interrupted`
+    (tracking.mark_dead_runs: also done once when a process opens a store).
+
+    Same code means the same commit and dirty flag (and, dirty, the same digest of the uncommitted
+    changes), or the same specresearch version outside a checkout: a dirty tree cannot be proven equal
+    to another beyond that, so any other difference counts as other code, as does a run that
+    recorded none."""
     experiment = tracker.experiment_id()
     if experiment is None:  # nothing was ever recorded there
         return None
@@ -55,8 +76,18 @@ def finished_run(tracker: MLflowTracker, digest: str, objective: str | None = No
             tags = run.data.tags
             log.info(f"note: run {run.info.run_id} of this config is RUNNING (host {tags.get(HOST_TAG, '?')}, "
                      f"pid {tags.get(PID_TAG, '?')}); measuring it here too")
-    done = next((run for run in runs if run.info.status == "FINISHED"), None)
+    finished = [run for run in runs if run.info.status == "FINISHED"]
+    if not finished:
+        return None
+    current = code_tags()
+    done = finished[0] if any_code else next((run for run in finished if same_code(run.data.tags, current)), None)
     if done is None:
+        latest = finished[0]
+        line = (f"re-running: run {latest.info.run_id} of this config was measured by code {code_of(latest.data.tags)} "
+                f"(now {code_of(current)}); resume_ignore_code=true to reuse it")
+        if line not in _SAID:
+            _SAID.add(line)
+            log.info(line)
         return None
     log.info(f"skipped: identical config already finished as run {done.info.run_id} (resume=false to measure again)")
     value = done.data.metrics.get(objective.replace("@", "_at_")) if objective else None  # MLflow's names (tracking.log_metrics)

@@ -29,9 +29,10 @@ keyed by the target, where `drafter=medusa` (or `eagle`) finds them; the run is 
 
 from __future__ import annotations
 
-import logging
 import hashlib
 import json
+import logging
+import math
 import random
 import sys
 import time
@@ -333,6 +334,14 @@ def check(cfg: DictConfig) -> None:
         check_corpus(str(tc.vocab_corpus), "train.vocab_corpus")
     if tc.get("init") is not None and not Path(tc.init).is_file():
         raise SpecResearchError(f"train.init: no head at {tc.init} (a head.safetensors that specresearch.train saved)")
+    if tc.get("init") is not None:  # its files now, not after the data is built (their shape is checked against the target then)
+        from specresearch.drafters.base import check_checkpoint
+
+        check_checkpoint("eagle", Path(tc.init), "train.init")  # train.init: eagle only
+    if not (isinstance(tc.lr, (int, float)) and math.isfinite(tc.lr) and tc.lr > 0):
+        raise SpecResearchError(f"train.lr must be a finite number > 0 (the peak learning rate, e.g. 1e-3), got {tc.lr!r}")
+    if not (isinstance(tc.weight_decay, (int, float)) and math.isfinite(tc.weight_decay) and tc.weight_decay >= 0):
+        raise SpecResearchError(f"train.weight_decay must be a finite number >= 0, got {tc.weight_decay!r}")
     if tc.data not in DATA:
         raise SpecResearchError(f"unknown train.data '{tc.data}': valid are {', '.join(DATA)}")
     if not 0 <= tc.get("soft", 0.0) <= 1:

@@ -82,8 +82,8 @@ class Verifier(ABC):
             draft: K proposed tokens (a chain or a tree) and their law q ([K, V], or None for a
                 deterministic drafter).
             p: [K + 1, V] target probabilities after temperature/top-k/top-p: row 0 is the law of
-               the token after the last committed one, row i + 1 the law after draft token i (for a
-               chain: row i is the law at draft position i, row K the bonus position).
+                the token after the last committed one, row i + 1 the law after draft token i (for a
+                chain: row i is the law at draft position i, row K the bonus position).
             rng: the generator for every random draw (reproducible tests).
 
         Returns:
