@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -45,19 +46,50 @@ def method_key(label: str, temperature: float) -> tuple[str, str]:
     return drafter, verifier or ("greedy" if temperature == 0 else "rejection")
 
 
+class InputError(ValueError):
+    """An input this script cannot read: one line naming the file and what it lacks."""
+
+
+READ_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError)
+
+
+def read_report(path: Path) -> dict:
+    """A benchmarks/speed.py report (--json), checked for what the table reads: its args, header and rows,
+    each row with its method and its speedup over transformers' `generate`."""
+    try:
+        report = json.loads(path.read_text())
+        args, rows = report["args"], report["rows"]
+        for key in ("dataset", "prompts", "offset", "tokens"):
+            args[key]
+        if not isinstance(report["header"], str) or not isinstance(rows, list) or not rows:
+            raise ValueError("no rows")
+        missing = [row["method"] for row in rows if "speedup_vs_generate" not in row]
+    except READ_ERRORS as err:
+        raise InputError(f"{path}: not a benchmarks/speed.py report (--json without --batch: a header, args and rows): "
+                         f"{type(err).__name__} {err}") from None
+    if missing:
+        raise InputError(f"{path}: rows without a speedup over transformers' generate ({', '.join(missing[:3])}): the flagship "
+                         "compares with it; measure with --methods generate,...")
+    return report
+
+
 def read_run(folder: Path) -> dict:
     """A `specresearch` run's choices (text, temperature, drafter, verifier), command and summary."""
-    hydra = yaml.safe_load((folder / ".hydra" / "hydra.yaml").read_text())["hydra"]
-    config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
-    overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
-    choices = hydra["runtime"]["choices"]
-    summary = json.loads((folder / "summary.json").read_text())
-    return {
-        "key": (config["dataset"]["name"], float(config["sampling"]["temperature"]), choices["drafter"], choices["verifier"]),
-        "command": "specresearch " + " ".join(shlex.quote(o) for o in overrides),
-        "summary": summary,
-        "folder": folder.name,
-    }
+    try:
+        hydra = yaml.safe_load((folder / ".hydra" / "hydra.yaml").read_text())["hydra"]
+        config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+        overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
+        choices = hydra["runtime"]["choices"]
+        summary = json.loads((folder / "summary.json").read_text())
+        return {
+            "key": (config["dataset"]["name"], float(config["sampling"]["temperature"]), choices["drafter"], choices["verifier"]),
+            "command": "specresearch " + " ".join(shlex.quote(o) for o in overrides),
+            "summary": dict(summary),
+            "folder": folder.name,
+        }
+    except READ_ERRORS as err:
+        raise InputError(f"{folder}: not the output folder of a specresearch run (.hydra/ with hydra.yaml, config.yaml and "
+                         f"overrides.yaml, and summary.json): {type(err).__name__} {err}") from None
 
 
 def quality(run: dict) -> str | None:
@@ -90,7 +122,7 @@ def table(speed: list[Path], runs: list[Path], skip: list[str] = (), notes: list
     used = set()
     rows, commands, machines, dates = [], [], [], []
     for path in speed:
-        report = json.loads(path.read_text())
+        report = read_report(path)
         args = report["args"]
         temperature = float(args.get("temperature") or 0)
         text = TEXTS.get(args["dataset"], args["dataset"])
@@ -145,7 +177,13 @@ def main() -> None:
     missing = [str(p) for p in [*args.speed, *(r / "summary.json" for r in args.run)] if not p.is_file()]
     if missing:
         parser.error(f"not found: {', '.join(missing)}")
-    data = table(args.speed, args.run, args.skip, args.notes)
+    if not args.out.parent.is_dir() or not os.access(args.out.parent, os.W_OK):
+        parser.error(f"--out {args.out}: its folder is not a writable folder")
+    try:
+        data = table(args.speed, args.run, args.skip, args.notes)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     args.out.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     print(f"wrote {args.out}: {len(data['rows'])} rows")
 

@@ -74,6 +74,8 @@ DRY_SHAPES = {"1.5b": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_
                        "num_key_value_heads": 1}}
 SPEED_DRAFTERS = ("pld", "medusa", "independent")  # our speculative methods timed on the real shapes
 COMPILED_DRAFTERS = ("pld", "medusa")  # ... and timed again with the target compiled (model.cache=static model.compile=true)
+ONLY = ("generate", "generate_compiled", "baseline", "baseline_compiled", *SPEED_DRAFTERS,  # what --only takes (`short` names)
+        *(f"{name}_compiled" for name in COMPILED_DRAFTERS))
 DRY_COMPILED_DRAFTERS = ("pld",)  # --dry's: inductor takes ~30 s on the CPU for Medusa's tree graph (tests/test_static_cache.py
 # compiles every drafter)
 PROMPT = '''import heapq
@@ -619,19 +621,39 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="the JSON report (default: benchmarks/results/gpu-check-TIME.json)")
     parser.add_argument("--dry", action="store_true", help="the same code paths on the CPU: tiny shapes (hidden 64, 2 layers), few tokens")
-    parser.add_argument("--tokens", type=int, default=None, help="new tokens per speed run (default 256; --dry 16)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per speed method (default 3; --dry 1)")
-    parser.add_argument("--k", type=int, default=4, help="draft tokens per step of our drafters that have a k")
-    parser.add_argument("--prompt-tokens", type=int, default=228, help="speed prompt length (228: as the earlier H200 run)")
-    parser.add_argument("--budget", type=float, default=480.0, help="seconds: no timed round after the first starts past this")
+    parser.add_argument("--tokens", type=at_least(1), default=None, help="new tokens per speed run (default 256; --dry 16)")
+    parser.add_argument("--repeats", type=at_least(1), default=None, help="timed runs per speed method (default 3; --dry 1)")
+    parser.add_argument("--k", type=at_least(1), default=4, help="draft tokens per step of our drafters that have a k")
+    parser.add_argument("--prompt-tokens", type=at_least(1), default=228, help="speed prompt length (228: as the earlier H200 run)")
+    parser.add_argument("--budget", type=at_least(0.0, float), default=480.0, help="seconds: no timed round after the first starts past this")
     parser.add_argument("--only", type=lambda s: s.split(","), default=[],
                         help="speed: time only these methods, e.g. generate_compiled,baseline_compiled,pld_compiled (default all)")
     parser.add_argument("--skip", choices=["matrix", "speed"], action="append", default=[], help="leave a section out")
     args = parser.parse_args(argv)
-    args.tokens = args.tokens or (16 if args.dry else 256)
-    args.repeats = args.repeats or (1 if args.dry else 3)
+    unknown = [name for name in args.only if name not in ONLY]
+    if unknown:
+        parser.error(f"--only: unknown method {', '.join(map(repr, unknown))}: valid are {', '.join(ONLY)}")
+    args.tokens = 16 if args.dry and args.tokens is None else 256 if args.tokens is None else args.tokens
+    args.repeats = 1 if args.dry and args.repeats is None else 3 if args.repeats is None else args.repeats
     args.out = args.out or ROOT / "benchmarks" / "results" / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    folder = next((p for p in [args.out.parent, *args.out.parent.parents] if p.exists()), None)  # made when missing
+    if args.out.is_dir() or folder is None or not folder.is_dir() or not os.access(folder, os.W_OK) \
+            or str(args.out.resolve()).startswith(("/proc/", "/sys/")):
+        parser.error(f"--out {args.out}: cannot write the report there (a file in a writable folder); checked before any work")
     return args
+
+
+def at_least(low, kind=int):
+    """An argparse type: a `kind` >= low, else argparse's one-line error."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return value
+    return parse
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +23,8 @@ from specresearch.attention import SharedPrefix, shares_prefix
 from specresearch.models import LoadedModel, SkinnyLinear, default_cache_dir, machine_tags
 from specresearch.sampling import draw
 from specresearch.types import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class Target:
@@ -750,13 +754,9 @@ def kept_cost_curve(lm: LoadedModel, sizes: list[int]) -> tuple[list[float], flo
              "compile": lm.compile, "skinny": any(isinstance(m, SkinnyLinear) for m in lm.model.modules())}
     key = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(lm.cache_dir or default_cache_dir()) / "costs" / lm.name.replace("/", "--") / f"{key}.json"
-    try:
-        kept = json.loads(path.read_text())
-    except (OSError, ValueError):
-        kept = {}
-    v = {int(n): float(x) for n, x in kept.get("v", {}).items()}
+    kept, v = _read_costs(path)
     missing = [n for n in sizes if n not in v]
-    if missing:
+    if missing or "one_token_s" not in kept:
         one, *seconds = forward_seconds(lm, list(range(2, 131)), [1, *missing])  # any 129 tokens: costs, not content
         v.update({n: t / one for n, t in zip(missing, seconds)})
         kept = {"model": lm.name, "machine": {k: setup[k] for k in setup if k != "config"}, "one_token_s": kept.get("one_token_s", one),
@@ -769,6 +769,26 @@ def kept_cost_curve(lm: LoadedModel, sizes: list[int]) -> tuple[list[float], flo
         except OSError:
             pass
     return [v[n] for n in sizes], float(kept["one_token_s"])
+
+
+def _read_costs(path: Path) -> tuple[dict, dict[int, float]]:
+    """A kept cost file (kept_cost_curve) and its v by size, or ({}, {}) when there is none; a file that is
+    not a mapping with a positive finite `one_token_s` and positive finite v values (damaged, edited,
+    NaN) is set aside with one line saying so, to be measured again."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}, {}
+    try:
+        kept = json.loads(text)
+        v = {int(n): float(x) for n, x in kept["v"].items()}
+        one = float(kept["one_token_s"])
+        if not all(math.isfinite(x) and x > 0 for x in [one, *v.values()]):
+            raise ValueError("values must be positive and finite")
+        return kept, v
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        log.warning(f"warning: the kept cost file {path} is not usable ({type(err).__name__}: {err}): measuring again")
+        return {}, {}
 
 
 def interpolated(sizes: Sequence[int], values: Sequence[float]) -> Callable[[int], float]:

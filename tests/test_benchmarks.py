@@ -399,3 +399,37 @@ def test_aa_calibration_repeats_both_comparisons_and_writes_a_results_page(tmp_p
     assert data["result"]["config"]["samples"] == 20 and "cores" in data["machine"] and str(tmp_path) not in json.dumps(data)
     page = _docs_hook().render(_docs_hook().load(tmp_path / "aa.json"), "aa.json")
     assert "| A/A (target vs target) | **Holm verdict** | " in page and "KS uniformity p" in page
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"\x89\xff\x00random", "not a benchmarks/speed.py report"),
+    (b"{}", "not a benchmarks/speed.py report"),
+    (b"[1, 2]", "not a benchmarks/speed.py report"),
+    (b'{"header": "x", "args": {"dataset": "humaneval"', "not a benchmarks/speed.py report"),
+    (json.dumps({"header": "x", "args": {"dataset": "humaneval", "prompts": 2, "offset": 0, "tokens": 8},
+                 "rows": [{"method": "baseline", "speedup_vs_baseline": 1.0}]}).encode(), "rows without a speedup over transformers' generate"),
+])
+def test_flagship_refuses_a_malformed_report_in_one_line(tmp_path, content, says):
+    """Random bytes, {}, a list, cut JSON, a report without transformers' rows: one `error:` line, exit 2, nothing written."""
+    report = tmp_path / "report.json"
+    report.write_bytes(content)
+    out = tmp_path / "out.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flagship.py"), "--speed", str(report), "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {report}: {says}"), result.stderr
+    assert not out.exists()
+
+
+def test_flagship_refuses_a_run_folder_without_its_hydra_files(tmp_path):
+    good = tmp_path / "speed.json"
+    good.write_text(json.dumps({"header": "x (y): z", "args": {"dataset": "humaneval", "prompts": 1, "offset": 0, "tokens": 8},
+                                "rows": [{"method": "generate", "speedup_vs_generate": 1.0}]}))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flagship.py"), "--speed", str(good), "--run", str(run),
+                             "--out", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        result.stderr.strip().splitlines()[0]] and "not the output folder of a specresearch run" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -158,3 +158,21 @@ def test_the_check_fails_on_a_cell_that_differs_and_passes_a_refused_mode():
     matrix["t0"]["pld"]["greedy"]["identical"] = 2
     matrix["modes"]["tree"]["int8"]["status"] = "error"
     assert not g.matrix_summary(matrix)["ok"]
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--tokens", "0"], "argument --tokens: must be >= 1, got 0"),
+    (["--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+    (["--tokens", "-5"], "argument --tokens: must be >= 1, got -5"),
+    (["--k", "x"], "argument --k: not a number: 'x'"),
+    (["--only", "nope"], "--only: unknown method 'nope': valid are generate, generate_compiled, baseline"),
+    (["--out", "/proc/x"], "--out /proc/x: cannot write the report there"),
+])
+def test_bad_arguments_are_refused_before_any_work(args, error, tmp_path):
+    """0 is not silently a default, a negative does not fail inside the run, an unknown --only does not time nothing and
+    exit 0, an unwritable --out does not fail after the work: each is argparse's one error line, exit 2."""
+    script = ROOT / "benchmarks" / "gpu_check.py"
+    result = subprocess.run([sys.executable, str(script), "--dry", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"gpu_check.py: error: {error}"), result.stderr
+    assert result.stdout == ""  # no section started

@@ -556,3 +556,43 @@ def test_a_batchs_rows_are_drafted_by_one_heads_forward_each_as_alone(target, ch
         assert (got.q is None) == (want.q is None) == (children == "top" or not len(want))
         if got.q is not None:
             torch.testing.assert_close(got.q, want.q)
+
+
+@pytest.mark.parametrize("content", ["[]", '{"v": {"2": "x"}, "one_token_s": 0.01}', '{"v": {"2": 1.1}}',
+                                     '{"v": {"2": NaN}, "one_token_s": 0.01}', '{"v": {"2": 1.1}, "one_token_s": -1}', "{cut"])
+def test_a_damaged_cost_file_is_measured_again_with_one_line(content, tmp_path, caplog):
+    """shape=auto's per-machine costs (<cache>/costs/): a file of `[]`, non-numbers, no one_token_s, NaN or a
+    negative time is neither a traceback nor used: one warning naming it, then measured and written anew."""
+    import logging
+
+    from specresearch.models import load_model
+    from specresearch.target import kept_cost_curve
+
+    lm = load_model("tiny", cache_dir=str(tmp_path), dtype="float32", device="cpu")
+    kept_cost_curve(lm, [2])
+    (path,) = (tmp_path / "costs").rglob("*.json")
+    path.write_text(content)
+    with caplog.at_level(logging.WARNING, logger="specresearch.target"):
+        v, one = kept_cost_curve(lm, [2, 3])
+    assert [r.getMessage() for r in caplog.records if "cost file" in r.getMessage()] == [
+        next(r.getMessage() for r in caplog.records if "cost file" in r.getMessage())]
+    assert str(path) in caplog.text and "measuring again" in caplog.text
+    assert one > 0 and all(math.isfinite(x) and x > 0 for x in v)
+    again = json.loads(path.read_text())
+    assert set(again["v"]) == {"2", "3"} and again["one_token_s"] > 0  # rewritten whole
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "tree"])
+def test_a_tree_the_machine_cannot_hold_is_refused_before_anything_is_allocated(drafter, monkeypatch):
+    """drafter.nodes=100000 died after 44 s allocating 40 GB: now one line naming the size the machine can hold."""
+    from specresearch.build import build
+    from specresearch.config import compose
+    from specresearch.drafters import tree
+    from specresearch.models import load_model
+
+    target = load_model("tiny", dtype="float32", device="cpu")
+    monkeypatch.setattr(tree, "free_memory_bytes", lambda device: 2**30)  # 1 GiB free: 320 tokens x 4 B x 4 -> 104,856 nodes at most
+    extra = ["drafter.model.name=tiny", "drafter.branching=null"] if drafter == "tree" else []
+    with pytest.raises(SpecResearchError, match=r"drafter.nodes: a tree of 300,000 nodes needs about 1.4 GiB .* more than half the "
+                                                r"1.0 GiB free on cpu: valid are trees of at most 104,856 nodes here"):
+        build(compose(["model=tiny", f"drafter={drafter}", "drafter.nodes=300000", "drafter.shape=null", *extra]).drafter, target=target)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from specresearch import settings
 from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
-from specresearch.drafters.tree import Sizer
+from specresearch.drafters.tree import Sizer, check_fits
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir, say_once
 from specresearch.sampling import logits_to_probs
@@ -231,6 +231,7 @@ class MedusaDrafter(Drafter):
             cache_dir: the model cache the default checkpoint lives in (None = the default cache).
         """
         settings.Medusa(choices=choices, nodes=nodes, shape=shape, children=children).check("drafter")
+        check_fits(target, nodes if choices is None else len(choices), "drafter.nodes" if choices is None else "drafter.choices")
         meta: dict = {}
         if heads is None:
             path = find_checkpoint("medusa", target.name, checkpoint, checkpoint_path(target.name, cache_dir))

@@ -22,6 +22,34 @@ from specresearch.target import COST_SIZES, interpolated, kept_cost_curve
 from specresearch.types import Draft, SamplingParams, Trie, Verdict
 
 
+def free_memory_bytes(device: torch.device) -> int | None:
+    """The memory free for tensors on `device` now: CUDA's free memory, or on Linux MemAvailable; None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def check_fits(target: LoadedModel, nodes: int, path: str) -> None:
+    """Refuse, before anything is allocated, a tree the machine cannot verify: feeding `nodes` + 1 tokens makes
+    the target's logits and the verifier's laws, [nodes + 1, V] in float32 several times over (LAW_COPIES),
+    which must fit in half the free memory (the rest: the models, the cache, the activations)."""
+    free = free_memory_bytes(target.device)
+    vocab = int(target.model.config.vocab_size)
+    need = (nodes + 1) * vocab * 4 * LAW_COPIES
+    if free is not None and need > free // 2:
+        most = max(1, free // 2 // (vocab * 4 * LAW_COPIES) - 1)
+        raise SpecResearchError(f"{path}: a tree of {nodes:,} nodes needs about {need / 2**30:.1f} GiB for the target's laws over "
+                                f"{vocab:,} tokens, more than half the {free / 2**30:.1f} GiB free on {target.device}: valid are trees "
+                                f"of at most {most:,} nodes here")
+
+
+LAW_COPIES = 4  # [nodes + 1, V] float32 tensors alive at once in a verification: logits, p, residual, a copy
+
+
 class Sizer:
     """`drafter.shape=auto` for a dynamic tree: Sequoia's hardware-aware sizing (Chen et al., 2024),
     made per step from the draft's own confidence as EAGLE-2 ranks nodes. Of the nodes a step grew,
@@ -302,6 +330,8 @@ class TreeDrafter(Drafter):
         """
         if model is None:
             raise SpecResearchError("drafter=tree needs a draft model: set drafter.model.name")
+        check_fits(target, nodes if branching is None else sum(math.prod(branching[: i + 1]) for i in range(len(branching))),
+                   "drafter.nodes" if branching is None else "drafter.branching")
         self.shape = TreeShape(None if branching is None else list(branching), topk, depth, nodes, children, chain_confidence)
         self.shape.sizer = sizer(shape, target, self.shape)
         self.depth = self.shape.depth
