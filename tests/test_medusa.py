@@ -584,15 +584,21 @@ def test_a_damaged_cost_file_is_measured_again_with_one_line(content, tmp_path, 
 
 @pytest.mark.parametrize("drafter", ["medusa", "tree"])
 def test_a_tree_the_machine_cannot_hold_is_refused_before_anything_is_allocated(drafter, monkeypatch):
-    """drafter.nodes=100000 died after 44 s allocating 40 GB: now one line naming the size the machine can hold."""
+    """drafter.nodes=100000 on the tiny model died after 44 s allocating 40 GB (the tree's attention mask, 100,001² float32):
+    now one line naming the size the machine can hold, and that size is not refused."""
     from specresearch.build import build
     from specresearch.config import compose
     from specresearch.drafters import tree
     from specresearch.models import load_model
 
     target = load_model("tiny", dtype="float32", device="cpu")
-    monkeypatch.setattr(tree, "free_memory_bytes", lambda device: 2**30)  # 1 GiB free: 320 tokens x 4 B x 4 -> 104,856 nodes at most
+    monkeypatch.setattr(tree, "free_memory_bytes", lambda device: 16 * 2**30)  # half of it: 8 GiB for 5,120 B x K + 5 B x K²
     extra = ["drafter.model.name=tiny", "drafter.branching=null"] if drafter == "tree" else []
-    with pytest.raises(SpecResearchError, match=r"drafter.nodes: a tree of 300,000 nodes needs about 1.4 GiB .* more than half the "
-                                                r"1.0 GiB free on cpu: valid are trees of at most 104,856 nodes here"):
-        build(compose(["model=tiny", f"drafter={drafter}", "drafter.nodes=300000", "drafter.shape=null", *extra]).drafter, target=target)
+    cfg = lambda nodes: compose(["model=tiny", f"drafter={drafter}", f"drafter.nodes={nodes}", "drafter.shape=null", *extra]).drafter
+    with pytest.raises(SpecResearchError, match=r"^drafter.nodes: a tree of 100,000 nodes needs at least 47.0 GiB to verify \(the target's "
+                                                r"laws over 320 tokens and the tree's attention mask\), more than half the 16.0 GiB "
+                                                r"free on cpu: valid are trees of at most 40,938 nodes here$"):
+        build(cfg(100000), target=target)
+    tree.check_fits(target, 40938, "drafter.nodes")  # the largest it names is not refused, one more is
+    with pytest.raises(SpecResearchError, match="at most 40,938 nodes"):
+        tree.check_fits(target, 40939, "drafter.nodes")

@@ -34,17 +34,24 @@ def free_memory_bytes(device: torch.device) -> int | None:
 
 
 def check_fits(target: LoadedModel, nodes: int, path: str) -> None:
-    """Refuse, before anything is allocated, a tree the machine cannot verify: feeding `nodes` + 1 tokens makes
-    the target's logits and the verifier's laws, [nodes + 1, V] in float32 several times over (LAW_COPIES),
-    which must fit in half the free memory (the rest: the models, the cache, the activations)."""
+    """Refuse, before anything is allocated, a tree the machine cannot verify. Feeding K = `nodes` + 1 tokens
+    makes at least the target's logits and the verifier's laws, [K, V] in float32 several times over
+    (LAW_COPIES), the tree's attention mask, [K, cache + K] in the model's dtype, and its ancestry, [K, K] bool
+    (target.tree_attention): a lower bound (no cache, no activations) that must fit in half the free memory
+    (the rest: the models, the cache, the activations). drafter.nodes=100000 on the tiny model asked for 40 GB
+    of mask alone."""
     free = free_memory_bytes(target.device)
+    if free is None:
+        return
     vocab = int(target.model.config.vocab_size)
-    need = (nodes + 1) * vocab * 4 * LAW_COPIES
-    if free is not None and need > free // 2:
-        most = max(1, free // 2 // (vocab * 4 * LAW_COPIES) - 1)
-        raise SpecResearchError(f"{path}: a tree of {nodes:,} nodes needs about {need / 2**30:.1f} GiB for the target's laws over "
-                                f"{vocab:,} tokens, more than half the {free / 2**30:.1f} GiB free on {target.device}: valid are trees "
-                                f"of at most {most:,} nodes here")
+    linear, square = vocab * 4 * LAW_COPIES, target.model.dtype.itemsize + 1  # bytes per K and per K²
+    need = (nodes + 1) * linear + (nodes + 1) ** 2 * square
+    budget = free // 2
+    if need > budget:
+        most = max(1, int((-linear + math.sqrt(linear**2 + 4 * square * budget)) / (2 * square)) - 1)
+        raise SpecResearchError(f"{path}: a tree of {nodes:,} nodes needs at least {need / 2**30:,.1f} GiB to verify (the target's "
+                                f"laws over {vocab:,} tokens and the tree's attention mask), more than half the {free / 2**30:.1f} GiB "
+                                f"free on {target.device}: valid are trees of at most {most:,} nodes here")
 
 
 LAW_COPIES = 4  # [nodes + 1, V] float32 tensors alive at once in a verification: logits, p, residual, a copy
