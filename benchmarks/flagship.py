@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -81,12 +81,15 @@ def read_run(folder: Path) -> dict:
         overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
         choices = hydra["runtime"]["choices"]
         summary = json.loads((folder / "summary.json").read_text())
-        return {
+        run = {
             "key": (config["dataset"]["name"], float(config["sampling"]["temperature"]), choices["drafter"], choices["verifier"]),
             "command": "specresearch " + " ".join(shlex.quote(o) for o in overrides),
             "summary": dict(summary),
             "folder": folder.name,
         }
+        hash(run["key"])
+        run["quality"], run["battery"] = quality(run), battery(run)  # here, so that a summary's wrong value is named by its folder
+        return run
     except READ_ERRORS as err:
         raise InputError(f"{folder}: not the output folder of a specresearch run (.hydra/ with hydra.yaml, config.yaml and "
                          f"overrides.yaml, and summary.json): {type(err).__name__} {err}") from None
@@ -123,36 +126,41 @@ def table(speed: list[Path], runs: list[Path], skip: list[str] = (), notes: list
     rows, commands, machines, dates = [], [], [], []
     for path in speed:
         report = read_report(path)
-        args = report["args"]
-        temperature = float(args.get("temperature") or 0)
-        text = TEXTS.get(args["dataset"], args["dataset"])
-        commands.append(speed_command(args))
-        dates.append(report_date(report, path.stem))
-        machines.append(report["header"].split("): ")[0] + ")")  # the models, dtype, device, kernels, torch, threads, CPU
-        prompts = (f"{args['prompts']} prompts from {args['offset']}" if args["dataset"] != "mtbench"
-                   else f"{args['prompts']} questions, one per category from its question {args['offset'] + 1} on")
-        for r in report["rows"]:
-            if (r["method"] not in SHOWN and "alpha" not in r) or any(s in r["method"] for s in skip):  # other plain decodings
-                continue
-            key = (args["dataset"], temperature, *method_key(r["method"], temperature))
-            mine = [run for run in found if run["key"] == key]
-            used.update(run["folder"] for run in mine)
-            same = r.get("identical_to_reference")
-            lossless = f"identical to `generate`: {same}/{args['prompts']}" if same is not None else ""
-            rows.append([
-                text, f"{temperature:g}", f"{prompts} x {args['tokens']} tokens", r["method"],
-                f"{r['speedup_vs_generate']:.2f}x",
-                "" if r.get("tau") is None else f"{r['tau']:.2f}",
-                "; ".join(filter(None, [lossless, *map(quality, mine)])),
-                "; ".join(filter(None, map(battery, mine))) or (LOSSLESS if "alpha" in r and key[3] == "rejection" and temperature > 0 else ""),
-                f"[{path.stem}]({path.stem}.md)",
-            ])
+        try:
+            args = report["args"]
+            temperature = float(args.get("temperature") or 0)
+            text = TEXTS.get(args["dataset"], args["dataset"])
+            commands.append(speed_command(args))
+            dates.append(report_date(report, path.stem))
+            machines.append(report["header"].split("): ")[0] + ")")  # the models, dtype, device, kernels, torch, threads, CPU
+            prompts = (f"{args['prompts']} prompts from {args['offset']}" if args["dataset"] != "mtbench"
+                       else f"{args['prompts']} questions, one per category from its question {args['offset'] + 1} on")
+            for r in report["rows"]:
+                if (r["method"] not in SHOWN and "alpha" not in r) or any(s in r["method"] for s in skip):  # other plain decodings
+                    continue
+                key = (args["dataset"], temperature, *method_key(r["method"], temperature))
+                mine = [run for run in found if run["key"] == key]
+                used.update(run["folder"] for run in mine)
+                same = r.get("identical_to_reference")
+                lossless = f"identical to `generate`: {same}/{args['prompts']}" if same is not None else ""
+                rows.append([
+                    text, f"{temperature:g}", f"{prompts} x {args['tokens']} tokens", r["method"],
+                    f"{r['speedup_vs_generate']:.2f}x",
+                    "" if r.get("tau") is None else f"{r['tau']:.2f}",
+                    "; ".join(filter(None, [lossless, *(run["quality"] for run in mine)])),
+                    "; ".join(filter(None, (run["battery"] for run in mine))) or (LOSSLESS if "alpha" in r and key[3] == "rejection" and temperature > 0 else ""),
+                    f"[{path.stem}]({path.stem}.md)",
+                ])
+        except InputError:
+            raise
+        except READ_ERRORS as err:  # a value of the wrong kind (a speedup that is text, a method that is a number ...)
+            raise InputError(f"{path}: a benchmarks/speed.py report with a value of the wrong kind: {type(err).__name__} {err}") from None
     for run in found:
         commands.append(f"{run['command']}   # {run['folder']}")
         if run["folder"] not in used:
             dataset, temperature, drafter, verifier = run["key"]
             rows.append([TEXTS.get(dataset, dataset), f"{temperature:g}", "as its command says", f"{drafter} verifier={verifier}",
-                         "", "", quality(run) or "", battery(run) or "", f"run {run['folder']}"])
+                         "", "", run["quality"] or "", run["battery"] or "", f"run {run['folder']}"])
     return {
         "title": "The flagship: Medusa with typical acceptance, code and chat, T = 0 and T = 0.7",
         "date": max(dates),
@@ -166,6 +174,18 @@ def table(speed: list[Path], runs: list[Path], skip: list[str] = (), notes: list
     }
 
 
+def writable(out: Path) -> bool:
+    """Whether `out` can be written: not a folder, and a file can be made beside it (a probe, at once removed: /proc
+    and read-only mounts pass os.access)."""
+    if out.is_dir() or not out.parent.is_dir():
+        return False
+    try:
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".flagship-probe-"):
+            return True
+    except OSError:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speed", type=Path, nargs="+", required=True, help="benchmarks/speed.py reports (--json)")
@@ -177,8 +197,8 @@ def main() -> None:
     missing = [str(p) for p in [*args.speed, *(r / "summary.json" for r in args.run)] if not p.is_file()]
     if missing:
         parser.error(f"not found: {', '.join(missing)}")
-    if not args.out.parent.is_dir() or not os.access(args.out.parent, os.W_OK):
-        parser.error(f"--out {args.out}: its folder is not a writable folder")
+    if not writable(args.out):
+        parser.error(f"--out {args.out}: cannot write the results file there (a file in a writable folder); checked before any work")
     try:
         data = table(args.speed, args.run, args.skip, args.notes)
     except InputError as err:

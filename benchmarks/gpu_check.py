@@ -636,11 +636,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.tokens = 16 if args.dry and args.tokens is None else 256 if args.tokens is None else args.tokens
     args.repeats = 1 if args.dry and args.repeats is None else 3 if args.repeats is None else args.repeats
     args.out = args.out or ROOT / "benchmarks" / "results" / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    folder = next((p for p in [args.out.parent, *args.out.parent.parents] if p.exists()), None)  # made when missing
-    if args.out.is_dir() or folder is None or not folder.is_dir() or not os.access(folder, os.W_OK) \
-            or str(args.out.resolve()).startswith(("/proc/", "/sys/")):
+    if not writable(args.out):
         parser.error(f"--out {args.out}: cannot write the report there (a file in a writable folder); checked before any work")
+    if set(args.skip) >= {"matrix", "speed"}:
+        parser.error("--skip matrix --skip speed leaves nothing to check")
     return args
+
+
+def writable(out: Path) -> bool:
+    """Whether the report can be written at `out`: not a folder, and a file can be made in its folder, or in the
+    nearest folder above it that exists (the rest is made when missing). A probe file, at once removed: /proc and
+    read-only mounts pass os.access."""
+    folder = next((p for p in [out.parent, *out.parent.parents] if p.exists()), None)
+    if out.is_dir() or folder is None or not folder.is_dir():
+        return False
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".gpu-check-probe-"):
+            return True
+    except OSError:
+        return False
 
 
 def at_least(low, kind=int):

@@ -408,6 +408,10 @@ def test_aa_calibration_repeats_both_comparisons_and_writes_a_results_page(tmp_p
     (b'{"header": "x", "args": {"dataset": "humaneval"', "not a benchmarks/speed.py report"),
     (json.dumps({"header": "x", "args": {"dataset": "humaneval", "prompts": 2, "offset": 0, "tokens": 8},
                  "rows": [{"method": "baseline", "speedup_vs_baseline": 1.0}]}).encode(), "rows without a speedup over transformers' generate"),
+    (json.dumps({"header": "x", "args": {"dataset": "humaneval", "prompts": 2, "offset": 0, "tokens": 8},
+                 "rows": [{"method": "pld k=4", "speedup_vs_generate": "fast", "alpha": 0.5}]}).encode(), "a benchmarks/speed.py report with a value of the wrong kind: ValueError"),
+    (json.dumps({"header": "x", "args": {"dataset": "mtbench", "prompts": 2, "offset": "a", "tokens": 8},
+                 "rows": [{"method": "generate", "speedup_vs_generate": 1.0}]}).encode(), "a benchmarks/speed.py report with a value of the wrong kind: TypeError"),
 ])
 def test_flagship_refuses_a_malformed_report_in_one_line(tmp_path, content, says):
     """Random bytes, {}, a list, cut JSON, a report without transformers' rows: one `error:` line, exit 2, nothing written."""
@@ -433,3 +437,44 @@ def test_flagship_refuses_a_run_folder_without_its_hydra_files(tmp_path):
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         result.stderr.strip().splitlines()[0]] and "not the output folder of a specresearch run" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _flagship_run(folder, summary):
+    """A specresearch run folder as flagship.py reads it: .hydra/'s three files and summary.json."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "hydra.yaml").write_text("hydra:\n  runtime:\n    choices: {drafter: medusa, verifier: typical}\n")
+    (folder / ".hydra" / "config.yaml").write_text("dataset: {name: humaneval}\nsampling: {temperature: 0.7}\n")
+    (folder / ".hydra" / "overrides.yaml").write_text("- drafter=medusa\n")
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+@pytest.mark.parametrize("summary", [{"method_pass@1": "high", "baseline_pass@1": 0.5, "problems": 4, "mcnemar_p": 1.0},
+                                     {"eq_reject": True}, [1, 2]])
+def test_flagship_names_the_run_whose_summary_it_cannot_read(tmp_path, summary):
+    """A summary.json with a value of the wrong kind, a battery's verdict without its numbers, or not a mapping: one line
+    naming the run's folder (not the speed report), exit 2, nothing written."""
+    good = tmp_path / "speed.json"
+    good.write_text(json.dumps({"header": "x (y): z", "args": {"dataset": "humaneval", "prompts": 1, "offset": 0, "tokens": 8},
+                                "rows": [{"method": "generate", "speedup_vs_generate": 1.0}]}))
+    run = _flagship_run(tmp_path / "run", summary)
+    out = tmp_path / "out.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flagship.py"), "--speed", str(good), "--run", str(run),
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {run}: not the output folder"), result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("out", ["/proc/x", "{tmp}", "{tmp}/speed.json/x", "{tmp}/missing/out.json"])
+def test_flagship_refuses_an_out_it_cannot_write_before_reading_anything(tmp_path, out):
+    """--out in /proc (which os.access calls writable), a folder, under a file, in a missing folder: argparse's one line,
+    exit 2, before the reports are read (the report here is not even JSON)."""
+    bad = tmp_path / "speed.json"
+    bad.write_text("not json")
+    out = out.format(tmp=tmp_path)
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flagship.py"), "--speed", str(bad), "--out", out],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        f"flagship.py: error: --out {out}: cannot write the results file there (a file in a writable folder); checked before any work")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["speed.json"]  # no probe left behind

@@ -167,12 +167,22 @@ def test_the_check_fails_on_a_cell_that_differs_and_passes_a_refused_mode():
     (["--k", "x"], "argument --k: not a number: 'x'"),
     (["--only", "nope"], "--only: unknown method 'nope': valid are generate, generate_compiled, baseline"),
     (["--out", "/proc/x"], "--out /proc/x: cannot write the report there"),
+    (["--out", "{tmp}"], "--out {tmp}: cannot write the report there"),
+    (["--out", "{tmp}/file/x.json"], "--out {tmp}/file/x.json: cannot write the report there"),
+    (["--only", "generate,"], "--only: unknown method '': valid are generate"),
+    (["--budget", "nan"], "argument --budget: must be >= 0.0, got nan"),
+    (["--prompt-tokens", "0"], "argument --prompt-tokens: must be >= 1, got 0"),
+    (["--skip", "matrix", "--skip", "speed"], "--skip matrix --skip speed leaves nothing to check"),
 ])
 def test_bad_arguments_are_refused_before_any_work(args, error, tmp_path):
     """0 is not silently a default, a negative does not fail inside the run, an unknown --only does not time nothing and
-    exit 0, an unwritable --out does not fail after the work: each is argparse's one error line, exit 2."""
+    exit 0, an unwritable --out (in /proc, a folder, under a file) does not fail after the work: each is argparse's one
+    error line, exit 2, and nothing is written."""
+    (tmp_path / "file").write_text("")
     script = ROOT / "benchmarks" / "gpu_check.py"
+    args = [a.format(tmp=tmp_path) for a in args]
     result = subprocess.run([sys.executable, str(script), "--dry", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(f"gpu_check.py: error: {error}"), result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"gpu_check.py: error: {error.format(tmp=tmp_path)}"), result.stderr
     assert result.stdout == ""  # no section started
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]  # no report, no probe left behind
