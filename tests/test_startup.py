@@ -77,7 +77,7 @@ def test_nothing_of_ours_runs_until_lm_eval_does():
 
 
 def test_the_hook_acts_on_lm_eval_modules_that_ran_before_it():
-    """Imported after lm-eval's tasks and models ran (a `python -m specresearch.evaluation.hook` start, a test
+    """Imported after lm-eval's tasks and models ran (a process that imported lm-eval first, a test
     process), the hook still registers the model and our tasks."""
     code = ("import lm_eval.models, lm_eval.tasks\n"
             "import specresearch.evaluation.hook\n"

@@ -152,6 +152,11 @@ class TreeShape:
         self.topk, self.nodes = int(self.topk), int(self.nodes)
         self.depth = len(self.branching) if self.branching is not None else int(self.depth)  # the longest path
 
+    @property
+    def most(self) -> int:
+        """The most nodes a tree of this shape holds: a static tree's every node, else `nodes`."""
+        return self.nodes if self.branching is None else sum(math.prod(self.branching[: i + 1]) for i in range(self.depth))
+
     def check(self, sampling: SamplingParams) -> None:
         if self.children == "sample" and sampling.greedy:
             raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; use children=top for greedy decoding")
@@ -337,9 +342,8 @@ class TreeDrafter(Drafter):
         """
         if model is None:
             raise SpecResearchError("drafter=tree needs a draft model: set drafter.model.name")
-        check_fits(target, nodes if branching is None else sum(math.prod(branching[: i + 1]) for i in range(len(branching))),
-                   "drafter.nodes" if branching is None else "drafter.branching")
         self.shape = TreeShape(None if branching is None else list(branching), topk, depth, nodes, children, chain_confidence)
+        check_fits(target, self.shape.most, "drafter.nodes" if branching is None else "drafter.branching")  # before sizer measures
         self.shape.sizer = sizer(shape, target, self.shape)
         self.depth = self.shape.depth
         self.drafts = [DraftModel.load(spec, target) for spec in [model, *ensemble]]
