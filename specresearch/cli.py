@@ -49,6 +49,9 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
 
         print(f"specresearch {__version__}")
         return
+    if "--settings" in sys.argv[1:]:  # one option's settings, from the dataclass that declares them
+        _print_settings(sys.argv[sys.argv.index("--settings") + 1:])
+        return
     import hydra
 
     problem = unknown_option(sys.argv[1:], config_name)
@@ -59,6 +62,25 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
     except KeyboardInterrupt:  # Ctrl-C outside a job (during a job sweeps.exit_on_signals turns it into SystemExit(130))
         print("\ninterrupted by SIGINT", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
+
+
+def _print_settings(args: list[str]) -> None:
+    """`--settings GROUP=OPTION ...`: each option's settings, defaults and descriptions; no option: the
+    options there are."""
+    from specresearch.options.conf import describe, registered
+
+    chosen = [a for a in args if "=" in a and not a.startswith("-")]
+    if not chosen:
+        print("specresearch --settings GROUP=OPTION [...]: an option's settings. Options:")
+        groups: dict[str, list[str]] = {}
+        for group, name, *_ in registered():
+            groups.setdefault(group, []).append(name)
+        print("\n".join(f"  {group}: {', '.join(names)}" for group, names in groups.items()))
+        return
+    try:
+        print("\n\n".join(describe(*a.split("=", 1)) for a in chosen))
+    except SpecResearchError as err:
+        fail(str(err))
 
 
 def _job(work: Callable[[DictConfig], dict[str, float] | None], timed: bool,

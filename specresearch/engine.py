@@ -14,7 +14,6 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from specresearch import settings
 from specresearch.drafters.base import Context, Drafter
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
@@ -41,8 +40,9 @@ class DraftLength:
             k: draft tokens per step (the first step's under the heuristic).
             policy: "fixed" or "heuristic".
             k_max: the largest k the heuristic may reach; None = 4 k.
+
+        The drafter's settings were checked where they entered (options.drafters.DraftLength).
         """
-        settings.check_draft_length("drafter", k, policy, k_max)
         self.start = self.k = int(k)
         self.policy = policy
         self.k_max = int(k_max) if k_max is not None else 4 * int(k)

@@ -129,7 +129,7 @@ def test_conf_is_found_beside_the_package_or_inside_it_and_a_leftover_folder_is_
 
 @pytest.mark.parametrize("overrides, error", [
     (["model=tiny", "drafter=pld", "drafter.k=abc"], "drafter.k must be an integer, got 'abc'"),
-    (["model=tiny", "drafter=pld", "+drafter.kk=1"], "drafter=pld has no setting 'kk': valid are k, max_ngram,"),
+    (["model=tiny", "drafter=pld", "+drafter.kk=1"], "drafter=pld has no setting 'kk': valid are k, k_policy, k_max, max_ngram,"),
     ("drafter=pld", "compose() takes a list of overrides, e.g. ['drafter=pld'], or a mapping"),
     (["drafter=pld", 4], "compose() takes a list of overrides"),
 ])

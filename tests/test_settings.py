@@ -1,13 +1,18 @@
-"""specresearch.settings, the settings schema: every shipped option has a dataclass whose fields are
-its YAML's keys, OmegaConf takes the YAML's defaults as that dataclass's types, a range check refuses
-a value before a model loads, and the schema module stands on its own."""
+"""Settings declared once: every shipped option has a dataclass (specresearch.options) whose fields
+are its YAML's keys, the option groups' YAML is generated from them, the classes take them (no
+setting of their own), OmegaConf takes the YAML's defaults as the dataclasses' types, a range check
+(specresearch.settings) refuses a value before a model loads, and the declarations stand on their own."""
 
 import ast
+import importlib
+import inspect
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from specresearch import options as declarations
 from specresearch import settings
 from specresearch.config import CONF_DIR, compose, options, unknown_option
 from specresearch.errors import SpecResearchError
@@ -60,13 +65,61 @@ def test_the_primary_configs_fit_their_schemas(name):
     assert _keys(node) == _keys_of(settings.settings(settings.PRIMARY[name], shipped=True))
 
 
-def test_the_schema_module_imports_nothing_of_the_package_but_errors():
-    tree = ast.parse((CONF_DIR.parent / "specresearch" / "settings.py").read_text())
-    imported = {alias.name if isinstance(node, ast.Import) else node.module
-                for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
-    ours = {name for name in imported if name.startswith("specresearch")}
-    assert ours == {"specresearch.errors"}
-    assert not {name.split(".")[0] for name in imported} & {"torch", "transformers", "numpy"}
+PACKAGE = CONF_DIR.parent / "specresearch"
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {alias.name if isinstance(node, ast.Import) else node.module
+            for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+
+
+def test_the_declarations_import_nothing_of_the_package_but_errors_and_no_config_library():
+    for path in sorted((PACKAGE / "options").glob("*.py")):
+        imported = _imports(path)
+        ours = {name for name in imported if name.startswith("specresearch")}
+        assert ours <= {"specresearch.errors", "specresearch.options"} | {f"specresearch.options.{p.stem}" for p in path.parent.glob("*.py")}, path
+        assert not {name.split(".")[0] for name in imported} & {"torch", "transformers", "numpy", "omegaconf", "hydra"}, path
+
+
+def test_the_core_imports_neither_omegaconf_nor_the_config_check():
+    """engine, drafters and verifiers take the dataclasses; the config layer (OmegaConf, settings.check) stays above them."""
+    core = [PACKAGE / "engine.py", *(PACKAGE / "drafters").glob("*.py"), *(PACKAGE / "verifiers").glob("*.py")]
+    for path in core:
+        imported = {name.split(".")[0] if name.startswith("omegaconf") else name for name in _imports(path)}
+        assert not imported & {"omegaconf", "hydra", "specresearch.settings"}, path
+
+
+def test_the_generated_conf_files_are_up_to_date():
+    from specresearch.options import conf
+    assert conf.stale(CONF_DIR) == [], "run python -m specresearch.options.conf"
+
+
+@pytest.mark.parametrize("group,name", [(g, n) for g in ("drafter", "verifier") for n in settings.OPTIONS[g]])
+def test_the_classes_declare_no_setting_of_their_own(group, name):
+    """A drafter's or verifier's constructor takes its settings dataclass (`Settings`, the one the option
+    registers): no keyword of it repeats a setting with a default of its own."""
+    schema = settings.OPTIONS[group][name]
+    module, _, cls_name = schema._target_.rpartition(".")
+    cls = getattr(importlib.import_module(module), cls_name)
+    if [f for f in fields(schema) if not f.name.startswith("_")]:
+        assert cls.Settings is schema
+    own = [p.name for p in inspect.signature(cls.__init__).parameters.values()
+           if p.name in {f.name for f in fields(schema)} and p.default is not inspect.Parameter.empty and p.name not in ("model", "ensemble")]
+    assert own == [], f"{cls_name}.__init__ declares {own} again: take them from {schema.__name__}"
+
+
+def test_a_constructor_refuses_an_unknown_setting_naming_the_valid_ones():
+    from specresearch.drafters.pld import PromptLookupDrafter
+    with pytest.raises(SpecResearchError, match="^drafter has no setting 'kk': valid are k, k_policy, k_max, max_ngram"):
+        PromptLookupDrafter(kk=3)
+    assert PromptLookupDrafter().k == 10 and PromptLookupDrafter(k=3).settings.k == 3
+
+
+def test_a_subclass_gives_an_inherited_setting_another_default_without_declaring_it():
+    drafters = declarations.drafters
+    assert drafters.PromptLookup().k == 10 and drafters.Independent().k == 4
+    assert drafters.PromptLookup.__dataclass_fields__["k"].metadata == drafters.DraftLength.__dataclass_fields__["k"].metadata
 
 
 @pytest.mark.parametrize("name", options("experiment"))
@@ -107,7 +160,7 @@ def test_unknown_option_reads_the_schema():
         "model=qwen2.5-coder-0.5b has no setting 'model.tiny': valid are model.cache, model.cache_dir, model.compile, model.device,")
     assert unknown_option(["model=tiny", "model.tiny.vocab_size=8"]) is None
     assert unknown_option(["drafter.model.tiny.vocab_size=8"]).startswith("drafter=independent has no setting 'drafter.model.tiny'")
-    assert [f.name for f in fields(settings.DraftModel)][-3:] == ["vocab", "vocab_corpus", "quantize"]
+    assert [f.name for f in fields(declarations.models.DraftModel)][-3:] == ["vocab", "vocab_corpus", "quantize"]
 
 
 def test_a_class_no_option_names_is_left_to_its_constructor():

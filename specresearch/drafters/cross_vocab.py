@@ -10,12 +10,13 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from specresearch import settings
 from specresearch.drafters.base import Chain, Context, Drafter
 from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
 from specresearch.drafters.pld import lookup
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, load_model, logit_width
+from specresearch.options import drafters as options
+from specresearch.options import make
 from specresearch.types import Draft, SamplingParams
 from specresearch.vocab import Bridge, Shortlist
 
@@ -48,37 +49,27 @@ class CrossVocabDrafter(Drafter):
                                                  "k=6", "chain_confidence=0.05"),
              "shared, siblings, lookup": ("mode=shared", "siblings=2", "lookup=4", "k=6")}
 
-    def __init__(self, target: LoadedModel, k: int = 4, model: Mapping | LoadedModel | None = None, mode: str = "string",
-                 k_policy: str = "fixed", k_max: int | None = None, confidence: float | None = None,
-                 chain_confidence: float | None = None, lookup: int = 0, siblings: int = 0, sibling_confidence: float = 0.0):
+    Settings = options.CrossVocab
+
+    def __init__(self, target: LoadedModel, model: Mapping | LoadedModel | None = None, **given):
         """
         Args:
             target: the target model.
-            k: draft tokens per step (the draft's; "string": the target tokens proposed are at most
-                the step's draft length too).
             model: the draft model: load_model() arguments (name, dtype, ...) plus `vocab`,
                 `vocab_corpus`, `quantize` (drafters.draft_model.cheapen), or a LoadedModel.
-            mode: "string" or "shared" (see above).
-            k_policy: "fixed", or "heuristic" (see engine.DraftLength).
-            k_max: the largest k the heuristic may reach (None = 4 k).
-            confidence: stop drafting after a token the draft gives less than this probability (its
-                q's when sampled, its softmax's when greedy; transformers' assistant_confidence_threshold).
-                None = always k. Lossless: the stop depends on the draft alone.
-            chain_confidence: stop once the product of the drafted tokens' probabilities falls below
-                this (EAGLE-2's cumulative confidence). None = never.
-            lookup: the most prompt-lookup guesses (in the draft's tokens) fed with each draft forward;
-                0 = none. Lossless: the chain is the draft's own.
-            siblings: mode "shared" only: beside each chain token, the draft's next `siblings` likeliest
-                shared tokens as leaves the target may take instead (base.Chain); 0 = a plain chain.
-            sibling_confidence: keep a sibling only where its path probability is at least this.
+            **given: the settings (`Settings`: k, mode, k_policy, k_max, confidence, chain_confidence,
+                lookup, siblings, sibling_confidence), the rest at their defaults. "string": the target
+                tokens proposed are at most the step's draft length too; the confidence stops read the
+                draft's q when sampled, its softmax when greedy. Lossless: stops and guesses depend on the
+                draft alone.
         """
-        settings.CrossVocab(k=k, mode=mode, k_policy=k_policy, k_max=k_max, confidence=confidence, chain_confidence=chain_confidence,
-                            lookup=lookup, siblings=siblings, sibling_confidence=sibling_confidence).check("drafter")
-        self.confidence, self.chain_confidence = confidence or 0.0, chain_confidence or 0.0
+        s = self.settings = make(self.Settings, given)
+        self.confidence, self.chain_confidence = s.confidence or 0.0, s.chain_confidence or 0.0
         if model is None:
             raise SpecResearchError("drafter=cross_vocab needs a draft model: set drafter.model.name")
-        self.k, self.k_policy, self.k_max, self.mode = int(k), k_policy, k_max, mode
-        self.lookup, self.siblings, self.sibling_confidence = int(lookup), int(siblings), float(sibling_confidence)
+        self.k, self.k_policy, self.k_max, self.mode = s.k, s.k_policy, s.k_max, s.mode
+        self.lookup, self.siblings, self.sibling_confidence = s.lookup, s.siblings, s.sibling_confidence
+        mode = s.mode
         if isinstance(model, LoadedModel):
             lm, options = model, {}
         else:

@@ -20,18 +20,19 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
-from specresearch import settings
 from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, optimise, rate_name
 from specresearch.drafters.tree import TreeShape, sizer, tree_draft
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir
+from specresearch.options import drafters as options
+from specresearch.options import make
 from specresearch.target import Target
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.vocab import Shortlist
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from specresearch.options.runs import Train  # the node conf/train.yaml gives (a DictConfig with these keys)
 
 EAGLE_CLIP = 0.5  # EAGLE's gradient-norm clip
 
@@ -143,51 +144,30 @@ class EagleDrafter(Drafter):
     default_checkpoint = staticmethod(eagle_path)
 
     @classmethod
-    def run_label(cls, tc: DictConfig) -> str:
+    def run_label(cls, tc: Train) -> str:
         return "eagle"
 
-    def __init__(
-        self,
-        target: LoadedModel,
-        k: int = 4,
-        checkpoint: str | None = None,
-        k_policy: str = "fixed",
-        k_max: int | None = None,
-        vocab: int | None = None,
-        vocab_corpus: str = "python-stdlib",
-        head: EagleHead | None = None,
-        cache_dir: str | None = None,
-        tree: bool = False,
-        topk: int = 4,
-        depth: int = 6,
-        nodes: int = 24,
-        children: str = "top",
-        shape: str | None = None,
-    ):
+    Settings = options.Eagle
+
+    def __init__(self, target: LoadedModel, head: EagleHead | None = None, **given):
         """
         Args:
             target: the target model the head was trained on.
-            k: draft tokens per step (a maximum under k_policy=heuristic).
-            checkpoint: the head's safetensors file; None = this target's in the model cache.
-            k_policy, k_max: how k evolves within a sequence (see engine.DraftLength).
-            vocab: the head's lm head scores only the `vocab` most frequent tokens (FR-Spec): the
-                lm head is most of a draft step's cost. None = the whole vocabulary. Lossless either way.
-            vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
             head: a head to use instead of a checkpoint (tests, a freshly trained head).
-            cache_dir: the model cache the default checkpoint lives in (None = the default cache).
-            tree: draft EAGLE-2's dynamic tree instead of a chain (k, k_policy and k_max then unused).
-            topk, depth, nodes, children: the tree's shape (drafters.tree.TreeShape).
-            shape: "auto": each step keeps the tree size with the best predicted speedup (drafters.tree.Sizer).
+            **given: the settings (`Settings`), the rest at their defaults: a chain of k (k_policy, k_max:
+                engine.DraftLength), or with tree=true EAGLE-2's dynamic tree (topk, depth, nodes,
+                children: drafters.tree.TreeShape; shape="auto": drafters.tree.Sizer). `vocab`: the head's
+                lm head scores only the most frequent tokens (FR-Spec: the lm head is most of a draft
+                step's cost). Lossless either way.
         """
-        settings.Eagle(k=k, k_policy=k_policy, k_max=k_max, tree=bool(tree), topk=topk, depth=depth, nodes=nodes,
-                       children=children, shape=shape).check("drafter")
-        self.shape = TreeShape(None, topk, depth, nodes, children) if tree else None
+        s = self.settings = make(self.Settings, given)
+        checkpoint, vocab, vocab_corpus, cache_dir = s.checkpoint, s.vocab, s.vocab_corpus, s.cache_dir
+        self.shape = TreeShape(None, s.topk, s.depth, s.nodes, s.children, None) if s.tree else None
         if self.shape is not None:
-            self.shape.sizer = sizer(shape, target, self.shape)
-        if self.shape is None:
-            self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
-        else:
+            self.shape.sizer = sizer(s.shape, target, self.shape)
             self.depth = self.shape.depth
+        else:
+            self.k, self.k_policy, self.k_max = s.k, s.k_policy, s.k_max  # the engine's DraftLength reads them
         if head is None:
             path = find_checkpoint("eagle", target.name, checkpoint, eagle_path(target.name, cache_dir))
             head, meta = EagleHead.load(path, target.model.config)
@@ -204,7 +184,7 @@ class EagleDrafter(Drafter):
         self.features: list[Tensor] = []  # per row, [H] f̂ after its last accepted pair: the source of its next guess
 
     @classmethod
-    def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[EagleHead, dict]:
+    def fit(cls, tc: Train, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[EagleHead, dict]:
         """An EAGLE head, one cached sequence (a prompt with its continuation, or a text chunk) per step.
 
         From each pair (f_t, x_{t+1}) the head predicts f_{t+1} (smooth L1, weight `tc.feature_loss`; EAGLE-3

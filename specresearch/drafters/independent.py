@@ -7,12 +7,13 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from specresearch import settings
 from specresearch.drafters.base import Chain, Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.drafters.pld import lookup
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
+from specresearch.options import drafters as options
+from specresearch.options import make
 from specresearch.types import Draft, Verdict
 
 
@@ -40,56 +41,26 @@ class IndependentDrafter(Drafter):
              "siblings by confidence": ("siblings=3", "sibling_confidence=0.05"),
              "siblings, lookup, chain confidence": ("k=8", "siblings=1", "lookup=4", "chain_confidence=0.3")}
 
-    def __init__(
-        self,
-        target: LoadedModel,
-        k: int = 4,
-        model: Mapping | LoadedModel | DraftModel | None = None,
-        confidence: float | None = None,
-        k_policy: str = "fixed",
-        k_max: int | None = None,
-        lookup: int = 0,
-        chain_confidence: float | None = None,
-        siblings: int = 0,
-        sibling_confidence: float = 0.0,
-    ):
+    Settings = options.Independent
+
+    def __init__(self, target: LoadedModel, model: Mapping | LoadedModel | DraftModel | None = None, **given):
         """
         Args:
             target: the target model; the draft must share its vocabulary.
-            k: draft tokens per step (>= 1).
             model: the draft model: load_model() arguments (name, dtype, device, ...) plus the
                 cheaper-draft options `vocab`, `vocab_corpus`, `quantize` (drafters.draft_model), a
                 LoadedModel, or a DraftModel.
-            confidence: stop drafting early, after a token whose draft probability is below this
-                (transformers' assistant_confidence_threshold; Leviathan's k becomes a maximum).
-                None = always k tokens. Lossless: the stop depends on the draft alone.
-            k_policy: "fixed", or "heuristic" (transformers' schedule, see engine.DraftLength);
-                combines with `confidence` as in transformers. Lossless: k depends on past verdicts only.
-            k_max: the largest k the heuristic may reach (None = 4 k).
-            lookup: the most prompt-lookup guesses fed with each draft forward (0 = none; see above).
-                Lossless: the chain is the draft's own.
-            chain_confidence: stop drafting once the product of the chain's token probabilities
-                (`confidence`'s, over the chain so far: the draft's estimate that the target keeps it
-                all, EAGLE-2's cumulative confidence) falls below this. None = no such stop.
-                Lossless: the stop depends on the draft alone.
-            siblings: beside each chain token, the draft's next `siblings` likeliest tokens at its
-                position, as leaves of a tree whose spine is the chain (`Chain.draft`): when the target
-                refuses the chain's token it may take a sibling, one more token per step, at the price
-                of target rows but no draft forward. 0 = a plain chain. Lossless: a sibling is
-                deterministic given the chain, and verified against the target's residual.
-            sibling_confidence: keep a sibling only where its path probability (the chain's draft
-                probabilities down to its parent times its own: the draft's chance that the target
-                takes it) is at least this; 0 = every one of the `siblings`. Lossless: the draft alone decides.
+            **given: the settings (`Settings`: k, k_policy, k_max, confidence, chain_confidence, siblings,
+                sibling_confidence, lookup), the rest at their defaults. Each is lossless: the stops,
+                siblings and guesses depend on the draft alone (siblings are verified against the
+                target's residual), and k on past verdicts only.
         """
-        settings.Independent(k=k, confidence=confidence, chain_confidence=chain_confidence, k_policy=k_policy, k_max=k_max,
-                             siblings=siblings, sibling_confidence=sibling_confidence, lookup=lookup).check("drafter")
+        s = self.settings = make(self.Settings, given)
         if model is None:
             raise SpecResearchError("drafter=independent needs a draft model: set drafter.model.name")
-        self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
-        self.confidence = None if confidence is None else float(confidence)
-        self.lookup = int(lookup)
-        self.chain_confidence = None if chain_confidence is None else float(chain_confidence)
-        self.siblings, self.sibling_confidence = int(siblings), float(sibling_confidence)
+        self.k, self.k_policy, self.k_max = s.k, s.k_policy, s.k_max  # the engine's DraftLength reads them
+        self.confidence, self.chain_confidence, self.lookup = s.confidence, s.chain_confidence, s.lookup
+        self.siblings, self.sibling_confidence = s.siblings, s.sibling_confidence
         self._chains: list[tuple[int, Chain]] = []  # each row's (context length, chain) of the last step
         self.draft = DraftModel.load(model, target)
 

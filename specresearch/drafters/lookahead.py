@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specresearch import settings
+from specresearch.options import drafters as options
+from specresearch.options import make
 from specresearch.drafters.base import Context, Drafter
 from specresearch.types import Draft, Trie, Verdict
 
@@ -37,19 +38,20 @@ class LookaheadDrafter(Drafter):
     # (the default drafts from the same pool by the same rule, filled later).
     modes = {"pool from prompt": ("pool_from_prompt=true",)}
 
-    def __init__(self, target=None, window: int = 7, ngram: int = 5, guesses: int = 7, pool_from_prompt: bool = False):
+    Settings = options.Lookahead
+
+    def __init__(self, target=None, **given):
         """
         Args:
             target: unused (the config passes it to every drafter).
-            window: W, the Jacobi window's width (the lookahead positions per level).
-            ngram: N, the n-gram size: N − 1 levels in the window, proposals of N − 1 tokens; >= 3.
-            guesses: G, the most pool n-grams verified per step (and kept per first token).
-            pool_from_prompt: also put every n-gram of the prompt in the pool (the reference
-                implementation's POOL_FROM_PROMPT; the paper's method has it off).
+            **given: the settings (`Settings`): W = window, the Jacobi window's width (the lookahead
+                positions per level); N = ngram, the n-gram size (N − 1 levels in the window, proposals
+                of N − 1 tokens); G = guesses, the most pool n-grams verified per step (and kept per
+                first token); pool_from_prompt. The rest at their defaults.
         """
-        settings.Lookahead(window=window, ngram=ngram, guesses=guesses).check("drafter")
-        self.W, self.N, self.G = int(window), int(ngram), int(guesses)
-        self.pool_from_prompt = bool(pool_from_prompt)
+        s = self.settings = make(self.Settings, given)
+        self.W, self.N, self.G = s.window, s.ngram, s.guesses
+        self.pool_from_prompt = s.pool_from_prompt
         self.depth = self.N - 1  # the longest proposal
         self.windows: list[Window] = []  # each row's pool and Jacobi window
         self._scratch_parents = self._window_parents()  # [M]: -1 = root, else index among scratch nodes

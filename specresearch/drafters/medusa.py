@@ -14,18 +14,19 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from specresearch import settings
 from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
 from specresearch.drafters.tree import Sizer, check_fits
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, default_cache_dir, say_once
+from specresearch.options import drafters as options
+from specresearch.options import make
 from specresearch.sampling import logits_to_probs
 from specresearch.types import Draft, SamplingParams
 from specresearch.vocab import Shortlist
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from specresearch.options.runs import Train  # the node conf/train.yaml gives (a DictConfig with these keys)
 
 log = logging.getLogger(__name__)
 
@@ -194,43 +195,29 @@ class MedusaDrafter(Drafter):
     default_checkpoint = staticmethod(checkpoint_path)
 
     @classmethod
-    def run_label(cls, tc: DictConfig) -> str:
+    def run_label(cls, tc: Train) -> str:
         return f"medusa x{tc.heads}"
 
-    def __init__(
-        self,
-        target: LoadedModel,
-        checkpoint: str | None = None,
-        choices: Sequence[Sequence[int]] | None = None,
-        nodes: int = 16,
-        shape: str | None = "auto",
-        children: str = "top",
-        vocab: int | None = None,
-        vocab_corpus: str = "python-stdlib",
-        heads: MedusaHeads | None = None,
-        cache_dir: str | None = None,
-    ):
+    Settings = options.Medusa
+
+    def __init__(self, target: LoadedModel, heads: MedusaHeads | None = None, **given):
         """
         Args:
             target: the target model the heads were trained on.
-            checkpoint: the heads' safetensors file; None = this target's in the model cache.
-            choices: the tree of choices (paths of per-depth ranks, e.g. [[0], [0, 0], [1]]), used as
-                given (`shape` is not applied); None = sized by `shape`: of the likeliest paths by the
-                checkpoint's held-out accuracies (`best_choices`), or DEFAULT_CHOICES for heads without them.
-            nodes: the tree's size when `choices` is None (with shape=auto: the largest size considered).
-            shape: "auto" (default): Sequoia's sizing (`sized_choices`): the size in 1..`nodes` with the
-                best predicted speedup, from the checkpoint's hit rates and this target's cost of
-                verifying m tokens on this machine (measured once, a few seconds, and kept in the model
-                cache: target.kept_cost_curve); None = `nodes` as given.
-            children: "top" or "sample" (T > 0 only).
-            vocab: the heads score only the `vocab` most frequent tokens (FR-Spec, as drafter=independent's
-                `vocab`): their lm head reads those rows only. None = the shortlist the heads were trained on
-                (the checkpoint's train.vocab), else the whole vocabulary. Lossless either way.
-            vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
             heads: heads to use instead of a checkpoint (tests, freshly trained heads).
-            cache_dir: the model cache the default checkpoint lives in (None = the default cache).
+            **given: the settings (`Settings`), the rest at their defaults. `choices` (paths of per-depth
+                ranks, e.g. [[0], [0, 0], [1]]) are used as given (`shape` is not applied); None = sized
+                by `shape`: of the likeliest paths by the checkpoint's held-out accuracies
+                (`best_choices`), or DEFAULT_CHOICES for heads without them. shape="auto": Sequoia's
+                sizing (`sized_choices`): the size in 1..`nodes` with the best predicted speedup, from the
+                checkpoint's hit rates and this target's cost of verifying m tokens on this machine
+                (measured once, a few seconds, and kept in the model cache: target.kept_cost_curve).
+                `vocab`: the heads' lm head reads the `vocab` most frequent tokens' rows only (FR-Spec);
+                None = the shortlist the heads were trained on, else the whole vocabulary. Lossless either way.
         """
-        settings.Medusa(choices=choices, nodes=nodes, shape=shape, children=children).check("drafter")
+        s = self.settings = make(self.Settings, given)
+        checkpoint, choices, nodes, shape, children = s.checkpoint, s.choices, s.nodes, s.shape, s.children
+        vocab, vocab_corpus, cache_dir = s.vocab, s.vocab_corpus, s.cache_dir
         check_fits(target, nodes if choices is None else len(choices), "drafter.nodes" if choices is None else "drafter.choices")
         meta: dict = {}
         if heads is None:
@@ -312,7 +299,7 @@ class MedusaDrafter(Drafter):
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents))
 
     @classmethod
-    def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:
+    def fit(cls, tc: Train, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:
         """Medusa heads on random batches of `tc.batch` cached positions: cross-entropy on each head's
         label (the target's top-1), and with `tc.soft` > 0 the KL divergence KL(p ‖ q) from the target's
         whole law p at the label's position (its lm head on the cached hidden state there: soft labels,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specresearch import settings
+from specresearch.options import drafters as options
+from specresearch.options import make
 from specresearch.drafters.base import Context, Drafter
 from specresearch.types import Draft
 
@@ -22,25 +23,18 @@ class PromptLookupDrafter(Drafter):
 
     name = "pld"
 
-    def __init__(
-        self, target=None, k: int = 10, max_ngram: int = 3, min_ngram: int = 1, match: str = "first",
-        k_policy: str = "fixed", k_max: int | None = None,
-    ):
+    Settings = options.PromptLookup
+
+    def __init__(self, target=None, **given):
         """
         Args:
             target: unused (the config passes it to every drafter).
-            k: the most tokens proposed per step (Saxena's num_pred_tokens, 10).
-            max_ngram: the longest suffix looked up (Saxena's max_ngram_size, 3); longer first.
-            min_ngram: the shortest suffix looked up (1).
-            match: which earlier occurrence to continue: "first" (as the paper and transformers) or
-                "last" (the most recent).
-            k_policy: "fixed", or "heuristic" (see engine.DraftLength).
-            k_max: the largest k the heuristic may reach (None = 4 k).
+            **given: the settings (`Settings`: k, max_ngram, min_ngram, match, k_policy, k_max), the
+                rest at their defaults (Saxena's: 10 tokens, n-grams of 3 down to 1, the first match).
         """
-        settings.PromptLookup(k=k, max_ngram=max_ngram, min_ngram=min_ngram, match=match, k_policy=k_policy,
-                              k_max=k_max).check("drafter")
-        self.max_ngram, self.min_ngram, self.match = int(max_ngram), int(min_ngram), match
-        self.k, self.k_policy, self.k_max = int(k), k_policy, k_max  # the engine's DraftLength reads them
+        s = self.settings = make(self.Settings, given)
+        self.max_ngram, self.min_ngram, self.match = s.max_ngram, s.min_ngram, s.match
+        self.k, self.k_policy, self.k_max = s.k, s.k_policy, s.k_max  # the engine's DraftLength reads them
 
     def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
         """Every row's draft from one lookup of all rows (`lookup_rows`)."""

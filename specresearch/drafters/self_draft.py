@@ -10,7 +10,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from specresearch import settings
+from specresearch.options import drafters as options
+from specresearch.options import make
 from specresearch.drafters.draft_model import cheapen
 from specresearch.drafters.independent import IndependentDrafter
 from specresearch.errors import SpecResearchError
@@ -31,34 +32,25 @@ class SelfDraftDrafter(IndependentDrafter):
     name = "self_draft"
     modes = {"default": (), "cheap draft": ("vocab=200", "vocab_corpus=mtbench", "quantize=int8"), "lookup": ("lookup=4",), "siblings": ("siblings=2",)}
 
-    def __init__(
-        self,
-        target: LoadedModel,
-        k: int = 4,
-        skip: Sequence[int] | None = None,
-        exit_layer: int | None = None,
-        skip_ratio: float | None = 0.5,
-        vocab: int | None = None,
-        vocab_corpus: str = "python-stdlib",
-        quantize: str | None = None,
-        **options,
-    ):
+    Settings = options.SelfDraft
+
+    def __init__(self, target: LoadedModel, **given):
         """
         Args:
             target: the target model, which drafts for itself.
-            k: draft tokens per step.
-            skip: indices of the decoder layers to skip.
-            exit_layer: keep layers [0, exit_layer) only (early exit); instead of `skip`.
-            skip_ratio: skip this fraction of the layers, evenly spaced, when neither of the above is set.
-            vocab, vocab_corpus, quantize: a cheaper draft, as for a draft model's node
-                (drafters.draft_model.cheapen); quantize copies the layers the draft runs.
-            **options: IndependentDrafter's (confidence, k_policy, k_max).
+            **given: the settings (`Settings`): the layers skipped (skip, or exit_layer: keep layers
+                [0, exit_layer) only, or skip_ratio: this fraction, evenly spaced), a cheaper draft
+                (vocab, vocab_corpus, quantize: as for a draft model's node, drafters.draft_model.cheapen;
+                quantize copies the layers the draft runs), and the chain's (IndependentDrafter's). The
+                rest at their defaults.
         """
-        settings.SelfDraft(k=k, **options).check("drafter")  # before the draft is built
+        s = make(self.Settings, given)  # before the draft is built
         n = len(decoder_layers(target.model))
-        self.skipped = skipped_layers(n, skip, exit_layer, skip_ratio)
-        draft = cheapen(without_layers(target, self.skipped), target, vocab=vocab, vocab_corpus=vocab_corpus, quantize=quantize)
-        super().__init__(target, k=k, model=draft, **options)
+        self.skipped = skipped_layers(n, s.skip, s.exit_layer, s.skip_ratio)
+        draft = cheapen(without_layers(target, self.skipped), target, vocab=s.vocab, vocab_corpus=s.vocab_corpus, quantize=s.quantize)
+        chain = {f.name: getattr(s, f.name) for f in dataclasses.fields(options.Chain)}
+        super().__init__(target, model=draft, **chain)
+        self.settings = s
 
 
 def skipped_layers(n: int, skip: Sequence[int] | None, exit_layer: int | None, skip_ratio: float | None) -> list[int]:

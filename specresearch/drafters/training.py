@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from specresearch.options.runs import Train  # the node conf/train.yaml gives (a DictConfig with these keys)
 
     from specresearch.models import LoadedModel
 
@@ -71,11 +71,11 @@ class Trainable(Protocol):
         """Where the weights trained for `target_name` go, and where the drafter looks for them."""
 
     @classmethod
-    def run_label(cls, tc: DictConfig) -> str:
+    def run_label(cls, tc: Train) -> str:
         """What the training run is called: `train <label> on <target>` (tc: cfg.train)."""
 
     @classmethod
-    def fit(cls, tc: DictConfig, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[nn.Module, dict]:
+    def fit(cls, tc: Train, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[nn.Module, dict]:
         """Train on `cache` as `tc` (cfg.train) says, with the target `lm` frozen.
 
         Returns:
@@ -99,7 +99,7 @@ def hits(pred: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     return ((pred == labels[..., None]) & valid[..., None]).sum(1), valid.sum(-1)
 
 
-def optimise(module: nn.Module, steps: int, batch_loss: Callable[[int], tuple[Tensor, Tensor]], tc: DictConfig, tracker,
+def optimise(module: nn.Module, steps: int, batch_loss: Callable[[int], tuple[Tensor, Tensor]], tc: Train, tracker,
              desc: str, clip: float | None = None) -> tuple[float, float]:
     """AdamW with a one-cycle schedule over `steps` steps of `batch_loss(step) -> (loss, [K] accuracy)`,
     gradient norms clipped at `clip`, with a progress bar and MLflow curves; returns the first and the last loss."""

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specresearch import settings
 from specresearch.drafters.base import Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
+from specresearch.options import drafters as options
+from specresearch.options import make
 from specresearch.sampling import ranking_probs
 from specresearch.target import COST_SIZES, interpolated, kept_cost_curve
 from specresearch.types import Draft, SamplingParams, Trie, Verdict
@@ -108,9 +109,8 @@ class Sizer:
 
 
 def sizer(shape: str | None, target: LoadedModel, tree: TreeShape) -> Sizer | None:
-    """The Sizer `drafter.shape` asks for (None: the tree keeps up to `nodes` nodes), refused where it
-    cannot be lossless or has nothing to size."""
-    settings.Tree(branching=tree.branching, children=tree.children, shape=shape).check("drafter")
+    """The Sizer `drafter.shape` asks for (None: the tree keeps up to `nodes` nodes; the settings refused
+    a shape that cannot be lossless or has nothing to size)."""
     return None if shape is None else Sizer.measure(target, tree.nodes)
 
 
@@ -137,17 +137,15 @@ class TreeShape:
     would hardly reach. Lossless: whether a level is expanded depends on the nodes above it only.
     """
 
-    branching: list[int] | None = None
-    topk: int = 4
-    depth: int = 5
-    nodes: int = 24
-    children: str = "top"
-    chain_confidence: float | None = None  # stop growing after a level whose every path probability is below this
+    branching: list[int] | None  # the settings' (options.drafters.Tree, checked there), as the drafter got them
+    topk: int
+    depth: int
+    nodes: int
+    children: str
+    chain_confidence: float | None
     sizer: Sizer | None = None  # shape=auto: how many of the (at most `nodes`) best nodes each step keeps
 
     def __post_init__(self):
-        settings.Tree(branching=self.branching, topk=self.topk, depth=self.depth, nodes=self.nodes, children=self.children,
-                      chain_confidence=self.chain_confidence).check("drafter")
         self.branching = None if self.branching is None else [int(b) for b in self.branching]
         self.topk, self.nodes = int(self.topk), int(self.nodes)
         self.depth = len(self.branching) if self.branching is not None else int(self.depth)  # the longest path
@@ -311,40 +309,29 @@ class TreeDrafter(Drafter):
              "dynamic sample, cheap draft": ("branching=null", "children=sample", "model.vocab=200",
                                              "model.vocab_corpus=mtbench", "model.quantize=int8")}
 
-    def __init__(
-        self,
-        target: LoadedModel,
-        model: Mapping | LoadedModel | DraftModel | None = None,
-        branching: Sequence[int] | None = (2, 1, 1, 1),
-        topk: int = 4,
-        depth: int = 5,
-        nodes: int = 24,
-        children: str = "top",
-        ensemble: Sequence[Mapping | LoadedModel | DraftModel] = (),
-        shape: str | None = None,
-        chain_confidence: float | None = None,
-    ):
+    Settings = options.Tree
+
+    def __init__(self, target: LoadedModel, model: Mapping | LoadedModel | DraftModel | None = None,
+                 ensemble: Sequence[Mapping | LoadedModel | DraftModel] = (), **given):
         """
         Args:
             target: the target model; every draft must share its vocabulary.
             model: the draft model: load_model() arguments plus the cheaper-draft options `vocab`,
                 `vocab_corpus`, `quantize` (drafters.draft_model), a LoadedModel or a DraftModel.
-            branching, topk, depth, nodes, children: the tree's shape (see TreeShape): `branching`
-                children per node at each depth (static), or None: dynamic (EAGLE-2) with `topk`
-                children per expanded node and nodes expanded per level, `depth` levels, at most
-                `nodes` nodes; children "top" (the draft's most likely tokens) or "sample" (T > 0 only).
             ensemble: more draft models whose trees are merged with the first's (SpecInfer).
-            shape: "auto": each step keeps the number of nodes (up to `nodes`) with the best predicted
-                speedup (`Sizer`: the draft's confidence, the step's drafting time, the target's
-                measured verification cost); dynamic trees with top children only. None = `nodes`.
-            chain_confidence: stop growing after a level whose every node's path probability is below
-                this (see TreeShape); None = always `depth` levels.
+            **given: the settings (`Settings`), the rest at their defaults: the tree's shape (TreeShape:
+                `branching` children per node at each depth, static, or None: dynamic, EAGLE-2, with
+                `topk`, `depth`, `nodes`; `children` top or sample, T > 0 only; `chain_confidence`), and
+                `shape`: "auto", each step keeps the number of nodes (up to `nodes`) with the best
+                predicted speedup (`Sizer`: the draft's confidence, the step's drafting time, the
+                target's measured verification cost); dynamic trees with top children only.
         """
+        s = self.settings = make(self.Settings, given)
         if model is None:
             raise SpecResearchError("drafter=tree needs a draft model: set drafter.model.name")
-        self.shape = TreeShape(None if branching is None else list(branching), topk, depth, nodes, children, chain_confidence)
-        check_fits(target, self.shape.most, "drafter.nodes" if branching is None else "drafter.branching")  # before sizer measures
-        self.shape.sizer = sizer(shape, target, self.shape)
+        self.shape = TreeShape(s.branching, s.topk, s.depth, s.nodes, s.children, s.chain_confidence)
+        check_fits(target, self.shape.most, "drafter.nodes" if s.branching is None else "drafter.branching")  # before sizer measures
+        self.shape.sizer = sizer(s.shape, target, self.shape)
         self.depth = self.shape.depth
         self.drafts = [DraftModel.load(spec, target) for spec in [model, *ensemble]]
 

@@ -10,7 +10,8 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from specresearch import settings
+from specresearch.options import make
+from specresearch.options import verifiers as options
 from specresearch.errors import SpecResearchError
 from specresearch.sampling import sample
 from specresearch.types import Draft, SamplingParams, Verdict
@@ -29,10 +30,17 @@ class RelaxedVerifier(Verifier):
 
     lossless = False
 
-    def __init__(self, recover: str = "sample", rule_temperature: float | None = None):
-        """A subclass checks its settings first (its settings dataclass's `check`, which checks these too)."""
-        self.recover = recover
-        self.rule_temperature = rule_temperature
+    Settings: type[options.Relaxed]  # each rule's
+
+    def __init__(self, **given):
+        """
+        Args:
+            **given: the rule's settings (`Settings`), the rest at their defaults: `recover`, the target's
+                added token ("sample" from p, or "greedy", its argmax); `rule_temperature`, greedy decoding
+                only: the rule reads softmax(logits / this); None = p.
+        """
+        s = self.settings = make(self.Settings, given)
+        self.recover, self.rule_temperature = s.recover, s.rule_temperature
 
     def check(self, sampling: SamplingParams) -> None:
         if self.rule_temperature is not None and not (sampling.greedy and self.recover == "greedy"):
@@ -95,17 +103,11 @@ class TypicalVerifier(RelaxedVerifier):
 
     name = "typical"
 
-    def __init__(self, epsilon: float = 0.09, delta: float = 0.3, recover: str = "sample", rule_temperature: float | None = None):
-        """
-        Args:
-            epsilon: the hard threshold ε (Medusa's posterior_threshold).
-            delta: the entropy-scaled threshold δ (Medusa's posterior_alpha).
-            recover: the target's added token: "sample" from p, or "greedy" (its argmax).
-            rule_temperature: greedy decoding only: the rule reads softmax(logits / this); null = p.
-        """
-        settings.Typical(epsilon=epsilon, delta=delta, recover=recover, rule_temperature=rule_temperature).check("verifier")
-        super().__init__(recover, rule_temperature)
-        self.epsilon, self.delta = float(epsilon), float(delta)
+    Settings = options.Typical  # epsilon: the hard threshold ε (Medusa's posterior_threshold); delta: the entropy-scaled δ
+
+    def __init__(self, **given):
+        super().__init__(**given)
+        self.epsilon, self.delta = self.settings.epsilon, self.settings.delta
 
     def argmax_path(self, sampling: SamplingParams) -> bool:
         # a one-hot p passes its argmax only if min(ε, δ) < 1 (ε = δ = 1 accepts nothing)
@@ -124,18 +126,11 @@ class MarginVerifier(RelaxedVerifier):
 
     name = "margin"
 
-    def __init__(self, margin: float | None = 0.1, ratio: float | None = None, recover: str = "sample",
-                 rule_temperature: float | None = None):
-        """
-        Args:
-            margin: absolute margin m in [0, 1]; null when `ratio` is used.
-            ratio: relative variant r in (0, 1]: p(x) >= r · max p; null for the absolute rule.
-            recover: the target's added token: "sample" from p, or "greedy" (its argmax).
-            rule_temperature: greedy decoding only: the rule reads softmax(logits / this); null = p.
-        """
-        settings.Margin(margin=margin, ratio=ratio, recover=recover, rule_temperature=rule_temperature).check("verifier")
-        super().__init__(recover, rule_temperature)
-        self.margin, self.ratio = margin, ratio
+    Settings = options.Margin
+
+    def __init__(self, **given):
+        super().__init__(**given)
+        self.margin, self.ratio = self.settings.margin, self.settings.ratio
 
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
         top = p.max(-1).values  # [K]
@@ -148,16 +143,11 @@ class TopKVerifier(RelaxedVerifier):
 
     name = "topk"
 
-    def __init__(self, k: int = 3, recover: str = "sample", rule_temperature: float | None = None):
-        """
-        Args:
-            k: how many of the target's most likely tokens pass (>= 1).
-            recover: the target's added token: "sample" from p, or "greedy" (its argmax).
-            rule_temperature: greedy decoding only: the rule reads softmax(logits / this); null = p.
-        """
-        settings.TopK(k=k, recover=recover, rule_temperature=rule_temperature).check("verifier")
-        super().__init__(recover, rule_temperature)
-        self.k = int(k)
+    Settings = options.TopK
+
+    def __init__(self, **given):
+        super().__init__(**given)
+        self.k = self.settings.k
 
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
         kth = torch.topk(p, min(self.k, p.shape[-1]), dim=-1).values[:, -1]  # [K]

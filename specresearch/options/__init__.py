@@ -1,0 +1,131 @@
+"""Every setting of specresearch, declared once: one dataclass per option (a drafter, a verifier, a
+model, a tracker) or config node, whose fields hold each setting's type, default and one-line
+description (`setting`), and whose `check(path)` holds its ranges, the rules that need no model.
+
+The classes the options configure name their dataclass (`IndependentDrafter.Settings`), and a
+dataclass names its class by `_target_`, as conf/ does. Constructors take the settings (`make`);
+conf/GROUP/NAME.yaml is generated from the dataclasses (specresearch.options.conf; a test holds the
+files to it); `specresearch.settings` checks a composed config against them; `--help` and the docs'
+option tables read the descriptions.
+
+Stdlib only (no OmegaConf, no torch): the core imports it, and a config is refused in a fraction of a
+second, before torch loads.
+
+- `models`: the `model` group and the drafters' own models;
+- `drafters`, `verifiers`, `tracking`: the `_target_` groups;
+- `runs`: the rest of a run (dataset, sampling, eval, stats, the top level, training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import MISSING as NO_DEFAULT
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from specresearch.errors import SpecResearchError
+
+MISSING = "???"  # a node's value that is absent (OmegaConf's MISSING): a range check passes it by
+
+
+def setting(default: Any = NO_DEFAULT, doc: str = "", *, factory: Any = NO_DEFAULT, extra: bool = False,
+            follows: str = "") -> Any:
+    """A setting: its default (or a `factory` for a mutable one) and its one-line description.
+
+    extra: not in the shipped YAML; the command line adds it with `+key=value`.
+    follows: in conf/, the default is this other setting's value (an interpolation, e.g. model.cache_dir).
+    """
+    metadata = {"doc": doc, "extra": extra, "follows": follows}
+    if factory is not NO_DEFAULT:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def doc(schema: type, name: str) -> str:
+    """The description of setting `name` of `schema`."""
+    return schema.__dataclass_fields__[name].metadata.get("doc", "")
+
+
+@dataclass
+class Options:
+    """The base of every settings dataclass.
+
+    A subclass may give settings it inherits other defaults, without declaring them again:
+    `class PromptLookup(DraftLength, defaults={"k": 10})`.
+    """
+
+    group: ClassVar[str] = ""  # the config group (drafter, verifier, ...): the path its errors name
+    option: ClassVar[str] = ""  # its name in the group: conf/GROUP/OPTION.yaml
+
+    def __init_subclass__(cls, defaults: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in (defaults or {}).items():
+            inherited = next((base.__dataclass_fields__[name] for base in cls.__mro__[1:]
+                              if name in getattr(base, "__dataclass_fields__", {})), None)
+            if inherited is None:
+                raise TypeError(f"{cls.__name__}: defaults names '{name}', which no base declares")
+            own[name] = inherited.type
+            kind = {"default_factory": lambda v=value: dataclasses.replace(v) if dataclasses.is_dataclass(v) else v} \
+                if dataclasses.is_dataclass(value) else {"default": value}
+            setattr(cls, name, field(**kind, metadata=inherited.metadata))
+        cls.__annotations__ = own
+
+    def check(self, path: str) -> None:
+        """Refuse values out of range (SpecResearchError): the rules that need no model."""
+
+
+def make(schema: type, given: dict[str, Any], path: str | None = None) -> Any:
+    """`schema`'s settings from `given` (the rest at their defaults), checked: how a constructor takes
+    its keyword settings. An unknown name is refused in one line naming the valid ones.
+
+    Raises:
+        SpecResearchError
+    """
+    path = path or schema.group
+    valid = [f.name for f in fields(schema) if not f.name.startswith("_")]
+    unknown = [key for key in given if key not in valid]
+    if unknown:
+        raise SpecResearchError(f"{path} has no setting '{unknown[0]}': valid are {', '.join(valid)}")
+    settings = schema(**given)
+    settings.check(path)
+    return settings
+
+
+# -- range rules: each names the setting and the valid values ---------------------------------------
+
+
+def given(value: Any) -> bool:
+    """Whether a node gives `value` (a partial node's absent settings are MISSING)."""
+    return not (isinstance(value, str) and value == MISSING)
+
+
+def one_of(path: str, key: str, value: Any, valid: tuple, null: str = "") -> None:
+    """`value` is one of `valid` (or null, where `null` says what null means)."""
+    if given(value) and not (null and value is None) and value not in valid:
+        names = [f"null ({null})"] * bool(null) + list(valid)
+        raise SpecResearchError(f"unknown {path}.{key} '{value}': valid are {', '.join(names)}")
+
+
+def at_least(path: str, key: str, value: Any, low: int, meaning: str = "") -> None:
+    if given(value) and value < low:
+        raise SpecResearchError(f"{path}.{key} must be >= {low}{meaning}, got {value}")
+
+
+def probability_or_null(path: str, key: str, value: Any) -> None:
+    """A confidence threshold: in (0, 1), or null (off)."""
+    if given(value) and value is not None and not 0 < value < 1:
+        raise SpecResearchError(f"{path}.{key} must lie in (0, 1) or be null, got {value}")
+
+
+SWITCH = ("auto", True, False)  # a setting that is auto, true or false (resume, compiled_reference, stats.time_split)
+
+
+def switch(value: Any) -> bool:
+    """Whether `value` is one of SWITCH (the booleans themselves: 1 and 0 are not true and false)."""
+    return any(value is v if isinstance(v, bool) else value == v for v in SWITCH)
+
+
+def integer(value: Any) -> bool:
+    """An int that is no bool."""
+    return isinstance(value, int) and not isinstance(value, bool)

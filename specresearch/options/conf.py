@@ -1,0 +1,190 @@
+"""conf/GROUP/OPTION.yaml of the option groups (model, drafter, verifier, tracker) and the docs' page of
+every option's settings (docs/options.md), written from the settings dataclasses: their defaults,
+descriptions and docstrings; `specresearch --settings GROUP=OPTION` prints one option's. The files are
+what users read and Hydra composes; the dataclasses are where a setting is declared. A test holds the
+files to them:
+
+    python -m specresearch.options.conf           # rewrite conf/ and docs/options.md of this checkout
+    python -m specresearch.options.conf --check   # exit 1 naming the stale files
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from collections.abc import Iterator
+from typing import Any
+
+from specresearch.errors import SpecResearchError
+from specresearch.options import MISSING, models
+from specresearch.options.groups import GENERATED, OPTIONS
+
+COLUMN = 30  # where the descriptions start (longer lines push theirs one space further)
+WIDTH = 120  # a header comment's width
+
+
+def render(schema: type, values: Any = None, title: str | None = None) -> str:
+    """The YAML of one option: a header from `title` (default: the docstring), `_target_` if the
+    schema has one, then each setting (`values`' or the defaults) with its description."""
+    values = values if values is not None else schema()
+    title = title or " ".join((schema.__doc__ or "").split())
+    lines = [f"# {line}" for line in textwrap.wrap(title, WIDTH - 2)]
+    target = getattr(values, "_target_", None)
+    if target:
+        lines.append(f"_target_: {target}")
+    lines += _node(values, "")
+    return "\n".join(lines) + "\n"
+
+
+def shipped(values: Any) -> Iterator[tuple[str, Any, str, str]]:
+    """(name, value, description, the setting it follows or "") of each setting a dataclass instance's
+    YAML has: the `extra` ones aside, a setting that follows another (`follows`, a class's FOLLOWS)
+    does so where it has its default."""
+    follows = getattr(type(values), "FOLLOWS", {})
+    for f in fields(values):
+        if f.name.startswith("_") or f.metadata.get("extra"):
+            continue
+        value = getattr(values, f.name)
+        source = f.metadata.get("follows") or follows.get(f.name, "")
+        yield f.name, value, f.metadata.get("doc", ""), source if source and value == f.default else ""
+
+
+def _node(values: Any, indent: str) -> list[str]:
+    """Each shipped setting of a dataclass instance, nested nodes as blocks."""
+    out = []
+    for name, value, doc, source in shipped(values):
+        if source:  # the default: follow the other setting
+            out.append(f"{indent}{name}: ${{{source}}}")
+        elif is_dataclass(value):
+            out.append(_commented(f"{indent}{name}:", doc))
+            out += _node(value, indent + "  ")
+        elif isinstance(value, dict):
+            out.append(_commented(f"{indent}{name}:", doc))
+            out += [f"{indent}  {key}: {_scalar(v)}" for key, v in value.items()]
+        else:
+            out.append(_commented(f"{indent}{name}: {_scalar(value)}", doc))
+    return out
+
+
+def _commented(line: str, doc: str) -> str:
+    return f"{line.ljust(COLUMN - 1)} # {doc}" if doc else line
+
+
+def _scalar(value: Any) -> str:
+    """A value in YAML's flow style."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    if isinstance(value, str) and (not value or any(c in value for c in ":#{}[],&*!|>'\"%@`") or value in ("null", "true", "false")):
+        return json.dumps(value)
+    return str(value)
+
+
+def files() -> dict[str, str]:
+    """Path relative to the checkout -> text, for every generated file."""
+    out = {}
+    for group, name, schema, values, title in registered():
+        if group in GENERATED:
+            out[f"conf/{group}/{name}.yaml"] = render(schema, values, title)
+    out["docs/options.md"] = markdown()
+    return out
+
+
+def registered():
+    """(group, option, schema, its values, its title) of every registered option; a model preset each."""
+    for group, found in OPTIONS.items():
+        if group == "model":
+            for name, (title, preset) in models.PRESETS.items():
+                schema = found.get(name, found["*"])
+                yield group, name, schema, schema(**preset), title
+            continue
+        for name, schema in found.items():
+            yield group, name, schema, None, None
+
+
+def table(schema: type, values: Any = None, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(setting, default, description) of every shipped setting, nested nodes dotted."""
+    values = values if values is not None else schema()
+    rows = []
+    for name, value, doc, source in shipped(values):
+        if source:
+            rows.append((prefix + name, f"${{{source}}}", f"follows {source}"))
+        elif is_dataclass(value):
+            rows += table(type(value), value, f"{prefix}{name}.")
+        elif isinstance(value, dict):
+            rows += [(f"{prefix}{name}.{key}", _scalar(v), doc if i == 0 else "") for i, (key, v) in enumerate(value.items())]
+        else:
+            rows.append((prefix + name, "(in conf/)" if value == MISSING else _scalar(value), doc))
+    return rows
+
+
+def describe(group: str, option: str) -> str:
+    """One option's settings as text (`specresearch --settings GROUP=OPTION`)."""
+    for g, name, schema, values, title in registered():
+        if (g, name) == (group, option):
+            rows = table(schema, values)
+            head = f"{group}={option}: " + (title or " ".join((schema.__doc__ or "").split()))
+            width = min(max((len(r[0]) + len(r[1]) for r in rows), default=0) + 3, COLUMN)
+            lines = [f"  {n}={d}".ljust(width + 2) + f" {doc}" for n, d, doc in rows] or ["  (no settings)"]
+            return "\n".join(textwrap.wrap(head, WIDTH) + lines)
+    valid = [f"{g}={n}" for g, n, *_ in registered()]
+    raise SpecResearchError(f"unknown option '{group}={option}': valid are {', '.join(valid)}")
+
+
+def markdown() -> str:
+    """docs/options.md: every option's settings, with their defaults and descriptions."""
+    lines = ["# Options and their settings", "",
+             "Every option of every config group, with each setting's default and description: generated from the "
+             "settings dataclasses of `specresearch.options` (the one place a setting is declared) by "
+             "`python -m specresearch.options.conf`. One option's, in the terminal: "
+             "`specresearch --settings drafter=pld`. Set any of them on the command line: `drafter.k=8`. "
+             "`(in conf/)`: the value lives in conf/ (a node that configures no class of its own).", ""]
+    for group in OPTIONS:
+        lines += [f"## {group}", ""]
+        for g, name, schema, values, title in registered():
+            if g != group:
+                continue
+            lines += [f"### {group}={name}", "", title or " ".join((schema.__doc__ or "").split()), ""]
+            rows = table(schema, values)
+            if not rows:
+                lines += ["No settings.", ""]
+                continue
+            lines += ["| setting | default | description |", "|---|---|---|"]
+            lines += [f"| `{n}` | `{d}` | {_cell(doc)} |" for n, d, doc in rows] + [""]
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """Text in a Markdown table cell (a `|` would end the cell)."""
+    return text.replace("|", "\\|")
+
+
+def stale(root: Path) -> list[str]:
+    """The generated files of the checkout at `root` that differ from the dataclasses (or are missing)."""
+    return [path for path, text in files().items() if not (root / path).is_file() or (root / path).read_text() != text]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specresearch.options.conf", description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2], help="the checkout")
+    parser.add_argument("--check", action="store_true", help="only name the files that are out of date (exit 1)")
+    args = parser.parse_args(argv)
+    if args.check:
+        out = stale(args.root)
+        for path in out:
+            print(f"{path} is out of date: run python -m specresearch.options.conf", file=sys.stderr)
+        return 1 if out else 0
+    for path, text in files().items():
+        (args.root / path).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,267 @@
+"""The drafters' settings (the `drafter` group). Settings several drafters share are declared once,
+in the small bases they inherit: a draft length, a path-probability stop, a chain's stops and
+siblings, a frequent-token vocabulary, a tree's size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, List, Optional
+
+from specresearch.errors import SpecResearchError
+from specresearch.options import Options, at_least, given, one_of, probability_or_null, setting
+from specresearch.options.models import DraftModel, FrequentVocab
+
+K_POLICIES = ("fixed", "heuristic")  # how k evolves within a sequence (engine.DraftLength)
+MATCH = ("first", "last")  # drafter=pld: which earlier occurrence it continues
+CHILDREN = ("top", "sample")  # a tree's children: the draft's likeliest tokens, or drawn from its law
+SHAPES = ("auto",)  # a tree's sizing (drafters.tree.Sizer); null = nodes as given
+CROSS_VOCAB_MODES = ("string", "shared")  # drafter=cross_vocab: the draft's text re-tokenized, or its shared tokens (TLI)
+
+
+@dataclass
+class Drafter(Options):
+    """The base of the drafters' settings."""
+    group: ClassVar[str] = "drafter"
+
+
+# -- shared parts ----------------------------------------------------------------------------------
+
+
+@dataclass
+class DraftLength(Drafter):
+    """How many tokens a chain drafter proposes each step (engine.DraftLength)."""
+    k: int = setting(4, "draft tokens per step (the most, with a confidence stop)")
+    k_policy: str = setting("fixed", "fixed, or heuristic (transformers: k += 2 after a fully accepted draft, else k -= 1)")
+    k_max: Optional[int] = setting(None, "the largest k the heuristic may reach; null = 4 k")
+
+    def check(self, path: str) -> None:
+        if given(self.k) and self.k < 1:
+            raise SpecResearchError(f"drafter={self.option} needs k >= 1, got k={self.k} (use drafter=none for plain decoding)")
+        one_of(path, "k_policy", self.k_policy, K_POLICIES)
+        if given(self.k_max) and self.k_max is not None and given(self.k) and self.k_max < self.k:
+            raise SpecResearchError(f"{path}.k_max must be >= {path}.k, got {self.k_max} < {self.k}")
+
+
+@dataclass
+class PathStop(Drafter):
+    """A stop on the draft's path probability (EAGLE-2's cumulative confidence)."""
+    chain_confidence: Optional[float] = setting(
+        None, "stop drafting once the draft's path probability (the product of its tokens' probabilities: a chain's so "
+              "far, or every path of a tree's last level) falls below this, e.g. 0.2; null = never")
+
+    def check(self, path: str) -> None:
+        probability_or_null(path, "chain_confidence", self.chain_confidence)
+
+
+@dataclass
+class Chain(PathStop, DraftLength):
+    """A chain drafted token by token by a draft model: its stops, siblings and prompt lookup."""
+    confidence: Optional[float] = setting(None, "stop a draft after a token the draft gives less than this probability "
+                                                "(e.g. 0.4, transformers' assisted generation); null = always k")
+    siblings: int = setting(0, "beside each draft token, the draft's next N likeliest tokens as leaves the target may take "
+                               "instead (a tree whose spine is the chain; no extra draft forward); 0 = a plain chain")
+    sibling_confidence: float = setting(0.0, "keep a sibling only where its path probability (the draft's chance the target "
+                                             "takes it) is at least this, e.g. 0.05; 0 = all")
+    lookup: int = setting(0, "prompt lookup inside the draft: feed up to this many n-gram guesses with each draft forward, "
+                             "kept while the draft agrees (same chain, fewer forwards); 0 = off")
+
+    def check(self, path: str) -> None:
+        DraftLength.check(self, path)
+        PathStop.check(self, path)
+        at_least(path, "lookup", self.lookup, 0, " (0 = off)")
+        at_least(path, "siblings", self.siblings, 0, " (0 = a plain chain)")
+        if given(self.sibling_confidence) and not 0 <= self.sibling_confidence < 1:
+            raise SpecResearchError(f"{path}.sibling_confidence must lie in [0, 1) (0 = keep every sibling), "
+                                    f"got {self.sibling_confidence}")
+        probability_or_null(path, "confidence", self.confidence)
+
+
+@dataclass
+class TreeSize(Drafter):
+    """A tree's size: its most nodes, how children are chosen, and Sequoia-style sizing."""
+    nodes: int = setting(24, "the most nodes kept, by cumulative draft probability (the target verifies them in one "
+                             "forward; EAGLE-2: 60 on GPUs); with shape=auto the largest size considered")
+    children: str = setting("top", "top: the draft's likeliest tokens (q = None); sample: drawn from q (SpecInfer, T > 0)")
+    shape: Optional[str] = setting(None, "auto: each step keeps the size in 1..nodes with the best predicted speedup (draft "
+                                         "confidence, this machine's measured cost of verifying n tokens); null = nodes")
+
+    def check(self, path: str) -> None:
+        one_of(path, "children", self.children, CHILDREN)
+        one_of(path, "shape", self.shape, SHAPES, null="nodes as given")
+
+
+@dataclass
+class DynamicTree(TreeSize):
+    """A dynamic tree (EAGLE-2): each level expands the likeliest nodes."""
+    topk: int = setting(4, "dynamic: children per expanded node and nodes expanded per level (EAGLE-2 uses 10 on GPUs)")
+    depth: int = setting(5, "dynamic: levels, the longest path (EAGLE-2: 6)")
+
+    def check(self, path: str) -> None:
+        TreeSize.check(self, path)
+        sizes = [v for v in (self.topk, self.depth, self.nodes) if given(v)]
+        if sizes and min(sizes) < 1:
+            raise SpecResearchError(f"a dynamic tree needs topk, depth and nodes >= 1, got {self.topk}, {self.depth}, {self.nodes}")
+        if given(self.shape) and self.shape is not None and given(self.children) and self.children != "top":
+            raise SpecResearchError(f"{path}.shape=auto keeps the likeliest nodes, which sampled children cannot be chosen by "
+                                    f"(their law would change): use {path}.children=top")
+
+
+@dataclass
+class Heads(Drafter):
+    """Heads trained on the target (Medusa, EAGLE): where their file is."""
+    checkpoint: Optional[str] = setting(None, "the heads' safetensors file; null = the one trained for this target in the "
+                                              "model cache (python -m specresearch.train drafter=NAME)")
+    cache_dir: Optional[str] = setting(None, "the model cache (the target's)", follows="model.cache_dir")
+
+
+# -- the options -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Independent(Chain):
+    """A separate, smaller draft model with the target's tokenizer proposes k tokens per step (Leviathan et al. 2023)."""
+    option: ClassVar[str] = "independent"
+    _target_: str = "specresearch.drafters.independent.IndependentDrafter"
+    model: DraftModel = setting(doc="the draft model, as in the `model` group", factory=DraftModel)
+
+
+@dataclass
+class SelfDraft(FrequentVocab, Chain):
+    """Self-speculative decoding (Draft & Verify 2023; LayerSkip early exit 2024): the target drafts with layers skipped."""
+    option: ClassVar[str] = "self_draft"
+    _target_: str = "specresearch.drafters.self_draft.SelfDraftDrafter"
+    skip: Optional[List[int]] = setting(None, "decoder layer indices to skip, e.g. [4, 6, 8, 10, 12]; layer 0 is always kept")
+    exit_layer: Optional[int] = setting(None, "instead: early exit after layer exit_layer - 1 (skip every later layer)")
+    skip_ratio: Optional[float] = setting(0.5, "when neither is set: skip this fraction of the layers, evenly spaced, first "
+                                               "and last kept")
+    quantize: Optional[str] = setting(None, "int8: an int8 copy of the layers the draft runs (CPU)")
+
+
+@dataclass
+class CrossVocab(Chain):
+    """A draft model from another family, whose tokenizer differs from the target's (Timor et al. 2025; transformers' UAG)."""
+    option: ClassVar[str] = "cross_vocab"
+    _target_: str = "specresearch.drafters.cross_vocab.CrossVocabDrafter"
+    mode: str = setting("string", "string: the draft's argmax text, re-tokenized for the target (lossless at any T: a "
+                                  "deterministic draft); shared: only the tokens both vocabularies have (TLI: sampled from "
+                                  "the draft's law restricted to them; siblings need it)")
+    model: DraftModel = setting(doc="the draft model, as in the `model` group (any tokenizer)",
+                                factory=lambda: DraftModel(name="smollm2-135m"))
+
+    def check(self, path: str) -> None:
+        Chain.check(self, path)
+        one_of(path, "mode", self.mode, CROSS_VOCAB_MODES)
+        if given(self.siblings) and self.siblings and given(self.mode) and self.mode == "string":
+            raise SpecResearchError(f"{path}.siblings needs {path}.mode=shared (a sibling is one target token; mode=string "
+                                    f"drafts text), or set {path}.siblings=0")
+
+
+@dataclass
+class Tree(PathStop, DynamicTree):
+    """Token trees from a draft model (SpecInfer 2024; EAGLE-2's dynamic trees 2024), verified in one target forward."""
+    option: ClassVar[str] = "tree"
+    _target_: str = "specresearch.drafters.tree.TreeDrafter"
+    branching: Optional[List[int]] = setting(
+        factory=lambda: [2, 1, 1, 1],
+        doc="children per node at each depth: a static tree (here 2 + 2 + 2 + 2 = 8 nodes, depth 4; sized for a 2-core "
+            "CPU); null = dynamic")
+    model: DraftModel = setting(doc="the draft model, as in the `model` group", factory=DraftModel)
+    ensemble: List[DraftModel] = setting(doc="more draft models (same keys as `model`) merged into one tree (SpecInfer)",
+                                         factory=list)
+
+    def check(self, path: str) -> None:
+        PathStop.check(self, path)
+        static = given(self.branching) and self.branching is not None
+        if static and (not len(self.branching) or min(self.branching) < 1):
+            raise SpecResearchError(f"{path}.branching needs one or more counts >= 1 (or null: dynamic), got {list(self.branching)}")
+        if not static:
+            DynamicTree.check(self, path)
+            return
+        TreeSize.check(self, path)
+        if given(self.shape) and self.shape is not None:
+            raise SpecResearchError(f"{path}.shape=auto sizes a dynamic tree: set {path}.branching=null")
+
+
+@dataclass
+class Medusa(TreeSize, FrequentVocab, Heads, defaults={"nodes": 16, "shape": "auto"}):
+    """Medusa (Cai et al. 2024): heads on the target's last hidden state propose a tree of candidates.
+    Train the heads first: python -m specresearch.train drafter=medusa (model=... as for the run)."""
+    option: ClassVar[str] = "medusa"
+    _target_: str = "specresearch.drafters.medusa.MedusaDrafter"
+    choices: Optional[List[List[int]]] = setting(
+        None, "Medusa's tree of choices: per-depth ranks of each path, e.g. [[0], [1], [0, 0]], used as given; null = the "
+              "likeliest paths by the heads' held-out accuracies, as many as `shape` says")
+
+    def check(self, path: str) -> None:
+        TreeSize.check(self, path)
+        at_least(path, "nodes", self.nodes, 1)
+        choices = self.choices if given(self.choices) else None
+        if choices is None:
+            return
+        if not choices or any(not c or min(c) < 0 for c in choices):
+            raise SpecResearchError(f"{path}.choices must be non-empty paths of ranks >= 0, got {[list(c) for c in choices]}")
+        missing = sorted({tuple(c[:-1]) for c in choices if len(c) > 1} - {tuple(c) for c in choices})
+        if missing:
+            raise SpecResearchError(f"{path}.choices must hold every path's parent; missing {[list(m) for m in missing]}")
+
+
+@dataclass
+class Eagle(DynamicTree, FrequentVocab, Heads, DraftLength, defaults={"depth": 6}):
+    """EAGLE (Li et al. 2024): a one-layer head drafts on the target's features, autoregressively.
+    Train the head first: python -m specresearch.train drafter=eagle (model=... as for the run)."""
+    option: ClassVar[str] = "eagle"
+    _target_: str = "specresearch.drafters.eagle.EagleDrafter"
+    tree: bool = setting(False, "true: EAGLE-2's dynamic tree (topk, depth, nodes, children, shape) instead of a chain of k")
+
+    def check(self, path: str) -> None:
+        at_least(path, "k", self.k, 1)
+        if self.tree is True:
+            DynamicTree.check(self, path)
+            return
+        if given(self.shape) and self.shape is not None:
+            raise SpecResearchError(f"{path}.shape=auto sizes EAGLE-2's tree: set {path}.tree=true")
+        DraftLength.check(self, path)
+
+
+@dataclass
+class PromptLookup(DraftLength, defaults={"k": 10}):
+    """Prompt lookup decoding (Saxena 2023): continue an earlier occurrence of the last n-gram. No model."""
+    option: ClassVar[str] = "pld"
+    _target_: str = "specresearch.drafters.pld.PromptLookupDrafter"
+    max_ngram: int = setting(3, "the longest suffix looked up (the paper's max_ngram_size); longer first")
+    min_ngram: int = setting(1, "the shortest suffix looked up")
+    match: str = setting("first", "which earlier occurrence to continue: first (paper, transformers) or last (most recent)")
+
+    def check(self, path: str) -> None:
+        DraftLength.check(self, path)
+        low, high = self.min_ngram, self.max_ngram
+        if given(low) and given(high) and not 1 <= low <= high:
+            raise SpecResearchError(f"drafter=pld needs 1 <= min_ngram <= max_ngram, got {low}, {high}")
+        one_of(path, "match", self.match, MATCH)
+
+
+@dataclass
+class Lookahead(Drafter):
+    """Lookahead decoding (Fu et al. 2024): Jacobi iteration on a window of guesses fills an n-gram pool; the pool's
+    n-grams that continue the last token are verified in the same target forward. No model."""
+    option: ClassVar[str] = "lookahead"
+    _target_: str = "specresearch.drafters.lookahead.LookaheadDrafter"
+    window: int = setting(7, "W: Jacobi window width (the reference implementation's WINDOW_SIZE; the paper's A100 runs "
+                             "use up to 15)")
+    ngram: int = setting(5, "N: n-gram size = levels + 1 = proposal length + 1 (LEVEL)")
+    guesses: int = setting(7, "G: pool n-grams verified per step (GUESS_SET_SIZE)")
+    pool_from_prompt: bool = setting(False, "also pool the prompt's n-grams (the reference implementation's POOL_FROM_PROMPT)")
+
+    def check(self, path: str) -> None:
+        window, guesses = self.window, self.guesses
+        if any(given(v) and v < 1 for v in (window, guesses)):
+            raise SpecResearchError(f"drafter=lookahead needs window >= 1 and guesses >= 1, got {window}, {guesses}")
+        if given(self.ngram) and self.ngram < 3:
+            raise SpecResearchError(f"drafter=lookahead needs ngram >= 3 (N − 1 >= 2 Jacobi levels), got ngram={self.ngram}")
+
+
+@dataclass
+class NoDrafter(Drafter):
+    """No drafter: plain autoregressive decoding through the same engine (the baseline itself)."""
+    option: ClassVar[str] = "none"
+    _target_: str = "specresearch.drafters.none.NoDrafter"
