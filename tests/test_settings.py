@@ -92,7 +92,7 @@ def test_the_core_imports_neither_omegaconf_nor_the_config_check():
 
 def test_the_generated_conf_files_are_up_to_date():
     from specresearch.options import conf
-    assert conf.stale(CONF_DIR) == [], "run python -m specresearch.options.conf"
+    assert conf.stale(CONF_DIR.parent) == [], "run python -m specresearch.options.conf"
 
 
 @pytest.mark.parametrize("group,name", [(g, n) for g in ("drafter", "verifier") for n in settings.OPTIONS[g]])
