@@ -13,7 +13,7 @@ class GreedyVerifier(Verifier):
     """Keep the longest draft prefix equal to the target's argmax, then add the target's argmax.
 
     Lossless for greedy decoding: the output is the target's greedy output, token for token (up to
-    the floating-point near-ties of batched vs one-token forwards, see DESIGN.md).
+    the floating-point near-ties of batched vs one-token forwards, see docs/concepts/measured.md).
     """
 
     lossless = True
