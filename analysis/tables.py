@@ -82,7 +82,8 @@ def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
     return uri or tracker.uri, tracker.experiment
 
 
-def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | None = None, log: bool = True) -> tuple[Study, Report, Path]:
+def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | None = None,
+            log: bool = True) -> tuple[Study, Report, Path]:
     """Build a study's tables and figures from MLflow, write them to `out`, log them to its sweep parent.
 
     Args:

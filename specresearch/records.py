@@ -35,7 +35,8 @@ INTERRUPTED_TAG = "specresearch.interrupted"  # "true" on a RUNNING run that res
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: a sweep's job run names its parent
 NOTE_TAG = "mlflow.note.content"  # MLflow's own: the run's description (markdown), shown first on its page
 OVERRIDES_TAG = "specresearch.overrides"  # a job's command-line overrides: what a sweep's summary tabulates it by
-HASH_EXCLUDED = ("tracker", "resume", "resume_ignore_code")  # where a run is recorded, and whether to skip it, do not change what it measures
+# where a run is recorded, and whether to skip it, do not change what it measures
+HASH_EXCLUDED = ("tracker", "resume", "resume_ignore_code")
 # The code a run was measured by (code_tags): resume re-runs a job whose recorded code differs (same_code).
 COMMIT_TAG = "specresearch.commit"  # the git commit of the checkout specresearch ran from; absent outside a checkout
 DIRTY_TAG = "specresearch.dirty"  # "true" when that checkout had uncommitted changes to tracked files, else "false"

@@ -31,7 +31,8 @@ def report(study: Study) -> Report:
                 "every test), its smallest Holm-adjusted p, the surprisal deficit (nats/token, 95% CI) and the share "
                 "of top-1 tokens (method / baseline); at T = 0 equivalence is the greedy identity.",
                 list(cells.values()), study),
-        [Col("verifier", "verifier", text, "l"), Col("lossless (claim)", "lossless", lambda x: text({True: "yes", False: "no"}.get(x)), "l"),
+        [Col("verifier", "verifier", text, "l"),
+         Col("lossless (claim)", "lossless", lambda x: text({True: "yes", False: "no"}.get(x)), "l"),
          Col("T", "T", temperature), Col("speedup", "speedup", speed), Col("τ", "tau", num), Col("α", "alpha", num3),
          Col("verdict", "verdict", text, "l"), Col("smallest Holm p", "min_holm_p", pvalue),
          Col("surprisal deficit [95% CI]", "deficit", deficit_cell),

@@ -11,4 +11,5 @@ from specresearch.drafters.pld import PromptLookupDrafter
 from specresearch.drafters.self_draft import SelfDraftDrafter
 from specresearch.drafters.tree import TreeDrafter
 
-__all__ = ["Context", "CrossVocabDrafter", "Drafter", "EagleDrafter", "IndependentDrafter", "LookaheadDrafter", "MedusaDrafter", "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter", "TreeDrafter"]
+__all__ = ["Context", "CrossVocabDrafter", "Drafter", "EagleDrafter", "IndependentDrafter", "LookaheadDrafter", "MedusaDrafter",
+           "NoDrafter", "PromptLookupDrafter", "SelfDraftDrafter", "TreeDrafter"]

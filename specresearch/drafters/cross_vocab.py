@@ -77,7 +77,8 @@ class CrossVocabDrafter(Drafter):
             lm = load_model(**spec)
         self.bridge = Bridge(target.tokenizer, lm.tokenizer, logit_width(target), logit_width(lm))
         if mode == "shared" and not len(self.bridge.shared):
-            raise SpecResearchError(f"drafter.mode=shared: draft '{lm.name}' and target '{target.name}' share no token; use drafter.mode=string")
+            raise SpecResearchError(f"drafter.mode=shared: draft '{lm.name}' and target '{target.name}' share no token; "
+                                    "use drafter.mode=string")
         allowed = self.bridge.shared if mode == "shared" else None
         self.draft: DraftModel = cheapen(lm, target, own_vocab=True, allowed=allowed, **options)
         own = self.draft.shortlist  # the draft tokens its head scores (None: all of them)
@@ -85,7 +86,8 @@ class CrossVocabDrafter(Drafter):
         if mode == "shared":  # the shared tokens' twins are one to one: the scored rows as target tokens
             twins = self.bridge.twin.to(own.ids.device)[own.ids]  # [S]
             self.rows = Shortlist(twins, own.head, self.bridge.target_vocab)
-            self.draft_of = torch.full((self.bridge.target_vocab,), -1, dtype=torch.long, device=twins.device).index_copy_(0, twins, own.ids)
+            self.draft_of = torch.full((self.bridge.target_vocab,), -1, dtype=torch.long, device=twins.device)
+            self.draft_of.index_copy_(0, twins, own.ids)
         self.ids: list[list[int]] = []  # each row's draft tokens in the cache, in order
 
     def prefill_rows(self, ctxs: list[Context]) -> None:

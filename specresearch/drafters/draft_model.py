@@ -135,7 +135,8 @@ def quantize_int8(lm: LoadedModel) -> LoadedModel:
     scale per output channel (per-tensor scales cost the 0.5B Qwen draft 0.1 of α), computed with
     torch's dynamic quantization kernels (fbgemm/oneDNN on x86, qnnpack on ARM)."""
     if lm.device.type != "cpu":
-        raise SpecResearchError(f"drafter.model.quantize=int8 runs on the CPU only (torch's dynamic int8 kernels); the draft is on {lm.device}")
+        raise SpecResearchError(f"drafter.model.quantize=int8 runs on the CPU only (torch's dynamic int8 kernels); "
+                                f"the draft is on {lm.device}")
     model = quantize_int8_module(copy.deepcopy(lm.model).float())
     return dataclasses.replace(lm, model=model, dtype=torch.float32, name=f"{lm.name} (int8)", compiled=None)
 

@@ -217,7 +217,8 @@ class EagleDrafter(Drafter):
         spans = [(int(s), int(n)) for s, n in zip(counts.cumsum(0) - counts, counts) if n > 2]  # (start, length)
         train_spans = [sp for sp in spans if not bool(cache.held_out[sp[0]])]
         if not train_spans:
-            raise SpecResearchError("drafter=eagle needs training sequences of 3 or more tokens: raise train.tokens or lower train.held_out")
+            raise SpecResearchError("drafter=eagle needs training sequences of 3 or more tokens: raise train.tokens or "
+                                    "lower train.held_out")
         gen = torch.Generator().manual_seed(tc.seed)
         levels = int(tc.ttt)
 

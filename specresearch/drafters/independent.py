@@ -36,7 +36,8 @@ class IndependentDrafter(Drafter):
     """
 
     name = "independent"
-    modes = {"default": (), "cheap draft": ("model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8"), "lookup": ("lookup=4",),
+    modes = {"default": (), "cheap draft": ("model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8"),
+             "lookup": ("lookup=4",),
              "chain confidence": ("k=8", "chain_confidence=0.3"), "siblings": ("siblings=2",),
              "siblings by confidence": ("siblings=3", "sibling_confidence=0.05"),
              "siblings, lookup, chain confidence": ("k=8", "siblings=1", "lookup=4", "chain_confidence=0.3")}

@@ -110,7 +110,8 @@ class MedusaHeads(nn.Module):
 
     def __init__(self, hidden: int, heads: int = 3, layers: int = 1, own_lm_head: bool = False, vocab: int = 0):
         super().__init__()
-        self.config = {"hidden": int(hidden), "heads": int(heads), "layers": int(layers), "own_lm_head": bool(own_lm_head), "vocab": int(vocab)}
+        self.config = {"hidden": int(hidden), "heads": int(heads), "layers": int(layers), "own_lm_head": bool(own_lm_head),
+                       "vocab": int(vocab)}
         self.blocks = nn.ModuleList(nn.Sequential(*(ResBlock(hidden) for _ in range(layers))) for _ in range(heads))
         if own_lm_head and vocab < 1:
             raise SpecResearchError("Medusa heads with their own lm heads need the vocabulary size")
@@ -259,7 +260,8 @@ class MedusaDrafter(Drafter):
 
     def check(self, sampling: SamplingParams) -> None:
         if self.children == "sample" and sampling.greedy:
-            raise SpecResearchError("drafter.children=sample draws children from the heads' laws at temperature > 0; use children=top for greedy decoding")
+            raise SpecResearchError("drafter.children=sample draws children from the heads' laws at temperature > 0; "
+                                    "use children=top for greedy decoding")
 
     def propose_rows(self, ctxs: Sequence[Context]) -> list[Draft]:
         """One tree per row: the heads read every row's hidden state in one forward (the lm head's

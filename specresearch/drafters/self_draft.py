@@ -30,7 +30,8 @@ class SelfDraftDrafter(IndependentDrafter):
     """
 
     name = "self_draft"
-    modes = {"default": (), "cheap draft": ("vocab=200", "vocab_corpus=mtbench", "quantize=int8"), "lookup": ("lookup=4",), "siblings": ("siblings=2",)}
+    modes = {"default": (), "cheap draft": ("vocab=200", "vocab_corpus=mtbench", "quantize=int8"), "lookup": ("lookup=4",),
+             "siblings": ("siblings=2",)}
 
     Settings = options.SelfDraft
 

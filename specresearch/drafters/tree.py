@@ -157,7 +157,8 @@ class TreeShape:
 
     def check(self, sampling: SamplingParams) -> None:
         if self.children == "sample" and sampling.greedy:
-            raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; use children=top for greedy decoding")
+            raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; "
+                                    "use children=top for greedy decoding")
 
     def grow_rows(self, ctxs: list[Context], depths: list[int], root: Callable[[int], Tensor],
                   expand: Callable[[dict[int, tuple[Tensor, Tensor]]], Sequence[Tensor]], token: Callable[[int], int] = int,

@@ -200,7 +200,8 @@ class SpecResearchLM(TemplateLM):
         """The engine for the request's sampling: the configured one unless the task sets its own."""
         unknown = sorted(set(gen_kwargs) - set(_SAMPLING_KEYS) - set(_IGNORED_KEYS))
         if unknown:
-            raise SpecResearchError(f"unsupported generation_kwargs {unknown}: specresearch takes {', '.join(_SAMPLING_KEYS + _IGNORED_KEYS[:3])}")
+            takes = ", ".join(_SAMPLING_KEYS + _IGNORED_KEYS[:3])
+            raise SpecResearchError(f"unsupported generation_kwargs {unknown}: specresearch takes {takes}")
         sampling = self.engine.sampling
         if gen_kwargs.get("do_sample") is False:
             sampling = replace(sampling, temperature=0.0)

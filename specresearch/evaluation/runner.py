@@ -198,7 +198,8 @@ def baseline_cache(cfg: DictConfig, target) -> Path:
         "model": OmegaConf.to_container(cfg.model, resolve=True), "dtype": str(target.dtype), "device": str(target.device),
         "sampling": OmegaConf.to_container(cfg.sampling, resolve=True), "seed": cfg.seed, "task": task, "limit": cfg.eval.limit,
         **({"offset": cfg.eval.offset} if cfg.eval.get("offset") else {}),  # absent at 0: earlier runs' keys stay valid
-        **({"seeds": "stream_seed"} if float(cfg.sampling.temperature) > 0 else {}),  # sampled baselines of the old seeds (seed + i) are not reused
+        # sampled baselines of the old seeds (seed + i) are not reused
+        **({"seeds": "stream_seed"} if float(cfg.sampling.temperature) > 0 else {}),
         "task_file": (TASKS_DIR / f"{task}.yaml").read_text(), "scorer": Path(scorer.__file__).read_text(),
         "sandbox": OmegaConf.to_container(cfg.eval.sandbox, resolve=True),
         "versions": [__version__, torch.__version__, transformers.__version__],

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Union
 
 from specresearch.errors import SpecResearchError
-from specresearch.options import MISSING, Options, given, setting, switch
+from specresearch.options import MISSING, Options, given, integer, setting, switch
 
 # -- datasets, sampling, eval ----------------------------------------------------------------------
 
@@ -90,15 +90,18 @@ class Eval(Options):
 @dataclass
 class Stats(Options):
     """The distribution-equivalence battery (specresearch.stats)."""
-    samples: Union[int, str] = setting(MISSING, "N continuations per prompt from the baseline and the method; 0 = off; auto: sized for `tv`")
+    samples: Union[int, str] = setting(MISSING, "N continuations per prompt from the baseline and the method; 0 = off; "
+                                                "auto: sized for `tv`")
     length: int = setting(MISSING, "L: the first L new tokens of each continuation are tested")
     prompts: int = setting(MISSING, "the first `prompts` prompts of the dataset")
     alpha: float = setting(MISSING, "family-wise error rate of the verdict")
     power: float = setting(MISSING, "the power the detectable-effect report is stated for")
     tv: float = setting(MISSING, "the position TV the power report (and samples=auto) sizes N for")
     aa_repeats: int = setting(MISSING, "A/A calibration repeats; 0 = off")
-    batch: Union[int, str] = setting(MISSING, "sequences per batched forward (baseline and method sampling, teacher forcing); auto: by vocabulary")
-    time_split: Union[bool, str] = setting(MISSING, "time the phases of each step (a device sync each): true, false or auto (on the CPU only)")
+    batch: Union[int, str] = setting(MISSING, "sequences per batched forward (baseline and method sampling, teacher forcing); "
+                                              "auto: by vocabulary")
+    time_split: Union[bool, str] = setting(MISSING, "time the phases of each step (a device sync each): true, false or auto "
+                                                    "(on the CPU only)")
 
     def check(self, path: str) -> None:
         if given(self.samples) and self.samples != "auto" and (
@@ -110,7 +113,7 @@ class Stats(Options):
                                     f"{', '.join(repr(getattr(self, n)) for n in ('alpha', 'power', 'tv'))}")
         if given(self.time_split) and not switch(self.time_split):
             raise SpecResearchError(f"{path}.time_split must be true, false or auto, got {self.time_split!r}")
-        if given(self.batch) and self.batch != "auto" and (not isinstance(self.batch, int) or isinstance(self.batch, bool) or self.batch < 1):
+        if given(self.batch) and self.batch != "auto" and not (integer(self.batch) and self.batch >= 1):
             raise SpecResearchError(f"{path}.batch must be an integer >= 1 or auto, got {self.batch!r}")
         if given(self.aa_repeats) and self.aa_repeats < 0:
             raise SpecResearchError(f"{path}.aa_repeats must be >= 0, got {self.aa_repeats}")

@@ -234,7 +234,8 @@ def _loglik_tests(base_cond: Conditionals, meth_cond: Conditionals) -> list[Test
         return [TestResult("loglik_mannwhitney", float("inf"), 0.0), TestResult("loglik_ks", float("inf"), 0.0)]
     mw = st.mannwhitneyu(a, b, alternative="two-sided")
     ks = st.ks_2samp(a, b)
-    return [TestResult("loglik_mannwhitney", float(mw.statistic), float(mw.pvalue)), TestResult("loglik_ks", float(ks.statistic), float(ks.pvalue))]
+    return [TestResult("loglik_mannwhitney", float(mw.statistic), float(mw.pvalue)),
+            TestResult("loglik_ks", float(ks.statistic), float(ks.pvalue))]
 
 
 def _labels(s: Samples, start: int, stop: int) -> np.ndarray:

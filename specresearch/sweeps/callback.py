@@ -62,7 +62,8 @@ class SweepCallback(Callback):
             tracker.start_parent(name=f"sweep {Path(config.hydra.sweep.dir).name}", tags=tags)
             forward_env_to_ray(config, {key: os.environ[key] for key in (PARENT_RUN_ENV, PARENT_URI_ENV)})
         recorded = "the sweep's parent run is recorded as FAILED" if self.tracker is not None else "nothing recorded (tracker=none)"
-        self._signals = exit_on_signals(before_exit=self._stop_jobs, announce=recorded)  # so that atexit closes the parent run on SIGTERM too
+        # so that atexit closes the parent run on SIGTERM too
+        self._signals = exit_on_signals(before_exit=self._stop_jobs, announce=recorded)
         if self.tracker is not None:
             atexit.register(self._close, "FAILED")
 

@@ -238,7 +238,8 @@ def build_cache(lm: LoadedModel, tc: DictConfig, cache_dir: str | None = None) -
     if tc.heads > MAX_HEADS:
         raise SpecResearchError(f"train.heads={tc.heads}: at most {MAX_HEADS}")
     keys = ("data", "corpora", "seed") + (("tokens", "held_out", "new", "temperature", "gen_batch") if tc.data == "self" else ("seq_len",))
-    spec = {"format": CACHE_FORMAT, "split": SPLIT_RULE, **{k: OmegaConf.to_object(tc[k]) if OmegaConf.is_config(tc[k]) else tc[k] for k in keys}}
+    spec = {"format": CACHE_FORMAT, "split": SPLIT_RULE,
+            **{k: OmegaConf.to_object(tc[k]) if OmegaConf.is_config(tc[k]) else tc[k] for k in keys}}
     if tc.data == "text":
         spec["labels"] = MAX_HEADS
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -306,9 +307,11 @@ def trainable(cfg: DictConfig) -> type[Trainable]:
     """The drafter class `cfg.drafter._target_` names, if it implements Trainable (drafters.training)."""
     cls = _class(cfg.drafter.get("_target_", ""))
     if cls is None:
-        names = [name for name in options("drafter") if _class(OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml").get("_target_")) is not None]
+        names = [name for name in options("drafter")
+                 if _class(OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml").get("_target_")) is not None]
         got = cfg.drafter.get("_target_", "").rsplit(".", 1)[-1] or cfg.drafter
-        raise SpecResearchError(f"specresearch.train trains drafters {', '.join(names)}: use drafter={' or drafter='.join(names)} (got {got})")
+        raise SpecResearchError(f"specresearch.train trains drafters {', '.join(names)}: use drafter={' or drafter='.join(names)} "
+                                f"(got {got})")
     return cls
 
 
@@ -382,7 +385,8 @@ def run(cfg: DictConfig) -> dict:
     def report() -> tuple[dict[str, float], dict[str, str]]:
         if not summary:
             return {}, {}
-        files = {"checkpoint.txt": f"{out}\ntraining data: {summary['data']}\n", "trained_on.json": json.dumps(summary["trained_on"], indent=1)}
+        files = {"checkpoint.txt": f"{out}\ntraining data: {summary['data']}\n",
+                 "trained_on.json": json.dumps(summary["trained_on"], indent=1)}
         return {k: float(v) for k, v in summary.items() if isinstance(v, (int, float))}, files
 
     with tracked_run(tracker, cfg, f"train {what} on {lm.name}", report) as tracking:
@@ -398,8 +402,10 @@ def run(cfg: DictConfig) -> dict:
         f"{what} for {lm.name}: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}, "
         f"held-out top-1 agreement per head: {acc or 'n/a'}{' (' + '; '.join(by_corpus) + ')' if by_corpus else ''} "
         f"(on training positions: {fit})\n"
-        f"training data {summary['cache_seconds']:.0f} s ({summary['positions']} positions; {summary['data']}), training {summary['train_seconds']:.0f} s\n"
-        f"trained on {record['prompts']} prompts of {', '.join(record['sources'])} (their train side; ids sha256 {record['prompts_sha256'][:12]}, "
+        f"training data {summary['cache_seconds']:.0f} s ({summary['positions']} positions; {summary['data']}), "
+        f"training {summary['train_seconds']:.0f} s\n"
+        f"trained on {record['prompts']} prompts of {', '.join(record['sources'])} (their train side; "
+        f"ids sha256 {record['prompts_sha256'][:12]}, "
         f"all in {out.with_suffix('.json').name})\n"
         f"saved {out}; decode with: python -m specresearch drafter={drafter.name} verifier={verifier}"
     )

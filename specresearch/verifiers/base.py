@@ -129,7 +129,8 @@ class Verifier(ABC):
         width = int(k.max())
         u = torch.nn.utils.rnn.pad_sequence([torch.rand(int(k_b) + 1, generator=rng, dtype=torch.float64, device=device)
                                              for k_b, rng in zip(k, rngs)], batch_first=True)  # [B, K + 1] (0 past a row's K_b + 1)
-        x = torch.nn.utils.rnn.pad_sequence([draft.tokens[: len(draft)].to(device) for draft in drafts], batch_first=True)  # [B, K] (0 past a row's K_b)
+        x = torch.nn.utils.rnn.pad_sequence([draft.tokens[: len(draft)].to(device) for draft in drafts],
+                                            batch_first=True)  # [B, K] (0 past a row's K_b)
         n = torch.zeros(rows, dtype=torch.long, device=device)  # [B] accepted per row
         if width:
             real = torch.arange(width) < k[:, None]  # [B, K] a row's own draft positions
@@ -181,7 +182,8 @@ class Verifier(ABC):
         node_ids = torch.arange(width)
         earlier = (parent[:, :, None] == parent[:, None, :]) & (node_ids[None, :] < node_ids[:, None])  # [B, N, N] an earlier sibling
         rank = earlier.sum(-1)  # [B, N] each node's place among its parent's children
-        child_at = torch.full((rows, width + 1, int(rank.max()) + 2 if width else 1), -1)  # [B, N + 1, C + 1] node v's j-th child at [b, v + 1, j], then -1
+        # [B, N + 1, C + 1]: node v's j-th child at [b, v + 1, j], then -1
+        child_at = torch.full((rows, width + 1, int(rank.max()) + 2 if width else 1), -1)
         real = parent > -2
         child_at[real.nonzero(as_tuple=True)[0], parent[real] + 1, rank[real]] = node_ids.expand(rows, -1)[real]
         sampled = [b for b, d in enumerate(drafts) if d.q is not None]  # rows whose q is a law (the others': one-hot)
