@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from specresearch import models
+from specresearch.models import zoo
 from specresearch.errors import SpecResearchError
 from specresearch.models import (
     ZOO,
@@ -215,7 +216,7 @@ def test_an_unusable_model_cache_is_one_error_naming_it_before_a_model_loads(mon
     with pytest.raises(SpecResearchError) as err:
         models.cache_root(cache_dir)
     assert str(err.value).startswith(says) and "\n" not in str(err.value)
-    monkeypatch.setattr(models, "_dequantize_to", lambda *a: pytest.fail("dequantized into an unusable cache"))
+    monkeypatch.setattr(zoo, "_dequantize_to", lambda *a: pytest.fail("dequantized into an unusable cache"))
     with pytest.raises(SpecResearchError) as err:
         load_model(str(tiny_gguf), cache_dir=cache_dir, device="cpu")
     assert str(err.value).startswith(says)
@@ -278,13 +279,13 @@ def test_sha256_mismatch_is_refused_and_leaves_nothing(monkeypatch, tmp_path):
 @needs_smollm2
 def test_parts_are_concatenated_in_order(tmp_path):
     """The real SmolLM2 file, cut into three file parts, reassembles to its published sha256."""
-    whole = models._part_path("smollm2-135m", ZOO["smollm2-135m"], ZOO["smollm2-135m"].parts[0]).read_bytes()
+    whole = zoo._part_path("smollm2-135m", ZOO["smollm2-135m"], ZOO["smollm2-135m"].parts[0]).read_bytes()
     cuts = [0, 1000, len(whole) // 2, len(whole)]
     parts = []
     for i, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
         (tmp_path / f"p{i}").write_bytes(whole[lo:hi])
         parts.append(Part(file=str(tmp_path / f"p{i}")))
-    models._assemble("split", ZooEntry("split", tuple(parts), ZOO["smollm2-135m"].sha256), tmp_path / "out.gguf")
+    zoo._assemble("split", ZooEntry("split", tuple(parts), ZOO["smollm2-135m"].sha256), tmp_path / "out.gguf")
     assert (tmp_path / "out.gguf").stat().st_size == len(whole)
 
 
@@ -383,7 +384,7 @@ def test_truncated_cache_entry_is_rebuilt(tiny_source, tmp_path, capsys):
         f"{size} were written): rebuilding it"
     ]
     assert [p.name for p in tmp_path.iterdir()] == [entry.name], "the damaged entry is gone, nothing left aside"
-    assert weights.stat().st_size == size and models._entry_damage(entry, sha256=True) is None
+    assert weights.stat().st_size == size and zoo._entry_damage(entry, sha256=True) is None
     ids = first.tokenizer.encode("hello ab", add_special_tokens=False)
     assert torch.equal(logits(first, ids), logits(again, ids))
 
@@ -395,7 +396,7 @@ def test_rewritten_cache_file_of_the_right_size_is_found_by_its_sha256(tiny_gguf
     overwrite(weights, b"x" * weights.stat().st_size)  # sizes match: only a failed load and the sha256 tell
     load_tiny_gguf(tiny_gguf, tmp_path)
     assert "(model.safetensors has another sha256 than was written): rebuilding it" in capsys.readouterr().err
-    assert models._entry_damage(entry, sha256=True) is None
+    assert zoo._entry_damage(entry, sha256=True) is None
 
 
 def test_cache_entry_without_manifest_is_kept_if_it_loads_else_rebuilt(tiny_gguf, tmp_path, monkeypatch, capsys):
@@ -404,7 +405,7 @@ def test_cache_entry_without_manifest_is_kept_if_it_loads_else_rebuilt(tiny_gguf
     [entry] = tmp_path.iterdir()
     (entry / models.MANIFEST).unlink()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(models, "_dequantize_to", lambda *a: pytest.fail("a loadable entry was rebuilt"))
+        mp.setattr(zoo, "_dequantize_to", lambda *a: pytest.fail("a loadable entry was rebuilt"))
         load_tiny_gguf(tiny_gguf, tmp_path)
     weights = entry / "model.safetensors"
     overwrite(weights, weights.read_bytes()[:1000])
@@ -412,7 +413,7 @@ def test_cache_entry_without_manifest_is_kept_if_it_loads_else_rebuilt(tiny_gguf
     load_tiny_gguf(tiny_gguf, tmp_path)
     said = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
     assert len(said) == 1 and f"the cache entry at {entry} is damaged (it does not load: SafetensorError" in said[0]
-    assert (entry / models.MANIFEST).is_file() and models._entry_damage(entry, sha256=True) is None
+    assert (entry / models.MANIFEST).is_file() and zoo._entry_damage(entry, sha256=True) is None
 
 
 def test_cache_entry_that_does_not_load_even_when_rebuilt_is_one_error(tiny_gguf, tmp_path, monkeypatch):
@@ -421,7 +422,7 @@ def test_cache_entry_that_does_not_load_even_when_rebuilt_is_one_error(tiny_gguf
     def broken(*args):
         raise OSError("disk on fire\nsecond line")
 
-    monkeypatch.setattr(models, "_read_hf", broken)
+    monkeypatch.setattr(zoo, "read_hf", broken)
     with pytest.raises(SpecResearchError) as err:
         load_tiny_gguf(tiny_gguf, tmp_path)
     assert str(err.value).endswith(", just built, does not load: OSError: disk on fire")
@@ -476,7 +477,7 @@ def smollm2(tmp_path_factory):
     cache = tmp_path_factory.mktemp("models")
     first = load_model("smollm2-135m", cache_dir=cache, dtype="bf16")  # the cache's own dtype
     with pytest.MonkeyPatch.context() as mp:  # the second load must not dequantize again
-        mp.setattr(models, "_build_zoo_cache", lambda *a: pytest.fail("dequantized twice"))
+        mp.setattr(zoo, "_build_zoo_cache", lambda *a: pytest.fail("dequantized twice"))
         second = load_model("smollm2-135m", cache_dir=cache, dtype="bf16")
     return cache, first, second
 

@@ -1,5 +1,5 @@
 """Distribution equivalence: exact single-step laws of verifiers, and the sequence-level test battery
-that decides whether a drafter × verifier samples from the target's law (see ../shared/STATS.md)."""
+that decides whether a drafter × verifier samples from the target's law (see docs/concepts/lossless.md)."""
 
 from specresearch.stats.battery import Report, battery, calibration, family_size, holm, position_df, samples_for_tv
 from specresearch.stats.exact import acceptance_rate, draft_first_token_law, first_token_law, sibling_law, single_step_tv, total_variation
