@@ -23,7 +23,7 @@ class LoadedModel:
     # what is made for it (trained heads, vocabulary counts, distillation data) is kept
     cache: str = "dynamic"  # the KV cache its Targets keep (model.cache): dynamic (grows per token) or static (preallocated)
     compile: bool = False  # model.compile: its decoder runs under torch.compile at fixed widths (needs cache static)
-    compiled: Any = None  # its compiled decoder and whole model, made at their first compiled forwards (target._compiled)
+    compiled: Any = None  # its compiled decoder and whole model, made at their first compiled forwards (target.static._compiled)
 
 
 def logit_width(lm: LoadedModel) -> int:

@@ -5,26 +5,16 @@ wrapper for their own cache."""
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import logging
-import math
-import os
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import StaticLayer
+from transformers import DynamicCache
 
 from specresearch.attention import SharedPrefix, shares_prefix
-from specresearch.models import LoadedModel, SkinnyLinear, default_cache_dir, machine_tags
-from specresearch.sampling import draw
-from specresearch.types import SamplingParams
-
-log = logging.getLogger(__name__)
+from specresearch.models import LoadedModel
+from specresearch.target.static import StaticSlots, model_inputs, move_slots
+from specresearch.target.trees import tree_ancestry, tree_attention
 
 
 class Target:
@@ -179,7 +169,7 @@ class Target:
         width = max(len(k) for k in kept)
         if any(list(k) != list(range(len(k))) for k in kept):  # a tree's path: move it to the window's front
             index = torch.tensor([list(k) + [k[-1] if k else 0] * (width - len(k)) for k in kept], device=self.device)  # [B, W']
-            _move_slots(self._layers(), start, index)
+            move_slots(self._layers(), start, index)
         self._crop(start + width)  # chains keep a prefix of what they fed: a crop, no copy
         filled = torch.arange(width, device=self.device) < torch.tensor([len(k) for k in kept], device=self.device)[:, None]  # [B, W']
         self.valid = torch.cat([self.valid[:, :start] if self.valid is not None else
@@ -282,7 +272,7 @@ class Target:
         own = torch.tensor(self.lengths, device=self.device)[:, None] - self._shared  # [B, 1] each row's tokens in the slots
         width = int(own.max())
         index = (~self.valid).to(torch.uint8).sort(stable=True, dim=1).indices[:, :width]  # [B, W] each row's filled slots first, in order
-        _move_slots(self._layers(), 0, index)
+        move_slots(self._layers(), 0, index)
         self._crop(width)
         self.valid = torch.arange(width, device=self.device) < own  # [B, W]
         self.length = width
@@ -296,10 +286,12 @@ class Target:
         rows, dtype = len(fed), self.model.dtype
         n = [len(t) for t in fed]
         width = max(1, *n)
-        ids = torch.nn.utils.rnn.pad_sequence([t.to(self.device) for t in fed], batch_first=True)  # [B, <= W] (ids; or [B, <= W, H] embeddings)
+        # [B, <= W] ids (or [B, <= W, H] embeddings)
+        ids = torch.nn.utils.rnn.pad_sequence([t.to(self.device) for t in fed], batch_first=True)
         ids = torch.nn.functional.pad(ids, (0, 0) * (ids.dim() - 2) + (0, width - ids.shape[1]))  # [B, W] ([B, W, H])
         filled = torch.arange(width) < torch.tensor(n)[:, None]  # [B, W] the slots a row's tokens take
-        seen = torch.ones(width, width, dtype=torch.bool).tril() & filled[:, None, :] & filled[:, :, None]  # [B, W, W] a chain sees its tokens so far
+        # [B, W, W]: a chain sees its tokens so far
+        seen = torch.ones(width, width, dtype=torch.bool).tril() & filled[:, None, :] & filled[:, :, None]
         seen |= torch.eye(width, dtype=torch.bool) & ~filled[:, :, None]  # padding (a row with fewer tokens, or none) sees itself only
         depth = torch.arange(1, width + 1).expand(rows, width) * filled  # [B, W] each token's depth (a chain's i-th: i + 1)
         valid = self.valid if self.valid is not None else torch.ones(rows, self.length, dtype=torch.bool, device=self.device)
@@ -321,7 +313,7 @@ class Target:
             hidden = self.static.forward(ids, self.length, positions.to(self.device), mask[:, None], **shared)  # [B, W, H]
             self.cache = self.static.cache  # (a larger one when the rows outgrew it)
         else:
-            hidden = self.model.base_model(**_inputs(ids), attention_mask=mask[:, None], position_ids=positions.to(self.device),
+            hidden = self.model.base_model(**model_inputs(ids), attention_mask=mask[:, None], position_ids=positions.to(self.device),
                                            cache=self.cache, use_cache=True, **shared).last_hidden_state  # [B, W, H]
         self.length += width
         self.valid = torch.cat([valid, filled.to(self.device)], dim=1)
@@ -482,7 +474,7 @@ class Target:
         """[K, H] the base model's final (normed) hidden states of `tokens`, fed after the cache."""
         if self.static:
             return self._static_forward(tokens.to(self.device)[None], **extra)[0]
-        out = self.model.base_model(**_inputs(tokens.to(self.device)[None]), cache=self.cache, use_cache=True, **extra)
+        out = self.model.base_model(**model_inputs(tokens.to(self.device)[None]), cache=self.cache, use_cache=True, **extra)
         self.length += len(tokens)
         return out.last_hidden_state[0]
 
@@ -493,7 +485,7 @@ class Target:
             hidden = self.hidden = self._hidden_states(tokens, **extra)  # [K, H]
             return self.model.get_output_embeddings()(hidden[-logits_to_keep:])  # [K or 1, V]
         out = self.model(
-            **_inputs(tokens.to(self.device)[None]),  # [1, K]
+            **model_inputs(tokens.to(self.device)[None]),  # [1, K]
             cache=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
@@ -501,386 +493,3 @@ class Target:
         )
         self.length += len(tokens)
         return out.logits[0]  # [K, V]
-
-
-class StaticSlots:
-    """A KV cache preallocated (transformers' StaticCache) for one sequence or B rows: the write position
-    is `length`, a rollback moves it back (gpt-fast), a tree's accepted path is copied to the front of its
-    slots in place. Run eagerly, a forward attends over the slots written so far (`_Slots`: no copy of the
-    cache per step, as a DynamicCache makes, and no attention over empty slots); compiled, over every slot
-    under a mask that hides the ones past its tokens.
-
-    With the model's `compile` (model.compile=true) the decoder of one sequence runs under torch.compile
-    at fixed shapes: a forward of K tokens is padded to the next of COMPILED_WIDTHS (the padding's slots
-    lie past the write position, which then moves back to K), so a run compiles one graph per width it
-    meets (CUDA graphs on a GPU: mode reduce-overhead); wider forwards (long prompts) and rows run
-    eagerly. The slots never move while they last: a sequence that outgrows them gets a larger cache
-    (BLOCK-rounded).
-    """
-
-    BLOCK = 256  # slots are allocated in multiples of this
-    COMPILED_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
-
-    def __init__(self, lm: LoadedModel):
-        self.lm = lm
-        self.model = lm.model
-        self.cache: StaticCache | None = None
-        self.capacity = 0
-        self.batch = 1  # rows the cache holds
-
-    def reset(self, capacity: int) -> StaticCache:
-        """The cache for a new sequence of about `capacity` tokens (the same one when it is large enough)."""
-        capacity = max(self.BLOCK, -(-capacity // self.BLOCK) * self.BLOCK)
-        if self.cache is None or capacity > self.capacity or self.batch != 1:
-            self.cache, self.capacity, self.batch = _static_cache(self.model.config, capacity), capacity, 1
-            if self.lm.compile:  # slots allocated now: a first compiled forward would otherwise meet them uninitialised
-                self.cache.early_initialization(1, *_kv_shape(self.model.config), self.model.dtype, self.lm.device)
-        self.seek(0)
-        return self.cache
-
-    def rows(self, batch: int) -> StaticCache:
-        """An empty cache of `batch` rows (this one, emptied, when it holds that many; else a new one of the same capacity)."""
-        if batch != self.batch:
-            self.cache, self.batch = _static_cache(self.model.config, self.capacity), batch
-        self.seek(0)
-        return self.cache
-
-    def repeat(self, batch: int, length: int) -> StaticCache:
-        """A cache of `batch` rows, each holding this one-row cache's first `length` slots (a prompt every row shares)."""
-        kept = self.copy(length)
-        self.cache, self.batch = _static_cache(self.model.config, self.capacity), batch
-        self.restore(kept, length)
-        return self.cache
-
-    def select(self, index: Tensor) -> None:
-        """Keep only the rows at `index` ([B'], in order)."""
-        for layer in self._layers():
-            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
-        self.batch = len(index)
-
-    def seek(self, length: int) -> None:
-        """Move the write position to slot `length`."""
-        for layer in self._layers():
-            layer.cumulative_length.fill_(length)
-
-    def keep(self, start: int, index: Tensor) -> None:
-        """Copy the slots `index` ([R], from `start` on, in order) to slots start..start + R - 1 and write after them."""
-        for layer in self._layers():
-            layer.keys[:, :, start : start + len(index)] = layer.keys.index_select(2, index)
-            layer.values[:, :, start : start + len(index)] = layer.values.index_select(2, index)
-        self.seek(start + len(index))
-
-    def copy(self, length: int) -> list[tuple[Tensor, Tensor] | None]:
-        """The first `length` slots of every layer (None for a layer that holds none: a draft that skips
-        it), a prefill kept for reuse."""
-        return [(layer.keys[:, :, :length].clone(), layer.values[:, :, :length].clone()) if getattr(layer, "is_initialized", False)
-                else None for layer in self.cache.layers]
-
-    def restore(self, kept: list[tuple[Tensor, Tensor] | None], length: int) -> None:
-        """Put back what `copy` kept (in every row), in place, and write after it (in a larger cache first
-        when this one has fewer slots: a Target reset without the prompt's size, as a draft model's is)."""
-        if length > self.capacity:
-            self._grow(length)
-        for layer, slots in zip(self.cache.layers, kept):
-            if slots is not None:
-                if not layer.is_initialized:  # (a new cache: of another batch, or after a larger one)
-                    layer.lazy_initialization(*(t.expand(self.batch, -1, -1, -1) for t in slots))
-                layer.keys[:, :, :length] = slots[0]
-                layer.values[:, :, :length] = slots[1]
-        self.seek(length)
-
-    def forward(self, ids: Tensor, length: int, positions: Tensor, mask: Tensor | None, logits: int | None = None,
-                **shared: SharedPrefix) -> Tensor:
-        """[B, K, H] the decoder's final hidden states of `ids` ([B, K] tokens or [B, K, H] embeddings)
-        written from slot `length` on, at `positions` ([B, K]), a chain (causal) or under `mask` (the
-        [B, 1, K, length + K] additive mask of a tree or of rows, over the slots before and the K new ones),
-        after the prompt of `shared` (prefix=SharedPrefix: rows); the write position ends at length + K.
-        With `logits` (an int), [B, n, V] the model's logits of the last n = `logits` of the K instead (0: all):
-        compiled, the lm head runs inside the graph (as transformers compiles a model), on every padded
-        position (a few rows cost one pass over its weights)."""
-        k = ids.shape[1]
-        compiled = self.lm.compile and ids.shape[0] == 1 and k <= self.COMPILED_WIDTHS[-1]  # wider forwards and rows run eagerly
-        width = next(w for w in self.COMPILED_WIDTHS if w >= k) if compiled else k
-        if length + width > self.capacity:
-            self._grow(length + width)
-        dtype, device = self.model.dtype, ids.device
-        reach = length + torch.arange(width, device=device)  # [W] a chain's token i sees the slots up to its own
-        slots = self.capacity if compiled else length + width  # compiled: every slot (fixed shapes); eagerly the written ones
-        causal = torch.zeros(1, 1, width, slots, dtype=dtype, device=device).masked_fill_(
-            torch.arange(slots, device=device) > reach[:, None], torch.finfo(dtype).min)  # [1, 1, W, S]
-        if mask is not None:
-            causal = causal.expand(mask.shape[0], 1, width, slots).clone()
-            causal[:, :, :k, : length + k] = mask
-        if width > k:  # padding: repeats the last token at the next positions; its slots lie past the write position
-            ids = torch.cat([ids, ids[:, -1:].expand(-1, width - k, *ids.shape[2:])], 1)
-            positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, width - k + 1, device=device)], 1)
-        for layer in self.cache.layers:
-            layer.end = None if compiled else length + width
-        self.seek(length)
-        whole = compiled and logits is not None
-        decoder = _compiled(self.lm, whole) if compiled else self.model.base_model
-        out = decoder(**_inputs(ids), attention_mask=causal, position_ids=positions, cache=self.cache, use_cache=True, **shared)
-        self.seek(length + k)
-        if whole:
-            return out.logits[:, :k][:, -logits:]
-        hidden = out.last_hidden_state[:, :k]
-        return hidden if logits is None else self.model.get_output_embeddings()(hidden[:, -logits:])
-
-    def _grow(self, needed: int) -> None:
-        """A larger cache holding what this one wrote (new addresses: compiled graphs are made again)."""
-        old = self.cache.layers
-        self.cache = _static_cache(self.model.config, -(-needed // self.BLOCK) * self.BLOCK)
-        self.capacity = self.cache.layers[0].max_cache_len
-        for new, prev in zip(self.cache.layers, old):
-            if getattr(prev, "is_initialized", False):
-                new.lazy_initialization(prev.keys, prev.values)
-                new.keys[:, :, : prev.max_cache_len] = prev.keys
-                new.values[:, :, : prev.max_cache_len] = prev.values
-                new.cumulative_length.copy_(prev.cumulative_length)
-
-    def _layers(self) -> list:
-        """The layers that hold slots (a draft that skips layers leaves the others empty)."""
-        return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
-
-
-class _Slots(StaticLayer):
-    """transformers' StaticLayer that returns, when `end` is set (an eager forward), only the slots up to
-    `end`, the end of what the forward writes: attention reads the written slots, as with a DynamicCache,
-    without its copy of the whole cache every step. `end` None (compiled): every slot (fixed shapes)."""
-
-    end: int | None = None
-
-    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        return (keys, values) if self.end is None else (keys[:, :, : self.end], values[:, :, : self.end])
-
-
-def _kv_shape(config) -> tuple[int, int]:
-    """(key/value heads, head dim) of a decoder's attention."""
-    heads = config.num_attention_heads
-    return getattr(config, "num_key_value_heads", None) or heads, getattr(config, "head_dim", None) or config.hidden_size // heads
-
-
-def _static_cache(config, capacity: int) -> StaticCache:
-    """transformers' StaticCache of `capacity` slots, its full-attention layers `_Slots`."""
-    cache = StaticCache(config=config, max_cache_len=capacity)
-    cache.layers = [_Slots(max_cache_len=capacity) if type(layer) is StaticLayer else layer for layer in cache.layers]
-    return cache
-
-
-def _compiled(lm: LoadedModel, logits: bool) -> Callable:
-    """The model under torch.compile, one per model and kind (its Targets share them; the graphs are per
-    width and per Target's slots): with `logits` the whole causal LM (decoder and lm head, as transformers
-    compiles it), else its decoder alone (for the hidden states: drafters that read them, heads of their own)."""
-    if lm.compiled is None:
-        lm.compiled = {}
-    if logits not in lm.compiled:
-        limit = 8 * len(StaticSlots.COMPILED_WIDTHS)  # a graph per width for each of a run's caches (baseline, method, reference)
-        for name in ("recompile_limit", "cache_size_limit"):  # a graph per width; torch renamed the setting
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
-        module = lm.model if logits else lm.model.base_model
-        lm.compiled[logits] = torch.compile(module, dynamic=False, mode="reduce-overhead" if lm.device.type == "cuda" else None)
-    return lm.compiled[logits]
-
-
-def _inputs(x: Tensor) -> dict[str, Tensor]:
-    """A forward's inputs: [B, K] token ids, or [B, K, H] input embeddings (a draft head's, see drafters.eagle)."""
-    return {"inputs_embeds": x} if x.is_floating_point() else {"input_ids": x}
-
-
-def _move_slots(layers: list, start: int, index: Tensor) -> None:
-    """In every layer, row b's slots `start + index[b]` ([B, W]) copied to slots start..start + W - 1."""
-    for layer in layers:
-        layer.keys[:, :, start : start + index.shape[1]] = _gather_slots(layer.keys[:, :, start:], index)
-        layer.values[:, :, start : start + index.shape[1]] = _gather_slots(layer.values[:, :, start:], index)
-
-
-def _gather_slots(cache: Tensor, index: Tensor) -> Tensor:
-    """[B, H, W, D] the slots `index` ([B, W]) of each row of a [B, H, L, D] cache tensor."""
-    b, h, _, d = cache.shape
-    return cache.gather(2, index[:, None, :, None].expand(b, h, index.shape[1], d))
-
-
-COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65, 129)  # tokens per verification forward measured for a tree's sizing (shape=auto)
-
-
-@torch.inference_mode()
-def forward_seconds(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int = 3) -> list[float]:
-    """The model's measured seconds for a forward of n tokens after `ids`, for each n in `sizes` (the
-    fastest of `repeats`: noise only adds).
-
-    Args:
-        lm: the model, as it will run (device, dtype, kernels).
-        ids: [T] the context the forwards follow (T >= 2).
-        sizes: numbers of tokens to feed (>= 1).
-        repeats: timings of each size.
-    """
-    model = Target(lm)
-    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
-    model.reset()
-    model.prefill_rows([torch.tensor(ids[:-1])])
-
-    def seconds(n: int) -> float:
-        runs = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            model.forward_rows([torch.tensor(ids[-1:] * n)], [None])
-            sync()
-            runs.append(time.perf_counter() - t0)
-            model.truncate_rows([len(ids) - 1])
-        return min(runs)
-
-    times = {n: seconds(n) for n in sorted(set(sizes))}
-    return [times[n] for n in sizes]
-
-
-def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int = 3) -> list[float]:
-    """The model's measured cost of a forward of n tokens after `ids`, over one token's, for each n in
-    `sizes` (see `forward_seconds`): the v(n) that speculative decoding's predictions (Leviathan's k,
-    a tree's size) are made with."""
-    one, *times = forward_seconds(lm, ids, [1, *sizes], repeats)
-    return [t / one for t in times]
-
-
-def kept_cost_curve(lm: LoadedModel, sizes: list[int]) -> tuple[list[float], float]:
-    """`cost_curve` at `sizes` (after 129 tokens) and the seconds of one token's forward, measured once
-    per machine and model and kept in the model cache: <cache>/costs/<model>/<key>.json, the key
-    hashing what the costs depend on (models.machine_tags: processor or GPU, threads, torch, dtype,
-    device; the model's config, KV cache kind, compile and kernels), not its weights. Sizes not kept
-    yet are measured and added; delete the file to measure again (e.g. after a driver update). A
-    cache that cannot be written only costs the measurement again."""
-    setup = {**machine_tags(lm), "config": lm.model.config.to_json_string(use_diff=False), "cache": lm.cache,
-             "compile": lm.compile, "skinny": any(isinstance(m, SkinnyLinear) for m in lm.model.modules())}
-    key = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:16]
-    path = Path(lm.cache_dir or default_cache_dir()) / "costs" / lm.name.replace("/", "--") / f"{key}.json"
-    kept, v = _read_costs(path)
-    missing = [n for n in sizes if n not in v]
-    if missing or "one_token_s" not in kept:
-        one, *seconds = forward_seconds(lm, list(range(2, 131)), [1, *missing])  # any 129 tokens: costs, not content
-        v.update({n: t / one for n, t in zip(missing, seconds)})
-        kept = {"model": lm.name, "machine": {k: setup[k] for k in setup if k != "config"}, "one_token_s": kept.get("one_token_s", one),
-                "v": {str(n): v[n] for n in sorted(v)}, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
-        try:  # whole or not at all: a run beside this one reads either file, never half of one
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(kept, indent=1))
-            tmp.replace(path)
-        except OSError:
-            pass
-    return [v[n] for n in sizes], float(kept["one_token_s"])
-
-
-def _read_costs(path: Path) -> tuple[dict, dict[int, float]]:
-    """A kept cost file (kept_cost_curve) and its v by size, or ({}, {}) when there is none; a file that is
-    not a mapping with a positive finite `one_token_s` and positive finite v values (damaged, edited,
-    NaN) is set aside with one line saying so, to be measured again."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return {}, {}
-    try:
-        kept = json.loads(text)
-        v = {int(n): float(x) for n, x in kept["v"].items()}
-        one = float(kept["one_token_s"])
-        if not all(math.isfinite(x) and x > 0 for x in [one, *v.values()]):
-            raise ValueError("values must be positive and finite")
-        return kept, v
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        log.warning(f"warning: the kept cost file {path} is not usable ({type(err).__name__}: {err}): measuring again")
-        return {}, {}
-
-
-def interpolated(sizes: Sequence[int], values: Sequence[float]) -> Callable[[int], float]:
-    """A function of m from its values at `sizes` (increasing): linear in between, constant beyond."""
-    def at(m: int) -> float:
-        for (a, va), (b, vb) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
-            if a <= m <= b:
-                return va + (vb - va) * (m - a) / (b - a)
-        return values[0] if m < sizes[0] else values[-1]
-
-    return at
-
-
-def tree_attention(known: Tensor, parents: Tensor, length: int, start: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    """The attention of K more tree nodes fed after a cache of `length` tokens whose tree began at `start`.
-
-    Args:
-        known: [n, n] bool ancestry of the n tree nodes cached since `start` (row i: node i and its ancestors).
-        parents: [K] each new node's parent among the tree's nodes (these included), -1 = the token before the tree.
-        length, start: the cache's length (n = length - start) and where the tree began.
-        dtype: the mask's dtype.
-
-    Returns:
-        [n + K, n + K] the ancestry with the new nodes (`tree_ancestry`), the [1, 1, K, length + K] additive
-        mask (each new node sees the cache before the tree, its ancestors and itself), and [K] positions
-        (start + depth - 1: a node sits where its path, decoded as a chain, would put it).
-    """
-    ancestors = tree_ancestry(known, parents)
-    rows = ancestors[known.shape[0] :]  # [K, n + K]
-    mask = torch.zeros(1, 1, rows.shape[0], length + rows.shape[0], dtype=dtype)  # [1, 1, K, L + K]
-    mask[0, 0, :, start:].masked_fill_(~rows, torch.finfo(dtype).min)
-    return ancestors, mask, start + rows.sum(-1) - 1
-
-
-def tree_ancestry(known: Tensor, parents: Tensor) -> Tensor:
-    """[n + K, n + K] bool: the ancestry `known` ([n, n], row i: node i and its ancestors) of a tree's n
-    nodes, grown by K nodes under `parents` ([K], indices among all n + K nodes, -1 = the tree's root)."""
-    n, k = known.shape[0], parents.numel()
-    ancestors = torch.zeros(n + k, n + k, dtype=torch.bool)
-    ancestors[:n, :n] = known
-    if k and int(parents.max()) < n:  # a new level: every parent known, one gather
-        ancestors[n:] = ancestors[parents.clamp(min=0)] & (parents >= 0)[:, None]
-        ancestors[n:, n:] |= torch.eye(k, dtype=torch.bool)
-        return ancestors
-    for i, parent in enumerate(parents.tolist(), start=n):
-        ancestors[i, i] = True
-        if parent >= 0:
-            ancestors[i] |= ancestors[parent]
-    return ancestors
-
-
-@torch.inference_mode()
-def decode_batch(
-    lm: LoadedModel, cache: DynamicCache, ids: Tensor, new: int, sampling: SamplingParams, rng: torch.Generator | None,
-    mask: Tensor | None = None, positions: Tensor | None = None, fed_hidden: bool = False, prefix: SharedPrefix | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Continue B sequences together, one forward per token: feed `ids` after `cache`, draw the next
-    token of each row as decoding does (specresearch.sampling.draw: argmax when greedy, else sampled),
-    feed it back, `new` times. No EOS stops a row. Where a batch of one prompt suffices, the engine is
-    the reference; this is for many rows at once (training data, the law tests' baseline samples).
-
-    Args:
-        lm: the model.
-        cache: the rows' KV cache so far ([B, ...]; it grows).
-        ids: [B, T] tokens to feed first (T >= 1).
-        new: tokens to draw per row (>= 1).
-        sampling: temperature / top-k / top-p of the draws.
-        rng: the generator of the draws.
-        mask: [B, cached + T] attention mask, 0 = left padding (one column more per new token); None = none.
-        positions: [B, T] position ids of `ids` (left-padded rows start at 0); None = after the cache.
-        fed_hidden: also return the hidden states of `ids` before their last (EAGLE trains on a prompt's features).
-        prefix: a prompt every row attends over, held once (specresearch.attention): `cache` then holds what
-            follows it, and `positions` must be given.
-
-    Returns:
-        [B, new] the drawn tokens, and [B, new, H] the final-norm hidden state that produced each
-        ([B, T - 1 + new, H] with `fed_hidden`: those of ids[:, :-1] first).
-    """
-    lm_head = lm.model.get_output_embeddings()
-    shared = {"prefix": prefix} if prefix is not None else {}
-    tokens, hidden = [], []
-    for _ in range(new):
-        out = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, **shared)
-        if fed_hidden and not hidden:
-            hidden.extend(out.last_hidden_state[:, :-1].unbind(1))
-        h = out.last_hidden_state[:, -1]  # [B, H]
-        nxt = draw(lm_head(h).float(), sampling, rng)  # [B]
-        tokens.append(nxt)
-        hidden.append(h)
-        ids = nxt[:, None]
-        if positions is not None:
-            positions = positions[:, -1:] + 1
-        if mask is not None:
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-    return torch.stack(tokens, 1), torch.stack(hidden, 1)

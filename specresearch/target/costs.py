@@ -1,0 +1,119 @@
+"""The cost curve: the machine's measured seconds of a forward of n tokens, which tree sizing
+(shape=auto) weighs acceptance against; measured once per machine and model and kept in the model cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from specresearch.models import LoadedModel, SkinnyLinear, default_cache_dir, machine_tags
+from specresearch.target.kv import Target
+
+log = logging.getLogger(__name__)
+
+COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65, 129)  # tokens per verification forward measured for a tree's sizing (shape=auto)
+
+
+@torch.inference_mode()
+def forward_seconds(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int = 3) -> list[float]:
+    """The model's measured seconds for a forward of n tokens after `ids`, for each n in `sizes` (the
+    fastest of `repeats`: noise only adds).
+
+    Args:
+        lm: the model, as it will run (device, dtype, kernels).
+        ids: [T] the context the forwards follow (T >= 2).
+        sizes: numbers of tokens to feed (>= 1).
+        repeats: timings of each size.
+    """
+    model = Target(lm)
+    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
+    model.reset()
+    model.prefill_rows([torch.tensor(ids[:-1])])
+
+    def seconds(n: int) -> float:
+        runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model.forward_rows([torch.tensor(ids[-1:] * n)], [None])
+            sync()
+            runs.append(time.perf_counter() - t0)
+            model.truncate_rows([len(ids) - 1])
+        return min(runs)
+
+    times = {n: seconds(n) for n in sorted(set(sizes))}
+    return [times[n] for n in sizes]
+
+
+def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int = 3) -> list[float]:
+    """The model's measured cost of a forward of n tokens after `ids`, over one token's, for each n in
+    `sizes` (see `forward_seconds`): the v(n) that speculative decoding's predictions (Leviathan's k,
+    a tree's size) are made with."""
+    one, *times = forward_seconds(lm, ids, [1, *sizes], repeats)
+    return [t / one for t in times]
+
+
+def kept_cost_curve(lm: LoadedModel, sizes: list[int]) -> tuple[list[float], float]:
+    """`cost_curve` at `sizes` (after 129 tokens) and the seconds of one token's forward, measured once
+    per machine and model and kept in the model cache: <cache>/costs/<model>/<key>.json, the key
+    hashing what the costs depend on (models.machine_tags: processor or GPU, threads, torch, dtype,
+    device; the model's config, KV cache kind, compile and kernels), not its weights. Sizes not kept
+    yet are measured and added; delete the file to measure again (e.g. after a driver update). A
+    cache that cannot be written only costs the measurement again."""
+    setup = {**machine_tags(lm), "config": lm.model.config.to_json_string(use_diff=False), "cache": lm.cache,
+             "compile": lm.compile, "skinny": any(isinstance(m, SkinnyLinear) for m in lm.model.modules())}
+    key = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(lm.cache_dir or default_cache_dir()) / "costs" / lm.name.replace("/", "--") / f"{key}.json"
+    kept, v = _read_costs(path)
+    missing = [n for n in sizes if n not in v]
+    if missing or "one_token_s" not in kept:
+        one, *seconds = forward_seconds(lm, list(range(2, 131)), [1, *missing])  # any 129 tokens: costs, not content
+        v.update({n: t / one for n, t in zip(missing, seconds)})
+        kept = {"model": lm.name, "machine": {k: setup[k] for k in setup if k != "config"}, "one_token_s": kept.get("one_token_s", one),
+                "v": {str(n): v[n] for n in sorted(v)}, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+        try:  # whole or not at all: a run beside this one reads either file, never half of one
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(kept, indent=1))
+            tmp.replace(path)
+        except OSError:
+            pass
+    return [v[n] for n in sizes], float(kept["one_token_s"])
+
+
+def _read_costs(path: Path) -> tuple[dict, dict[int, float]]:
+    """A kept cost file (kept_cost_curve) and its v by size, or ({}, {}) when there is none; a file that is
+    not a mapping with a positive finite `one_token_s` and positive finite v values (damaged, edited,
+    NaN) is set aside with one line saying so, to be measured again."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}, {}
+    try:
+        kept = json.loads(text)
+        v = {int(n): float(x) for n, x in kept["v"].items()}
+        one = float(kept["one_token_s"])
+        if not all(math.isfinite(x) and x > 0 for x in [one, *v.values()]):
+            raise ValueError("values must be positive and finite")
+        return kept, v
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        log.warning(f"warning: the kept cost file {path} is not usable ({type(err).__name__}: {err}): measuring again")
+        return {}, {}
+
+
+def interpolated(sizes: Sequence[int], values: Sequence[float]) -> Callable[[int], float]:
+    """A function of m from its values at `sizes` (increasing): linear in between, constant beyond."""
+    def at(m: int) -> float:
+        for (a, va), (b, vb) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
+            if a <= m <= b:
+                return va + (vb - va) * (m - a) / (b - a)
+        return values[0] if m < sizes[0] else values[-1]
+
+    return at
