@@ -1,6 +1,6 @@
 """The equivalence battery's type-I error over R independent seeds, on the tiny model.
 
-Two comparisons, R repeats each, through the functions a run's battery uses (specresearch.speed):
+Two comparisons, R repeats each, through the functions a run's battery uses (specresearch.measure):
 
 - A/A: the target against itself, repeat r from streams (seed, AA_A/AA_B, prompt, r) (`aa_report`,
   what `stats.aa_repeats` runs);
@@ -60,7 +60,7 @@ def calibrate(repeats: int, samples: int, method: Sequence[str] = METHOD, alpha:
     """
     from specresearch import build_engine, compose
     from specresearch.data import encode, load_prompts
-    from specresearch.speed import aa_report, baseline_samples, method_samples, score, stats_rows
+    from specresearch.measure import aa_report, baseline_samples, method_samples, score, stats_rows
     from specresearch.seeding import stream_seed
     from specresearch.stats import Samples, Stream, battery
     from specresearch.types import SamplingParams

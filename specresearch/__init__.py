@@ -10,7 +10,7 @@ The Python API (names resolved on first use, so `import specresearch` stays chea
     print(out.text, out.stats.tau)
 
 - compose: specresearch.config (the registry); build, build_engine: specresearch.build; tracked_run: specresearch.tracking
-- Engine: specresearch.engine (the one decode loop); run: specresearch.speed (a whole
+- Engine: specresearch.engine (the one decode loop); run: specresearch.measure (a whole
   experiment: baseline and method interleaved, tracked); load_model, SamplingParams, load_prompts.
 """
 
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 _API = {
     "compose": "specresearch.config", "build": "specresearch.build", "build_engine": "specresearch.build",
-    "tracked_run": "specresearch.tracking", "Engine": "specresearch.engine", "run": "specresearch.speed",
+    "tracked_run": "specresearch.tracking", "Engine": "specresearch.engine", "run": "specresearch.measure",
     "load_model": "specresearch.models", "SamplingParams": "specresearch.types", "load_prompts": "specresearch.data",
 }
 __all__ = ["__version__", *_API]

@@ -18,21 +18,21 @@ from specresearch.cli import cli
 
 def work(cfg: DictConfig) -> dict[str, float]:
     """One job: quality with `eval=NAME` (lm-eval, specresearch.evaluation.runner), else speed
-    (specresearch.speed)."""
+    (specresearch.measure)."""
     if cfg.get("eval") is not None:
         from specresearch.evaluation.runner import run_eval  # imported here so `--help` stays fast
 
         return run_eval(cfg)
-    from specresearch.speed import run
+    from specresearch.measure import run
 
     return run(cfg)
 
 
 def ready(cfg: DictConfig) -> None:
-    """What a speed job checks before it waits for the speed lock (specresearch.speed.check_run);
+    """What a speed job checks before it waits for the speed lock (specresearch.measure.check_run);
     a quality job (`eval=NAME`) takes no lock and checks as it starts."""
     if cfg.get("eval") is None:
-        from specresearch.speed import check_run
+        from specresearch.measure import check_run
 
         check_run(cfg)
 

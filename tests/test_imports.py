@@ -23,7 +23,7 @@ TOP = {ROOT: PACKAGE, ROOT.parent / "analysis": "specresearch.analysis", ROOT.pa
 FLOORS = {
     "shells": ["specresearch.__main__", "specresearch.cli", "specresearch.train.__main__", "specresearch.analysis",
                "experiments"],
-    "runs": ["specresearch.speed", "specresearch.train", "specresearch.evaluation", "specresearch.stats",
+    "runs": ["specresearch.measure", "specresearch.train", "specresearch.evaluation", "specresearch.stats",
              "specresearch.sweeps"],
     "build": ["specresearch.build"],
     "core": ["specresearch.engine", "specresearch.target", "specresearch.drafters", "specresearch.verifiers"],
@@ -160,5 +160,5 @@ def test_every_entry_point_opens_its_run_through_tracked_run():
                 callers.add(path.name)
     assert callers == {"tracking.py"}
     users = {f"{path.parent.name}/{path.name}" for path in files if "tracked_run(" in path.read_text()} - {"specresearch/tracking.py", "specresearch/__init__.py"}
-    assert {"specresearch/speed.py", "evaluation/runner.py", "train/__init__.py"} <= users
+    assert {"measure/runner.py", "evaluation/runner.py", "train/__init__.py"} <= users
     assert benchmarks.is_dir() is ("benchmarks/speed.py" in users)

@@ -22,7 +22,7 @@ from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choi
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
-from specresearch.speed import run, trained_on_tags
+from specresearch.measure import run, trained_on_tags
 from specresearch.target import costs as target_module
 from specresearch.target import Target, interpolated
 from specresearch.train import MAX_HEADS, SHARD, build_cache, check, generate_batch, self_cache, text_cache, train, training_prompts, training_texts

@@ -11,7 +11,7 @@ from specresearch.drafters import IndependentDrafter, NoDrafter, PromptLookupDra
 from specresearch.engine import Engine
 from omegaconf import OmegaConf
 
-from specresearch.speed import auto_samples
+from specresearch.measure import auto_samples
 from specresearch.stats import Samples, Stream, battery, calibration, holm, sample_engine, sample_seeds, sample_target, teacher_force
 from specresearch.stats.battery import MIN_EXPECTED, _tv_position, family_size, noncentrality, pooled_table, position_df, samples_for_tv
 from specresearch.types import SamplingParams
@@ -109,10 +109,10 @@ def test_batched_method_samples_equal_the_one_by_one_draws(target, far_draft):
 
 
 def test_battery_runs_with_consecutive_seeds_share_no_sample(target, far_draft):
-    """The battery's draws (speed.equivalence's own functions) with seeds s and s + 1 share no stream:
+    """The battery's draws (specresearch.measure.equivalence's own functions) with seeds s and s + 1 share no stream:
     no method sample's seed is in both runs (with `seed + 2_000_000 + i n + j` they shared n - 1 of
     n), and the sequences drawn differ row for row, on the method's side and the baseline's."""
-    from specresearch.speed import baseline_samples, method_samples
+    from specresearch.measure import baseline_samples, method_samples
 
     prompts, n, length = [PROMPT, REPEATING], 40, 8
     seeds = {s: [x for i in range(len(prompts)) for x in sample_seeds(s, n, i)] for s in (7, 8)}
@@ -174,7 +174,7 @@ def test_a_a_calibration_stays_at_the_nominal_level(target):
     """Baseline against baseline with fresh streams (aa_report: the run's stats.aa_repeats), 60 times at alpha = 0.05: the verdict's rejection
     rate is not above 0.05 (one-sided binomial test at 0.01), and the surprisal test's p-values are
     uniform (KS at 0.01)."""
-    from specresearch.speed import aa_report
+    from specresearch.measure import aa_report
 
     alpha = 0.05
     reports = [aa_report(target, [PROMPT], 150, 4, T1, seed=10, repeat=r, rows=150, alpha=alpha, power=0.8, tv=0.05) for r in range(60)]
@@ -237,7 +237,7 @@ def test_auto_samples_grow_the_baseline_until_the_position_df_is_covered(target)
 
 def test_auto_rows_per_call_follow_the_vocabulary():
     """stats.batch=auto: 256 rows for small vocabularies, fewer where a call's laws would grow past 2^24 per position."""
-    from specresearch.speed import stats_rows
+    from specresearch.measure import stats_rows
     assert stats_rows("auto", 320) == 256 and stats_rows("auto", 65_536) == 256
     assert stats_rows("auto", 151_936) == 110 and stats_rows("auto", 2**25) == 1
     assert stats_rows(7, 151_936) == 7

@@ -1,0 +1,238 @@
+"""One experiment: the same prompts decoded by the autoregressive baseline and by the method,
+interleaved prompt by prompt so machine noise hits both alike; results printed and tracked (`run`), and
+what a run checks before it waits for the speed lock or loads a model (`check_run`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from specresearch.build import build, build_engine, claim_params
+from specresearch.data import Prompt, encode, load_prompts
+from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
+from specresearch.measure.equivalence import AUTO_MAX, equivalence, format_calibration
+from specresearch.measure.results import Results, format_table
+from specresearch.metrics import first_divergence
+from specresearch.models import check_model_files, check_tiny_args, machine_tags
+from specresearch.records import HEADLINE_SECTION, PromptStep, flatten, headline, json_text, prefixed
+from specresearch.seeding import stream_seed
+from specresearch.stats import (
+    samples_for_tv,
+)
+from specresearch.target import StaticSlots, Target
+from specresearch.tracking import browse_line, tracked_run
+from specresearch.types import GenerationOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Run one experiment from a composed config (see conf/config.yaml).
+
+    Everything that can be checked is checked before a tracked run opens, so a bad input leaves
+    nothing half-written; a failure during decoding marks the run FAILED with what it had measured.
+
+    Returns:
+        The summary metrics.
+    """
+    torch.manual_seed(cfg.seed)
+    sampling = SamplingParams(**cfg.sampling)
+    prompts = check_run(cfg)  # as the command line checks it (before the speed lock): a run from Python too, before anything is recorded
+    tracker = build(cfg.tracker)
+    tracker.check()  # where results go, before any model loads
+    method = build_engine(cfg)
+    baseline = build_engine(cfg, baseline=True, target=method.target.lm)
+    compiled = compiled_reference(cfg, baseline)
+    target, drafter = method.target.lm, method.drafter
+    trained_on = trained_on_tags(drafter, prompts)  # refuses heads trained on any of these prompts
+    prompt_ids = [encode(target.tokenizer, p) for p in prompts]
+    stops = list(cfg.dataset.get("stop", []) or [])
+    k = int(drafter.k or drafter.depth)  # draft tokens per step; a tree's depth, as the Leviathan prediction's chain length
+    label = method.label
+
+    def generate(engine: Engine, ids: list[list[int]], first: int, max_new: int) -> list[GenerationOutput]:
+        """Prompts first, first + 1, ... (a batch): prompt i decodes stream i of the run's seed, whatever its batch."""
+        return engine.generate(ids, max_new, stop_strings=stops, seed=[stream_seed(cfg.seed, first + b) for b in range(len(ids))])
+
+    batch = int(cfg.batch_size)
+    engines = (baseline, method) if compiled is None else (baseline, method, compiled)
+    longest = max(prompt_ids, key=len)
+    for engine in engines:  # compiled slots sized once for the longest prompt (a larger cache would compile its graphs again),
+        if engine.target.lm.compile:  # and a graph made for every width a verification may feed (one token for plain decoding)
+            engine.target.reset(len(longest) + cfg.max_new_tokens + 1)
+            engine.target.precompile(1 if engine.drafter.k == 0 and not engine.drafter.depth else StaticSlots.COMPILED_WIDTHS[-1],
+                                     hidden=engine.drafter.needs_hidden)
+    if cfg.warmup:  # first calls pay one-off costs (allocator, kernels, compilation): keep them out of every timing
+        log.info(f"warm-up (untimed; warmup=false skips it): {' and '.join(e.label for e in engines)} decode "
+                 f"{min(8, cfg.max_new_tokens)} tokens of {len(prompt_ids[:batch])} prompt(s) each, so that one-off costs "
+                 "(memory, kernels, compiled graphs) stay out of the timings")
+        for engine in engines:  # a compiled engine decodes the longest prompt in full: its draft model's slots grow to their size too
+            compiled_run = engine.target.lm.compile
+            generate(engine, [longest] if compiled_run else prompt_ids[:batch], 0,
+                     cfg.max_new_tokens if compiled_run else min(8, cfg.max_new_tokens))
+
+    results = Results(batch_size=batch)
+    tags = {**machine_tags(target), **trained_on}
+    with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked:
+        per_prompt = len(engines) * cfg.max_new_tokens  # at most: a row may stop early (EOS, a stop string)
+        sides = "baseline and method" if compiled is None else "baseline, method and compiled plain decoding"
+        with tqdm(total=len(prompts) * per_prompt, desc=f"{label} ({sides})", unit="token") as progress:  # closed before the battery's bars
+            for engine in engines:
+                engine.on_tokens = progress.update  # the bar moves with every step
+            for first in range(0, len(prompts), batch):  # prompt i (row i - first of its batch) is seeded stream_seed(cfg.seed, i)
+                ids = prompt_ids[first : first + batch]
+                if first // batch % 2 == 0:  # alternate who goes first, so drifts in machine speed cancel
+                    base = generate(baseline, ids, first, cfg.max_new_tokens)
+                    meth = generate(method, ids, first, cfg.max_new_tokens)
+                else:
+                    meth = generate(method, ids, first, cfg.max_new_tokens)
+                    base = generate(baseline, ids, first, cfg.max_new_tokens)
+                comp = generate(compiled, ids, first, cfg.max_new_tokens) if compiled is not None else None
+                gaps = [divergence_gap(target, p, b.tokens, m.tokens) if sampling.greedy else None for p, b, m in zip(ids, base, meth)]
+                records = results.add_batch(prompts[first : first + batch], base, meth, gaps, comp)
+                if drafter.predicted_speedup is not None:  # shape=auto: fixed (Medusa) or over the steps so far (dynamic trees)
+                    results.predicted_speedup = drafter.predicted_speedup
+                summary = prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION)
+                for i, (b, m, record) in enumerate(zip(base, meth, records), start=first):
+                    tracked.log_metrics({**summary, **_step_metrics(b, m, record)}, step=i)
+                progress.update((first + len(ids)) * per_prompt - progress.n)  # rows that stopped early: their tokens never came
+            for engine in engines:
+                engine.on_tokens = None
+        if cfg.stats.samples and not sampling.greedy:
+            equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
+    record = results.record(k)
+    log.info(format_table(cfg, label, record, results, sampling, target))
+    if results.equivalence is not None:
+        log.info(results.equivalence.format())
+    if "rate" in record.calibration:
+        log.info(format_calibration(record.calibration, cfg.stats.alpha))
+    elif cfg.stats.samples and sampling.greedy:
+        log.info("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
+    browse_line(tracker)
+    return flatten(record)
+
+
+def check_run(cfg: DictConfig) -> list[Prompt]:
+    """Everything a speed run can check without loading a model, refused in one line before the run
+    waits for the speed lock (the command line calls it before sweeps.job), opens a run or loads
+    anything: a local model's files, a tiny model's sizes, the prompts (never fewer than asked), whether
+    the longest prompt and max_new_tokens fit a tiny model's positions, a drafter's checkpoint files, and
+    what the equivalence battery would need (stats.prompts, stats.samples=auto). The settings themselves
+    were checked where the config entered (the command line, compose, build_engine: settings.check).
+
+    Returns:
+        The prompts (load_prompts(**cfg.dataset)).
+    """
+    tiny = []  # (tokenizer, max positions, its settings' path) of each tiny model
+    for path, node in (("model", cfg.get("model")), ("drafter.model", (cfg.get("drafter") or {}).get("model"))):
+        if node is not None and node.get("name") not in (None, "tiny"):
+            check_model_files(node.name)
+        if node is not None and node.get("name") == "tiny":
+            given = node.get("tiny")
+            args = OmegaConf.to_container(given, resolve=True) if given is not None else None
+            tiny.append((*check_tiny_args(args, f"{path}.tiny"), path))
+    prompts = load_prompts(**cfg.dataset)
+    for tokenizer, limit, path in [t for t in tiny if t[2] == "model"]:  # the target's (a draft checks its own as it loads)
+        length, longest = max((len(encode(tokenizer, p)), p.id) for p in prompts)
+        if length + cfg.max_new_tokens > limit:
+            room = f"valid are max_new_tokens <= {limit - length} for these prompts" if length < limit else "the prompt alone fills them"
+            raise SpecResearchError(f"prompt {longest} ({length} tokens) and max_new_tokens={cfg.max_new_tokens} need "
+                                    f"{length + cfg.max_new_tokens} positions, but the tiny model has {limit} "
+                                    f"({path}.tiny.max_position_embeddings): {room}")
+    drafter = cfg.get("drafter") or {}
+    if drafter.get("checkpoint"):  # medusa, eagle: the files now, not after the models load
+        from specresearch.drafters.base import check_checkpoint
+        from specresearch.drafters.medusa import SHAPE_KEYS
+
+        medusa = "medusa" in str(drafter.get("_target_", "")).lower()
+        check_checkpoint("medusa" if medusa else "eagle", Path(str(drafter.checkpoint)).expanduser(), keys=SHAPE_KEYS if medusa else ())
+    sc = cfg.get("stats")
+    if sc is not None and sc.samples and cfg.sampling.temperature > 0:  # the battery runs
+        if sc.prompts > len(prompts):
+            raise SpecResearchError(f"stats.prompts={sc.prompts} > the {len(prompts)} prompt(s) this run decodes (dataset.num_prompts, "
+                                    f"dataset.offset): valid are stats.prompts <= {len(prompts)}")
+        if sc.samples == "auto":
+            least = samples_for_tv(sc.tv, 1, sc.length, sc.alpha, sc.power)  # auto's first draw, per side
+            if least > AUTO_MAX:
+                low = _least_auto_tv(sc)
+                raise SpecResearchError(
+                    f"stats.samples=auto: a position TV of {sc.tv} needs at least {least:,} sequences per side (length {sc.length}, "
+                    f"alpha {sc.alpha}, power {sc.power}), above the {AUTO_MAX:,} that auto draws at most: valid are stats.tv >= "
+                    f"{low:.4g} with samples=auto, or an explicit stats.samples=N (sequences per prompt)")
+    return prompts
+
+
+def _least_auto_tv(sc: DictConfig) -> float:
+    """The smallest position TV (rounded up to 3 digits) whose first draw fits AUTO_MAX sequences per side."""
+    low, high = 1e-6, 0.999  # samples_for_tv falls as the TV grows: too many at low, few enough at high
+    for _ in range(60):
+        mid = (low * high) ** 0.5
+        low, high = (low, mid) if samples_for_tv(mid, 1, sc.length, sc.alpha, sc.power) <= AUTO_MAX else (mid, high)
+    step = 10.0 ** (math.floor(math.log10(high)) - 2)
+    return math.ceil(high / step) * step
+
+
+def compiled_reference(cfg: DictConfig, baseline: Engine) -> Engine | None:
+    """Plain decoding compiled (model.cache=static, model.compile=true, the target's weights shared), to
+    time beside the baseline when `cfg.compiled_reference` asks for it (auto: on CUDA); None when not
+    asked, when the baseline is compiled itself, or for a batch (compiled graphs decode one sequence)."""
+    lm = baseline.target.lm
+    wanted = lm.device.type == "cuda" if cfg.get("compiled_reference", "auto") == "auto" else bool(cfg.compiled_reference)
+    if not wanted or lm.compile or cfg.batch_size > 1:
+        return None
+    compiled = dataclasses.replace(lm, cache="static", compile=True, compiled=None)
+    return Engine(compiled, baseline.drafter, baseline.verifier, baseline.sampling, baseline.time_split)
+
+
+def trained_on_tags(drafter, prompts: list[Prompt]) -> dict[str, str]:
+    """For a drafter with trained weights (medusa, eagle): its checkpoint's record of the prompts that
+    trained it, as run tags `drafter.trained_on.*` (sources, split, prompts, prompts_sha256; "unknown"
+    for weights that record none). Raises SpecResearchError when any of `prompts` is among them (by id)."""
+    record = getattr(drafter, "trained_on", None)
+    if record is None:
+        return {}
+    if "ids" not in record:  # trained before records were kept: checkpoint_record warned
+        return {"drafter.trained_on.sources": "unknown"}
+    seen = sorted({p.id for p in prompts} & set(record["ids"]))
+    if seen:
+        raise SpecResearchError(
+            f"the {drafter.name} weights at {record['checkpoint']} were trained on {len(seen)} of this run's prompts "
+            f"({', '.join(seen[:3])}{', ...' if len(seen) > 3 else ''}): measure them on other prompts, or retrain them"
+        )
+    return {"drafter.trained_on.sources": ",".join(record["sources"]),
+            "drafter.trained_on.split": f"{record['split']} ({record['split_rule']})",
+            "drafter.trained_on.prompts": str(record["prompts"]), "drafter.trained_on.prompts_sha256": record["prompts_sha256"]}
+
+
+@torch.inference_mode()
+def divergence_gap(lm, prompt: list[int], a: list[int], b: list[int]) -> float | None:
+    """Where two greedy outputs first differ, how close was the call? The target's logit of one
+    token minus the other's, from a fresh prefill of the prompt and the common prefix (in the run's
+    dtype). Near zero means a near-tie that rounding can flip; None when the outputs agree or one
+    merely stopped earlier."""
+    d = first_divergence(a, b)
+    if d is None or d >= min(len(a), len(b)):
+        return None
+    fresh = Target(lm)
+    fresh.reset()
+    logits = fresh.prefill_rows([torch.tensor(prompt + a[:d])])[0].float()  # [V]
+    return abs(logits[a[d]] - logits[b[d]]).item()
+
+
+def _step_metrics(base: GenerationOutput, meth: GenerationOutput, record: dict) -> dict[str, float]:
+    return PromptStep(base.stats.tokens_per_s, meth.stats.tokens_per_s, meth.stats.tau, float(record["identical"])).to_metrics()
+
+
+def _report(results: Results, k: int) -> tuple[dict[str, float], dict[str, str]]:
+    """What was measured so far (also of a failed run): the summary, per-prompt records, the battery."""
+    files = {"records.jsonl": "".join(json_text(r, indent=None) + "\n" for r in results.records)}
+    if results.equivalence is not None:
+        files["equivalence.json"] = json_text(results.equivalence.as_dict())
+    return (flatten(results.record(k)) if results.records else {}), files
