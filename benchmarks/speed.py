@@ -70,9 +70,10 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.models import LoadedModel, SkinnyLinear, cache_root, load_model, use_skinny_linear
+from specresearch.stores import write_problem
 from specresearch.sweeps.lock import busy
 from specresearch.target import cost_curve
-from specresearch.tracking import MLflowTracker, NullTracker, browse_line, tracked_run, write_problem
+from specresearch.tracking import MLflowTracker, NullTracker, browse_line, tracked_run
 from specresearch.types import SamplingParams
 from specresearch.verifiers import lossless
 
@@ -764,7 +765,7 @@ def destinations(args) -> tuple[Path, MLflowTracker | NullTracker]:
     problem = write_problem(out.parent) or (f"{out} is a folder" if out.is_dir() else None)
     if problem:
         raise SpecResearchError(f"cannot write the report {out} (--json): {problem}")
-    tracker = MLflowTracker(args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
+    tracker = MLflowTracker(store=args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
     tracker.check()
     cache_root()  # dequantized models, a cheaper draft's token counts
     return out, tracker

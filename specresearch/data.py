@@ -14,10 +14,10 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib.util
 import json
 import sysconfig
 from dataclasses import dataclass, field
-import importlib.util
 from importlib import resources
 from pathlib import Path
 

@@ -11,13 +11,13 @@ import subprocess
 import sys
 
 import pytest
-
-from specresearch import config as conf
 from specresearch.analysis import published
 from specresearch.analysis.format import DASH, Col, Table, latex, latex_escape, markdown
 from specresearch.analysis.runs import AnalysisError, load_study
 from specresearch.analysis.studies import builder
 from specresearch.analysis.tables import analyse, parse, tracker_target
+
+from specresearch import config as conf
 from specresearch.metrics import leviathan_speedup
 
 from .conftest import TINY, make_cfg

@@ -5,15 +5,14 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from specresearch.build import build
+from specresearch.config import options, unknown_option
 from specresearch.data import load_prompts
 from specresearch.drafters import Drafter
-from specresearch.build import build
 from specresearch.models import ZOO, load_model
 from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
 from specresearch.verifiers import Verifier
-
-from specresearch.config import options, unknown_option
 
 from .conftest import TINY, drafter_cfg, make_cfg
 

@@ -8,9 +8,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from specresearch.errors import SpecResearchError
-from specresearch.types import SamplingParams
 from specresearch.options.runs import SANDBOX_MIN_MEMORY_MB
 from specresearch.settings import check as check_config
+from specresearch.types import SamplingParams
 
 from .conftest import CONF_DIR, TINY, make_cfg
 

@@ -27,7 +27,7 @@ FLOORS = {
              "specresearch.sweeps"],
     "build": ["specresearch.build"],
     "core": ["specresearch.engine", "specresearch.target", "specresearch.drafters", "specresearch.verifiers"],
-    "services": ["specresearch.models", "specresearch.attention", "specresearch.data", "specresearch.vocab", "specresearch.tracking",
+    "services": ["specresearch.models", "specresearch.stores", "specresearch.attention", "specresearch.data", "specresearch.vocab", "specresearch.tracking",
                  "specresearch.records", "specresearch.figures", "specresearch.config", "specresearch.assets"],
     "ground": ["specresearch.types", "specresearch.metrics", "specresearch.sampling", "specresearch.seeding", "specresearch.errors",
                "specresearch.settings", "specresearch.options"],

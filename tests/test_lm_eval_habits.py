@@ -12,15 +12,13 @@ import sys
 import pytest
 from lm_eval.api.model import LM
 
+import specresearch.evaluation.hook  # noqa: E402,F401 (in this process too, the hook specresearch-lm-eval.pth installs at start)
 from specresearch.config import options
 from specresearch.errors import SpecResearchError
 from specresearch.evaluation import sandbox
 from specresearch.evaluation.lm import SpecResearchLM
 from specresearch.evaluation.runner import TASKS, TASKS_DIR
 from specresearch.evaluation.sandbox import ALLOW_ENV, CodeExecutionNotAllowed
-
-import specresearch.evaluation.hook  # noqa: E402,F401 (in this process too, the hook specresearch-lm-eval.pth installs at start)
-
 
 # lm-eval's own command line, the `lm_eval` script of this environment: it knows our model and tasks
 # through specresearch-lm-eval.pth, which our install put into site-packages (editable or not)

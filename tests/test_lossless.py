@@ -44,14 +44,14 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 from scipy import stats as st
 
+from specresearch.build import build_engine
 from specresearch.drafters.tree import TreeDrafter, TreeShape
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.build import build_engine
 from specresearch.models import load_model
 from specresearch.sampling import logits_to_probs
-from specresearch.stats.exact import draft_first_token_law, root_children, total_variation
 from specresearch.stats.battery import noncentrality
+from specresearch.stats.exact import draft_first_token_law, root_children, total_variation
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import RejectionVerifier
 

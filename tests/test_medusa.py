@@ -16,16 +16,26 @@ import pytest
 import torch
 
 from specresearch.data import load_prompts, prompt_record, stdlib_prompts
-from specresearch.drafters import Context, MedusaDrafter, NoDrafter
-from specresearch.drafters import base
+from specresearch.drafters import Context, MedusaDrafter, NoDrafter, base
 from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path, sized_choices
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.models import load_model
 from specresearch.measure import run, trained_on_tags
-from specresearch.target import costs as target_module
+from specresearch.models import load_model
 from specresearch.target import Target, interpolated
-from specresearch.train import MAX_HEADS, SHARD, build_cache, check, generate_batch, self_cache, text_cache, train, training_prompts, training_texts
+from specresearch.target import costs as target_module
+from specresearch.train import (
+    MAX_HEADS,
+    SHARD,
+    build_cache,
+    check,
+    generate_batch,
+    self_cache,
+    text_cache,
+    train,
+    training_prompts,
+    training_texts,
+)
 from specresearch.types import SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, MarginVerifier, RejectionVerifier, TypicalVerifier
 from specresearch.vocab import Shortlist

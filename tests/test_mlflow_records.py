@@ -113,6 +113,7 @@ def test_a_file_that_is_no_mlflow_database_is_refused_naming_it(tmp_path):
 def test_a_store_path_mlflows_uri_cannot_hold_is_refused(tmp_path):
     from specresearch.analysis.runs import AnalysisError
     from specresearch.analysis.tables import tracker_target
+
     from specresearch.tracking import MLflowTracker
 
     store = tmp_path / "x" / "a#b?c"
@@ -126,8 +127,8 @@ def test_a_store_path_mlflows_uri_cannot_hold_is_refused(tmp_path):
 def test_a_store_path_with_a_hash_round_trips_to_the_browse_line_and_the_analysis(tmp_path):
     """'#' is kept by MLflow's sqlite URI: the database is where the browse line and the analysis look."""
     from mlflow import MlflowClient
-
     from specresearch.analysis.tables import tracker_target
+
     from specresearch.tracking import MLflowTracker, tracked_run
 
     from .conftest import make_cfg
@@ -148,6 +149,7 @@ def test_a_store_path_with_a_hash_round_trips_to_the_browse_line_and_the_analysi
 def test_an_unreachable_tracking_server_is_refused_at_once():
     """No MLflow retry loop (minutes): one short request."""
     from specresearch.analysis.runs import AnalysisError, load_study
+
     from specresearch.tracking import MLflowTracker
 
     message = _refusal(MLflowTracker(uri="http://127.0.0.1:9"))
@@ -174,8 +176,8 @@ def test_runs_of_dead_processes_on_this_host_are_marked_failed_when_a_store_open
     import socket
 
     from mlflow import MlflowClient
-
     from specresearch.analysis.runs import load_study
+
     from specresearch.tracking import MLflowTracker
 
     dead = subprocess.Popen(["true"])

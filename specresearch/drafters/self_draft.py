@@ -10,12 +10,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from specresearch.options import drafters as options
-from specresearch.options import make
 from specresearch.drafters.draft_model import cheapen
 from specresearch.drafters.independent import IndependentDrafter
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
+from specresearch.options import drafters as options
+from specresearch.options import make
 
 
 class SelfDraftDrafter(IndependentDrafter):

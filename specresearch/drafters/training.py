@@ -14,9 +14,8 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from specresearch.options.runs import Train  # the node conf/train.yaml gives (a DictConfig with these keys)
-
     from specresearch.models import LoadedModel
+    from specresearch.options.runs import Train  # the node conf/train.yaml gives (a DictConfig with these keys)
 
 
 @dataclass

@@ -8,9 +8,9 @@ MLflow, next to the decoding speed measured on the same generations.
 
 from __future__ import annotations
 
-import logging
 import hashlib
 import json
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass, field

@@ -17,6 +17,7 @@ from __future__ import annotations
 from specresearch.data import doctest_problems
 from specresearch.evaluation import sandbox
 
+
 def program(doc: dict, completion: str) -> str:
     """The program run in the sandbox: define prompt + completion inside the module, run its doctests."""
     return f"""import doctest, importlib, sys

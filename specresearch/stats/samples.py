@@ -23,7 +23,6 @@ from enum import IntEnum
 import numpy as np
 import torch
 from torch import Tensor
-
 from transformers import DynamicCache
 
 from specresearch.attention import SharedPrefix, shares_prefix

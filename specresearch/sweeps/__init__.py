@@ -12,6 +12,7 @@
 Imports go one way: this package uses specresearch.tracking and specresearch.records, never the reverse.
 """
 
+from specresearch.stores import pid_alive
 from specresearch.sweeps.callback import SweepCallback, forward_env_to_ray, is_ray
 from specresearch.sweeps.destinations import check_destinations, claim_folder, discard_refused_run
 from specresearch.sweeps.job import job, objective_value
@@ -19,7 +20,6 @@ from specresearch.sweeps.lock import lock_path, speed_lock
 from specresearch.sweeps.outcomes import JobFailed, JobSkipped, job_outcome
 from specresearch.sweeps.resume import finished_run, ignore_code, resume_on, stop_local_jobs
 from specresearch.sweeps.signals import Interrupted, exit_on_signals, restore_signals
-from specresearch.tracking import pid_alive
 
 __all__ = [
     "Interrupted", "JobFailed", "JobSkipped", "SweepCallback", "check_destinations", "claim_folder", "discard_refused_run",

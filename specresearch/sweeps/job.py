@@ -10,11 +10,11 @@ from contextlib import contextmanager
 
 from omegaconf import DictConfig
 
+from specresearch.records import config_hash
 from specresearch.sweeps.lock import speed_lock
 from specresearch.sweeps.outcomes import JobSkipped
 from specresearch.sweeps.resume import finished_run, ignore_code, resume_on, store_tracker
 from specresearch.sweeps.signals import Interrupted, exit_on_signals, restore_signals
-from specresearch.records import config_hash
 from specresearch.tracking import runs_opened
 
 

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+
 @dataclass
 class JobFailed:
     """What a sweep job returns when its experiment was refused (a SpecResearchError). Not a number:

@@ -3,7 +3,7 @@ same config (`records.config_hash`) in the same experiment, measured by the same
 (`records.same_code`: commit and dirty flag, or the package version outside a checkout); if there is
 one the job is skipped. A run of the same config measured by other code is re-run, with one line
 saying so, unless `resume_ignore_code=true`. RUNNING runs left by a killed process (same host, pid
-gone) are marked FAILED first (specresearch.tracking.mark_dead_runs), so a sweep started again
+gone) are marked FAILED first (specresearch.stores.mark_dead_runs), so a sweep started again
 re-runs exactly what did not finish."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from omegaconf import DictConfig
 
 from specresearch.errors import SpecResearchError
 from specresearch.records import HASH_TAG, HOST_TAG, PARENT_TAG, PID_TAG, code_of, code_tags, same_code
+from specresearch.stores import local_pid, mark_dead_runs, pid_alive
 from specresearch.sweeps.outcomes import JobSkipped
-from specresearch.tracking import MLflowTracker, local_pid, mark_dead_runs, pid_alive
+from specresearch.tracking import MLflowTracker
 
 log = logging.getLogger(__name__)
 _SAID: set[str] = set()  # the re-run lines this process has said (a job that waited for the speed lock asks twice)
@@ -58,7 +59,7 @@ def finished_run(tracker: MLflowTracker, digest: str, objective: str | None = No
     the run's `objective` metric); None if there is none, with one line naming the latest such run
     when only other code measured the config. First, RUNNING runs whose process is gone (this host,
     pid dead: a SIGKILL, a power cut) are marked FAILED with the tag `specresearch.interrupted`
-    (tracking.mark_dead_runs: also done once when a process opens a store).
+    (stores.mark_dead_runs: also done once when a process opens a store).
 
     Same code means the same commit and dirty flag (and, dirty, the same digest of the uncommitted
     changes), or the same specresearch version outside a checkout: a dirty tree cannot be proven equal

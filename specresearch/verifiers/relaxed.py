@@ -10,9 +10,9 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from specresearch.errors import SpecResearchError
 from specresearch.options import make
 from specresearch.options import verifiers as options
-from specresearch.errors import SpecResearchError
 from specresearch.sampling import sample
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers.base import Verifier, argmax_law, argmax_verdicts
