@@ -4,6 +4,7 @@ random model, loaded without network access and checked before it loads."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -14,6 +15,8 @@ from specresearch.models.loaded import LoadedModel
 from specresearch.models.machine import cpu_has_fast_bf16, resolve_device, resolve_dtype, say_once
 from specresearch.models.tiny import check_tiny_args, tiny_model
 from specresearch.models.zoo import ZOO, check_gguf, load_gguf, load_zoo
+from specresearch.options import make
+from specresearch.options.models import TargetModel
 
 MIN_TRANSFORMERS = "5.24"  # models take `cache=`: 5.23 and older ignore it (no error, wrong tokens)
 
@@ -34,47 +37,29 @@ def check_transformers(version: str | None = None) -> None:
                                 f"'transformers>={MIN_TRANSFORMERS},<6'")
 
 
-def load_model(
-    name: str,
-    dtype: str = "auto",
-    device: str = "auto",
-    cache_dir: str | None = None,
-    tiny: dict | None = None,
-    kernels: str = "auto",
-    cache: str = "dynamic",
-    compile: bool = False,
-    draft: str | None = None,
-) -> LoadedModel:
+def load_model(name: str, **given: Any) -> LoadedModel:
     """Load a causal LM and its tokenizer, without network access.
 
     Args:
         name: a zoo key (see ZOO), a local HF-format directory, a .gguf file, a Hugging Face id
             already in the local HF cache, or "tiny" (a random model, see tiny_model).
-        dtype: "auto" (bfloat16 for real models, float32 for tiny) or a dtype name, see resolve_dtype.
-        device: "auto", "cpu", "cuda" or "cuda:N".
-        cache_dir: where dequantized GGUF models are cached; default: default_cache_dir().
-        tiny: keyword arguments of tiny_model, used when name == "tiny".
-        kernels: "auto": float32 and bfloat16 linear layers on the CPU compute inputs of up to 64 rows
-            (decoding, speculative verification, short prompts; float32 from 2 rows; bfloat16 where
-            the CPU has native bf16) with SkinnyLinear; "torch": torch's nn.Linear everywhere.
-        cache: the KV cache its Targets keep: "dynamic" (grows per token) or "static" (preallocated
-            slots, see target.StaticSlots).
-        compile: run the decoder under torch.compile at fixed widths (needs cache="static").
-        draft: not read here: a `model` node's name of its usual draft model (what drafter.model.name
-            defaults to), taken so that `load_model(**cfg.model)` loads the node as it is.
+        **given: the model's settings (options.models.TargetModel, the `model` group's; the rest at their
+            defaults): `dtype` ("auto": bfloat16 for real models, float32 for tiny; see resolve_dtype),
+            `device` ("auto", "cpu", "cuda" or "cuda:N"), `cache_dir` (where dequantized GGUF models are
+            cached; None = default_cache_dir()), `tiny` (tiny_model's keywords, for name "tiny"),
+            `kernels` ("auto": float32 and bfloat16 linear layers on the CPU compute inputs of up to 64
+            rows with SkinnyLinear, bfloat16 where the CPU has native bf16; "torch": nn.Linear
+            everywhere), `cache` (the KV cache its Targets keep: "dynamic" or "static", see
+            target.StaticSlots), `compile` (the decoder under torch.compile at fixed widths; needs
+            cache="static"). `draft` is not read here (what drafter.model.name defaults to): taken so
+            that `load_model(**cfg.model)` loads the node as it is.
 
     Returns:
         The model in eval mode on `device` in `dtype`, and its tokenizer.
     """
     check_transformers()
-    if kernels not in ("auto", "torch"):
-        raise SpecResearchError(f"unknown model.kernels '{kernels}': valid are auto, torch")
-    if cache not in ("dynamic", "static"):
-        raise SpecResearchError(f"unknown model.cache '{cache}': valid are dynamic, static")
-    if compile not in (True, False):
-        raise SpecResearchError(f"model.compile must be true or false, got {compile!r}")
-    if compile and cache != "static":
-        raise SpecResearchError("model.compile=true needs model.cache=static (compiled graphs keep fixed shapes)")
+    s = make(TargetModel, {"name": name, **given})
+    dtype, device, cache_dir, tiny, kernels, cache, compile = s.dtype, s.device, s.cache_dir, s.tiny, s.kernels, s.cache, s.compile
     lm = _load(name, dtype, resolve_device(device), cache_dir, tiny)
     lm.cache_dir = None if cache_dir is None else str(cache_dir)
     lm.cache, lm.compile = cache, compile

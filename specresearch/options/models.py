@@ -10,6 +10,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.options import MISSING, Options, given, one_of, setting
 
 CACHES = ("dynamic", "static")  # a model's KV cache (target.Target; static: target.StaticSlots)
+KERNELS = ("auto", "torch")  # the CPU's few-row products (models.SkinnyLinear), or nn.Linear as is
 
 
 @dataclass
@@ -32,6 +33,9 @@ class Model(Options):
 
     def check(self, path: str) -> None:
         one_of(path, "cache", self.cache, CACHES)
+        one_of(path, "kernels", self.kernels, KERNELS)
+        if given(self.compile) and not isinstance(self.compile, bool):
+            raise SpecResearchError(f"{path}.compile must be true or false, got {self.compile!r}")
         if given(self.compile) and self.compile and given(self.cache) and self.cache != "static":
             raise SpecResearchError(f"{path}.compile=true needs {path}.cache=static (compiled graphs keep fixed shapes)")
 
