@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from specresearch.data import load_prompts, prompt_record, stdlib_prompts
-from specresearch.drafters import Context, MedusaDrafter, NoDrafter, base
+from specresearch.drafters import Context, MedusaDrafter, NoDrafter, checkpoints
 from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path, sized_choices
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
@@ -301,7 +301,7 @@ def test_checkpoint_round_trip_and_missing_checkpoint(tmp_path, target):
 def test_shipped_heads_load_when_none_were_trained_here(tmp_path, target, monkeypatch):
     """Heads shipped in the package (specresearch/weights/medusa/<target>/) serve when the cache has none;
     heads trained here win over them."""
-    monkeypatch.setattr(base, "SHIPPED", tmp_path / "weights")
+    monkeypatch.setattr(checkpoints, "SHIPPED", tmp_path / "weights")
     shipped, trained = noisy_heads(seed=1, heads=3), noisy_heads(seed=2, heads=4)
     shipped.save(tmp_path / "weights" / "medusa" / "tiny" / "heads.safetensors", {"target": "tiny"})
     assert MedusaDrafter(target, cache_dir=str(tmp_path / "cache")).heads.config == shipped.config

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specresearch.drafters import Context, NoDrafter, PromptLookupDrafter
-from specresearch.drafters.pld import continuation_start, lookup, lookup_rows
+from specresearch.drafters.ngram import continuation_start, lookup, lookup_rows
 from specresearch.engine import DraftLength, Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model

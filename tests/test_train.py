@@ -19,7 +19,8 @@ from torch import nn
 from specresearch.config import CONF_DIR
 from specresearch.data import DATASETS, SHAREGPT_EVAL, load_prompts
 from specresearch.drafters import MedusaDrafter
-from specresearch.drafters.base import Drafter, save_checkpoint
+from specresearch.drafters.base import Drafter
+from specresearch.drafters.checkpoints import save_checkpoint
 from specresearch.drafters.eagle import EagleDrafter
 from specresearch.drafters.training import optimise
 from specresearch.errors import SpecResearchError

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModel, DynamicCache
 
-from specresearch.drafters.base import Chain, Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
+from specresearch.drafters.base import Chain, Context, Drafter
+from specresearch.drafters.checkpoints import checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, optimise, rate_name
 from specresearch.drafters.tree import TreeShape, sizer, tree_draft
 from specresearch.errors import SpecResearchError

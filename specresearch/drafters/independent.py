@@ -9,7 +9,7 @@ from torch import Tensor
 
 from specresearch.drafters.base import Chain, Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
-from specresearch.drafters.pld import lookup
+from specresearch.drafters.ngram import lookup
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
 from specresearch.options import drafters as options

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from specresearch.drafters.base import Context, Drafter, checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
+from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.checkpoints import checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
 from specresearch.drafters.tree import Sizer, check_fits
 from specresearch.errors import SpecResearchError

@@ -148,7 +148,7 @@ def check_run(cfg: DictConfig) -> list[Prompt]:
                                     f"({path}.tiny.max_position_embeddings): {room}")
     drafter = cfg.get("drafter") or {}
     if drafter.get("checkpoint"):  # medusa, eagle: the files now, not after the models load
-        from specresearch.drafters.base import check_checkpoint
+        from specresearch.drafters.checkpoints import check_checkpoint
         from specresearch.drafters.medusa import SHAPE_KEYS
 
         medusa = "medusa" in str(drafter.get("_target_", "")).lower()

@@ -339,7 +339,7 @@ def check(cfg: DictConfig) -> None:
     if tc.get("init") is not None and not Path(tc.init).is_file():
         raise SpecResearchError(f"train.init: no head at {tc.init} (a head.safetensors that specresearch.train saved)")
     if tc.get("init") is not None:  # its files now, not after the data is built (their shape is checked against the target then)
-        from specresearch.drafters.base import check_checkpoint
+        from specresearch.drafters.checkpoints import check_checkpoint
 
         check_checkpoint("eagle", Path(tc.init), "train.init")  # train.init: eagle only
     if not (isinstance(tc.lr, (int, float)) and math.isfinite(tc.lr) and tc.lr > 0):
