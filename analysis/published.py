@@ -19,6 +19,7 @@ from pathlib import Path
 from specresearch.analysis.format import Col, Table, text
 from specresearch.analysis.report import plain
 from specresearch.analysis.runs import AnalysisError
+
 from specresearch.config import studies
 
 FILE = "published.json"

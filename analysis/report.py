@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from matplotlib.figure import Figure
-
 from specresearch.analysis.format import DASH, Table, missing, with_ci
 from specresearch.analysis.runs import CONTRACT_TAGS, NOT_FACTS, Run, Study
+
 from specresearch.data import DATASETS
 from specresearch.records import COMMIT_TAG, DIFF_TAG
 

@@ -19,11 +19,20 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specresearch.config import CONF_DIR
-from specresearch.tracking import database_problem, mark_dead_runs, server_problem
 from specresearch.records import (
-    HASH_EXCLUDED, HASH_TAG, INTERRUPTED_TAG, JOB_TAG, OVERRIDES_TAG, PARENT_TAG, PID_TAG, STUDY_TAG, SWEEP_TAG, EvalRecord,
+    HASH_EXCLUDED,
+    HASH_TAG,
+    INTERRUPTED_TAG,
+    JOB_TAG,
+    OVERRIDES_TAG,
+    PARENT_TAG,
+    PID_TAG,
+    STUDY_TAG,
+    SWEEP_TAG,
+    EvalRecord,
     SpeedRecord,
 )
+from specresearch.tracking import database_problem, mark_dead_runs, server_problem
 
 CONTRACT_TAGS = {STUDY_TAG, SWEEP_TAG, HASH_TAG}
 NOT_FACTS = (PID_TAG, JOB_TAG, INTERRUPTED_TAG, OVERRIDES_TAG)  # bookkeeping tags, not the setting (the overrides: one per job)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from specresearch.analysis.report import Report
 from specresearch.analysis.runs import AnalysisError, Study
+
 from specresearch.config import studies
 
 ANALYSIS = "analysis.py"

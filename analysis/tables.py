@@ -20,6 +20,7 @@ from specresearch.analysis.format import latex, markdown
 from specresearch.analysis.report import Report
 from specresearch.analysis.runs import AnalysisError, Study, load_study
 from specresearch.analysis.studies import analysed, builder
+
 from specresearch.config import STUDY_GROUP, compose
 from specresearch.tracking import store_path_problem, write_problem
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specresearch import reports
+
 ROOT = Path(__file__).resolve().parent.parent
 METHOD = ("drafter=pld", "verifier=rejection")
 BASE = ("model=tiny", "sampling=random", "dataset=humaneval", "dataset.num_prompts=1", "tracker=none")
@@ -128,7 +130,8 @@ def machine() -> str:
     import torch
 
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
     except (OSError, StopIteration):
         cpu = platform.processor() or platform.machine()
     threads = torch.get_num_threads()
@@ -139,7 +142,8 @@ def page(result: dict, command: str, date: str) -> dict:
     """The results page (docs/hooks/results.py's curated format) with the raw result beside it."""
     c = result["config"]
     alpha = c["alpha"]
-    columns = ["comparison", "test", f"rejected at alpha = {alpha}", "rate", "95% interval (Clopper-Pearson)", "KS uniformity p of its p-values"]
+    columns = ["comparison", "test", f"rejected at alpha = {alpha}", "rate", "95% interval (Clopper-Pearson)",
+               "KS uniformity p of its p-values"]
     rows = []
     for key, label in (("aa", "A/A (target vs target)"), ("method", f"{c['method']} vs target")):
         s = result[key]
@@ -154,13 +158,13 @@ def page(result: dict, command: str, date: str) -> dict:
         "title": f"A/A calibration of the equivalence battery over {c['repeats']} independent seeds (tiny model)",
         "date": date,
         "machine": machine(),
+        "topic": "lossless",
         "command": [command],
         "prompts": f"the first HumanEval prompt x {c['length']} tokens, T = 1, N = {c['samples']} per side",
         "columns": columns,
         "rows": rows,
         "notes": notes,
-        "script": "benchmarks/aa_calibration.py",
-        "result": result,
+        "data": {"script": "benchmarks/aa_calibration.py", "result": result},
     }
 
 
@@ -186,7 +190,8 @@ def findings(result: dict) -> list[str]:
             for name, h in zip(names, adjusted):
                 if h < alpha:
                     by[name] = by.get(name, 0) + 1
-    tail = {name: sum(p < alpha / m for side in ("aa", "method") for p in result[side]["pvalues"][name]) for name in result["aa"]["pvalues"]}
+    tail = {name: sum(p < alpha / m for side in ("aa", "method") for p in result[side]["pvalues"][name])
+            for name in result["aa"]["pvalues"]}
     return [
         f"{repeats} independent repeats of each comparison, N = {c['samples']} sequences of {c['length']} tokens per side and "
         f"repeat, the first HumanEval prompt ({c['prompt_tokens']} byte tokens) on the tiny random model (vocabulary 320) at T = 1; "
@@ -202,7 +207,8 @@ def findings(result: dict) -> list[str]:
         "alpha only if every test's p-value is valid in the far tail (below alpha / m).",
         "The verdict's rejections came from: " + (", ".join(f"{name} {n}" for name, n in sorted(by.items(), key=lambda t: -t[1])) or "none")
         + f" (Holm at alpha over both comparisons); raw p-values below alpha / {m} = {alpha / m:.2g} per test, of "
-        f"{2 * repeats}: " + ", ".join(f"{name} {n}" for name, n in tail.items() if n) + f" (under H0 about {2 * repeats * alpha / m:.2f} each).",
+        f"{2 * repeats}: " + ", ".join(f"{name} {n}" for name, n in tail.items() if n)
+        + f" (under H0 about {2 * repeats * alpha / m:.2f} each).",
         "Per test: the share of repeats whose raw (unadjusted) p-value is below alpha, and a KS test of the uniformity of its "
         "p-values over the repeats (a small KS p: that test's p-values are not uniform under H0).",
         f"Whole run: {result['seconds']:.0f} s.",
@@ -239,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or ROOT / "docs" / "results" / "data" / f"{date}-aa-calibration.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/aa_calibration.py " + shlex.join(
-        ["--repeats", str(args.repeats), "--samples", str(args.samples), *(["--method", args.method] if args.method != " ".join(METHOD) else []),
+        ["--repeats", str(args.repeats), "--samples", str(args.samples),
+         *(["--method", args.method] if args.method != " ".join(METHOD) else []),
          *(["--alpha", str(args.alpha)] if args.alpha != 0.01 else []), *(["--length", str(args.length)] if args.length != 8 else []),
          *(["--seed", str(args.seed)] if args.seed else []), *(["--threads", str(args.threads)] if args.threads != 1 else []),
          "--out", shown(out)])
@@ -249,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{r + 1}/{args.repeats} repeats", file=sys.stderr, flush=True)
 
     result = calibrate(args.repeats, args.samples, args.method.split(), args.alpha, args.length, args.seed, progress=progress)
-    data = page(result, command, date)
+    data = reports.check(page(result, command, date), str(out))  # the docs' one results format
     out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     for row in data["rows"]:
         if "Holm" in row[1] or row[1].startswith("surprisal_z"):

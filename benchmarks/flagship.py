@@ -27,11 +27,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "docs" / "hooks"))
-try:  # the docs' own reading of a speed report (its command and date), as its page shows them
-    from results import report_date, speed_command
-except ImportError as err:  # the hook imports mkdocs
-    sys.exit(f"error: benchmarks/flagship.py reads reports as the docs do, which needs mkdocs ({err}): pip install -e '.[dev]'")
+from specresearch import reports  # noqa: E402  (the docs' one results format, and its reading of a speed report)
+from specresearch.reports import report_date, speed_command  # noqa: E402
 
 TEXTS = {"humaneval": "code (HumanEval)", "mtbench": "chat (MT-bench)", "sharegpt": "chat (ShareGPT)"}
 LOSSLESS = "lossless: rejection sampling (the law tests prove every drafter with it)"  # a rejection row without a battery run
@@ -57,7 +54,7 @@ def read_report(path: Path) -> dict:
     """A benchmarks/speed.py report (--json), checked for what the table reads: its args, header and rows,
     each row with its method and its speedup over transformers' `generate`."""
     try:
-        report = json.loads(path.read_text())
+        report = reports.raw(json.loads(path.read_text()))  # the numbers speed.py wrote (the report's `data`)
         args, rows = report["args"], report["rows"]
         for key in ("dataset", "prompts", "offset", "tokens"):
             args[key]
@@ -148,7 +145,8 @@ def table(speed: list[Path], runs: list[Path], skip: list[str] = (), notes: list
                     f"{r['speedup_vs_generate']:.2f}x",
                     "" if r.get("tau") is None else f"{r['tau']:.2f}",
                     "; ".join(filter(None, [lossless, *(run["quality"] for run in mine)])),
-                    "; ".join(filter(None, (run["battery"] for run in mine))) or (LOSSLESS if "alpha" in r and key[3] == "rejection" and temperature > 0 else ""),
+                    "; ".join(filter(None, (run["battery"] for run in mine)))
+                    or (LOSSLESS if "alpha" in r and key[3] == "rejection" and temperature > 0 else ""),
                     f"[{path.stem}]({path.stem}.md)",
                 ])
         except InputError:
@@ -165,6 +163,7 @@ def table(speed: list[Path], runs: list[Path], skip: list[str] = (), notes: list
         "title": "The flagship: Medusa with typical acceptance, code and chat, T = 0 and T = 0.7",
         "date": max(dates),
         "machine": " | ".join(dict.fromkeys(machines)),
+        "topic": "speed",
         "command": commands,
         "prompts": "held out: no setting was chosen and no head trained on them (HumanEval 150 on; MT-bench from the 6th "
                    "question of each category; settings chosen on HumanEval 100-103 and ShareGPT)",
@@ -204,7 +203,7 @@ def main() -> None:
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    args.out.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    args.out.write_text(json.dumps(reports.check(data, str(args.out)), indent=2, ensure_ascii=False) + "\n")
     print(f"wrote {args.out}: {len(data['rows'])} rows")
 
 

@@ -67,8 +67,10 @@ def main() -> None:
 
     OUT.mkdir(parents=True, exist_ok=True)
     q15, q05 = Path("/tmp/bq15"), Path("/tmp/bq05")
-    t15 = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128} if DRY else None
-    t05 = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 64} if DRY else None
+    t15 = ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128}
+           if DRY else None)
+    t05 = ({"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 64}
+           if DRY else None)
     shapes = Path(os.environ.get("SHAPES", ".gpu"))
     if (shapes / "tok15").is_dir():
         src15, src05 = shapes / "tok15", shapes / "tok05"
@@ -87,8 +89,10 @@ def main() -> None:
 
     lm = load_model(**cfg("drafter=none").model)
     engines = {"baseline": build_engine(cfg("drafter=none"), baseline=True, target=lm),
-               "independent k=4, draft = target (all accepted)": build_engine(cfg("drafter=independent", f"drafter.model.name={q15}", "drafter.k=4"), target=lm),
-               "independent k=4, draft = random 0.5B (none accepted)": build_engine(cfg("drafter=independent", f"drafter.model.name={q05}", "drafter.k=4"), target=lm)}
+               "independent k=4, draft = target (all accepted)":
+                   build_engine(cfg("drafter=independent", f"drafter.model.name={q15}", "drafter.k=4"), target=lm),
+               "independent k=4, draft = random 0.5B (none accepted)":
+                   build_engine(cfg("drafter=independent", f"drafter.model.name={q05}", "drafter.k=4"), target=lm)}
     hf = AutoModelForCausalLM.from_pretrained(q15, dtype=DT, local_files_only=True).to(DEV).eval()
     hf.generation_config.eos_token_id, hf.generation_config.pad_token_id, hf.generation_config.do_sample = None, 0, False
 

@@ -10,8 +10,8 @@
     not depend on the values): transformers `generate` eager and with a static cache + torch.compile,
     our baseline eager (model.cache=dynamic) and compiled (model.cache=static, model.compile=true), and
     our engine with prompt lookup, untrained Medusa heads and an independent 0.5B draft, and prompt lookup
-    and Medusa again on the compiled target, greedy, EOS ignored, interleaved after two warm-ups each. Per method: tokens/s, tau, and c and v from one more decode
-    with the phases timed; beside them the target's v(k) curve and the draft's c, measured directly.
+    and Medusa again on the compiled target, greedy, EOS ignored, interleaved after two warm-ups each. Per method: tokens/s,
+    tau, and c and v from one more decode with the phases timed; beside them the target's v(k) curve and the draft's c, measured directly.
 
 Everything goes into one JSON (--out), rewritten after each section: versions, device, settings and
 every number. The exit status is 1 when a T = 0 cell differs from plain decoding or anything failed.
@@ -54,6 +54,7 @@ CONF = ROOT / "conf"
 if str(ROOT) not in sys.path:  # a checkout copied to a GPU machine runs without installing the package
     sys.path.insert(1, str(ROOT))
 
+from specresearch import reports  # noqa: E402  (stdlib only)
 from specresearch.metrics import first_divergence  # noqa: E402  (stdlib only; engine and drafters load in the sections)
 
 # The tiny draft of drafters with a draft model (as the tests': the target's seed, perturbed).
@@ -203,7 +204,7 @@ def clean(x: Any) -> Any:
 def write(report: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(clean(report), indent=1) + "\n")
+    tmp.write_text(json.dumps(reports.of(clean(report), out.stem, "gpu"), indent=1) + "\n")  # the docs' one results format
     os.replace(tmp, out)  # a reader (or a timed-out run) sees the last whole report
 
 
@@ -561,7 +562,8 @@ def speed(device: torch.device, dry: bool, n: int, repeats: int, k: int, prompt_
                      "medusa": "untrained heads (zero-initialised blocks: each head proposes the target's next-token guess): "
                                "the cost side only",
                      "independent": "draft = random 0.5B-shape weights, unrelated to the target: acceptance ~0, the cost side only",
-                     "c, v": "per method from one more decode with the phases timed (cost_ratios against the baseline's, a compiled method's against baseline_compiled's): "
+                     "c, v": "per method from one more decode with the phases timed (cost_ratios against the baseline's, "
+                             "a compiled method's against baseline_compiled's): "
                              "c = seconds per draft-model forward / one-token target forward, v = per verification forward; "
                              "v_curve and c_draft below are measured on the bare models"}}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
@@ -607,7 +609,8 @@ def speed_table(res: dict) -> str:
             value = r.get(key)
             return "-" if value is None or value != value else format(value, fmt)
 
-        lines.append(f"{r['method']:<36}{r['tokens_per_s']:>9.1f}{f('speedup_vs_generate', '.2f'):>12}x{f('speedup_vs_baseline', '.2f'):>12}x"
+        lines.append(f"{r['method']:<36}{r['tokens_per_s']:>9.1f}"
+                     f"{f('speedup_vs_generate', '.2f'):>12}x{f('speedup_vs_baseline', '.2f'):>12}x"
                      f"{f('tau', '.2f'):>7}{f('c', '.3f'):>8}{f('v', '.2f'):>7}  {r['identical_to_generate']}")
     lines.append("v(k), k = 0..8: " + " ".join(f"{v:.2f}" for v in res["v_curve"]) + f"; c of the 0.5B draft: {res['c_draft']:.3f}")
     return "\n".join(lines)
@@ -625,7 +628,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=at_least(1), default=None, help="timed runs per speed method (default 3; --dry 1)")
     parser.add_argument("--k", type=at_least(1), default=4, help="draft tokens per step of our drafters that have a k")
     parser.add_argument("--prompt-tokens", type=at_least(1), default=228, help="speed prompt length (228: as the earlier H200 run)")
-    parser.add_argument("--budget", type=at_least(0.0, float), default=480.0, help="seconds: no timed round after the first starts past this")
+    parser.add_argument("--budget", type=at_least(0.0, float), default=480.0,
+                        help="seconds: no timed round after the first starts past this")
     parser.add_argument("--only", type=lambda s: s.split(","), default=[],
                         help="speed: time only these methods, e.g. generate_compiled,baseline_compiled,pld_compiled (default all)")
     parser.add_argument("--skip", choices=["matrix", "speed"], action="append", default=[], help="leave a section out")
@@ -677,10 +681,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry:
         torch.set_num_threads(1)  # tiny shapes: one thread is fastest, and leaves the other cores to a test suite around it
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry else "cpu")
-    report = {"script": "benchmarks/gpu_check.py", "argv": sys.argv[1:] if argv is None else list(argv),
+    given = sys.argv[1:] if argv is None else list(argv)
+    report = {"script": "benchmarks/gpu_check.py", "argv": [Path(a).name if a.startswith("/") else a for a in given],  # no machine path
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "dry": args.dry,
               "versions": versions(), "device": device_info(device),
-              "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+              "settings": {k: (v.name if v.is_absolute() else v.as_posix()) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     sections = {"matrix": lambda: matrix(device, 2 if args.dry else 4, 8 if args.dry else 32),
                 "speed": lambda: speed(device, args.dry, args.tokens, args.repeats, args.k, args.prompt_tokens,
                                        start + args.budget, args.only)}

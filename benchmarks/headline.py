@@ -24,6 +24,8 @@ import re
 import sys
 from pathlib import Path
 
+from specresearch import reports
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "docs" / "results" / "headline.json"
 DATA = ROOT / "docs" / "results" / "data"
@@ -36,6 +38,11 @@ DATASETS = {"humaneval": "HumanEval", "mtbench": "MT-bench", "sharegpt": "ShareG
 
 class HeadlineError(ValueError):
     """A headline the data cannot back: one line naming the file and what is missing."""
+
+
+def which(h: dict) -> str:
+    """Which prompts a headline decoded: MT-bench's question of each category, or HumanEval's first problem."""
+    return f"(question #{h['offset']} of each category)" if h["dataset"] == "MT-bench" else f"from #{h['offset']}"
 
 
 def row_of(report: dict, method: str, name: str) -> dict:
@@ -54,7 +61,7 @@ def headlines() -> list[dict]:
         path = DATA / f"{item['report']}.json"
         if not path.is_file():
             raise HeadlineError(f"{SOURCE.name}: no report {path.relative_to(ROOT)}")
-        report = json.loads(path.read_text())
+        report = reports.raw(json.loads(path.read_text()))  # the numbers speed.py wrote (the report's `data`)
         args, row = report["args"], row_of(report, item["method"], path.name)
         if args["prompts"] < MIN_PROMPTS or not row.get("speedup_interval"):
             raise HeadlineError(f"{path.name}: a headline needs >= {MIN_PROMPTS} prompts and a bootstrap interval over them "
@@ -75,7 +82,7 @@ def block(items: list[dict], link: str) -> str:
              "|---|---|---|---|---|"]
     for h in items:
         lines.append(f"| {h['what']} | **{h['speedup']:.2f}x** | {h['interval'][0]:.2f}-{h['interval'][1]:.2f}x | "
-                     f"{h['prompts']} {h['dataset']} {'(question #' + str(h['offset']) + ' of each category)' if h['dataset'] == 'MT-bench' else 'from #' + str(h['offset'])}, {h['tokens']} tokens | "
+                     f"{h['prompts']} {h['dataset']} {which(h)}, {h['tokens']} tokens | "
                      f"[{h['report']}]({link.format(h['report'])}) |")
     machines = sorted({h["machine"] for h in items})
     lines += ["", f"Measured by `benchmarks/speed.py` ({'; '.join(machines)}), every method on the same prompts in one "

@@ -58,6 +58,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from specresearch import reports
 from specresearch.build import build
 from specresearch.cli import fail
 from specresearch.config import compose
@@ -291,7 +292,8 @@ def build_methods(args, target: LoadedModel, draft: Callable[[], LoadedModel], c
             methods.append(hf(name, target, prompt_lookup_num_tokens=args.pld_tokens, **hf_sampling))
         elif name == "hf_universal":
             if not hasattr(cross.tokenizer, "convert_ids_to_tokens"):
-                print(f"skipped {name}: transformers' universal assisted generation needs Hugging Face tokenizers (--quick's tiny models have none)")
+                print(f"skipped {name}: transformers' universal assisted generation needs Hugging Face tokenizers "
+                      "(--quick's tiny models have none)")
                 continue
             quiet_assistant_warning()
             methods.append(hf(name, target, assistant_model=cross.model, tokenizer=target.tokenizer, assistant_tokenizer=cross.tokenizer,
@@ -345,9 +347,9 @@ def prompt_set(dataset: str, n: int, offset: int, why: str = "") -> list[Prompt]
     chosen = (load_prompts("mtbench", per_category=-(-n // len(MTBENCH_CATEGORIES)), offset=offset)[:n] if dataset == "mtbench"
               else every[offset : offset + n])
     if len(chosen) < n:
+        valid = f"batch sizes whose least common multiple is <= {len(chosen)}" if why else f"--prompts <= {len(chosen)}"
         raise SpecResearchError(f"--prompts {n}{why} with --offset {offset} asks for more prompts than {dataset} has: "
-                                f"{len(chosen)} from --offset {offset} ({what}); valid are "
-                                f"{f'batch sizes whose least common multiple is <= {len(chosen)}' if why else f'--prompts <= {len(chosen)}'}")
+                                f"{len(chosen)} from --offset {offset} ({what}); valid are {valid}")
     return load_prompts(dataset, n, offset=offset) if dataset != "mtbench" else chosen
 
 
@@ -545,7 +547,8 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None, sampled
             "speedup_interval": speedup_interval(reference, m),
             "speedup_min": min(ratios),
             "speedup_max": max(ratios),
-            "identical_to_reference": None if sampled else sum(first_divergence(a, b) is None for a, b in zip(m.outputs, reference.outputs)),
+            "identical_to_reference": None if sampled else sum(first_divergence(a, b) is None
+                                                               for a, b in zip(m.outputs, reference.outputs)),
         }
         if baseline is not None:
             row["speedup_vs_baseline"] = sum(baseline.seconds) / sum(m.seconds)
@@ -575,7 +578,8 @@ def table(rows: list[dict], header: str) -> str:
     w = max(len(r["method"]) for r in rows) + 2
     lines = [
         header,
-        f"{'method':<{w}}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{f'({INTERVAL:.0%} CI)':>13}{'vs_baseline':>12}{'vs_fastest':>11}"
+        f"{'method':<{w}}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{f'({INTERVAL:.0%} CI)':>13}"
+        f"{'vs_baseline':>12}{'vs_fastest':>11}"
         f"{'alpha':>7}{'tau':>6}{'c':>7}{'v':>7}{'Leviathan':>10}{'identical':>10}",
     ]
     for r in rows:
@@ -617,7 +621,7 @@ def metrics(rows: list[dict]) -> dict[str, float]:
 
 
 BATCH_KEYS = ("method", "tokens_per_s", "tokens_per_s_std", "fastest_plain", "speedup_vs_fastest_plain", "speedup_vs_baseline",
-              "identical_to_reference", "alpha", "tau", "k")  # what a batch row keeps of summarize's row (c, v, Leviathan are one-sequence models)
+              "identical_to_reference", "alpha", "tau", "k")  # of summarize's row (c, v, Leviathan are one-sequence models)
 
 
 def summarize_batches(done: list[BatchSize], sampled: bool = False) -> tuple[list[dict], dict[str, int | None]]:
@@ -627,7 +631,8 @@ def summarize_batches(done: list[BatchSize], sampled: bool = False) -> tuple[lis
     speedup over the fastest plain decoding falls below 1, or None when it never does where it ran."""
     batches = []
     for size in done:
-        rows = [{"batch": size.batch, **{k: r[k] for k in BATCH_KEYS if k in r}} for r in summarize(size.methods, sampled=sampled)] if size.methods else []
+        rows = ([{"batch": size.batch, **{k: r[k] for k in BATCH_KEYS if k in r}} for r in summarize(size.methods, sampled=sampled)]
+                if size.methods else [])
         reference = next((m for m in size.methods if m.name == "generate"), size.methods[0]) if size.methods else None
         batches.append({"batch": size.batch, "prompts": len(reference.outputs) if reference else 0,
                         "reference": reference.name if reference else None, "rows": rows, "skipped": size.skipped})
@@ -663,7 +668,8 @@ def batch_table(batches: list[dict], crossover: dict[str, int | None], header: s
                 cells.append(f"{r['tokens_per_s']:.2f} ({r['speedup_vs_fastest_plain']:.2f}x)" if "speedup_vs_fastest_plain" in r
                              else f"{r['tokens_per_s']:.2f}")
         lines.append(f"{name:<{w}}" + "".join(f"{c:>{cw}}" for c in cells) + f"{crossover_text(name, crossover, batches):>{cw}}")
-    lines.append(f"{'fastest plain':<{w}}" + "".join(f"{(e['rows'][0].get('fastest_plain', '-') if e['rows'] else '-'):>{cw}}" for e in batches))
+    fastest = [e["rows"][0].get("fastest_plain", "-") if e["rows"] else "-" for e in batches]
+    lines.append(f"{'fastest plain':<{w}}" + "".join(f"{name:>{cw}}" for name in fastest))
     for note in batch_notes(batches):
         lines.append(note)
     return "\n".join(lines)
@@ -785,7 +791,8 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--dataset", choices=DATASETS, default="humaneval", help="; ".join(f"{k}: {v}" for k, v in DATASETS.items()))
     parser.add_argument("--prompts", type=at_least(1), default=4, help="prompts of the dataset")
-    parser.add_argument("--offset", type=at_least(0), default=0, help="HumanEval: the first prompt; MT-bench: the first question of each category")
+    parser.add_argument("--offset", type=at_least(0), default=0,
+                        help="HumanEval: the first prompt; MT-bench: the first question of each category")
     parser.add_argument("--tokens", type=at_least(1), default=64, help="new tokens per prompt (EOS ignored)")
     parser.add_argument("--repeats", type=at_least(1), default=2, help="times every prompt is decoded by every method")
     parser.add_argument("--k", type=at_least(1), default=4, help="draft tokens per step of our drafters")
@@ -811,7 +818,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--store", default="mlruns", help="MLflow store folder")
     args = parser.parse_args()
     if args.quick:
-        args.prompts, args.tokens, args.repeats, args.model, args.draft = min(args.prompts, 2), min(args.tokens, 16), min(args.repeats, 2), "tiny", "tiny"
+        args.prompts, args.tokens, args.repeats = min(args.prompts, 2), min(args.tokens, 16), min(args.repeats, 2)
+        args.model, args.draft = "tiny", "tiny"
         args.cross_draft = "tiny"
         if args.batch:
             args.prompts = math.lcm(*args.batch)
@@ -829,8 +837,18 @@ def main() -> None:
 
 
 def report_args(args) -> dict:
-    """The command line as the report records it (and the docs rebuild the command from): --batch as typed."""
-    return {**vars(args), "json": str(args.json), "batch": ",".join(map(str, args.batch)) if args.batch else None}
+    """The command line as the report records it (and the docs rebuild the command from): --batch as typed,
+    paths relative to the working directory (a report names no folder of the machine that wrote it)."""
+    return {**vars(args), "json": relative(args.json), "store": relative(args.store),
+            "batch": ",".join(map(str, args.batch)) if args.batch else None}
+
+
+def relative(path) -> str | None:
+    """`path` relative to the working directory where it lies under it, else its name alone."""
+    if path is None:
+        return None
+    path = Path(path).expanduser().resolve()
+    return path.relative_to(Path.cwd()).as_posix() if path.is_relative_to(Path.cwd()) else path.name
 
 
 def run(args) -> None:
@@ -868,7 +886,8 @@ def run(args) -> None:
     cross_note = f", {args.cross_draft} (another tokenizer)" if crossing else ""
     with tracked_run(tracker, OmegaConf.create(report_args(args)), "speed", measured):
         header = (
-            f"\n{args.model} <- {args.draft}{cross_note} ({target.dtype}, {target.device}, kernels {args.kernels}; torch {torch.__version__}, "
+            f"\n{args.model} <- {args.draft}{cross_note} ({target.dtype}, {target.device}, kernels {args.kernels}; "
+            f"torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, {platform.machine()} {torch.backends.cpu.get_cpu_capability()}): "
             f"{len(prompts)} {DATASETS[args.dataset]} x {args.tokens} tokens x {args.repeats} repeats, "
             + ("greedy" if args.temperature == 0 else f"sampled at T = {args.temperature:g}")
@@ -878,15 +897,17 @@ def run(args) -> None:
             batches, crossover = summarize_batches(done, args.temperature > 0)
             prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
             header += f", batch sizes {', '.join(map(str, args.batch))}"
-            report.update(header=header.strip(), args=report_args(args), batches=batches, crossover=crossover, profile=prof)
+            report.update(header=header.strip(), args=report_args(args), batches=batches, crossover=crossover, profile=prof,
+                          date=time.strftime("%Y-%m-%d %H:%M"))
         else:
             measure(methods, [[ids] for ids in prompts], args.tokens, args.repeats)
             v_curve = verify_costs(target, prompts[0], max(args.k, 8))
             rows = summarize(methods, v_curve, sampled=args.temperature > 0)
             prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
-            report.update(header=header.strip(), args=report_args(args), rows=rows, v_curve=v_curve, profile=prof)
+            report.update(header=header.strip(), args=report_args(args), rows=rows, v_curve=v_curve, profile=prof,
+                          date=time.strftime("%Y-%m-%d %H:%M"))
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2))
+        out.write_text(json.dumps(reports.of(report, out.stem), indent=2))  # the docs' one results format
     if args.batch:
         print(batch_table(report["batches"], report["crossover"], header))
     else:

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specresearch.reports import check
+
 ROOT = Path(__file__).resolve().parent.parent
 ALPHA, MARGIN, EXACT = 1e-3, 1e-6, 1e-9
 
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     earlier = {}  # with --only and an existing --json: the other mutants' rows are kept (their runs are not redone)
     if args.only and args.json and args.json.exists():
         names = {m.name for m in MUTANTS} - set(args.only)
-        earlier = {r["mutant"]: r for r in json.loads(args.json.read_text())["data"] if r["mutant"] in names}
+        earlier = {r["mutant"]: r for r in json.loads(args.json.read_text())["data"]["mutants"] if r["mutant"] in names}
     rows = []
     print(" | ".join(COLUMNS), flush=True)
     for mutant in chosen:
@@ -227,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             "title": "The law tests against lossy mutants",
             "date": datetime.date.today().isoformat(),
             "machine": machine(),
+            "topic": "lossless",
             "command": ([f"python -m tests.mutants --workers {args.workers} --json {args.json.as_posix()}"] if not earlier else
                         json.loads(args.json.read_text())["command"]) + ([f"python -m tests.mutants --only {' '.join(args.only)} "
                                                                               f"--workers {args.workers} --json {args.json.as_posix()}"]
@@ -246,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                       "Not in the table: a cross-vocabulary mapping bug (cross_vocab's shared q widened onto the draft's ids "
                       "instead of their target twins) is an equivalent mutant here: the tests' two tiny tokenizers give the "
                       "shared bytes the same ids, so the mapping is the identity and the bug changes nothing they run."],
-            "data": rows,
+            "data": {"mutants": rows},
         }
+        check(report, str(args.json))  # the docs' one results format (specresearch.reports)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0 if killed == len(rows) else 1

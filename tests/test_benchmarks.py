@@ -10,6 +10,7 @@ import sys
 import mlflow
 import pytest
 
+from specresearch import reports
 from tests.conftest import ROOT
 from tests.test_console import not_bars
 
@@ -30,7 +31,7 @@ def quick(tmp_path, *argv: str) -> tuple[subprocess.CompletedProcess, dict]:
     result = subprocess.run([sys.executable, SPEED, "--quick", "--json", str(out), "--tracker", "none", *argv],
                             capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    return result, json.loads(out.read_text())
+    return result, reports.raw(json.loads(out.read_text()))
 
 
 def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
@@ -48,7 +49,7 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
     # no warning of transformers' (generate plain, compiled, assisted, lookup) or ours; --profile's torch profiler
     # (kineto) logs its start and stop as "USDT:" lines, which are not ours to silence
     assert [line for line in not_bars(result.stderr) if not line.startswith("USDT:")] == [], result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = reports.raw(json.loads(out.read_text()))
     rows = {r["method"]: r for r in report["rows"]}
     cheap = "independent(k=4) model.vocab=100 model.vocab_corpus=mtbench model.quantize=int8"
     assert list(rows) == ["generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "baseline", "baseline_compiled", "independent(k=4)", cheap,
@@ -198,13 +199,14 @@ def test_speed_quick_batch_mode_has_rows_per_batch_size_and_a_crossover(tmp_path
     assert "skipped hf_assisted at B=2: transformers' assisted generation takes one sequence" in result.stdout
 
     hook = _docs_hook()
-    assert hook.is_batch_report(report) and not hook.is_speed_report(report)
+    assert reports.is_batch_report(report) and not reports.is_speed_report(report)
     out.rename(tmp_path / "speed-20261127-120000.json")
     data = hook.load(tmp_path / "speed-20261127-120000.json")
+    assert data["topic"] == "batches" and data["date"] == report["date"]  # the report's own date, when it was written
     assert data["columns"] == ["method", "B=1 tok/s", "B=1 vs fastest plain", "B=2 tok/s", "B=2 vs fastest plain", "crossover"]
     assert [row[0] for row in data["rows"]] == ["generate", "hf_assisted", "baseline", "pld(k=4)"]
     assert data["rows"][1][3] == "skipped" and data["rows"][0][-1] == ""
-    assert "--batch 1,2" in data["command"][0] and data["machine"] == report["header"] and data["date"] == "2026-11-27 12:00"
+    assert "--batch 1,2" in data["command"][0] and data["machine"] == report["header"]
     page = hook.render(data, "speed-20261127-120000.json")
     assert "| method | B=1 tok/s |" in page and "hf_assisted skipped at B=2" in page
 
@@ -396,7 +398,7 @@ def test_aa_calibration_repeats_both_comparisons_and_writes_a_results_page(tmp_p
     assert result["aa"]["pvalues"]["surprisal_z"] != result["method"]["pvalues"]["surprisal_z"]
     data = json.loads((tmp_path / "aa.json").read_text())
     assert data["command"] == ["python benchmarks/aa_calibration.py --repeats 3 --samples 20 --out aa.json"]
-    assert data["result"]["config"]["samples"] == 20 and "cores" in data["machine"] and str(tmp_path) not in json.dumps(data)
+    assert data["data"]["result"]["config"]["samples"] == 20 and "cores" in data["machine"] and str(tmp_path) not in json.dumps(data)
     page = _docs_hook().render(_docs_hook().load(tmp_path / "aa.json"), "aa.json")
     assert "| A/A (target vs target) | **Holm verdict** | " in page and "KS uniformity p" in page
 

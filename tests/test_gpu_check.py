@@ -12,6 +12,7 @@ import pytest
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
+from specresearch import reports
 from specresearch.config import CONF_DIR, compose
 
 from .conftest import ROOT, made_once
@@ -43,7 +44,7 @@ def _dry_run(folder):
 @pytest.fixture(scope="session")
 def report(tmp_path_factory):
     """The --dry run's report, made once for the whole run (its workers share it: conftest.made_once)."""
-    return json.loads((made_once(tmp_path_factory, "gpu_check", _dry_run) / "x.json").read_text())
+    return reports.raw(json.loads((made_once(tmp_path_factory, "gpu_check", _dry_run) / "x.json").read_text()))
 
 
 def test_the_report_records_versions_device_and_settings(report):
@@ -109,7 +110,7 @@ def test_the_report_becomes_a_results_page(report, tmp_path):
     """A report dropped into docs/results/data/ renders (docs/hooks/results.py): a row per timed method with
     its ratios, the device and versions as the machine, the command, the matrix's summary among the notes."""
     hook = results_hook()
-    (path := tmp_path / "gpu.json").write_text(json.dumps(report))
+    (path := tmp_path / "gpu.json").write_text(json.dumps(reports.of(report, "gpu")))
     page = hook.load(path)
     assert [row[0] for row in page["rows"]] == [r["method"] for r in report["speed"]["rows"]]
     assert all(len(row) == len(page["columns"]) for row in page["rows"])

@@ -30,7 +30,7 @@ FLOORS = {
     "services": ["specresearch.models", "specresearch.stores", "specresearch.attention", "specresearch.data", "specresearch.vocab", "specresearch.tracking",
                  "specresearch.records", "specresearch.figures", "specresearch.config", "specresearch.assets"],
     "ground": ["specresearch.types", "specresearch.metrics", "specresearch.sampling", "specresearch.seeding", "specresearch.errors",
-               "specresearch.settings", "specresearch.options"],
+               "specresearch.settings", "specresearch.options", "specresearch.reports"],
 }
 
 

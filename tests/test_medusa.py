@@ -604,7 +604,10 @@ def test_a_tree_the_machine_cannot_hold_is_refused_before_anything_is_allocated(
     target = load_model("tiny", dtype="float32", device="cpu")
     monkeypatch.setattr(tree, "free_memory_bytes", lambda device: 16 * 2**30)  # half of it: 8 GiB for 5,120 B x K + 5 B x K²
     extra = ["drafter.model.name=tiny", "drafter.branching=null"] if drafter == "tree" else []
-    cfg = lambda nodes: compose(["model=tiny", f"drafter={drafter}", f"drafter.nodes={nodes}", "drafter.shape=null", *extra]).drafter
+
+    def cfg(nodes):
+        return compose(["model=tiny", f"drafter={drafter}", f"drafter.nodes={nodes}", "drafter.shape=null", *extra]).drafter
+
     with pytest.raises(SpecResearchError, match=r"^drafter.nodes: a tree of 100,000 nodes needs at least 47.0 GiB to verify \(the target's "
                                                 r"laws over 320 tokens and the tree's attention mask\), more than half the 16.0 GiB "
                                                 r"free on cpu: valid are trees of at most 40,938 nodes here$"):

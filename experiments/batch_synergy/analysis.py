@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 from matplotlib.figure import Figure
-
-from specresearch import figures
 from specresearch.analysis import published
 from specresearch.analysis.format import Col, Table, integer, missing, speed, text
 from specresearch.analysis.report import Report, caption, latest_by
 from specresearch.analysis.runs import Run, Study
+
+from specresearch import figures
 
 TREE = "tree"
 

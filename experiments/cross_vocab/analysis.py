@@ -4,12 +4,12 @@ Timor et al. (2025)'s tables (target x dataset x temperature x drafter: tokens/s
 from __future__ import annotations
 
 from matplotlib.figure import Figure
-
-from specresearch import figures
 from specresearch.analysis import published
 from specresearch.analysis.format import Col, Table, missing, num, speed, temperature, text
 from specresearch.analysis.report import Report, caption, latest_by, number, task_name, task_order
 from specresearch.analysis.runs import Run, Study
+
+from specresearch import figures
 
 MODES = {"string": "text re-tokenized (SLEM)", "shared": "shared tokens (TLI)"}
 

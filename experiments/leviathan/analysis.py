@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import numpy as np
 from matplotlib.figure import Figure
-
-from specresearch import figures
 from specresearch.analysis import published
 from specresearch.analysis.format import Col, Table, integer, missing, num, num3, speed, temperature, text
 from specresearch.analysis.report import Report, caption, finite, latest_by, mean, number, plain, task_name, task_order
 from specresearch.analysis.runs import Run, Study
+
+from specresearch import figures
 from specresearch.metrics import leviathan_optimal_k, leviathan_speedup
 
 K_IDEAL = 16  # the largest k searched for the paper's idealised best k (v = 1)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
-from specresearch import figures
 from specresearch.analysis.format import DASH, Col, Table, missing, num, num3, pvalue, speed, temperature, text
 from specresearch.analysis.report import Report, caption, deficit, deficit_cell, latest_by, lossless, verdict
 from specresearch.analysis.runs import Study
+
+from specresearch import figures
 
 
 def report(study: Study) -> Report:

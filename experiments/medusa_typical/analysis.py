@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 from matplotlib.figure import Figure
-
-from specresearch import figures
 from specresearch.analysis import published
 from specresearch.analysis.format import DASH, Col, Table, missing, num, num3, pvalue, signed, speed, temperature, text
 from specresearch.analysis.report import Report, caption, deficit, deficit_cell, latest_by, lossless, mean, plain, verdict
 from specresearch.analysis.runs import Run, Study
+
+from specresearch import figures
 from specresearch.records import BASELINE, METHOD
 
 SCORE = "pass@1"  # the quality score compared (HumanEval's)

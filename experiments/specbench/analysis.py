@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 from matplotlib.figure import Figure
-
-from specresearch import figures
 from specresearch.analysis import published
 from specresearch.analysis.format import DASH, Col, Table, missing, num, speed, speed_tau, text
 from specresearch.analysis.report import Report, caption, latest_by, mean, number, task_name, task_order
 from specresearch.analysis.runs import Study
+
+from specresearch import figures
 from specresearch.data import DATASETS, MTBENCH_CATEGORIES
 
 

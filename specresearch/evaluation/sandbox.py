@@ -56,9 +56,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specresearch.evaluation.cgroups import make_cgroup, oom_kills, remove_cgroup
-
 from specresearch.errors import SpecResearchError
+from specresearch.evaluation.cgroups import make_cgroup, oom_kills, remove_cgroup
 
 log = logging.getLogger(__name__)
 
