@@ -40,6 +40,16 @@ REJECTING = ["model=tiny", "model.tiny.seed=4", "model.tiny.cycle=5", "model.tin
              "+drafter.model.tiny={vocab_size: 320, seed: 4, noise: 0.01, cycle: 5, logit_scale: 3e-4}"]
 
 
+REAL_MODELS = ("smollm2",)  # fixtures that load a real (zoo) model
+
+
+def pytest_collection_modifyitems(items):
+    """A test that loads a real model is an end-to-end one (`-m "not e2e"` leaves it out)."""
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in REAL_MODELS):
+            item.add_marker(pytest.mark.e2e)
+
+
 def make_cfg(*overrides: str):
     """Compose conf/config.yaml with overrides, as `python -m specresearch` would."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

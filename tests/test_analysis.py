@@ -23,6 +23,8 @@ from specresearch.metrics import leviathan_speedup
 from .conftest import TINY, make_cfg
 from .test_cli import cli
 
+pytestmark = pytest.mark.e2e  # runs studies and their analysis through MLflow
+
 PNG = b"\x89PNG\r\n\x1a\n"
 # Speed jobs hold the machine's speed lock (one timing at a time); these tiny jobs time nothing we
 # read, and must not wait for other people's long measurements on a shared machine.

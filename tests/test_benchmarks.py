@@ -14,6 +14,8 @@ from specresearch import reports
 from tests.conftest import ROOT
 from tests.test_console import not_bars
 
+pytestmark = pytest.mark.e2e  # runs benchmarks/speed.py, flagship.py, headline.py and aa_calibration.py as their users do
+
 SPEED = str(ROOT / "benchmarks" / "speed.py")
 
 

@@ -15,6 +15,8 @@ from specresearch.measure import run
 
 from .conftest import TINY, make_cfg
 
+pytestmark = pytest.mark.e2e  # runs the command line (`python -m specresearch`)
+
 
 def cli(*args: str, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}

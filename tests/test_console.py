@@ -7,9 +7,13 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from specresearch.models import ZOO, Part, ZooEntry, load_model
 
 from .test_models import sha256_of, write_tiny_gguf
+
+pytestmark = pytest.mark.e2e  # reads the command line's console output
 
 # a whole tqdm line: "desc:  40%|████      | 2/5 [00:01<00:01, 2.0it/s]", or without a total "desc: 0it [00:00, ?it/s]"
 BAR = re.compile(r"(?P<desc>.*?): +(?:\d+%\|[^|]*\| *\d+/\d+|\d+\w*) \[[^\]]*\]")

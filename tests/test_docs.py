@@ -15,6 +15,8 @@ import pytest
 
 from specresearch import reports
 
+pytestmark = pytest.mark.e2e  # builds the docs (mkdocs --strict) and checks every documented command
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "data"
 HOOK = ROOT / "docs" / "hooks" / "results.py"

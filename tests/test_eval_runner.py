@@ -13,6 +13,8 @@ from specresearch.evaluation.runner import run_eval
 from .conftest import make_cfg
 from .test_cli import mlflow_runs
 
+pytestmark = pytest.mark.e2e  # runs eval= quality runs, generated code in the sandbox
+
 TINY_EVAL = ["model=tiny", "drafter=pld", "eval=humaneval", "eval.limit=2", "eval.task=humaneval_offline"]
 
 

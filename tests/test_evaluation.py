@@ -16,6 +16,8 @@ from specresearch.seeding import stream_seed
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.e2e  # runs lm-eval tasks and generated code
+
 TINY_ARGS = {"model": "tiny", "verifier": "greedy"}
 DRAFT_MODEL = {"drafter.model.name": "tiny", "+drafter.model.tiny": "{vocab_size: 320, seed: 0, noise: 0.03}"}
 CONTEXTS = ["def add(a, b):", "hello world", "x = [1, 2, 3]\n", "abc"]

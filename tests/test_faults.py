@@ -14,6 +14,8 @@ import pytest
 
 from .conftest import CONF_DIR, TINY, interrupt_when_measuring
 
+pytestmark = pytest.mark.e2e  # runs the command line and kills it (signals, full disks, broken stores)
+
 FAST = [*TINY, "dataset.num_prompts=1", "max_new_tokens=4"]
 
 

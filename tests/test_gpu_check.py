@@ -18,6 +18,8 @@ from specresearch.config import CONF_DIR, compose
 from .conftest import ROOT, made_once
 from .test_docs import _hook as results_hook
 
+pytestmark = pytest.mark.e2e  # runs benchmarks/gpu_check.py --dry
+
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 

@@ -17,6 +17,8 @@ from omegaconf import OmegaConf
 from specresearch.config import CONF_DIR, compose, groups, options
 from specresearch.errors import SpecResearchError
 
+pytestmark = pytest.mark.e2e  # runs the command line's --help
+
 BIN = Path(sys.executable).parent  # python and the `specresearch` console script of this environment
 
 # What bash does on TAB, for each line given: the installed function, called with COMP_LINE, COMP_POINT,

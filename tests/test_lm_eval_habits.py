@@ -20,6 +20,8 @@ from specresearch.evaluation.lm import SpecResearchLM
 from specresearch.evaluation.runner import TASKS, TASKS_DIR
 from specresearch.evaluation.sandbox import ALLOW_ENV, CodeExecutionNotAllowed
 
+pytestmark = pytest.mark.e2e  # runs lm-eval's own command
+
 # lm-eval's own command line, the `lm_eval` script of this environment: it knows our model and tasks
 # through specresearch-lm-eval.pth, which our install put into site-packages (editable or not)
 LM_EVAL = (os.path.join(os.path.dirname(sys.executable), "lm_eval"),)

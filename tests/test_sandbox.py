@@ -18,6 +18,8 @@ from specresearch.evaluation import _sandbox_child as child
 from specresearch.evaluation import cgroups, sandbox
 from specresearch.evaluation.sandbox import ALLOW_ENV, CodeExecutionNotAllowed, Limits, humaneval_program, run_program, run_programs
 
+pytestmark = pytest.mark.e2e  # runs programs in the code sandbox
+
 
 @pytest.fixture
 def allowed(monkeypatch):

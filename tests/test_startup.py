@@ -12,7 +12,11 @@ import sys
 import venv
 from pathlib import Path
 
+import pytest
+
 from .conftest import ROOT
+
+pytestmark = pytest.mark.e2e  # starts fresh interpreters (the .pth's cost, lm-eval's start)
 
 PTH = ROOT / "specresearch-lm-eval.pth"
 HOOK = ("__init__.py", "evaluation/__init__.py", "evaluation/hook.py")  # what the .pth imports, in the package

@@ -40,6 +40,7 @@ def test_static_cache_decodes_what_the_dynamic_one_does(drafter, overrides, tmp_
     # a random draft's near-ties; the tokens may not)
 
 
+@pytest.mark.e2e  # torch.compile's graphs: long
 @pytest.mark.parametrize("drafter", _options("drafter"))
 def test_a_compiled_engine_decodes_what_the_eager_one_does(drafter, tmp_path):
     """model.compile=true (inductor on the CPU; target and draft model compiled) against the eager static

@@ -25,6 +25,8 @@ from specresearch.sweeps import JobSkipped
 
 from .conftest import artifact, interrupt_when_measuring, make_cfg, strict
 
+pytestmark = pytest.mark.e2e  # runs sweeps (`-m`) through the command line and Hydra's launchers
+
 FAST = ["model=tiny", "drafter=pld", "dataset.num_prompts=1", "max_new_tokens=6"]
 
 

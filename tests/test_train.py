@@ -29,6 +29,8 @@ from specresearch.types import Draft
 
 from .conftest import ROOT, tiny_model, train_cfg
 
+pytestmark = pytest.mark.e2e  # trains heads through the command line
+
 STEPS = 5
 
 

@@ -96,6 +96,7 @@ def test_tree_rules_that_are_not_lossless_are_detected():
     assert total_variation(sibling_law(TypicalVerifier(), P, xs=[int(P.argmax()), 1]), P) > 0.02
 
 
+@pytest.mark.e2e  # Monte Carlo: 20,000 trees per case
 @pytest.mark.parametrize("xs", [[4, 1], [int(P.argmax()), 2, 2]])
 def test_tree_code_path_follows_the_exact_law(xs):
     """20 000 trees of deterministic siblings through Verifier.__call__: the first token fits the

@@ -92,6 +92,7 @@ def draw_first_tokens(p, q, deterministic: bool, seed: int) -> np.ndarray:
     return counts
 
 
+@pytest.mark.e2e  # Monte Carlo (the exact enumerations of test_lossless and test_relaxed_verifiers stay in the core)
 @pytest.mark.parametrize("deterministic", [False, True], ids=["sampled q", "q=None"])
 def test_rejection_monte_carlo_follows_p(deterministic):
     p, q = CASES["random"]
@@ -106,6 +107,7 @@ def test_monte_carlo_detects_a_biased_rule():
     assert g_test(counts, p.numpy()) < ALPHA
 
 
+@pytest.mark.e2e  # Monte Carlo
 def test_rejection_chain_follows_p_at_every_position():
     """K = 3 with a different p and q at each position: conditional on being emitted, the token at
     position j follows p_j (an off-by-one between positions would fail)."""

@@ -16,6 +16,8 @@ import pytest
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.e2e  # builds wheels
+
 SOURCES = ("pyproject.toml", "MANIFEST.in", "README.md", "specresearch-lm-eval.pth", "_build_backend", "specresearch", "conf",
            "experiments", "analysis")
 
