@@ -14,16 +14,14 @@ from specresearch.errors import SpecResearchError
 from specresearch.measure import run
 
 from .conftest import TINY, make_cfg
+from .helpers import run_specresearch
 
 pytestmark = pytest.mark.e2e  # runs the command line (`python -m specresearch`)
 
 
 def cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "specresearch", *args, f"hydra.run.dir={cwd}/out", f"hydra.sweep.dir={cwd}/multi"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
-    )
+    """The command line in `cwd`, Hydra's folders there (tests.helpers)."""
+    return run_specresearch(*args, cwd=cwd)
 
 
 def mlflow_runs(store):

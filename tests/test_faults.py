@@ -4,7 +4,6 @@ End to end through `python -m specresearch` on the tiny random model: results th
 are refused before anything runs, Ctrl-C records the run FAILED and exits 130, two runs starting at
 once on a new store both record, and a refused run leaves no empty output folder."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,22 +12,20 @@ import time
 import pytest
 
 from .conftest import CONF_DIR, TINY, interrupt_when_measuring
+from .helpers import run_specresearch, specresearch_command, user_env
 
 pytestmark = pytest.mark.e2e  # runs the command line and kills it (signals, full disks, broken stores)
 
 FAST = [*TINY, "dataset.num_prompts=1", "max_new_tokens=4"]
 
 
-def env() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def spec(*args: str) -> list[str]:
-    return [sys.executable, "-m", "specresearch", *args]
+env = user_env
+spec = specresearch_command
 
 
 def cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(spec(*args), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+    """The command line in tmp_path, Hydra's own outputs/ there (what a user gets)."""
+    return run_specresearch(*args, cwd=tmp_path, outputs=False, timeout=300)
 
 
 def statuses(store) -> list[str]:

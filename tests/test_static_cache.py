@@ -13,6 +13,7 @@ from specresearch.models import load_model
 from specresearch.target import StaticSlots, Target
 
 from .conftest import PLAIN, REPEATING, drafter_cfg, make_cfg
+from .helpers import tiny_engine
 from .test_lossless import _modes, _options
 
 PROMPTS = [REPEATING, PLAIN]
@@ -119,7 +120,7 @@ def test_what_the_static_cache_cannot_do_is_refused_in_one_line(overrides, says)
 def test_a_kept_prefill_serves_static_batches_of_any_size():
     """Many samples of one prompt (the battery's way: reuse_prefill, batches of the prompt repeated): the kept
     prefill is restored into each new batch's slots, so every row decodes what the prompt decodes alone."""
-    engine = build_engine(make_cfg("model=tiny", "drafter=pld", "verifier=greedy", "sampling=greedy", "model.cache=static"))
+    engine = tiny_engine("drafter=pld", "verifier=greedy", "sampling=greedy", "model.cache=static")
     alone = engine.generate(REPEATING, 12, eos_token_ids=[]).tokens
     for rows in (3, 1, 2):  # a new batch size each time: new slots, the prompt copied in
         outs = engine.generate([REPEATING] * rows, 12, eos_token_ids=[], reuse_prefill=True, sample_first=False)

@@ -24,6 +24,7 @@ from specresearch.records import HASH_TAG, config_hash
 from specresearch.sweeps import JobSkipped
 
 from .conftest import artifact, interrupt_when_measuring, make_cfg, strict
+from .helpers import run_specresearch, specresearch_command, user_env
 
 pytestmark = pytest.mark.e2e  # runs sweeps (`-m`) through the command line and Hydra's launchers
 
@@ -31,17 +32,15 @@ FAST = ["model=tiny", "drafter=pld", "dataset.num_prompts=1", "max_new_tokens=6"
 
 
 def env_for(tmp_path) -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-            "SPECRESEARCH_CACHE": str(tmp_path / "cache")}  # the speed lock lives there
+    return user_env(SPECRESEARCH_CACHE=str(tmp_path / "cache"))  # the speed lock lives there
 
 
 def command(tmp_path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "specresearch", *args, f"tracker.store={tmp_path}/mlruns",
-            f"hydra.run.dir={tmp_path}/out", f"hydra.sweep.dir={tmp_path}/multi"]
+    return specresearch_command(*args, outputs=tmp_path, store=tmp_path / "mlruns")
 
 
 def cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(command(tmp_path, *args), cwd=tmp_path, env=env_for(tmp_path), capture_output=True, text=True, timeout=600)
+    result = run_specresearch(*args, cwd=tmp_path, store=tmp_path / "mlruns", env=env_for(tmp_path), timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result
 
