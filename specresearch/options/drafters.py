@@ -30,7 +30,7 @@ class Drafter(Options):
 @dataclass
 class DraftLength(Drafter):
     """How many tokens a chain drafter proposes each step (engine.DraftLength)."""
-    k: int = setting(4, "draft tokens per step (the most, with a confidence stop)")
+    k: int = setting(4, "draft tokens per step (the most: a confidence stop or a shorter match may draft fewer)")
     k_policy: str = setting("fixed", "fixed, or heuristic (transformers: k += 2 after a fully accepted draft, else k -= 1)")
     k_max: Optional[int] = setting(None, "the largest k the heuristic may reach; null = 4 k")
 
