@@ -49,6 +49,7 @@ def test_greedy_output_equals_the_baseline_with_an_untrained_head(target, verifi
         assert out.stats.drafted > 0 and out.stats.draft_forwards > 0
 
 
+@pytest.mark.e2e  # trains a head (seconds of CPU each)
 def test_the_head_learns_and_its_drafts_are_accepted(cyclic):
     lm, head, summary = cyclic
     assert summary["last_loss"] < summary["first_loss"] / 2
@@ -146,6 +147,7 @@ def test_a_shortlist_vocabulary_drafts_only_its_tokens(tmp_path, cyclic):
     assert (draft.q[:, [t for t in range(320) if t not in allowed]] == 0).all()  # q: the law it drew from
 
 
+@pytest.mark.e2e  # trains a head (seconds of CPU each)
 def test_on_text_the_head_learns_the_targets_token_not_the_texts():
     """data=text: the head's label is the target's top-1 after the text's next token, not the text's own
     token after it (the cyclic model's top-1 follows its cycle, which python's text never does)."""
@@ -156,6 +158,7 @@ def test_on_text_the_head_learns_the_targets_token_not_the_texts():
     assert summary["held_out_acc_head1"] > 0.6  # the text's own next byte: well under 0.1
 
 
+@pytest.mark.e2e  # trains a head (seconds of CPU each)
 def test_a_training_shortlist_counts_a_label_outside_it_as_a_miss(cyclic, tmp_path):
     """train.vocab: the token loss runs over the shortlist only; the reported agreement is still over
     every label, so it cannot exceed the share of labels the shortlist holds, and it learns within it.
@@ -215,6 +218,7 @@ def test_only_trainable_drafters_are_accepted():
         check(cfg)
 
 
+@pytest.mark.e2e  # trains a head (seconds of CPU each)
 def test_training_goes_on_from_a_head(tmp_path, cyclic):
     """train.init: a second run starts from the trained head's loss, not a fresh head's."""
     lm, head, summary = cyclic

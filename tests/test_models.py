@@ -234,6 +234,7 @@ def test_a_usable_model_cache_is_found_and_left_as_it_was(monkeypatch, tmp_path)
     assert list(tmp_path.iterdir()) == []  # checking creates nothing
 
 
+@pytest.mark.e2e  # runs the command line
 def test_a_run_with_an_unusable_model_cache_is_refused_in_one_line_before_it_starts(tmp_path):
     """`python -m specresearch` (an evaluation, whose baseline's scores go to the cache): one `error:`
     line naming $SPECRESEARCH_CACHE and the path, exit 2, before a model loads; no outputs/ left behind."""

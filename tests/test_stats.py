@@ -169,6 +169,7 @@ def test_a_tempered_sampler_is_detected_by_the_one_sample_tests(target, baseline
     assert report.effects["surprisal_deficit_ci_low"] > 0
 
 
+@pytest.mark.e2e  # Monte Carlo: 60 A/A repeats
 def test_a_a_calibration_stays_at_the_nominal_level(target):
     """Baseline against baseline with fresh streams (aa_report: the run's stats.aa_repeats), 60 times at alpha = 0.05: the verdict's rejection
     rate is not above 0.05 (one-sided binomial test at 0.01), and the surprisal test's p-values are
