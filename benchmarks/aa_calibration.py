@@ -215,14 +215,6 @@ def findings(result: dict) -> list[str]:
     ]
 
 
-def shown(path: Path) -> str:
-    """A path as the command shows it: relative to the checkout when inside it, else its name (no machine paths)."""
-    try:
-        return path.resolve().relative_to(ROOT).as_posix()
-    except ValueError:
-        return path.name
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=200, help="independent repeats of each comparison (default 200)")
@@ -249,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
          *(["--method", args.method] if args.method != " ".join(METHOD) else []),
          *(["--alpha", str(args.alpha)] if args.alpha != 0.01 else []), *(["--length", str(args.length)] if args.length != 8 else []),
          *(["--seed", str(args.seed)] if args.seed else []), *(["--threads", str(args.threads)] if args.threads != 1 else []),
-         "--out", shown(out)])
+         "--out", reports.shown_path(out, ROOT)])
 
     def progress(kind: str, r: int) -> None:
         if kind == "method" and ((r + 1) % 10 == 0 or r + 1 == args.repeats):
@@ -261,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in data["rows"]:
         if "Holm" in row[1] or row[1].startswith("surprisal_z"):
             print(" | ".join(row))
-    print(f"{result['seconds']:.0f} s; report: {shown(out)}")
+    print(f"{result['seconds']:.0f} s; report: {reports.shown_path(out, ROOT)}")
     return 0
 
 

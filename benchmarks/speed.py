@@ -839,16 +839,8 @@ def main() -> None:
 def report_args(args) -> dict:
     """The command line as the report records it (and the docs rebuild the command from): --batch as typed,
     paths relative to the working directory (a report names no folder of the machine that wrote it)."""
-    return {**vars(args), "json": relative(args.json), "store": relative(args.store),
-            "batch": ",".join(map(str, args.batch)) if args.batch else None}
-
-
-def relative(path) -> str | None:
-    """`path` relative to the working directory where it lies under it, else its name alone."""
-    if path is None:
-        return None
-    path = Path(path).expanduser().resolve()
-    return path.relative_to(Path.cwd()).as_posix() if path.is_relative_to(Path.cwd()) else path.name
+    paths = {key: None if vars(args)[key] is None else reports.shown_path(vars(args)[key], Path.cwd()) for key in ("json", "store")}
+    return {**vars(args), **paths, "batch": ",".join(map(str, args.batch)) if args.batch else None}
 
 
 def run(args) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 from specresearch.errors import SpecResearchError
@@ -59,6 +60,13 @@ def check(report: Any, source: str) -> dict:
 def raw(report: dict) -> dict:
     """The writer's own record a report carries (`data`), or the report itself when it has none."""
     return report.get("data", report)
+
+
+def shown_path(path: str | Path, base: Path) -> str:
+    """`path` as a report records it: relative to `base` where it lies under it, else its name alone (a
+    report names no folder of the machine that wrote it)."""
+    path = Path(path).expanduser().resolve()
+    return path.relative_to(base.resolve()).as_posix() if path.is_relative_to(base.resolve()) else path.name
 
 
 def machine_paths(text: str) -> list[str]:

@@ -19,10 +19,6 @@ pytestmark = pytest.mark.e2e  # runs the command line and kills it (signals, ful
 FAST = [*TINY, "dataset.num_prompts=1", "max_new_tokens=4"]
 
 
-env = user_env
-spec = specresearch_command
-
-
 def cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
     """The command line in tmp_path, Hydra's own outputs/ there (what a user gets)."""
     return run_specresearch(*args, cwd=tmp_path, outputs=False, timeout=300)
@@ -67,7 +63,7 @@ def test_ctrl_c_records_the_run_failed_and_exits_130(tmp_path, new_store):
             f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out"]
     # as from a terminal: a job started in the background by a shell without job control inherits SIGINT
     # ignored, and Python then installs no KeyboardInterrupt handler (the test would hang on to the end)
-    returncode, _, err = interrupt_when_measuring(spec(*args), store / "mlflow.db", signal.SIGINT, cwd=tmp_path, env=env(),
+    returncode, _, err = interrupt_when_measuring(specresearch_command(*args), store / "mlflow.db", signal.SIGINT, cwd=tmp_path, env=user_env(),
                                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert returncode == 128 + signal.SIGINT, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
@@ -84,9 +80,9 @@ def test_two_runs_starting_at_once_on_a_new_store_both_record_each_in_its_own_fo
     """Without the store lock the second dies in MLflow's schema migration of the new database; in
     Hydra's default folder (outputs/DATE/TIME) the second run of the same second gets TIME-1."""
     store = tmp_path / "mlruns"
-    procs = [subprocess.Popen(spec("model=tiny", "drafter=pld", "dataset.num_prompts=1", "max_new_tokens=4", "exclusive=false",
+    procs = [subprocess.Popen(specresearch_command("model=tiny", "drafter=pld", "dataset.num_prompts=1", "max_new_tokens=4", "exclusive=false",
                                    f"dataset.offset={i}", f"tracker.store={store}"),
-                              cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     try:
         errs = [proc.communicate(timeout=240)[1] for proc in procs]
@@ -126,7 +122,7 @@ def test_a_store_or_lock_that_cannot_serve_is_one_line_before_the_models_load(tm
     where = {"no MLflow database": [f"tracker.store={store}"], "unreachable server": ["tracker.uri=http://127.0.0.1:9"],
              "speed lock under a file": ["tracker=none"]}[case]
     lock = {"SPECRESEARCH_SPEED_LOCK": f"{tmp_path}/file/speed.lock"} if case == "speed lock under a file" else {}
-    result = subprocess.run(spec(*FAST, "model.name=no-such-model", *where), cwd=tmp_path, env={**env(), **lock},
+    result = subprocess.run(specresearch_command(*FAST, "model.name=no-such-model", *where), cwd=tmp_path, env={**user_env(), **lock},
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
@@ -150,7 +146,7 @@ def _waiting_for_the_lock(tmp_path, *args: str) -> tuple[subprocess.Popen, objec
     """Start `specresearch ARGS` and return once it waits for the speed lock (which the caller holds)."""
     out = tmp_path / "stdout.txt"
     with open(out, "w") as stdout:
-        proc = subprocess.Popen(spec(*args), cwd=tmp_path, env={**env(), "SPECRESEARCH_SPEED_LOCK": str(tmp_path / "speed.lock")},
+        proc = subprocess.Popen(specresearch_command(*args), cwd=tmp_path, env={**user_env(), "SPECRESEARCH_SPEED_LOCK": str(tmp_path / "speed.lock")},
                                 stdout=stdout, stderr=subprocess.PIPE, text=True)
     _wait_for(out, "waiting for the speed lock", proc)
     return proc, out
@@ -177,9 +173,9 @@ def test_a_refusal_does_not_wait_for_the_speed_lock(tmp_path, case):
     store = tmp_path / "mlruns"
     with speed_lock(tmp_path / "speed.lock"):
         start = time.monotonic()
-        result = subprocess.run(spec(*(FAST if "drafter=medusa" not in args else ["dataset.num_prompts=1", "max_new_tokens=4"]), *args,
+        result = subprocess.run(specresearch_command(*(FAST if "drafter=medusa" not in args else ["dataset.num_prompts=1", "max_new_tokens=4"]), *args,
                                      f"tracker.store={store}", f"hydra.run.dir={tmp_path}/out"), cwd=tmp_path,
-                                env={**env(), "SPECRESEARCH_SPEED_LOCK": str(tmp_path / "speed.lock")},
+                                env={**user_env(), "SPECRESEARCH_SPEED_LOCK": str(tmp_path / "speed.lock")},
                                 capture_output=True, text=True, timeout=120)
         took = time.monotonic() - start
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -262,7 +258,7 @@ def test_a_setting_the_option_lacks_is_one_line_naming_the_valid_ones(tmp_path):
 
 def test_the_train_command_refuses_in_one_line_and_leaves_no_folder(tmp_path):
     def train(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "specresearch.train", *args], cwd=tmp_path, env=env(),
+        return subprocess.run([sys.executable, "-m", "specresearch.train", *args], cwd=tmp_path, env=user_env(),
                               capture_output=True, text=True, timeout=300)
 
     refused = train("model=tiny", "drafter=pld", "tracker=none")
