@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specresearch.errors import SpecResearchError
 from specresearch.types import Draft
 from specresearch.verifiers.base import Verifier, draft_law, one_hot
 
@@ -37,17 +38,12 @@ def first_token_law(verifier: Verifier, p: Tensor, q: Tensor | None = None, x: i
         qx = one_hot(torch.tensor([x]), p.numel()).double()  # [1, V]
         a = verifier.acceptance(p[None], qx, torch.tensor([x]))[0]
         return a * qx[0] + (1 - a) * _normalised(verifier.fallback(p, qx[0]))
-    q = _normalised(q)  # the law the draft token is drawn from (multinomial normalises)
-    v = p.numel()
-    a = verifier.acceptance(p.expand(v, v), q.expand(v, v), torch.arange(v))  # [V] a(x) for every x
-    return q * a + (q * (1 - a)).sum() * _normalised(verifier.fallback(p, q))
+    return chain_first_token_laws(verifier, p[None], q[None])[0][0]  # averaged over x ~ q (multinomial normalises q)
 
 
 def acceptance_rate(verifier: Verifier, p: Tensor, q: Tensor) -> float:
     """Σ_x q(x) a(x): the probability that a one-token draft x ~ q is kept (1 − TV(p, q) for rejection sampling)."""
-    p, q = p.double(), _normalised(q)
-    v = p.numel()
-    return float((q * verifier.acceptance(p.expand(v, v), q.expand(v, v), torch.arange(v))).sum())
+    return float(chain_first_token_laws(verifier, p[None], q[None])[1][0])
 
 
 def sibling_law(
@@ -67,10 +63,9 @@ def sibling_law(
         [V] float64 probabilities; p for a lossless rule.
     """
     law, reach, cur = torch.zeros_like(p, dtype=torch.float64), 1.0, p.double()
-    v = p.numel()
-    tries = [one_hot(torch.tensor([x]), v).double()[0] for x in xs] if q is None else [_normalised(q)] * m
+    tries = [one_hot(torch.tensor([x]), p.numel()).double()[0] for x in xs] if q is None else [_normalised(q)] * m
     for qi in tries:
-        a = verifier.acceptance(cur.expand(v, v), qi.expand(v, v), torch.arange(v)).double()  # [V] a(x) for every x
+        a = verifier.acceptance_all(cur[None], qi[None])[0].double()  # [V] a(x) for every x
         law += reach * qi * a
         reach *= float((qi * (1 - a)).sum())
         cur = _normalised(verifier.fallback(cur, qi))
@@ -94,6 +89,11 @@ def draft_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> Tensor
     Returns:
         [V] float64 probabilities.
     """
+    return _walk(verifier, draft, p)[0]
+
+
+def _walk(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[Tensor, float]:
+    """`draft_first_token_law`'s law, and the probability that every child of the root is rejected."""
     p = _normalised(p)
     kids = root_children(draft)
     x = draft.tokens[: len(draft)].to(p.device)  # [N]
@@ -105,7 +105,64 @@ def draft_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> Tensor
         law[x[c]] += reach * a
         reach *= 1.0 - a
         cur = _normalised(verifier.fallback(cur, q[c]))
-    return law + reach * (cur if kids else _normalised(verifier.fallback(cur, None)))
+    return law + reach * (cur if kids else _normalised(verifier.fallback(cur, None))), reach
+
+
+def chain_first_token_laws(verifier: Verifier, p: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
+    """The exact law of the first token a verifier emits after a chain whose first token x ~ q, for B
+    positions at once, averaged over the draw of x: Σ_x q(x) [a(x) δ_x + (1 − a(x)) f(p, q)], with
+    a = `Verifier.acceptance_all` (every x at once: O(V) per position, not O(V²) as `first_token_law`).
+
+    Args:
+        verifier: any verifier whose fallback after a rejection reads (p, q) only (all of ours).
+        p: [B, V] the target's law at each position (normalised here, in float64).
+        q: [B, V] the law each position's first draft token is drawn from (one-hot for a deterministic one).
+
+    Returns:
+        ([B, V] float64 laws, [B] the probability that the first draft token is kept).
+    """
+    p, q = _rows(p), _rows(q)
+    a = verifier.acceptance_all(p, q).double()  # [B, V] a(x) for every x
+    kept = q * a  # [B, V]
+    rejected = 1 - kept.sum(-1, keepdim=True)  # [B, 1]
+    return kept + rejected * _rows(verifier.fallback(p, q)), kept.sum(-1)
+
+
+def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[Tensor, float]:
+    """The exact law of the first token one verification step emits, given the step's draft and the
+    target's laws at its nodes: a chain's averaged over its first token's draw (`chain_first_token_laws`;
+    one-hot q for a deterministic token); a deterministic tree's by its verifier's own walk: the
+    relaxed rules' longest passing path (`tree_path`: it reads p at every node), else multi-step
+    speculative sampling over the root's children (`draft_first_token_law`).
+
+    Args:
+        verifier: any verifier.
+        draft: one row's draft.
+        p: [K + 1, V] the target's laws as the verifier reads them (row 0 the root's).
+
+    Returns:
+        ([V] float64 law, the probability that the token comes from the draft).
+
+    Raises:
+        SpecResearchError: a tree whose children were drawn from q: its first token's law is an average over
+            the draws of every sibling, not computed here.
+    """
+    if len(draft) == 0:
+        return _normalised(verifier.fallback(p[0], None)), 0.0
+    if draft.parents is None:
+        law, kept = chain_first_token_laws(verifier, p[:1], draft_law(draft, p)[:1])
+        return law[0], float(kept[0])
+    if draft.q is not None:
+        raise SpecResearchError("the exact first-token law of a tree with sampled children (children=sample) is an average over "
+                                "every sibling's draw, not computed: use chains or deterministic trees (children=top)")
+    tree_path = getattr(verifier, "tree_path", None)
+    if tree_path is not None:  # a relaxed rule: the longest passing path, whatever the siblings' order
+        path = tree_path(draft, p)
+        if path:
+            return one_hot(draft.tokens[path[:1]].cpu(), p.shape[-1]).double()[0], 1.0
+        return _normalised(verifier.fallback(p[0], None)).cpu(), 0.0
+    law, reach = _walk(verifier, draft, p[0])
+    return law, 1.0 - reach
 
 
 def root_children(draft: Draft) -> list[int]:
@@ -125,6 +182,19 @@ def single_step_tv(verifier: Verifier, p: Tensor, q: Tensor | None = None) -> fl
     if q is not None:
         return total_variation(first_token_law(verifier, p, q), p)
     return max(total_variation(first_token_law(verifier, p, x=x), p) for x in range(p.numel()))
+
+
+def kl_divergence(a: Tensor, b: Tensor) -> Tensor:
+    """KL(a ‖ b) = Σ a log(a / b) over the last dimension, in nats (a token a gives and b excludes: inf)."""
+    a, b = a.double(), b.double()
+    terms = torch.where(a > 0, a * (torch.log(a) - torch.log(b)), torch.zeros_like(a))
+    return terms.sum(-1)
+
+
+def _rows(law: Tensor) -> Tensor:
+    """[B, V] laws normalised row by row, in float64."""
+    law = law.double()
+    return law / law.sum(-1, keepdim=True)
 
 
 def _normalised(law: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ from specresearch.types import SamplingParams
 
 
 class Stream(IntEnum):
-    """The named streams of the equivalence battery's draws: the first key of `stream_seed(seed, stream, ...)`."""
+    """The named streams of the equivalence battery's draws (and of exact distortion's): the first key of `stream_seed(seed, stream, ...)`."""
 
     BASELINE = 1  # the target's own samples (sample_target): key (BASELINE, prompt, 0)
     METHOD = 2  # the method's samples (sample_engine): sample j of prompt i, key (METHOD, i, j)
@@ -45,6 +45,8 @@ class Stream(IntEnum):
     AA_B = 5  # ... side b: key (AA_B, prompt, r)
     AUTO = 6  # stats.samples=auto: the baseline's extra draws of round r (sample_target): key (AUTO, prompt, r)
     PERMUTE = 7  # the battery's relabellings (its noise floor of the position TV): key (PERMUTE,)
+    DISTORTION = 8  # exact distortion's continuations (stats.distortion.continuations): key (DISTORTION, prompt)
+    FORCED = 9  # the drafter's own draws in a distortion run: row b's key (FORCED, b)
 
 
 @dataclass

@@ -57,11 +57,16 @@ class Verifier(ABC):
         Args:
             p: [K, V] target laws at the draft positions.
             q: [K, V] the laws the draft tokens were drawn from (one-hot for a deterministic drafter).
-            x: [K] the draft tokens.
+            x: [K] the draft tokens, or [K, M]: M candidate tokens per position (`acceptance_all`).
 
         Returns:
-            [K] probabilities in [0, 1] (0 or 1 for a deterministic rule).
+            [K] (or [K, M]) probabilities in [0, 1] (0 or 1 for a deterministic rule).
         """
+
+    def acceptance_all(self, p: Tensor, q: Tensor) -> Tensor:
+        """[K, V]: `acceptance` of every token of the vocabulary as the draft at each of K positions
+        (a(x) for every x, the exact laws' ingredient: `specresearch.stats.exact`)."""
+        return self.acceptance(p, q, torch.arange(p.shape[-1], device=p.device).expand(p.shape[0], -1))
 
     @abstractmethod
     def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:
@@ -291,6 +296,16 @@ def draft_law(draft: Draft, p: Tensor) -> Tensor:
 def one_hot(tokens: Tensor, vocab_size: int) -> Tensor:
     """[K] token ids → [K, V] one-hot laws, the q of a deterministic drafter."""
     return torch.nn.functional.one_hot(tokens, vocab_size).float()
+
+
+def at(p: Tensor, x: Tensor) -> Tensor:
+    """p's probabilities of tokens x, row by row: p [K, V], x [K] -> [K]; x [K, M] -> [K, M]."""
+    return p.gather(-1, x.reshape(x.shape[0], -1)).view_as(x)
+
+
+def rowwise(v: Tensor, x: Tensor) -> Tensor:
+    """A value per row (v: [K]) shaped to broadcast against tokens x ([K] or [K, M])."""
+    return v.view(-1, *([1] * (x.dim() - 1)))
 
 
 def argmax_law(p: Tensor) -> Tensor:

@@ -6,7 +6,7 @@ from torch import Tensor
 
 from specresearch.errors import SpecResearchError
 from specresearch.types import SamplingParams
-from specresearch.verifiers.base import Verifier, argmax_law
+from specresearch.verifiers.base import Verifier, argmax_law, rowwise
 
 
 class GreedyVerifier(Verifier):
@@ -27,7 +27,7 @@ class GreedyVerifier(Verifier):
             )
 
     def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
-        return (x == p.argmax(-1)).to(p.dtype)  # [K]
+        return (x == rowwise(p.argmax(-1), x)).to(p.dtype)  # [K] (or [K, M])
 
     def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:
         return argmax_law(p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specresearch.verifiers.base import Verifier
+from specresearch.verifiers.base import Verifier, at
 
 
 class RejectionVerifier(Verifier):
@@ -19,7 +19,7 @@ class RejectionVerifier(Verifier):
     name = "rejection"
 
     def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
-        px, qx = p.gather(-1, x[:, None])[:, 0], q.gather(-1, x[:, None])[:, 0]  # [K], [K]
+        px, qx = at(p, x), at(q, x)  # [K] (or [K, M])
         return acceptance_probability(px, qx)
 
     def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:

@@ -15,7 +15,7 @@ from specresearch.options import make
 from specresearch.options import verifiers as options
 from specresearch.sampling import sample
 from specresearch.types import Draft, SamplingParams, Verdict
-from specresearch.verifiers.base import Verifier, argmax_law, argmax_verdicts
+from specresearch.verifiers.base import Verifier, argmax_law, argmax_verdicts, at, rowwise
 
 
 class RelaxedVerifier(Verifier):
@@ -59,7 +59,7 @@ class RelaxedVerifier(Verifier):
         return argmax_verdicts(drafts, top, longest=True)  # the longest passing path, as `_verify_tree`
 
     def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
-        return self.passes(p, p.gather(-1, x[:, None])[:, 0]).to(p.dtype)  # [K] 0 or 1; q is not used
+        return self.passes(p, at(p, x)).to(p.dtype)  # [K] (or [K, M]) 0 or 1; q is not used
 
     def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:
         return argmax_law(p) if self.recover == "greedy" else p
@@ -69,8 +69,15 @@ class RelaxedVerifier(Verifier):
         return [self._verify_tree(draft, p[b, : len(draft) + 1], rng) for b, (draft, rng) in enumerate(zip(drafts, rngs))]
 
     def _verify_tree(self, draft: Draft, p: Tensor, rng: torch.Generator | None) -> Verdict:
-        """Medusa's rule on a tree: keep the longest path whose every token passes (ties: the path
-        likelier under p), then the target's token after it (from `fallback`)."""
+        """Medusa's rule on a tree (`tree_path`), then the target's token after the path (from `fallback`)."""
+        x = draft.tokens[: len(draft)].to(p.device)  # [N]
+        path = self.tree_path(draft, p)
+        y = sample(self.fallback(p[path[-1] + 1 if path else 0], None), rng)
+        return Verdict(tokens=torch.cat([x[path], y[None]]).cpu(), num_accepted=len(path), path=path)
+
+    def tree_path(self, draft: Draft, p: Tensor) -> list[int]:
+        """The nodes Medusa's rule keeps of a tree: the longest path whose every token passes (ties: the
+        path likelier under p); p [N + 1, V] as in `Verifier.__call__` (row 0 the root's, row i + 1 after node i)."""
         k = len(draft)
         x = draft.tokens[:k].to(p.device)  # [N]
         parents = draft.parents[:k].tolist()
@@ -87,13 +94,12 @@ class RelaxedVerifier(Verifier):
         while best >= 0:
             path.append(best)
             best = parents[best]
-        path.reverse()
-        y = sample(self.fallback(p[path[-1] + 1 if path else 0], None), rng)
-        return Verdict(tokens=torch.cat([x[path], y[None]]).cpu(), num_accepted=len(path), path=path)
+        return path[::-1]
 
     @abstractmethod
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
-        """[K] bool: the rule, given the target's laws p ([K, V]) and each draft token's probability px ([K])."""
+        """[K] bool: the rule, given the target's laws p ([K, V]) and each draft token's probability px ([K];
+        or [K, M]: M tokens per row, then [K, M])."""
 
 
 class TypicalVerifier(RelaxedVerifier):
@@ -115,7 +121,7 @@ class TypicalVerifier(RelaxedVerifier):
 
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
         entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # [K]
-        return px > torch.clamp(self.delta * torch.exp(-entropy), max=self.epsilon)
+        return px > rowwise(torch.clamp(self.delta * torch.exp(-entropy), max=self.epsilon), px)
 
 
 class MarginVerifier(RelaxedVerifier):
@@ -134,7 +140,7 @@ class MarginVerifier(RelaxedVerifier):
 
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
         top = p.max(-1).values  # [K]
-        return (px >= (top * self.ratio if self.ratio is not None else top - self.margin)) & (px > 0)
+        return (px >= rowwise(top * self.ratio if self.ratio is not None else top - self.margin, px)) & (px > 0)
 
 
 class TopKVerifier(RelaxedVerifier):
@@ -151,4 +157,4 @@ class TopKVerifier(RelaxedVerifier):
 
     def passes(self, p: Tensor, px: Tensor) -> Tensor:
         kth = torch.topk(p, min(self.k, p.shape[-1]), dim=-1).values[:, -1]  # [K]
-        return px >= kth.clamp_min(1e-30)
+        return px >= rowwise(kth.clamp_min(1e-30), px)

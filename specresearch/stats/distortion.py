@@ -1,0 +1,138 @@
+"""Exact distortion on real text: how far the first token each verification step emits is from the
+target's law, computed (not sampled) along teacher-forced continuations of real prompts.
+
+At every position t of a continuation the method's own drafter proposes as it would there (its real
+draft model, heads or lookup, its own state), the target verifies that draft in one forward (p at
+every node), and `stats.exact.step_first_token_law` turns (draft, p) into the exact law of the token
+the step emits first; the step then commits the continuation's token t, whatever the verifier would
+have done, so the next position is the continuation's. Per position: the TV and KL(law ‖ p) to the
+target's p there, and the probability that the token comes from the draft. A lossless pair gives 0 to
+float precision; a lossy rule's numbers are its effect size, with no sampling noise: the battery
+(`stats.battery`) tests whole sequences, this measures the one step exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specresearch.engine import Engine
+from specresearch.errors import SpecResearchError
+from specresearch.seeding import stream_seed
+from specresearch.stats.exact import kl_divergence, step_first_token_law
+from specresearch.stats.samples import Stream
+from specresearch.types import Draft, SamplingParams, Verdict
+from specresearch.verifiers.base import Verifier
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+@dataclass
+class Distortion:
+    """Per position of every continuation (prompt after prompt): the exact first-token TV and KL(law ‖ p)
+    to the target's p, and the probability that the first token is the draft's."""
+
+    tv: np.ndarray  # [P, L]
+    kl: np.ndarray  # [P, L]
+    kept: np.ndarray  # [P, L]
+
+    def summary(self, resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+        """Mean, quantiles and maximum of the per-position TV, mean and 90% quantile of the KL, the mean
+        probability of keeping the first draft token, the positions counted; and a 95% bootstrap interval
+        of the mean TV over prompts (positions of one continuation are not independent)."""
+        tv, kl = self.tv.ravel(), self.kl.ravel()
+        out = {"tv_mean": float(tv.mean()), "tv_max": float(tv.max()), "kl_mean": float(kl.mean()),
+               "kl_q90": float(np.quantile(kl, 0.9)), "kept_mean": float(self.kept.mean()),
+               "positions": float(tv.size), "prompts": float(self.tv.shape[0])}
+        out.update({f"tv_q{round(q * 100)}": float(np.quantile(tv, q)) for q in QUANTILES})
+        rng = np.random.default_rng(seed)
+        per_prompt = self.tv.mean(1)  # [P]
+        means = per_prompt[rng.integers(0, len(per_prompt), (resamples, len(per_prompt)))].mean(1)
+        out["tv_mean_ci_low"], out["tv_mean_ci_high"] = (float(v) for v in np.quantile(means, [0.025, 0.975]))
+        return out
+
+
+class Recorder(Verifier):
+    """A verifier that computes, at every step, the exact law of the first token `inner` would emit
+    (`step_first_token_law`, from the step's draft and p) and records its distance to p; then emits the
+    continuation's next token for each row (no draft token kept), so the decode follows the continuations."""
+
+    def __init__(self, inner: Verifier, continuations: Sequence[Sequence[int]]):
+        self.inner, self.lossless, self.name = inner, inner.lossless, inner.name
+        self.continuations = [list(c) for c in continuations]
+        self.t = 0  # the step: every row emits one token per step, so it is the position in each continuation
+        self.tv: list[list[float]] = [[] for _ in continuations]
+        self.kl: list[list[float]] = [[] for _ in continuations]
+        self.kept: list[list[float]] = [[] for _ in continuations]
+
+    def check(self, sampling: SamplingParams) -> None:
+        self.inner.check(sampling)
+
+    def p_sampling(self, sampling: SamplingParams) -> SamplingParams:
+        return self.inner.p_sampling(sampling)
+
+    def argmax_path(self, sampling: SamplingParams) -> bool:
+        return False  # a law at every step (distortion runs at T > 0 only)
+
+    def acceptance(self, p: Tensor, q: Tensor, x: Tensor) -> Tensor:
+        return self.inner.acceptance(p, q, x)
+
+    def fallback(self, p: Tensor, q: Tensor | None) -> Tensor:
+        return self.inner.fallback(p, q)
+
+    def verify_rows(self, drafts: Sequence[Draft], p: Tensor, rngs) -> list[Verdict]:
+        if len(drafts) != len(self.continuations):
+            raise SpecResearchError("the distortion run lost a row (every row decodes its continuation's length)")
+        verdicts = []
+        for b, draft in enumerate(drafts):
+            law, kept = step_first_token_law(self.inner, draft, p[b, : len(draft) + 1])  # [V] float64
+            target = p[b, 0].double() / p[b, 0].double().sum()  # [V] the target's law at this position
+            self.tv[b].append(0.5 * float((law.to(target.device) - target).abs().sum()))
+            self.kl[b].append(float(kl_divergence(law.to(target.device), target)))
+            self.kept[b].append(kept)
+            verdicts.append(Verdict(tokens=torch.tensor([self.continuations[b][self.t]]), num_accepted=0,
+                                    path=None if draft.parents is None else []))
+        self.t += 1
+        return verdicts
+
+
+def continuations(baseline: Engine, prompts: list[list[int]], length: int, seed: int) -> list[list[int]]:
+    """The target's own continuations of `length` tokens at the run's sampling (plain decoding, stream
+    (seed, DISTORTION, i) for prompt i), EOS not stopping them (as the battery samples): the text the
+    distortion is measured along. Without `sample_first`: the prompt's last token counts as the newest."""
+    outs = baseline.generate(prompts, length, eos_token_ids=[], sample_first=False,
+                             seed=[stream_seed(seed, Stream.DISTORTION, i) for i in range(len(prompts))])
+    return [o.tokens for o in outs]
+
+
+def distortion(method: Engine, prompts: list[list[int]], texts: list[list[int]], seed: int = 0) -> Distortion:
+    """The method's exact first-token distortion along `texts` (one continuation per prompt, equal
+    lengths): its drafter proposes at every position, the target verifies, `Recorder` records.
+
+    Args:
+        method: the engine (target, drafter, verifier, sampling) whose steps are measured; T > 0.
+        prompts: token ids of each prompt (at least 2 tokens: the last one is fed with the first draft).
+        texts: each prompt's continuation (e.g. `continuations`), all of one length.
+        seed: the drafter's draws of row b come from stream (seed, FORCED, b) (they do not change the laws).
+
+    Returns:
+        The per-position TV, KL and kept probability.
+    """
+    if method.sampling.greedy:
+        raise SpecResearchError("exact distortion is for sampling at temperature > 0: at temperature 0 every rule here keeps "
+                                "the target's argmax path (the greedy identity checks it)")
+    if method.verifier.p_sampling(method.sampling) != method.sampling:
+        raise SpecResearchError("exact distortion compares the first token's law with the p the verifier reads; "
+                                "verifier.rule_temperature reads another one: set it to null")
+    length = len(texts[0])
+    if any(len(t) != length for t in texts) or length < 1:
+        raise SpecResearchError(f"distortion needs continuations of one length >= 1, got {sorted({len(t) for t in texts})}")
+    recorder = Recorder(method.verifier, texts)
+    forced = Engine(method.target.lm, method.drafter, recorder, method.sampling, time_split=False)
+    forced.generate(prompts, length, eos_token_ids=[], sample_first=False,
+                    seed=[stream_seed(seed, Stream.FORCED, b) for b in range(len(prompts))])
+    return Distortion(np.array(recorder.tv), np.array(recorder.kl), np.array(recorder.kept))
