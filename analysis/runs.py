@@ -211,6 +211,50 @@ def load_study(name: str, uri: str, experiment: str) -> Study:
                  [r for r in jobs if r.status != "FINISHED"], parent)
 
 
+COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "results" / "data"  # a checkout's committed results
+KEPT_TAGS = ("specresearch.", "mlflow.parentRunId")  # what a committed run keeps of its tags (the rest: MLflow's bookkeeping)
+
+
+def committed(name: str) -> Path:
+    """Where study `name`'s measured runs are committed (`save=`): docs/results/data/study-NAME.json of the checkout
+    (its table renders as a results page; the analysis rebuilds from its `data` without the MLflow store)."""
+    return COMMITTED / f"study-{name.replace('_', '-')}.json"
+
+
+def runs_record(study: Study) -> dict:
+    """The runs a study's tables were built from, as plain data (a committed report's `data`): ids, status,
+    start, params, metrics and the tags the analysis reads; a value holding a machine path is left out."""
+    from dataclasses import asdict
+
+    from specresearch.reports import machine_paths
+
+    def plain(run: Run) -> dict:
+        out = asdict(run)
+        out["tags"] = {k: v for k, v in run.tags.items() if k.startswith(KEPT_TAGS)}
+        for part in ("params", "tags"):
+            out[part] = {k: v for k, v in out[part].items() if not machine_paths(str(v))}
+        return out
+
+    return {"study": study.name, "runs": [plain(r) for r in study.runs], "superseded": [r.id for r in study.superseded],
+            "unfinished": [r.id for r in study.unfinished], "parent": plain(study.parent) if study.parent else None}
+
+
+def load_committed(name: str, path: Path) -> Study:
+    """A study's runs from a committed report (`runs_record` under `data`), as `load_study` reads them from MLflow.
+
+    Raises:
+        AnalysisError: no such file, or not the runs of this study.
+    """
+    if not path.is_file():
+        raise AnalysisError(f"no committed runs of study '{name}' at {path}")
+    data = json.loads(path.read_text()).get("data") or {}
+    if data.get("study") != name or not data.get("runs"):
+        raise AnalysisError(f"{path} holds no runs of study '{name}' (data.study, data.runs)")
+    runs = [Run(**r) for r in data["runs"]]
+    parent = Run(**data["parent"]) if data.get("parent") else None
+    return Study(name, f"committed:{path.name}", "committed", runs, parent=parent)
+
+
 def unreadable(uri: str) -> str | None:
     """Why the store at `uri` cannot be read: a sqlite file that is not an MLflow database, a
     server that does not answer (specresearch.tracking's checks, before MLflow retries for minutes)."""

@@ -1,8 +1,13 @@
-"""`python -m specresearch.analysis experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [out=DIR]`
+"""`python -m specresearch.analysis experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [out=DIR] [data=PATH] [save=true]`
 
-Reads the runs of study NAME from MLflow only, writes its tables (markdown and LaTeX) and figures
+Reads the runs of study NAME from MLflow, writes its tables (markdown and LaTeX) and figures
 (PNG) into DIR (default `outputs/analysis/NAME` under the working directory), prints the markdown,
 and logs the folder to the study's latest sweep parent run (artifacts under `analysis/`).
+
+`save=true` also commits what was read: docs/results/data/study-NAME.json (the first table as a
+results page, the others and the figures after it, the runs under `data`) and its figures under
+docs/results/figures/. Where the store holds no run of the study (a fresh clone), the runs come from
+that committed file, and the header says so; `data=PATH` reads a committed file instead of MLflow.
 
 `tracker.*` means what it means for `python -m specresearch`: the defaults come from the same
 config (conf/, composed with Hydra, the study's preset included), so `tracker.store`
@@ -18,20 +23,20 @@ from pathlib import Path
 
 from specresearch.analysis.format import latex, markdown
 from specresearch.analysis.report import Report
-from specresearch.analysis.runs import AnalysisError, Study, load_study
+from specresearch.analysis.runs import AnalysisError, Study, committed, load_committed, load_study, runs_record
 from specresearch.analysis.studies import analysed, builder
 
 from specresearch.config import STUDY_GROUP, compose
 from specresearch.tracking import store_path_problem, write_problem
 
 COMMAND = "python -m specresearch.analysis"
-USAGE = f"{COMMAND} experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR]"
+USAGE = f"{COMMAND} experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR] [data=PATH] [save=true]"
 OUT_ROOT = Path("outputs") / "analysis"  # under the working directory, beside Hydra's outputs of the runs
 
 
-def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None]:
-    """key=value arguments -> (study, tracker overrides, output folder or None)."""
-    study, tracker, out = None, {}, None
+def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None, Path | None, bool]:
+    """key=value arguments -> (study, tracker overrides, output folder or None, committed data or None, save)."""
+    study, tracker, out, data, save = None, {}, None, None, False
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep or not value:
@@ -40,16 +45,22 @@ def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None]:
             study = value
         elif key == "out":
             out = Path(value)
+        elif key == "data":
+            data = Path(value)
+        elif key == "save":
+            if value.lower() not in ("true", "false"):
+                raise AnalysisError(f"save must be true or false, got '{value}'")
+            save = value.lower() == "true"
         elif key.startswith("tracker.") and len(key) > len("tracker."):
             tracker[key.removeprefix("tracker.")] = value
         else:
             raise AnalysisError(f"unknown argument '{key}': valid are experiment=NAME, tracker.KEY=VALUE (store, uri, "
-                                f"experiment), out=DIR")
+                                f"experiment), out=DIR, data=PATH, save=true")
     if study is None:
         raise AnalysisError(f"name a study: {USAGE}, NAME one of {', '.join(analysed())}")
     if study not in analysed():
         raise AnalysisError(f"unknown study '{study}': valid are {', '.join(analysed())}")
-    return study, tracker, out
+    return study, tracker, out, data, save
 
 
 def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
@@ -84,8 +95,8 @@ def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
 
 
 def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | None = None,
-            log: bool = True) -> tuple[Study, Report, Path]:
-    """Build a study's tables and figures from MLflow, write them to `out`, log them to its sweep parent.
+            log: bool = True, data: Path | None = None, save: bool = False) -> tuple[Study, Report, Path]:
+    """Build a study's tables and figures from MLflow (or committed data), write them to `out`, log them to its sweep parent.
 
     Args:
         study: the study's name (a folder of experiments/ with an analysis.py).
@@ -93,6 +104,9 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
         experiment: the MLflow experiment the runs are in.
         out: output folder; None = outputs/analysis/STUDY under the working directory.
         log: log the folder as artifacts `analysis/` of the study's latest sweep parent run.
+        data: read the runs from this committed file (`save`) instead of MLflow; without it, the study's committed
+            file serves where the store holds none of its runs.
+        save: commit the runs read and the tables built (`commit`).
 
     Returns:
         (the runs read, the report built, the output folder).
@@ -104,7 +118,16 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
     problem = write_problem(out)  # (a file there: "is not a folder")
     if problem:  # before the runs are read and the tables computed
         raise AnalysisError(f"cannot write the tables to {out} (out=DIR): {problem}")
-    runs = load_study(study, uri, experiment)
+    source = f"MLflow ({uri}, experiment '{experiment}')"
+    if data is not None:
+        runs, source = load_committed(study, data), f"the committed runs in {data.name}"
+    else:
+        try:
+            runs = load_study(study, uri, experiment)
+        except AnalysisError as err:
+            if not committed(study).is_file():
+                raise
+            runs, source = load_committed(study, committed(study)), f"the committed runs in {committed(study).name} ({err})"
     report = build(runs)
     if runs.superseded:
         report.notes.append(f"{len(runs.superseded)} earlier run(s) of a config that ran again later were left out "
@@ -114,8 +137,7 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
                             + ", ".join(f"{r.id} ({r.status})" for r in runs.unfinished))
     out.mkdir(parents=True, exist_ok=True)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    header = (f"Study `{study}`: tables from MLflow ({uri}, experiment '{experiment}'), {len(runs.runs)} runs, "
-              f"made {when} by `{COMMAND} experiment={study}`.")
+    header = f"Study `{study}`: tables from {source}, {len(runs.runs)} runs, made {when} by `{COMMAND} experiment={study}`."
     measured = [t for t in report.tables if not t.published]
     published = [t for t in report.tables if t.published]
     md = [f"# {study}", "", header, ""] + [f"> {n}" for n in report.notes] + ([""] if report.notes else [])
@@ -136,11 +158,45 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
                       superseded=[r.id for r in runs.superseded], unfinished=[r.id for r in runs.unfinished],
                       files=sorted(["tables.md", "tables.tex", *report.figures]))
     (out / "runs.json").write_text(json.dumps(provenance, indent=2))
-    if log and runs.parent is not None:
+    if save:
+        commit(runs, report, out, when)
+    if log and runs.parent is not None and not runs.uri.startswith("committed:"):
         import mlflow
 
         mlflow.MlflowClient(tracking_uri=uri).log_artifacts(runs.parent.id, str(out), artifact_path="analysis")
     return runs, report, out
+
+
+def commit(runs: Study, report: Report, out: Path, when: str) -> Path:
+    """docs/results/data/study-NAME.json: the first measured table as a results report (the page), the other
+    tables and the figures (copied to docs/results/figures/) after it, the runs under `data`; returns its path."""
+    import shutil
+
+    from specresearch import reports
+
+    path = committed(runs.name)
+    stem = path.stem
+    figures = []
+    for name in report.figures:
+        shutil.copy(out / name, path.parent.parent / "figures" / f"{stem}-{name}")
+        figures.append(f"![{name.removesuffix('.png').replace('_', ' ')}](figures/{stem}-{name})")
+    measured = [t for t in report.tables if not t.published]
+    published = [t for t in report.tables if t.published]
+    first = measured[0]
+    extra = [markdown(t).replace("### ", "## ", 1) for t in measured[1:]] + figures
+    if published:
+        extra += ["## Published numbers (not measured here: other models, tasks, hardware)", ""]
+        extra += [markdown(t) for t in published]
+    machine = "; ".join(sorted({f"{r.tags.get('specresearch.processor', '?')}, {r.tags.get('specresearch.threads', '?')} threads, "
+                                f"{r.tags.get('specresearch.dtype', '?')}, torch {r.tags.get('specresearch.torch', '?')}"
+                                for r in runs.runs}))
+    record = dict(title=first.title, date=when[:10], machine=machine, topic="studies",
+                  command=[f"python -m specresearch experiment={runs.name}", f"{COMMAND} experiment={runs.name} save=true"],
+                  columns=first.headers, rows=first.cells, prompts=first.caption,
+                  notes=[*report.notes, *first.notes], extra="\n\n".join(extra), data=runs_record(runs))
+    reports.check(record, str(path))
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,15 +205,19 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0
     try:
-        study, tracker, out = parse(argv)
+        study, tracker, out, data, save = parse(argv)
         uri, experiment = tracker_target(study, tracker)
-        runs, report, folder = analyse(study, uri, experiment, out)
+        runs, report, folder = analyse(study, uri, experiment, out, data=data, save=save)
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print((folder / "tables.md").read_text())
     print(f"wrote {folder}/: {', '.join(sorted(p.name for p in folder.iterdir() if p.is_file()))}")
-    if runs.parent is not None:
+    if save:
+        print(f"committed the runs and tables to {committed(study)} (its page: docs/results/{committed(study).stem}.md)")
+    if runs.uri.startswith("committed:"):
+        print("read from committed data: nothing logged to MLflow")
+    elif runs.parent is not None:
         print(f"logged to MLflow run {runs.parent.id} (the study's latest sweep parent), artifacts under analysis/")
     else:
         print("no sweep parent run found for this study: nothing logged back to MLflow")

@@ -162,7 +162,7 @@ def config_hash(cfg: DictConfig) -> str:
 VERSION = 2
 VERSION_KEY = "record_version"
 BASELINE, METHOD = "baseline", "method"  # the two sides: `baseline_*` and `method_*` metrics
-GROUP, EQ, AA, DELTA = "group.", "eq_", "aa_", "delta_"  # prefixes of per-category, battery, A/A and delta metrics
+GROUP, EQ, AA, DELTA, DIST = "group.", "eq_", "aa_", "delta_", "dist_"  # prefixes: per-category, battery, A/A, delta, distortion
 PROMPT = "prompt/"  # + PromptStep's names: one prompt's values, logged as step i
 HEADLINE_SECTION = "headline/"  # + a HEADLINE name: its value over the prompts so far, logged as step i
 NAN = float("nan")
@@ -282,6 +282,7 @@ class SpeedRecord:
     groups: dict[str, Group] = field(default_factory=dict, metadata={"flat": GROUP})  # prompt category -> its slice
     equivalence: dict[str, float] = field(default_factory=dict, metadata={"flat": EQ})  # stats.Report.summary() and sampling rates
     calibration: dict[str, float] = field(default_factory=dict, metadata={"flat": AA})  # stats.calibration(): the A/A calibration
+    distortion: dict[str, float] = field(default_factory=dict, metadata={"flat": DIST})  # stats.Distortion.summary() (stats.distortion)
     version: float = field(default=VERSION, metadata={"flat": VERSION_KEY})
 
     @classmethod

@@ -91,8 +91,9 @@ def specbench_store(store, tmp_path_factory):
 
 @pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
 def lossless_store(store, tmp_path_factory):
-    run_cli(store, tmp_path_factory, "lossless", "experiment=lossless_vs_lossy", *TINY, "dataset.num_prompts=1",
-            "max_new_tokens=6", "stats.samples=10", "stats.length=2")
+    run_cli(store, tmp_path_factory, "lossless", "experiment=lossless_vs_lossy", *TINY, "drafter=independent",
+            "verifier=rejection,typical", "sampling.temperature=0.0,1.0", "dataset.offset=0", "dataset.num_prompts=1",
+            "max_new_tokens=6", "stats.samples=10", "stats.length=2", "stats.distortion=4")
     return store
 
 
@@ -321,25 +322,53 @@ def test_specbench_table_is_spec_bench_view(specbench_store, tmp_path):
     assert_pngs(out, ["specbench_acceptance_by_position.png", "specbench_speedup_vs_tau.png"])
 
 
-def test_lossless_vs_lossy_rows_and_verdicts(lossless_store, tmp_path):
+def test_lossless_vs_lossy_rows_distortion_and_verdicts(lossless_store, tmp_path):
     study, report, out = analyse("lossless_vs_lossy", uri(lossless_store), out=tmp_path, log=False)
-    table = report.table("lossless_vs_lossy")
-    assert [(r["verifier"], r["T"]) for r in table.records] == [("rejection", 0.0), ("typical", 0.0), ("rejection", 1.0), ("typical", 1.0)]
-    assert table.column("lossless (claim)") == ["yes", "no", "yes", "no"]
+    table = report.table("frontier")
+    assert [(r["verifier"], r["setting"], r["T"]) for r in table.records] == [
+        ("rejection", DASH, 0.0), ("typical", "ε 0.09, δ 0.3", 0.0), ("rejection", DASH, 1.0), ("typical", "ε 0.09, δ 0.3", 1.0)]
+    assert [v.endswith("(lossless)") for v in table.column("verifier")] == [True, False, True, False]
     runs = latest(mlflow_jobs(lossless_store, "lossless_vs_lossy"), lambda r: (r.data.params["verifier._target_"].rsplit(".", 1)[1],
                                                                                float(r.data.params["sampling.temperature"])))
     names = {"rejection": "RejectionVerifier", "typical": "TypicalVerifier"}
     for rec, cells in zip(table.records, table.cells):
         m = runs[(names[rec["verifier"]], rec["T"])].data.metrics
         assert rec["speedup"] == m["speedup"] and rec["tau"] == m["method_tau"]
-        if rec["T"] == 0:
-            assert cells[table.headers.index("verdict")].startswith("greedy identity")
-            assert cells[table.headers.index("smallest Holm p")] == DASH
+        if rec["T"] == 0:  # no distortion at T = 0: every rule keeps the argmax path
+            assert "dist_tv_mean" not in m and cells[table.headers.index("TV mean [95% CI]")] == DASH
         else:
-            assert rec["verdict"] == ("different" if m["eq_reject"] else "not distinguishable")
-            assert rec["min_holm_p"] == m["eq_min_holm_p"]
-            assert cells[table.headers.index("surprisal deficit [95% CI]")].startswith(f"{m['eq_surprisal_deficit']:+.3f} [")
-    assert_pngs(out, ["lossless_vs_lossy_acceptance_by_position.png"])
+            assert rec["tv"][0] == m["dist_tv_mean"] and m["dist_positions"] == 4
+            assert rec["verifier"] != "rejection" or m["dist_tv_max"] < 1e-9
+    battery = report.table("battery")
+    assert [(r["verifier"], r["T"]) for r in battery.records] == [("rejection", 1.0), ("typical", 1.0)]
+    for rec in battery.records:
+        m = runs[(names[rec["verifier"]], 1.0)].data.metrics
+        assert rec["verdict"] == ("different" if m["eq_reject"] else "not distinguishable")
+    assert any(t.published for t in report.tables)  # the published trade-offs beside
+    assert_pngs(out, ["lossless_vs_lossy_frontier.png"])
+
+
+def test_a_study_rebuilds_from_its_committed_runs(lossless_store, tmp_path, monkeypatch):
+    """save=true commits the runs and tables (a results report that validates); the analysis rebuilds the same
+    tables from that file alone: with data=PATH, and where the store holds none of the study's runs."""
+    from specresearch.analysis import runs as runs_module
+
+    from specresearch import reports
+
+    monkeypatch.setattr(runs_module, "COMMITTED", tmp_path / "docs" / "results" / "data")
+    (tmp_path / "docs" / "results" / "figures").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "data").mkdir()
+    _, saved, _ = analyse("lossless_vs_lossy", uri(lossless_store), out=tmp_path / "a", log=False, save=True)
+    path = tmp_path / "docs" / "results" / "data" / "study-lossless-vs-lossy.json"
+    record = json.loads(path.read_text())
+    assert reports.validate(record) == [] and record["topic"] == "studies"
+    assert record["rows"] == saved.table("frontier").cells and not reports.machine_paths(path.read_text())
+    assert (tmp_path / "docs" / "results" / "figures" / "study-lossless-vs-lossy-lossless_vs_lossy_frontier.png").is_file()
+    again = analyse("lossless_vs_lossy", uri(lossless_store), out=tmp_path / "b", log=False, data=path)[1]
+    fresh = analyse("lossless_vs_lossy", uri(tmp_path / "no-store"), out=tmp_path / "c", log=False)[1]
+    for report in (again, fresh):
+        assert [t.cells for t in report.tables] == [t.cells for t in saved.tables]
+    assert "the committed runs in study-lossless-vs-lossy.json" in (tmp_path / "c" / "tables.md").read_text()
 
 
 def test_medusa_typical_joins_speed_and_quality(medusa_store, tmp_path):

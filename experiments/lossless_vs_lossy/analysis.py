@@ -1,46 +1,190 @@
-"""lossless_vs_lossy: verifier x temperature -> speed, τ, the battery's verdict."""
+"""lossless_vs_lossy: drafter x verifier setting x T -> speed, τ, exact distortion (the frontier), the battery's
+verdict where it ran, pass@1 where it ran; the published trade-offs beside."""
 
 from __future__ import annotations
 
 import math
 
-from specresearch.analysis.format import DASH, Col, Table, missing, num, num3, pvalue, speed, temperature, text
-from specresearch.analysis.report import Report, caption, deficit, deficit_cell, latest_by, lossless, verdict
-from specresearch.analysis.runs import Study
+from matplotlib.figure import Figure
+from specresearch.analysis import published
+from specresearch.analysis.format import DASH, Col, Table, missing, num, num3, pvalue, signed, speed, temperature, text
+from specresearch.analysis.report import Report, caption, latest_by, lossless, verdict
+from specresearch.analysis.runs import Run, Study
 
 from specresearch import figures
+from specresearch.records import BASELINE, METHOD
+
+SCORE = "pass@1"
+RULE = {"typical": (("epsilon", "ε"), ("delta", "δ")), "margin": (("margin", "margin"), ("ratio", "ratio")), "topk": (("k", "k"),)}
+MARKERS = {"independent": "o", "medusa": "s"}
+COLORS = {"rejection": "black", "typical": "C0", "margin": "C1", "topk": "C2", "greedy": "grey"}
+
+
+def rule(run: Run) -> str:
+    """The verifier's own setting, e.g. "ε 0.09, δ 0.3" ("–" for rejection)."""
+    parts = [f"{label} {run.param(f'verifier.{key}')}" for key, label in RULE.get(run.verifier, ()) if run.param(f"verifier.{key}")]
+    return ", ".join(parts) or DASH
+
+
+def _cell(run: Run) -> tuple[str, str, str, float]:
+    """(drafter, verifier, its setting, T): one cell of the frontier."""
+    return (run.method, run.verifier, rule(run), run.temperature)
+
+
+def _order(key: tuple[str, str, str, float]) -> tuple:
+    drafter, verifier, setting, t = key
+    return (drafter, t, list(COLORS).index(verifier) if verifier in COLORS else 9, setting)
 
 
 def report(study: Study) -> Report:
-    """Rows verifier × T: speedup, τ, α, the verdict, the smallest Holm p, the surprisal deficit with
-    its CI, the top-1 shares; figure: acceptance by position."""
+    """Table `frontier`: every cell's speedup, τ, exact distortion (mean TV with its interval over prompts, 90% quantile,
+    KL, the first draft token's kept probability); table `battery`: the cells the equivalence battery ran on; table
+    `quality`: pass@1 of method and target with McNemar's p; the published trade-offs; figure: speedup against
+    distortion (and against pass@1 where measured), lossless points on the zero line, the frontier drawn."""
     report = Report(study.name)
-    cells = latest_by(study.speed, lambda r: (r.verifier, r.temperature), report.notes)
+    cells = latest_by(study.speed, _cell, report.notes)
+    quality = latest_by(study.quality, _cell, report.notes)
     records = []
-    for (verifier, t), run in sorted(cells.items(), key=lambda kv: (kv[0][1], not lossless(kv[1]), kv[0][0])):
-        r, eq = run.speed_record, run.speed_record.equivalence
+    for key in sorted(cells, key=_order):
+        run = cells[key]
+        r, d = run.speed_record, run.speed_record.distortion
+        q = quality.get(key)
         records.append(dict(
-            verifier=verifier, lossless=lossless(run), T=t, run=run.id, speedup=r.speedup,
-            tau=r.method.tau, alpha=r.method.alpha, verdict=verdict(run),
-            min_holm_p=eq.get("min_holm_p", math.nan), deficit=deficit(run),
-            top1=(eq.get("top1_share_method", math.nan), eq.get("top1_share_baseline", math.nan)),
-            acceptance=r.method.acceptance_at,
+            drafter=key[0], verifier=key[1], setting=key[2], T=key[3], lossless=lossless(run), run=run.id,
+            speedup=r.speedup, tau=r.method.tau, prompts=r.prompts,
+            tv=(d.get("tv_mean", math.nan), d.get("tv_mean_ci_low", math.nan), d.get("tv_mean_ci_high", math.nan)),
+            tv90=d.get("tv_q90", math.nan), kl=d.get("kl_mean", math.nan), kept=d.get("kept_mean", math.nan),
+            positions=d.get("positions", math.nan), verdict=verdict(run) if r.equivalence else None,
+            eq=r.equivalence, quality=q.eval_record if q else None,
         ))
     report.tables.append(Table(
-        "lossless_vs_lossy", "Lossless vs lossy: each verifier's speed and faithfulness",
-        caption("Speedup, τ and α from the speed comparison; at T > 0 the equivalence battery's verdict (Holm over "
-                "every test), its smallest Holm-adjusted p, the surprisal deficit (nats/token, 95% CI) and the share "
-                "of top-1 tokens (method / baseline); at T = 0 equivalence is the greedy identity.",
-                list(cells.values()), study),
-        [Col("verifier", "verifier", text, "l"),
-         Col("lossless (claim)", "lossless", lambda x: text({True: "yes", False: "no"}.get(x)), "l"),
-         Col("T", "T", temperature), Col("speedup", "speedup", speed), Col("τ", "tau", num), Col("α", "alpha", num3),
-         Col("verdict", "verdict", text, "l"), Col("smallest Holm p", "min_holm_p", pvalue),
-         Col("surprisal deficit [95% CI]", "deficit", deficit_cell),
-         Col("top-1 share method / baseline", "top1", lambda p: DASH if missing(p[0]) else f"{num3(p[0])} / {num3(p[1])}")],
+        "frontier", "Lossless vs lossy: speed and exact distortion per cell",
+        caption("One row per cell (drafter, verifier setting, T): speedup over the baseline (tokens/s, prompts interleaved) and "
+                "τ from the speed comparison; exact distortion of the first token each verification step emits, along the "
+                "target's own continuations (stats.distortion): mean TV to the target's p with a 95% bootstrap interval over "
+                "prompts, its 90% quantile over positions, the mean KL(law ‖ p) in nats, and the probability that the step's "
+                "first token is the draft's.", list(cells.values()), study),
+        [Col("drafter", "drafter", text, "l"), Col("verifier", lambda r: r["verifier"] + (" (lossless)" if r["lossless"] else ""),
+                                                   text, "l"),
+         Col("setting", "setting", text, "l"), Col("T", "T", temperature), Col("speedup", "speedup", speed), Col("τ", "tau", num),
+         Col("TV mean [95% CI]", "tv", _tv_cell), Col("TV 90%", "tv90", _small), Col("KL (nats)", "kl", _small),
+         Col("first token drafted", "kept", num3), Col("positions", "positions", lambda x: DASH if missing(x) else f"{x:.0f}")],
         records))
-    report.figures["lossless_vs_lossy_acceptance_by_position.png"] = figures.acceptance(
-        {f"T = {t:g}": {r["verifier"]: r["acceptance"] for r in records if r["T"] == t and r["acceptance"]}
-         for t in sorted({r["T"] for r in records})},
-        "Acceptance by draft position, per verifier")
+    tested = [r for r in records if r["eq"]]
+    if tested:
+        report.tables.append(Table(
+            "battery", "The equivalence battery on the real pair",
+            caption("Cells where the battery ran (stats.samples): sequences per side, its Holm verdict, the smallest Holm "
+                    "p, the plug-in mean position TV beside two samples of one law (its noise floor), the smallest position "
+                    "TV it detects with 80% power at this N, and the method's draws per second.",
+                    [cells[(r["drafter"], r["verifier"], r["setting"], r["T"])] for r in tested], study),
+            [Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"), Col("setting", "setting", text, "l"),
+             Col("T", "T", temperature), Col("N per side", lambda r: r["eq"].get("samples_method", math.nan),
+                                              lambda x: DASH if missing(x) else f"{x:,.0f}"),
+             Col("verdict", "verdict", text, "l"), Col("smallest Holm p", lambda r: r["eq"].get("min_holm_p", math.nan), pvalue),
+             Col("position TV (noise floor)", lambda r: (r["eq"].get("tv_position", math.nan), r["eq"].get("tv_position_null", math.nan)),
+                 lambda v: DASH if missing(v[0]) else f"{v[0]:.3f} ({num3(v[1])})"),
+             Col("detectable TV", lambda r: r["eq"].get("power_min_tv_position", math.nan), num3),
+             Col("exact TV mean", lambda r: r["tv"][0], _small),
+             Col("method samples/s", lambda r: r["eq"].get("samples_per_s_method", math.nan), num)],
+            tested))
+    scored = [r for r in records if r["quality"] is not None]
+    if scored:
+        report.tables.append(Table(
+            "quality", "pass@1 per setting (HumanEval, by execution)",
+            caption("Quality runs (eval=humaneval) joined with the speed cells: pass@1 of the method and of the target alone at "
+                    "the same T with their standard errors, the difference and McNemar's exact p (paired by problem).",
+                    [quality[(r["drafter"], r["verifier"], r["setting"], r["T"])] for r in scored], study),
+            [Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"), Col("setting", "setting", text, "l"),
+             Col("T", "T", temperature), Col("problems", lambda r: r["quality"].problems, lambda x: DASH if missing(x) else f"{x:.0f}"),
+             Col("method pass@1", lambda r: _score(r, METHOD), _with_se), Col("target pass@1", lambda r: _score(r, BASELINE), _with_se),
+             Col("Δ (McNemar p)", lambda r: (r["quality"].delta_of(SCORE), r["quality"].mcnemar_p), _delta_cell),
+             Col("speedup", "speedup", speed), Col("TV mean", lambda r: r["tv"][0], _small)],
+            scored))
+    for name, table in published.load(study.name).items():
+        report.tables.append(published.published_table(f"published_{name}", _TITLES.get(name, name), table.rows, what=table.about))
+    report.figures["lossless_vs_lossy_frontier.png"] = frontier(records)
     return report
+
+
+_TITLES = {"medusa_typical": "Medusa's typical acceptance (Cai et al. 2024)", "bild": "BiLD (Kim et al. 2023)",
+           "speculative_cascades": "Speculative cascades (Narasimhan et al. 2025)"}
+
+
+def _small(x) -> str:
+    return DASH if missing(x) else ("0" if abs(x) < 5e-5 else f"{x:.4f}")
+
+
+def _tv_cell(v) -> str:
+    mean, low, high = v
+    return DASH if missing(mean) else f"{_small(mean)} [{_small(low)}, {_small(high)}]"
+
+
+def _score(r: dict, side: str) -> tuple[float, float]:
+    q = r["quality"]
+    return q.score(side, SCORE), q.score(side, SCORE + "_stderr")
+
+
+def _with_se(v) -> str:
+    value, se = v
+    return DASH if missing(value) else num3(value) + ("" if missing(se) else f" ± {num3(se)}")
+
+
+def _delta_cell(pair) -> str:
+    delta, p = pair
+    return DASH if missing(delta) else signed(delta) + ("" if p is None or missing(p) else f" (p {pvalue(p)})")
+
+
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The frontier of (distortion, speedup) points: those no other point beats on both (less distortion, more
+    speed), by increasing distortion."""
+    best, out = -math.inf, []
+    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
+        if y > best:
+            out.append((x, y))
+            best = y
+    return out
+
+
+def frontier(records: list[dict]) -> Figure:
+    """Top row: speedup against mean exact TV, a panel per T (colour: verifier, marker: drafter), lossless at 0, each
+    drafter's frontier drawn (solid: independent, dashed: medusa); bottom row: speedup against pass@1 where quality ran."""
+    temps = sorted({r["T"] for r in records}) or [math.nan]
+    fig, axes = figures.panels(2 * len(temps), width=5.0, height=3.6)
+    for i, t in enumerate(temps):
+        ax, bx = axes[i], axes[len(temps) + i]
+        here = [r for r in records if r["T"] == t and not missing(r["speedup"])]
+        for r in here:
+            if not missing(r["tv"][0]):
+                ax.scatter(max(r["tv"][0], 0.0), r["speedup"], color=COLORS.get(r["verifier"], "C7"),
+                           marker=MARKERS.get(r["drafter"], "^"), s=40, label=f"{r['drafter']} × {r['verifier']}")
+        for drafter in sorted({r["drafter"] for r in here}):
+            line = pareto([(max(r["tv"][0], 0.0), r["speedup"]) for r in here if r["drafter"] == drafter and not missing(r["tv"][0])])
+            if len(line) > 1:
+                ax.plot(*zip(*line), color="grey", linewidth=0.8, linestyle="-" if drafter == "independent" else "--")
+        ax.axvline(0.0, color="grey", linewidth=0.6)
+        ax.set_xlabel("exact distortion: mean TV of the first token to p")
+        ax.set_ylabel("speedup (×)")
+        ax.set_title(f"T = {t:g}: speed vs distortion", fontsize=10)
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            unique = dict(zip(labels, handles))
+            ax.legend(unique.values(), unique.keys(), fontsize=6)
+        else:
+            figures.empty(ax, "no cell with a distortion")
+        scored = [r for r in here if r["quality"] is not None and not missing(r["quality"].score(METHOD, SCORE))]
+        for r in scored:
+            bx.scatter(r["quality"].score(METHOD, SCORE), r["speedup"], color=COLORS.get(r["verifier"], "C7"),
+                       marker=MARKERS.get(r["drafter"], "^"), s=40)
+            bx.annotate(r["setting"] if r["setting"] != DASH else r["verifier"], (r["quality"].score(METHOD, SCORE), r["speedup"]),
+                        textcoords="offset points", xytext=(4, 3), fontsize=6)
+        targets = {round(r["quality"].score(BASELINE, SCORE), 4) for r in scored if not missing(r["quality"].score(BASELINE, SCORE))}
+        for value in targets:
+            bx.axvline(value, color="grey", linestyle="--", linewidth=0.8)
+        if not scored:
+            figures.empty(bx, "pass@1 not measured at this T")
+        bx.set_xlabel("pass@1 (HumanEval; dashed: the target alone)")
+        bx.set_ylabel("speedup (×)")
+        bx.set_title(f"T = {t:g}: speed vs quality", fontsize=10)
+    fig.tight_layout()
+    return fig

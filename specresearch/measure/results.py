@@ -25,6 +25,7 @@ class Results:
     equivalence: Report | None = None  # the distribution battery (stats.samples > 0, temperature > 0)
     rates: dict[str, float] = field(default_factory=dict)  # the battery's sampling speed (samples_per_s_baseline, ..._method)
     calibration: dict[str, float] = field(default_factory=dict)  # the A/A calibration (stats.calibration), when run
+    distortion: dict[str, float] = field(default_factory=dict)  # exact distortion (stats.distortion), when run
     baseline: SpecStats = field(default_factory=SpecStats)
     method: SpecStats = field(default_factory=SpecStats)
     identical: int = 0  # prompts whose method output equals the baseline's, token for token
@@ -116,6 +117,7 @@ class Results:
             },
             equivalence={**(self.equivalence.summary() if self.equivalence is not None else {}), **self.rates},
             calibration=self.calibration,
+            distortion=self.distortion,
         )
 
 

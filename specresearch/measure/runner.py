@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -23,9 +24,8 @@ from specresearch.metrics import first_divergence
 from specresearch.models import check_model_files, check_tiny_args, machine_tags
 from specresearch.records import HEADLINE_SECTION, PromptStep, flatten, headline, json_text, prefixed
 from specresearch.seeding import stream_seed
-from specresearch.stats import (
-    samples_for_tv,
-)
+from specresearch.stats import samples_for_tv
+from specresearch.stats.distortion import continuations, distortion
 from specresearch.target import StaticSlots, Target
 from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput, SamplingParams
@@ -105,18 +105,41 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 progress.update((first + len(ids)) * per_prompt - progress.n)  # rows that stopped early: their tokens never came
             for engine in engines:
                 engine.on_tokens = None
+        if cfg.stats.distortion and not sampling.greedy:
+            results.distortion = measure_distortion(cfg, baseline, method, prompt_ids)
         if cfg.stats.samples and not sampling.greedy:
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
     record = results.record(k)
     log.info(format_table(cfg, label, record, results, sampling, target))
     if results.equivalence is not None:
         log.info(results.equivalence.format())
+    if record.distortion:
+        log.info(format_distortion(record.distortion))
+    elif cfg.stats.distortion and sampling.greedy:
+        log.info("exact distortion at temperature 0: every rule keeps the target's argmax path (the greedy identity above)")
     if "rate" in record.calibration:
         log.info(format_calibration(record.calibration, cfg.stats.alpha))
     elif cfg.stats.samples and sampling.greedy:
         log.info("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
     browse_line(tracker)
     return flatten(record)
+
+
+def measure_distortion(cfg: DictConfig, baseline: Engine, method: Engine, prompt_ids: list[list[int]]) -> dict[str, float]:
+    """Exact distortion (stats.distortion tokens per prompt, every prompt of the run): the target's own
+    continuations, then the method teacher-forced along them; its summary, with the seconds it took."""
+    t0 = time.perf_counter()
+    texts = continuations(baseline, prompt_ids, cfg.stats.distortion, cfg.seed)
+    summary = distortion(method, prompt_ids, texts, cfg.seed).summary(seed=cfg.seed)
+    return {**summary, "seconds": time.perf_counter() - t0}
+
+
+def format_distortion(d: dict[str, float]) -> str:
+    """The console's line for exact distortion (a summary of `measure_distortion`)."""
+    return (f"exact distortion of each step's first token ({d['positions']:.0f} positions, {d['prompts']:.0f} prompts, "
+            f"{d['seconds']:.0f} s): TV to the target's p mean {d['tv_mean']:.4f} (95% CI over prompts {d['tv_mean_ci_low']:.4f}-"
+            f"{d['tv_mean_ci_high']:.4f}), median {d['tv_q50']:.4f}, 90% {d['tv_q90']:.4f}, max {d['tv_max']:.4f}; "
+            f"KL(law || p) mean {d['kl_mean']:.4f} nats; first draft token kept with probability {d['kept_mean']:.3f}")
 
 
 def check_run(cfg: DictConfig) -> list[Prompt]:

@@ -133,6 +133,8 @@ class Stats(Options):
     power: float = setting(MISSING, "the power the detectable-effect report is stated for")
     tv: float = setting(MISSING, "the position TV the power report (and samples=auto) sizes N for")
     aa_repeats: int = setting(MISSING, "A/A calibration repeats; 0 = off")
+    distortion: int = setting(MISSING, "exact distortion (T > 0): along the target's own continuation of this many tokens "
+                                       "of every prompt, the exact law of each step's first token against p (TV, KL); 0 = off")
     batch: Union[int, str] = setting(MISSING, "sequences per batched forward (baseline and method sampling, teacher forcing); "
                                               "auto: by vocabulary")
     time_split: Union[bool, str] = setting(MISSING, "time the phases of each step (a device sync each): true, false or auto "
@@ -152,6 +154,8 @@ class Stats(Options):
             raise SpecResearchError(f"{path}.batch must be an integer >= 1 or auto, got {self.batch!r}")
         if given(self.aa_repeats) and self.aa_repeats < 0:
             raise SpecResearchError(f"{path}.aa_repeats must be >= 0, got {self.aa_repeats}")
+        if given(self.distortion) and not (integer(self.distortion) and self.distortion >= 0):
+            raise SpecResearchError(f"{path}.distortion must be an integer >= 0 (tokens per prompt; 0: off), got {self.distortion!r}")
         if given(self.samples) and self.samples and (self.samples != "auto" and self.samples < 10 or
                                                       given(self.length) and self.length < 1 or given(self.prompts) and self.prompts < 1):
             raise SpecResearchError(f"{path} needs samples >= 10 (or 0: off, or auto), length >= 1 and prompts >= 1; got "

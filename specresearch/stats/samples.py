@@ -36,7 +36,8 @@ from specresearch.types import SamplingParams
 
 
 class Stream(IntEnum):
-    """The named streams of the equivalence battery's draws (and of exact distortion's): the first key of `stream_seed(seed, stream, ...)`."""
+    """The named streams of the equivalence battery's draws (and of exact distortion's): the first key of
+    `stream_seed(seed, stream, ...)`."""
 
     BASELINE = 1  # the target's own samples (sample_target): key (BASELINE, prompt, 0)
     METHOD = 2  # the method's samples (sample_engine): sample j of prompt i, key (METHOD, i, j)
