@@ -73,10 +73,11 @@ def test_sweep_records_one_parent_run(tmp_path, new_store):
 
 
 def test_lossless_vs_lossy_study_records_verdicts(tmp_path, new_store):
-    """experiment=lossless_vs_lossy on tiny models: the preset's grid (verifier x temperature) runs as
-    one sweep; at T > 0 each job records the battery's verdict, p-values and power; at T = 0 none."""
+    """experiment=lossless_vs_lossy on tiny models: a grid (verifier x temperature) runs as one sweep; at T > 0
+    each job records the battery's verdict, p-values and power, and the exact distortion; at T = 0 neither."""
     result = cli(
-        "experiment=lossless_vs_lossy", *TINY, "max_new_tokens=8", "stats.samples=40", "stats.length=4",
+        "experiment=lossless_vs_lossy", *TINY, "drafter=independent", "verifier=rejection,typical", "sampling.temperature=0.0,1.0",
+        "dataset.offset=0", "dataset.num_prompts=2", "max_new_tokens=8", "stats.samples=40", "stats.length=4", "stats.distortion=4",
         f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -94,6 +95,7 @@ def test_lossless_vs_lossy_study_records_verdicts(tmp_path, new_store):
             assert metrics["eq_reject"] in (0.0, 1.0) and 0 <= metrics["eq_p_surprisal_z"] <= 1
             assert metrics["eq_power_min_tv_position"] > 0 and metrics["eq_samples_per_s_method"] > 0
             assert 0 < metrics["eq_tv_position_null"] <= metrics["eq_tv_position_null_q95"]  # the noise floor beside the TV
+            assert metrics["dist_positions"] == 8 and (verifier != "RejectionVerifier" or metrics["dist_tv_max"] < 1e-9)
     assert (tmp_path / "multi" / "1" / "equivalence.json").is_file()
 
 
