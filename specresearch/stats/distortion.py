@@ -23,7 +23,7 @@ from torch import Tensor
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.seeding import stream_seed
-from specresearch.stats.exact import kl_divergence, step_first_token_law
+from specresearch.stats.exact import kl_divergence, normalised, step_first_token_law, total_variation
 from specresearch.stats.samples import Stream
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers.base import Verifier
@@ -90,8 +90,8 @@ class Recorder(Verifier):
         verdicts = []
         for b, draft in enumerate(drafts):
             law, kept = step_first_token_law(self.inner, draft, p[b, : len(draft) + 1])  # [V] float64
-            target = p[b, 0].double() / p[b, 0].double().sum()  # [V] the target's law at this position
-            self.tv[b].append(0.5 * float((law.to(target.device) - target).abs().sum()))
+            target = normalised(p[b, 0])  # [V] the target's law at this position
+            self.tv[b].append(total_variation(law.to(target.device), target))
             self.kl[b].append(float(kl_divergence(law.to(target.device), target)))
             self.kept[b].append(kept)
             verdicts.append(Verdict(tokens=torch.tensor([self.continuations[b][self.t]]), num_accepted=0,

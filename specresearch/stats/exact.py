@@ -35,9 +35,7 @@ def first_token_law(verifier: Verifier, p: Tensor, q: Tensor | None = None, x: i
     if q is None:
         if x is None:
             raise ValueError("first_token_law needs q (a sampled draft) or x (a deterministic one)")
-        qx = one_hot(torch.tensor([x]), p.numel()).double()  # [1, V]
-        a = verifier.acceptance(p[None], qx, torch.tensor([x]))[0]
-        return a * qx[0] + (1 - a) * _normalised(verifier.fallback(p, qx[0]))
+        q = one_hot(torch.tensor([x]), p.numel())[0]  # a deterministic draft: x with probability 1
     return chain_first_token_laws(verifier, p[None], q[None])[0][0]  # averaged over x ~ q (multinomial normalises q)
 
 
@@ -63,13 +61,13 @@ def sibling_law(
         [V] float64 probabilities; p for a lossless rule.
     """
     law, reach, cur = torch.zeros_like(p, dtype=torch.float64), 1.0, p.double()
-    tries = [one_hot(torch.tensor([x]), p.numel()).double()[0] for x in xs] if q is None else [_normalised(q)] * m
+    tries = [one_hot(torch.tensor([x]), p.numel()).double()[0] for x in xs] if q is None else [normalised(q)] * m
     for qi in tries:
         a = verifier.acceptance_all(cur[None], qi[None])[0].double()  # [V] a(x) for every x
         law += reach * qi * a
         reach *= float((qi * (1 - a)).sum())
-        cur = _normalised(verifier.fallback(cur, qi))
-    return law + reach * (cur if tries else _normalised(verifier.fallback(cur, None)))
+        cur = normalised(verifier.fallback(cur, qi))
+    return law + reach * (cur if tries else normalised(verifier.fallback(cur, None)))
 
 
 def draft_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> Tensor:
@@ -94,7 +92,7 @@ def draft_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> Tensor
 
 def _walk(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[Tensor, float]:
     """`draft_first_token_law`'s law, and the probability that every child of the root is rejected."""
-    p = _normalised(p)
+    p = normalised(p)
     kids = root_children(draft)
     x = draft.tokens[: len(draft)].to(p.device)  # [N]
     q = draft_law(Draft(x, draft.q), p)  # [N, V]
@@ -104,8 +102,8 @@ def _walk(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[Tensor, float]:
         a = float(verifier.acceptance(cur[None], q[c : c + 1], x[c : c + 1])[0])
         law[x[c]] += reach * a
         reach *= 1.0 - a
-        cur = _normalised(verifier.fallback(cur, q[c]))
-    return law + reach * (cur if kids else _normalised(verifier.fallback(cur, None))), reach
+        cur = normalised(verifier.fallback(cur, q[c]))
+    return law + reach * (cur if kids else normalised(verifier.fallback(cur, None))), reach
 
 
 def chain_first_token_laws(verifier: Verifier, p: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
@@ -121,11 +119,11 @@ def chain_first_token_laws(verifier: Verifier, p: Tensor, q: Tensor) -> tuple[Te
     Returns:
         ([B, V] float64 laws, [B] the probability that the first draft token is kept).
     """
-    p, q = _rows(p), _rows(q)
+    p, q = normalised(p), normalised(q)
     a = verifier.acceptance_all(p, q).double()  # [B, V] a(x) for every x
     kept = q * a  # [B, V]
     rejected = 1 - kept.sum(-1, keepdim=True)  # [B, 1]
-    return kept + rejected * _rows(verifier.fallback(p, q)), kept.sum(-1)
+    return kept + rejected * normalised(verifier.fallback(p, q)), kept.sum(-1)
 
 
 def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[Tensor, float]:
@@ -148,7 +146,7 @@ def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[T
             the draws of every sibling, not computed here.
     """
     if len(draft) == 0:
-        return _normalised(verifier.fallback(p[0], None)), 0.0
+        return normalised(verifier.fallback(p[0], None)), 0.0
     if draft.parents is None:
         law, kept = chain_first_token_laws(verifier, p[:1], draft_law(draft, p)[:1])
         return law[0], float(kept[0])
@@ -160,7 +158,7 @@ def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[T
         path = tree_path(draft, p)
         if path:
             return one_hot(draft.tokens[path[:1]].cpu(), p.shape[-1]).double()[0], 1.0
-        return _normalised(verifier.fallback(p[0], None)).cpu(), 0.0
+        return normalised(verifier.fallback(p[0], None)).cpu(), 0.0
     law, reach = _walk(verifier, draft, p[0])
     return law, 1.0 - reach
 
@@ -191,12 +189,7 @@ def kl_divergence(a: Tensor, b: Tensor) -> Tensor:
     return terms.sum(-1)
 
 
-def _rows(law: Tensor) -> Tensor:
-    """[B, V] laws normalised row by row, in float64."""
+def normalised(law: Tensor) -> Tensor:
+    """A law ([V]) or laws ([B, V]) normalised over the last dimension, in float64."""
     law = law.double()
     return law / law.sum(-1, keepdim=True)
-
-
-def _normalised(law: Tensor) -> Tensor:
-    law = law.double()
-    return law / law.sum()
