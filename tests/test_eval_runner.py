@@ -47,9 +47,6 @@ def test_unknown_task_and_bad_limit_name_the_valid_choices(tmp_path):
         run_eval(make_cfg(*TINY_EVAL, "eval.offset=163", f"tracker.store={tmp_path}/mlruns"))
     with pytest.raises(SpecResearchError, match=r"has 164 problems \(0-163\); the last one would be 170"):
         run_eval(make_cfg(*TINY_EVAL, "eval.offset=170", "eval.limit=null", f"tracker.store={tmp_path}/mlruns"))
-    with pytest.raises(SpecResearchError, match="batch_size must be 1, got 2 .*--batch_size N") as err:
-        run_eval(make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", "batch_size=2", f"tracker.store={tmp_path}/mlruns"))
-    assert "\n" not in str(err.value) and not (tmp_path / "mlruns").exists()  # refused before anything was recorded
 
 
 def test_an_unusable_model_cache_is_refused_before_a_model_loads(tmp_path, monkeypatch):
@@ -101,6 +98,16 @@ def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch, new_store):
     (sliced,) = [r for r in mlflow_runs(store) if r.data.params.get("eval.offset") == "1"]
     (one,) = [json.loads(line) for line in _artifact(store, sliced, "samples.jsonl").splitlines()]
     assert one["id"] == "HumanEval/1" and one["method"]["completion"] == records[1]["method"]["completion"]
+
+    # batch_size=2: both problems in one engine call per side; the same completions (fp32, T = 0), a
+    # baseline of its own (keyed by the batch), no speedup (the rows share their times)
+    batched = run_eval(make_cfg(*TINY_EVAL, "eval.allow_code_execution=true", "batch_size=2", f"tracker.store={store}",
+                                f"model.cache_dir={tmp_path}/cache"))
+    assert batched["baseline_reused"] == 0.0 and "speedup" not in batched and batched["identity_rate"] == 1.0
+    assert batched["problems"] == 2 and batched["method_tau"] > 0
+    (run2,) = [r for r in mlflow_runs(store) if r.data.params.get("batch_size") == "2"]
+    both = [json.loads(line) for line in _artifact(store, run2, "samples.jsonl").splitlines()]
+    assert [r["method"]["completion"] for r in both] == [r["method"]["completion"] for r in records]
 
 
 def test_a_failing_method_leaves_a_failed_run_with_the_baseline(tmp_path, monkeypatch, new_store):

@@ -79,9 +79,7 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     ec = cfg.eval
     chosen = check(ec)
     first = chosen[0] if chosen else 0  # problem i is decoded with stream_seed(cfg.seed, i), whatever slice holds it
-    if int(cfg.get("batch_size", 1)) != 1:  # the records' speed split counts one row at a time: not yet batched rows
-        raise SpecResearchError(f"eval={ec.task} decodes one prompt at a time for now: batch_size must be 1, got {cfg.batch_size} "
-                                "(the plain lm-eval command batches: lm-eval run --model specresearch --batch_size N ...)")
+    batch = int(cfg.get("batch_size", 1))  # prompts decoded together (checked >= 1 with the run's options)
     tracker = build(cfg.tracker)
     tracker.check()  # where results go, before any model loads
     if ec.reuse_baseline:
@@ -101,7 +99,7 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     label = f"eval {ec.task}: {method.label}"
     sides: dict[str, Side] = {}
     layer_metrics = {f"sandbox_{layer}": float(on) for layer, on in layers.items()}  # the isolation the code ran under
-    with tracked_run(tracker, cfg, label, lambda: _report(sides, layer_metrics), tags=machine_tags(method.target.lm),
+    with tracked_run(tracker, cfg, label, lambda: _report(sides, layer_metrics, batch), tags=machine_tags(method.target.lm),
                      params=claim_params(method)):
         if baseline is not None:
             cache = baseline_cache(cfg, method.target.lm) if ec.reuse_baseline else None
@@ -109,12 +107,12 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
                 sides["baseline"] = Side.from_json(cache.read_text(), str(cache))
                 log.info(f"baseline: reusing the scores and generations of an identical earlier run ({cache})")
             else:
-                sides["baseline"] = evaluate(SpecResearchLM(engine=baseline, seed=cfg.seed, first_index=first), ec, chosen)
+                sides["baseline"] = evaluate(SpecResearchLM(engine=baseline, seed=cfg.seed, first_index=first, batch_size=batch), ec, chosen)
                 if cache is not None:
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     cache.write_text(sides["baseline"].to_json())
-        sides["method"] = evaluate(SpecResearchLM(engine=method, seed=cfg.seed, first_index=first), ec, chosen)
-    record = summarise(sides)
+        sides["method"] = evaluate(SpecResearchLM(engine=method, seed=cfg.seed, first_index=first, batch_size=batch), ec, chosen)
+    record = summarise(sides, batch)
     log.info(format_summary(cfg, label, record))
     browse_line(tracker)
     return {**flatten(record), **layer_metrics}
@@ -200,6 +198,8 @@ def baseline_cache(cfg: DictConfig, target) -> Path:
         **({"offset": cfg.eval.offset} if cfg.eval.get("offset") else {}),  # absent at 0: earlier runs' keys stay valid
         # sampled baselines of the old seeds (seed + i) are not reused
         **({"seeds": "stream_seed"} if float(cfg.sampling.temperature) > 0 else {}),
+        # rows decoded together: the same texts in exact arithmetic, not in bf16 (absent at 1: earlier keys stay valid)
+        **({"batch_size": int(cfg.batch_size)} if int(cfg.get("batch_size", 1)) != 1 else {}),
         "task_file": (TASKS_DIR / f"{task}.yaml").read_text(), "scorer": Path(scorer.__file__).read_text(),
         "sandbox": OmegaConf.to_container(cfg.eval.sandbox, resolve=True),
         "versions": [__version__, torch.__version__, transformers.__version__],
@@ -208,8 +208,9 @@ def baseline_cache(cfg: DictConfig, target) -> Path:
     return root / "eval-baselines" / f"{task}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def summarise(sides: dict[str, Side]) -> EvalRecord:
-    """Scores of each side, the method's delta, the paired test, and the decoding speed."""
+def summarise(sides: dict[str, Side], batch: int = 1) -> EvalRecord:
+    """Scores of each side, the method's delta, the paired test, and the decoding speed (only of one
+    prompt at a time: a batch's rows share their times, so their tokens per second are not a speed)."""
     record = EvalRecord({name: EvalSide(dict(side.scores), side.stats) for name, side in sides.items()},
                         problems=len(next(reversed(sides.values())).samples) if sides else None)  # the side evaluated last
     if len(sides) == 2 and sides["method"].samples:
@@ -225,7 +226,7 @@ def summarise(sides: dict[str, Side]) -> EvalRecord:
         same = [b["filtered_resps"] == m["filtered_resps"] for b, m in zip(base.samples, meth.samples)]
         record.identity_rate = sum(same) / len(same) if same else math.nan
         base_speed, meth_speed = base.stats.tokens_per_s, meth.stats.tokens_per_s
-        if base.cached is None and base_speed:  # speed is only compared within one run
+        if base.cached is None and base_speed and batch == 1:  # speed is only compared within one run, row by row
             record.speedup = meth_speed / base_speed
         record.baseline_reused = float(base.cached is not None)
     return record
@@ -256,10 +257,10 @@ def sample_records(sides: dict[str, Side]) -> list[dict]:
     return [records[k] for k in sorted(records)]
 
 
-def _report(sides: dict[str, Side], extra: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
+def _report(sides: dict[str, Side], extra: dict[str, float], batch: int = 1) -> tuple[dict[str, float], dict[str, str]]:
     """What was measured so far (also of a failed run): the summary and per-problem records."""
     records = "".join(json_text(r, indent=None, default=str) + "\n" for r in sample_records(sides))
-    summary = flatten(summarise(sides)) if sides else {}  # nothing evaluated yet: nothing to record
+    summary = flatten(summarise(sides, batch)) if sides else {}  # nothing evaluated yet: nothing to record
     return {**summary, **extra}, {"samples.jsonl": records}
 
 
@@ -275,7 +276,10 @@ def format_summary(cfg: DictConfig, label: str, r: EvalRecord) -> str:
         lines.append(f"paired: solved only by the method {r.method_only:.0f}, only by the baseline {r.baseline_only:.0f}; "
                      f"exact McNemar p = {r.mcnemar_p:.3g}; identical completions {r.identity_rate:.0%}")
     method = r.sides.get("method")
-    if r.speedup is None and method is not None:
+    if r.speedup is None and method is not None and int(cfg.get("batch_size", 1)) != 1:
+        lines.append(f"decoding: method tau {method.stats.tau:.2f}; {cfg.batch_size} prompts decoded together, so no speed "
+                     "(the rows share their times): the speed experiment measures batches side by side")
+    elif r.speedup is None and method is not None:
         lines.append(f"decoding: method {method.stats.tokens_per_s:.2f} tok/s, tau {method.stats.tau:.2f} (the baseline's generations "
                      "were reused, so no speedup: the speed experiment measures them side by side)")
     if r.speedup is not None:
