@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from specresearch.analysis import published
 from specresearch.analysis.format import DASH, Col, Table, latex, latex_escape, markdown
@@ -346,6 +347,25 @@ def test_lossless_vs_lossy_rows_distortion_and_verdicts(lossless_store, tmp_path
         assert rec["verdict"] == ("different" if m["eq_reject"] else "not distinguishable")
     assert any(t.published for t in report.tables)  # the published trade-offs beside
     assert_pngs(out, ["lossless_vs_lossy_frontier.png"])
+
+
+def test_the_quality_table_s_paired_interval_is_the_per_problem_difference_s():
+    """lossless_vs_lossy's Δ pass@1 interval from the discordant counts is the normal interval of the mean of the
+    per-problem differences (method − target, each −1, 0 or 1); and an interval, not a point, where they disagree."""
+    import sys
+
+    from analysis.studies import builder
+
+    builder("lossless_vs_lossy")
+    paired_interval = sys.modules["experiments.lossless_vs_lossy.analysis"].paired_interval
+    rng = np.random.default_rng(0)
+    for n in (20, 164):
+        method, target = rng.random(n) < 0.6, rng.random(n) < 0.5
+        d = method.astype(float) - target
+        low, high = paired_interval(float((d > 0).sum()), float((d < 0).sum()), float(n))
+        half = 1.96 * d.std() / np.sqrt(n)
+        assert low == pytest.approx(d.mean() - half) and high == pytest.approx(d.mean() + half) and low < d.mean() < high
+    assert paired_interval(0.0, 0.0, 164.0) == (0.0, 0.0)  # every problem the same on both sides
 
 
 def test_a_study_rebuilds_from_its_committed_runs(lossless_store, tmp_path, monkeypatch):

@@ -78,7 +78,7 @@ def test_lossless_vs_lossy_study_records_verdicts(tmp_path, new_store):
     result = cli(
         "experiment=lossless_vs_lossy", *TINY, "drafter=independent", "verifier=rejection,typical", "sampling.temperature=0.0,1.0",
         "dataset.offset=0", "dataset.num_prompts=2", "max_new_tokens=8", "stats.samples=40", "stats.length=4", "stats.distortion=4",
-        f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path,
+        f"tracker.store={new_store(tmp_path / 'mlruns')}", f"model.cache_dir={tmp_path / 'cache'}", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "equivalence (40 method vs 40 baseline sequences of 4 tokens)" in result.stdout
@@ -96,6 +96,11 @@ def test_lossless_vs_lossy_study_records_verdicts(tmp_path, new_store):
             assert metrics["eq_power_min_tv_position"] > 0 and metrics["eq_samples_per_s_method"] > 0
             assert 0 < metrics["eq_tv_position_null"] <= metrics["eq_tv_position_null_q95"]  # the noise floor beside the TV
             assert metrics["dist_positions"] == 8 and (verifier != "RejectionVerifier" or metrics["dist_tv_max"] < 1e-9)
+    # the two verifiers at T = 1 share the target's side of the battery: drawn by the first, read back by the second
+    sampled = [metrics for (_, t), metrics in grid.items() if t == "1.0"]
+    assert sorted(m["eq_baseline_reused"] for m in sampled) == [0.0, 1.0]
+    assert sampled[0]["eq_samples_per_s_baseline"] == sampled[1]["eq_samples_per_s_baseline"]
+    assert len(list((tmp_path / "cache" / "battery-baselines").glob("*.npz"))) == 1
     assert (tmp_path / "multi" / "1" / "equivalence.json").is_file()
 
 

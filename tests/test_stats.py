@@ -16,7 +16,7 @@ from specresearch.stats.battery import MIN_EXPECTED, _tv_position, family_size, 
 from specresearch.types import SamplingParams
 from specresearch.verifiers import RejectionVerifier, TopKVerifier, TypicalVerifier
 
-from .conftest import REPEATING
+from .conftest import PLAIN, REPEATING
 
 T1 = SamplingParams(temperature=1.0)
 PROMPT = [1, 2, 3, 4]
@@ -123,6 +123,32 @@ def test_battery_runs_with_consecutive_seeds_share_no_sample(target, far_draft):
         assert a.shape == b.shape == (len(prompts) * n, length)
         assert (a == b).all(1).mean() < 0.05  # identical rows: chance alone (8 tokens at T = 1)
         assert len({tuple(row) for row in a} & {tuple(row) for row in b}) < 0.05 * len(a)  # nor shifted by a row or a prompt
+
+
+def test_a_sweep_of_methods_samples_the_baseline_once(target, far_draft, tmp_path):
+    """stats.reuse_baseline: the battery's baseline side (samples, their scores, N) is kept where `baseline_cache`
+    says; another method at the same settings reads it back, and its battery is the one it gets by drawing the
+    baseline again; another seed, length, N, temperature or prompt is another key."""
+    from specresearch.measure import Results, baseline_cache, equivalence
+
+    sc = OmegaConf.create({"samples": 60, "length": 4, "prompts": 1, "alpha": 0.01, "power": 0.8, "tv": 0.05, "batch": 16,
+                           "aa_repeats": 0})
+    cfg = OmegaConf.create({"model": {"name": "tiny", "cache_dir": str(tmp_path)}, "stats": sc, "seed": 3})
+    cache = baseline_cache(cfg, target, [PROMPT], T1)
+    runs = {}
+    for name, verifier, path in [("first", RejectionVerifier(), cache), ("again", TypicalVerifier(), cache),
+                                 ("redrawn", TypicalVerifier(), None)]:
+        runs[name] = Results()
+        equivalence(sc, 3, target, Engine(target, IndependentDrafter(target, k=3, model=far_draft), verifier, T1), [PROMPT], T1,
+                    runs[name], path)
+    assert cache.is_file() and [runs[n].rates["baseline_reused"] for n in runs] == [0.0, 1.0, 0.0]
+    assert runs["again"].equivalence.summary() == runs["redrawn"].equivalence.summary()
+    assert runs["again"].rates["samples_per_s_baseline"] == runs["first"].rates["samples_per_s_baseline"]  # the draw's own time
+    others = [baseline_cache(cfg, target, [PLAIN], T1), baseline_cache(cfg, target, [PROMPT], SamplingParams(temperature=0.7)),
+              *(baseline_cache(OmegaConf.merge(cfg, change), target, [PROMPT], T1) for change in (
+                  {"seed": 4}, {"stats": {"length": 5}}, {"stats": {"samples": 61}}, {"stats": {"samples": "auto"}},
+                  {"stats": {"batch": 8}}, {"model": {"name": "tiny2"}}))]
+    assert len({cache, *others}) == 1 + len(others)
 
 
 @pytest.mark.parametrize("drafter", ["independent", "none"])

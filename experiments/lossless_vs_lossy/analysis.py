@@ -93,12 +93,13 @@ def report(study: Study) -> Report:
         report.tables.append(Table(
             "quality", "pass@1 per setting (HumanEval, by execution)",
             caption("Quality runs (eval=humaneval) joined with the speed cells: pass@1 of the method and of the target alone at "
-                    "the same T with their standard errors, the difference and McNemar's exact p (paired by problem).",
+                    "the same T with their standard errors, the difference with its 95% interval (paired by problem: from the "
+                    "problems only one side solves) and McNemar's exact p.",
                     [quality[(r["drafter"], r["verifier"], r["setting"], r["T"])] for r in scored], study),
             [Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"), Col("setting", "setting", text, "l"),
              Col("T", "T", temperature), Col("problems", lambda r: r["quality"].problems, lambda x: DASH if missing(x) else f"{x:.0f}"),
              Col("method pass@1", lambda r: _score(r, METHOD), _with_se), Col("target pass@1", lambda r: _score(r, BASELINE), _with_se),
-             Col("Δ (McNemar p)", lambda r: (r["quality"].delta_of(SCORE), r["quality"].mcnemar_p), _delta_cell),
+             Col("Δ [95% CI] (McNemar p)", lambda r: r["quality"], _delta_cell),
              Col("speedup", "speedup", speed), Col("TV mean", lambda r: r["tv"][0], _small)],
             scored))
     for name, table in published.load(study.name).items():
@@ -130,9 +131,21 @@ def _with_se(v) -> str:
     return DASH if missing(value) else num3(value) + ("" if missing(se) else f" ± {num3(se)}")
 
 
-def _delta_cell(pair) -> str:
-    delta, p = pair
-    return DASH if missing(delta) else signed(delta) + ("" if p is None or missing(p) else f" (p {pvalue(p)})")
+def paired_interval(only_method: float, only_target: float, problems: float, z: float = 1.96) -> tuple[float, float]:
+    """The 95% interval of a paired difference of two pass rates (method − target) over the same problems, from the
+    discordant counts (solved only by the method, only by the target): (b − c)/n ± z √(b + c − (b − c)²/n) / n."""
+    d = (only_method - only_target) / problems
+    half = z * math.sqrt(max(only_method + only_target - (only_method - only_target) ** 2 / problems, 0.0)) / problems
+    return d - half, d + half
+
+
+def _delta_cell(q) -> str:
+    delta, p = q.delta_of(SCORE), q.mcnemar_p
+    if missing(delta):
+        return DASH
+    ci = "" if None in (q.method_only, q.baseline_only, q.problems) else " [{}, {}]".format(
+        *(signed(x) for x in paired_interval(q.method_only, q.baseline_only, q.problems)))
+    return signed(delta) + ci + ("" if p is None or missing(p) else f" (p {pvalue(p)})")
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

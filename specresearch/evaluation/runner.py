@@ -107,11 +107,13 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
                 sides["baseline"] = Side.from_json(cache.read_text(), str(cache))
                 log.info(f"baseline: reusing the scores and generations of an identical earlier run ({cache})")
             else:
-                sides["baseline"] = evaluate(SpecResearchLM(engine=baseline, seed=cfg.seed, first_index=first, batch_size=batch), ec, chosen)
+                lm = SpecResearchLM(engine=baseline, seed=cfg.seed, first_index=first, batch_size=batch)
+                sides["baseline"] = evaluate(lm, ec, chosen)
                 if cache is not None:
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     cache.write_text(sides["baseline"].to_json())
-        sides["method"] = evaluate(SpecResearchLM(engine=method, seed=cfg.seed, first_index=first, batch_size=batch), ec, chosen)
+        lm = SpecResearchLM(engine=method, seed=cfg.seed, first_index=first, batch_size=batch)
+        sides["method"] = evaluate(lm, ec, chosen)
     record = summarise(sides, batch)
     log.info(format_summary(cfg, label, record))
     browse_line(tracker)

@@ -9,8 +9,10 @@ the same prompts, interleaved, with the distribution-equivalence battery when it
 """
 
 from specresearch.measure.equivalence import (
+    Baseline,
     aa_report,
     auto_samples,
+    baseline_cache,
     baseline_samples,
     equivalence,
     method_samples,
@@ -20,5 +22,6 @@ from specresearch.measure.equivalence import (
 from specresearch.measure.results import Results, format_table
 from specresearch.measure.runner import check_run, compiled_reference, divergence_gap, run, trained_on_tags
 
-__all__ = ["Results", "aa_report", "auto_samples", "baseline_samples", "check_run", "compiled_reference", "divergence_gap",
+__all__ = ["Baseline", "Results", "aa_report", "auto_samples", "baseline_cache", "baseline_samples", "check_run",
+           "compiled_reference", "divergence_gap",
            "equivalence", "format_table", "method_samples", "run", "score", "stats_rows", "trained_on_tags"]

@@ -4,14 +4,20 @@ teacher forcing, tested (specresearch.stats.battery), with the A/A calibration."
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-from omegaconf import DictConfig
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specresearch.engine import Engine
 from specresearch.measure.results import Results
+from specresearch.models import default_cache_dir
 from specresearch.seeding import stream_seed
 from specresearch.stats import (
     Conditionals,
@@ -38,7 +44,7 @@ AUTO_MAX = 100_000  # stats.samples=auto: the most sequences per side (all promp
 
 
 def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: list[list[int]], sampling: SamplingParams,
-                results: Results) -> None:
+                results: Results, cache: Path | None = None) -> None:
     """The distribution battery: `sc.samples` continuations of `sc.length` tokens of each of the first
     `sc.prompts` prompts, from the target alone and from the method (both batched, `sc.batch` rows at a
     time); both scored by teacher forcing; tests against each other and against the target's
@@ -48,17 +54,29 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
 
     Every draw is a stream of `seed` (`specresearch.seeding.stream_seed`) named by its `Stream`: the
     baseline, auto's rounds, the method (one stream per sample: `sample_seeds`), each side's scoring,
-    the A/A sides of each repeat; so runs with seeds s and s + 1 share none."""
+    the A/A sides of each repeat; so runs with seeds s and s + 1 share none.
+
+    `cache` (stats.reuse_baseline: `baseline_cache`): where the baseline's side (its samples, their
+    scores, N) is kept; read back instead of drawn when an identical earlier run left it, so a sweep of
+    methods at one temperature samples the target once."""
     prompts = prompt_ids[: sc.prompts]
     rows = stats_rows(sc.batch, method.target.vocab_size)  # per call
     auto = sc.samples == "auto"
-    n = sc.samples if not auto else -(-samples_for_tv(sc.tv, 1, sc.length, sc.alpha, sc.power) // len(prompts))
-    with tqdm(total=n * len(prompts), desc="equivalence samples: baseline", unit="sample") as b:
-        parts = baseline_samples(target, prompts, n, sc.length, sampling, seed, rows, progress=b.update)
-        if auto:
-            parts, n = auto_samples(parts, n, lambda more, r: baseline_samples(target, prompts, more, sc.length, sampling, seed, rows,
-                                                                               Stream.AUTO, r, b.update), sc, b)
-        base, base_cond = Samples.concat(parts), score(target, prompts, parts, sampling, seed, rows, Stream.BASELINE)
+    kept = Baseline.load(cache) if cache is not None and cache.is_file() else None
+    if kept is not None:
+        base, base_cond, n = kept.samples, kept.conditionals, kept.n
+        log.info(f"equivalence: reusing the baseline's {len(base.tokens)} sequences and their scores from an identical earlier "
+                 f"run ({cache})")
+    else:
+        n = sc.samples if not auto else -(-samples_for_tv(sc.tv, 1, sc.length, sc.alpha, sc.power) // len(prompts))
+        with tqdm(total=n * len(prompts), desc="equivalence samples: baseline", unit="sample") as b:
+            parts = baseline_samples(target, prompts, n, sc.length, sampling, seed, rows, progress=b.update)
+            if auto:
+                parts, n = auto_samples(parts, n, lambda more, r: baseline_samples(target, prompts, more, sc.length, sampling, seed, rows,
+                                                                                   Stream.AUTO, r, b.update), sc, b)
+            base, base_cond = Samples.concat(parts), score(target, prompts, parts, sampling, seed, rows, Stream.BASELINE)
+        if cache is not None:
+            Baseline(base, base_cond, n).save(cache)
     with tqdm(total=n * len(prompts), desc="equivalence samples: method", unit="sample") as b:
         meth_parts = method_samples(method, prompts, n, sc.length, seed, rows, b.update)
     meth = Samples.concat(meth_parts)
@@ -66,11 +84,63 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
                                   alpha=sc.alpha, power=sc.power, seed=stream_seed(seed, Stream.PERMUTE), tv=sc.tv)
     if auto:  # the two samples pooled may keep a few categories more than the baseline alone did
         results.equivalence.sized_at_df = position_df(base)
-    results.rates.update(samples_per_s_baseline=base.samples_per_s, samples_per_s_method=meth.samples_per_s)
+    results.rates.update(samples_per_s_baseline=base.samples_per_s, samples_per_s_method=meth.samples_per_s,
+                         baseline_reused=float(kept is not None))
     if sc.aa_repeats:
         reports = [aa_report(target, prompts, n, sc.length, sampling, seed, r, rows, sc.alpha, sc.power, sc.tv)
                    for r in tqdm(range(sc.aa_repeats), desc="A/A calibration", unit="repeat")]
         results.calibration.update(calibration(reports, sc.alpha))
+
+
+@dataclass
+class Baseline:
+    """The battery's baseline side as a run leaves it for reuse: the target's samples, their teacher-forced
+    conditionals, and N per prompt (auto's, where it sized N)."""
+
+    samples: Samples
+    conditionals: Conditionals
+    n: int
+
+    FIELDS = ("logp", "entropy", "m2", "pit", "rank")
+
+    def save(self, path: Path) -> None:
+        """Write it (numpy's npz, through a temporary file: a reader never sees half of one); a cache that
+        cannot be written costs the reuse, not the run."""
+        arrays = {f: getattr(self.conditionals, f) for f in self.FIELDS}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_suffix(".part.npz")
+            np.savez(part, tokens=self.samples.tokens, prompt=self.samples.prompt, seconds=self.samples.seconds, n=self.n, **arrays)
+            part.replace(path)
+        except OSError as err:
+            log.warning(f"equivalence: the baseline's samples could not be kept for reuse ({path}: {err})")
+
+    @classmethod
+    def load(cls, path: Path) -> Baseline:
+        with np.load(path) as z:
+            return cls(Samples(z["tokens"], z["prompt"], float(z["seconds"])), Conditionals(*(z[f] for f in cls.FIELDS)), int(z["n"]))
+
+
+def baseline_cache(cfg: DictConfig, target, prompts: list[list[int]], sampling: SamplingParams) -> Path:
+    """Where the battery's baseline side of run `cfg` is kept for reuse: keyed by everything it depends on
+    (the target and its resolved dtype and device, the prompts' tokens, sampling, seed, N or auto's sizing,
+    L, rows per call (stats.batch), the sampling and scoring code, library versions), never by the method."""
+    import torch
+    import transformers
+
+    from specresearch import __version__
+    from specresearch.stats import samples
+
+    sc = cfg.stats
+    key = json.dumps({
+        "model": OmegaConf.to_container(cfg.model, resolve=True), "dtype": str(target.dtype), "device": str(target.device),
+        "prompts": prompts[: sc.prompts], "sampling": repr(sampling), "seed": cfg.seed, "samples": sc.samples, "length": sc.length,
+        **({"tv": sc.tv, "alpha": sc.alpha, "power": sc.power} if sc.samples == "auto" else {}),
+        "batch": sc.batch, "code": [Path(samples.__file__).read_text(), Path(__file__).read_text()],
+        "versions": [__version__, torch.__version__, transformers.__version__],
+    }, sort_keys=True)
+    root = Path(cfg.model.cache_dir).expanduser() if cfg.model.cache_dir else default_cache_dir()
+    return root / "battery-baselines" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
 
 
 def baseline_samples(target, prompts: list[list[int]], n: int, length: int, sampling: SamplingParams, seed: int, rows: int,

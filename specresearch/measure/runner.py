@@ -18,7 +18,7 @@ from specresearch.build import build, build_engine, claim_params
 from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.measure.equivalence import AUTO_MAX, equivalence, format_calibration
+from specresearch.measure.equivalence import AUTO_MAX, baseline_cache, equivalence, format_calibration
 from specresearch.measure.results import Results, format_table
 from specresearch.metrics import first_divergence
 from specresearch.models import check_model_files, check_tiny_args, machine_tags
@@ -108,7 +108,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
         if cfg.stats.distortion and not sampling.greedy:
             results.distortion = measure_distortion(cfg, baseline, method, prompt_ids)
         if cfg.stats.samples and not sampling.greedy:
-            equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results)
+            cache = baseline_cache(cfg, target, prompt_ids, sampling) if cfg.stats.reuse_baseline else None
+            equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results, cache)
     record = results.record(k)
     log.info(format_table(cfg, label, record, results, sampling, target))
     if results.equivalence is not None:

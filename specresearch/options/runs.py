@@ -132,6 +132,8 @@ class Stats(Options):
     alpha: float = setting(MISSING, "family-wise error rate of the verdict")
     power: float = setting(MISSING, "the power the detectable-effect report is stated for")
     tv: float = setting(MISSING, "the position TV the power report (and samples=auto) sizes N for")
+    reuse_baseline: bool = setting(MISSING, "reuse the baseline's samples and scores of an identical earlier run (same target, "
+                                            "prompts, sampling, seed, N, length, batch)")
     aa_repeats: int = setting(MISSING, "A/A calibration repeats; 0 = off")
     distortion: int = setting(MISSING, "exact distortion (T > 0): along the target's own continuation of this many tokens "
                                        "of every prompt, the exact law of each step's first token against p (TV, KL); 0 = off")
