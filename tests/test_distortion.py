@@ -39,12 +39,13 @@ def _measured(method, baseline):
 @pytest.mark.parametrize("drafter, overrides, verifier", _cases(1.0))
 def test_lossless_pairs_have_no_distortion(drafter, overrides, verifier, tmp_path):
     """Every lossless verifier x drafter mode: the first token's exact law equals p at every position
-    (TV and KL < 1e-9), or, for a tree whose children are drawn from q, a refusal that says why."""
+    (TV and KL < 1e-9), sampled trees averaged over their children's draws; or, for the siblings modes
+    (deterministic siblings of a sampled token), a refusal that says why."""
     method, baseline = _engine(drafter, overrides, verifier, tmp_path)
     try:
         d = _measured(method, baseline)
     except SpecResearchError as err:
-        assert "sampled children" in str(err)
+        assert "siblings=N" in str(err) and any(o.startswith("siblings=") for o in overrides), (overrides, err)
         return
     assert d.tv.shape == (len(PROMPTS), LENGTH)
     assert d.tv.max() < 1e-9 and np.abs(d.kl).max() < 1e-9, (d.tv.max(), d.kl.max())
@@ -99,7 +100,35 @@ def test_relaxed_tree_law_reads_the_longest_passing_path():
     law, kept = step_first_token_law(TopKVerifier(k=2), Draft(torch.tensor([2, 3]), None, torch.tensor([-1, 0])), p)
     assert kept == 0.0 and torch.allclose(law, p[0].double())
     with pytest.raises(SpecResearchError, match="sampled children"):
-        step_first_token_law(RejectionVerifier(), Draft(torch.tensor([0, 1]), torch.full((2, 4), 0.25), torch.tensor([-1, -1])), p)
+        step_first_token_law(TopKVerifier(k=2), Draft(torch.tensor([0, 1]), torch.full((2, 4), 0.25), torch.tensor([-1, -1])), p)
+
+
+@pytest.mark.parametrize("verifier", [RejectionVerifier(), TypicalVerifier(), MarginVerifier(), TopKVerifier(k=2)],
+                         ids=lambda v: v.name)
+def test_a_sampled_tree_s_law_is_the_average_over_its_children_s_draws(verifier):
+    """Root children drawn independently from their q rows: the O(mV) law equals the enumeration of every
+    draw of the children (each draw's walk by `draft_first_token_law`, weighted by its probability); for
+    rejection sampling it is p. Relaxed rules keep a longest path and are refused on sampled trees."""
+    import itertools
+
+    from specresearch.stats.exact import draft_first_token_law, sampled_children_law
+
+    g = torch.Generator().manual_seed(1)
+    p = torch.rand(6, generator=g) ** 2
+    q = torch.softmax(torch.randn(3, 6, generator=g) * 1.5, -1)  # three root children, each from its own law
+    parents = torch.tensor([-1, -1, -1])
+    enumerated = torch.zeros(6, dtype=torch.float64)
+    for xs in itertools.product(range(6), repeat=3):
+        weight = float(torch.prod(torch.stack([q[j, x].double() for j, x in enumerate(xs)])))
+        enumerated += weight * draft_first_token_law(verifier, Draft(torch.tensor(xs), q, parents), p)
+    law, reach = sampled_children_law(verifier, Draft(torch.tensor([0, 1, 2]), q, parents), p)
+    assert torch.allclose(law, enumerated, atol=1e-12) and 0 <= reach <= 1
+    if verifier.lossless:
+        assert torch.allclose(law, p.double() / p.double().sum(), atol=1e-12)
+    siblings = Draft(torch.tensor([0, 1]), torch.stack([q[0], torch.nn.functional.one_hot(torch.tensor(1), 6).float()]),
+                     torch.tensor([-1, -1]))
+    with pytest.raises(SpecResearchError, match="siblings=N"):
+        sampled_children_law(verifier, siblings, p)
 
 
 def test_kl_is_zero_on_equal_laws_and_positive_otherwise():

@@ -150,10 +150,14 @@ def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[T
     if draft.parents is None:
         law, kept = chain_first_token_laws(verifier, p[:1], draft_law(draft, p)[:1])
         return law[0], float(kept[0])
-    if draft.q is not None:
-        raise SpecResearchError("the exact first-token law of a tree with sampled children (children=sample) is an average over "
-                                "every sibling's draw, not computed: use chains or deterministic trees (children=top)")
     tree_path = getattr(verifier, "tree_path", None)
+    if draft.q is not None:
+        if tree_path is not None:
+            raise SpecResearchError(f"the exact first-token law of {verifier.name} on a tree with sampled children is an average over "
+                                    "every node's draw along its longest passing path, not computed: use chains or deterministic "
+                                    "trees (children=top)")
+        law, reach = sampled_children_law(verifier, draft, p[0])
+        return law, 1.0 - reach
     if tree_path is not None:  # a relaxed rule: the longest passing path, whatever the siblings' order
         path = tree_path(draft, p)
         if path:
@@ -161,6 +165,44 @@ def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[T
         return normalised(verifier.fallback(p[0], None)).cpu(), 0.0
     law, reach = _walk(verifier, draft, p[0])
     return law, 1.0 - reach
+
+
+def sampled_children_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[Tensor, float]:
+    """The exact law of the first token multi-step speculative sampling emits over a tree whose root
+    children were drawn independently, each from its own q row (tree, Medusa and EAGLE with
+    children=sample: with replacement), averaged over every child's draw: child j is reached with
+    probability r_j, kept as x with q_j(x) a_j(x), and on its rejection the law becomes
+    cur_{j+1} = fallback(cur_j, q_j), which reads no drawn token; so the law is
+    Σ_j r_j q_j a_j + r_{m+1} cur_{m+1}, O(mV). A lossless verifier gives p.
+
+    Args:
+        verifier: a verifier that tries root children in turn (not a relaxed rule's longest path).
+        draft: one row's tree, q given.
+        p: [V] the target's law at the root.
+
+    Returns:
+        ([V] float64 law, the probability that every root child is rejected).
+
+    Raises:
+        SpecResearchError: one-hot rows beside sampled ones (the `siblings` modes: the top tokens beside
+            the drawn one are a function of that draw, not independent of it).
+    """
+    kids, cur = root_children(draft), normalised(p)
+    if not kids:
+        return normalised(verifier.fallback(cur, None)), 1.0
+    q = normalised(draft.q[kids].to(p.device))  # [M, V] as the draws normalise them
+    onehot = q.max(-1).values == 1.0  # [M]
+    if onehot.any() and not onehot.all():
+        raise SpecResearchError("the exact first-token law of a tree whose deterministic siblings depend on a sampled token beside "
+                                "them (siblings=N) is an average over that token's draw with its siblings, not computed: use "
+                                "siblings=0 or children=sample")
+    law, reach = torch.zeros_like(cur), 1.0
+    for j in range(len(kids)):
+        kept = q[j] * verifier.acceptance_all(cur[None], q[j : j + 1]).double()[0]  # [V]
+        law += reach * kept
+        reach *= 1.0 - float(kept.sum())
+        cur = normalised(verifier.fallback(cur, q[j]))
+    return law + reach * cur, reach
 
 
 def root_children(draft: Draft) -> list[int]:
