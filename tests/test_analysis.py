@@ -349,9 +349,10 @@ def test_lossless_vs_lossy_rows_distortion_and_verdicts(lossless_store, tmp_path
     assert_pngs(out, ["lossless_vs_lossy_frontier.png"])
 
 
-def test_the_quality_table_s_paired_interval_is_the_per_problem_difference_s():
+def test_the_quality_table_s_intervals():
     """lossless_vs_lossy's Δ pass@1 interval from the discordant counts is the normal interval of the mean of the
-    per-problem differences (method − target, each −1, 0 or 1); and an interval, not a point, where they disagree."""
+    per-problem differences (method − target, each −1, 0 or 1), an interval, not a point, where they disagree;
+    each side's is Wilson's."""
     import sys
 
     from analysis.studies import builder
@@ -366,6 +367,12 @@ def test_the_quality_table_s_paired_interval_is_the_per_problem_difference_s():
         half = 1.96 * d.std() / np.sqrt(n)
         assert low == pytest.approx(d.mean() - half) and high == pytest.approx(d.mean() + half) and low < d.mean() < high
     assert paired_interval(0.0, 0.0, 164.0) == (0.0, 0.0)  # every problem the same on both sides
+    wilson = sys.modules["experiments.lossless_vs_lossy.analysis"].wilson
+    from scipy.stats import binomtest
+
+    for k, n in ((73, 164), (0, 164), (20, 20)):  # each side's pass@1 interval: scipy's Wilson interval (z = 1.96 here)
+        ci = binomtest(k, n).proportion_ci(0.95, method="wilson")
+        assert wilson(k / n, n) == pytest.approx((ci.low, ci.high), abs=1e-4)
 
 
 def test_a_study_rebuilds_from_its_committed_runs(lossless_store, tmp_path, monkeypatch):

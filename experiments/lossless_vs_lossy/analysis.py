@@ -93,12 +93,13 @@ def report(study: Study) -> Report:
         report.tables.append(Table(
             "quality", "pass@1 per setting (HumanEval, by execution)",
             caption("Quality runs (eval=humaneval) joined with the speed cells: pass@1 of the method and of the target alone at "
-                    "the same T with their standard errors, the difference with its 95% interval (paired by problem: from the "
+                    "the same T with their 95% Wilson intervals, the difference with its 95% interval (paired by problem: from the "
                     "problems only one side solves) and McNemar's exact p.",
                     [quality[(r["drafter"], r["verifier"], r["setting"], r["T"])] for r in scored], study),
             [Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"), Col("setting", "setting", text, "l"),
              Col("T", "T", temperature), Col("problems", lambda r: r["quality"].problems, lambda x: DASH if missing(x) else f"{x:.0f}"),
-             Col("method pass@1", lambda r: _score(r, METHOD), _with_se), Col("target pass@1", lambda r: _score(r, BASELINE), _with_se),
+             Col("method pass@1 [95% CI]", lambda r: _score(r, METHOD), _with_ci),
+             Col("target pass@1 [95% CI]", lambda r: _score(r, BASELINE), _with_ci),
              Col("Δ [95% CI] (McNemar p)", lambda r: r["quality"], _delta_cell),
              Col("speedup", "speedup", speed), Col("TV mean", lambda r: r["tv"][0], _small)],
             scored))
@@ -123,12 +124,20 @@ def _tv_cell(v) -> str:
 
 def _score(r: dict, side: str) -> tuple[float, float]:
     q = r["quality"]
-    return q.score(side, SCORE), q.score(side, SCORE + "_stderr")
+    return q.score(side, SCORE), q.problems
 
 
-def _with_se(v) -> str:
-    value, se = v
-    return DASH if missing(value) else num3(value) + ("" if missing(se) else f" ± {num3(se)}")
+def wilson(rate: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a pass rate over n problems (95% at z = 1.96)."""
+    centre, half = rate + z * z / (2 * n), z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+def _with_ci(v) -> str:
+    value, n = v
+    if missing(value):
+        return DASH
+    return num3(value) + ("" if n is None or missing(n) else " [{}, {}]".format(*(num3(x) for x in wilson(value, n))))
 
 
 def paired_interval(only_method: float, only_target: float, problems: float, z: float = 1.96) -> tuple[float, float]:
