@@ -60,14 +60,22 @@ def sibling_law(
     Returns:
         [V] float64 probabilities; p for a lossless rule.
     """
-    law, reach, cur = torch.zeros_like(p, dtype=torch.float64), 1.0, p.double()
     tries = [one_hot(torch.tensor([x]), p.numel()).double()[0] for x in xs] if q is None else [normalised(q)] * m
+    return _children_law(verifier, p.double(), tries)[0]
+
+
+def _children_law(verifier: Verifier, cur: Tensor, tries: list[Tensor]) -> tuple[Tensor, float]:
+    """Multi-step speculative sampling over children drawn independently, child j from law tries[j] ([V],
+    one-hot for a deterministic child), averaged over every draw: child j, reached with probability r_j, is
+    kept as x with q_j(x) a_j(x); its rejection leaves cur_{j+1} = fallback(cur_j, q_j), which reads no drawn
+    token. Returns (the [V] float64 law Σ_j r_j q_j a_j + r_{m+1} cur_{m+1}, r_{m+1}): O(mV)."""
+    law, reach = torch.zeros_like(cur, dtype=torch.float64), 1.0
     for qi in tries:
         a = verifier.acceptance_all(cur[None], qi[None])[0].double()  # [V] a(x) for every x
         law += reach * qi * a
         reach *= float((qi * (1 - a)).sum())
         cur = normalised(verifier.fallback(cur, qi))
-    return law + reach * (cur if tries else normalised(verifier.fallback(cur, None)))
+    return law + reach * (cur if tries else normalised(verifier.fallback(cur, None))), reach
 
 
 def draft_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> Tensor:
@@ -170,10 +178,8 @@ def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[T
 def sampled_children_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[Tensor, float]:
     """The exact law of the first token multi-step speculative sampling emits over a tree whose root
     children were drawn independently, each from its own q row (tree, Medusa and EAGLE with
-    children=sample: with replacement), averaged over every child's draw: child j is reached with
-    probability r_j, kept as x with q_j(x) a_j(x), and on its rejection the law becomes
-    cur_{j+1} = fallback(cur_j, q_j), which reads no drawn token; so the law is
-    Σ_j r_j q_j a_j + r_{m+1} cur_{m+1}, O(mV). A lossless verifier gives p.
+    children=sample: with replacement), averaged over every child's draw (`_children_law`, as
+    `sibling_law` for children of one law). A lossless verifier gives p.
 
     Args:
         verifier: a verifier that tries root children in turn (not a relaxed rule's longest path).
@@ -187,22 +193,13 @@ def sampled_children_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[T
         SpecResearchError: one-hot rows beside sampled ones (the `siblings` modes: the top tokens beside
             the drawn one are a function of that draw, not independent of it).
     """
-    kids, cur = root_children(draft), normalised(p)
-    if not kids:
-        return normalised(verifier.fallback(cur, None)), 1.0
-    q = normalised(draft.q[kids].to(p.device))  # [M, V] as the draws normalise them
+    q = normalised(draft.q[root_children(draft)].to(p.device))  # [M, V] as the draws normalise them
     onehot = q.max(-1).values == 1.0  # [M]
     if onehot.any() and not onehot.all():
         raise SpecResearchError("the exact first-token law of a tree whose deterministic siblings depend on a sampled token beside "
                                 "them (siblings=N) is an average over that token's draw with its siblings, not computed: use "
                                 "siblings=0 or children=sample")
-    law, reach = torch.zeros_like(cur), 1.0
-    for j in range(len(kids)):
-        kept = q[j] * verifier.acceptance_all(cur[None], q[j : j + 1]).double()[0]  # [V]
-        law += reach * kept
-        reach *= 1.0 - float(kept.sum())
-        cur = normalised(verifier.fallback(cur, q[j]))
-    return law + reach * cur, reach
+    return _children_law(verifier, normalised(p), list(q))
 
 
 def root_children(draft: Draft) -> list[int]:
