@@ -45,7 +45,8 @@ def test_a_plain_run_prints_no_warning(tmp_path):
 
 def test_the_battery_has_one_bar_per_side(tmp_path):
     result = run("-m", "specresearch", "model=tiny", "drafter=pld", "verifier=rejection", "sampling.temperature=1", "stats.samples=20",
-                 "stats.length=3", "tracker=none", "dataset.num_prompts=1", "max_new_tokens=4", f"hydra.run.dir={tmp_path}/out", cwd=tmp_path)
+                 "stats.length=3", "tracker=none", "dataset.num_prompts=1", "max_new_tokens=4", f"hydra.run.dir={tmp_path}/out",
+                 f"model.cache_dir={tmp_path}/cache", cwd=tmp_path)  # a cache of its own: the target's side is drawn, not reused
     assert result.returncode == 0, result.stderr[-3000:]
     assert not_bars(result.stderr) == [], result.stderr[-3000:]
     drawn = bars(result.stderr)
