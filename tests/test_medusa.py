@@ -18,6 +18,7 @@ import torch
 from specresearch.data import load_prompts, prompt_record, stdlib_prompts
 from specresearch.drafters import Context, MedusaDrafter, NoDrafter, checkpoints
 from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path, sized_choices
+from specresearch.drafters.ngram import lookup
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.measure import run, trained_on_tags
@@ -326,6 +327,49 @@ def test_medusa_choices_must_form_a_tree_its_heads_can_draft_and_each_node_is_it
         assert parent == (default.choices.index(c[:-1]) if len(c) > 1 else -1)
     short = default.propose(Context(ctx.tokens, ctx.sampling, None, 1, hidden=ctx.hidden))
     assert short.depth == 1 and node_depths(short.parents) == [1, 1]
+
+
+def test_lookup_is_a_branch_of_the_heads_tree_sharing_their_nodes(target):
+    """drafter.lookup: the heads' tree unchanged, then prompt lookup's continuation from the root,
+    along the heads' nodes while they hold its tokens and on as new nodes below (no two siblings
+    alike), deeper than the heads reach; refused with sampled children."""
+    heads = noisy_heads()
+    plain, branched = MedusaDrafter(target, heads=heads), MedusaDrafter(target, heads=heads, lookup=6)
+    assert branched.depth == 6 and plain.depth == 3
+    hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    first = int(plain.heads(hidden[-1], target.model.get_output_embeddings())[0].argmax())  # the heads' rank-0 token at depth 1
+    for prompt in (REPEATING, [7, 8, first, 9, 10, 11, 12, 13, 7, 8]):  # the second's continuation starts with the heads' token
+        ctx = Context(torch.tensor(prompt), SamplingParams(), None, 100, hidden=hidden)
+        guess = lookup(ctx.tokens, 6, match="last").tolist()
+        heads_only, draft = plain.propose(ctx), branched.propose(ctx)
+        n = len(heads_only)
+        assert torch.equal(draft.tokens[:n], heads_only.tokens) and torch.equal(draft.parents[:n], heads_only.parents)
+        node, path = -1, []
+        for token in guess:  # the guess is a path from the root
+            node = next(i for i, (t, a) in enumerate(zip(draft.tokens.tolist(), draft.parents.tolist())) if a == node and t == token)
+            path.append(node)
+        pairs = list(zip(draft.parents.tolist(), draft.tokens.tolist()))
+        assert len(set(pairs)) == len(pairs) and len(draft) == n + sum(i >= n for i in path)  # merged: no node twice
+        assert draft.depth == len(guess) > 3 and draft.q is None
+    assert path[0] < n  # the second prompt's guess went through the heads' node
+    short = branched.propose(Context(ctx.tokens, ctx.sampling, None, 2, hidden=hidden))
+    assert short.depth == 2  # within the step's room, as the heads' paths
+    with pytest.raises(SpecResearchError, match="children=top"):
+        MedusaDrafter(target, heads=heads, lookup=4, children="sample")
+
+
+def test_lookup_in_the_tree_accepts_past_the_heads_and_stays_greedy_exact():
+    """On a model whose text repeats, the lookup branch carries steps past the heads' depth (what the
+    heads alone cannot reach) and the output is plain greedy decoding's."""
+    lm = cyclic_tiny(0)
+    baseline = Engine(lm, NoDrafter(), GreedyVerifier(), SamplingParams()).generate(PLAIN, 40, eos_token_ids=[])
+    deepest = {}
+    for lookup_n in (0, 6):
+        drafter = MedusaDrafter(lm, heads=MedusaHeads(64, 3), shape=None, lookup=lookup_n)
+        out = Engine(lm, drafter, GreedyVerifier(), SamplingParams()).generate(PLAIN, 40, eos_token_ids=[])
+        assert out.tokens == baseline.tokens
+        deepest[lookup_n] = len(out.stats.accepted_at) - out.stats.accepted_at[::-1].count(0)
+    assert deepest[0] <= 3 < deepest[6]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from specresearch.drafters.base import Context, Drafter
 from specresearch.drafters.checkpoints import checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
+from specresearch.drafters.ngram import lookup_rows
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
 from specresearch.drafters.tree import Sizer, check_fits
 from specresearch.errors import SpecResearchError
@@ -23,7 +24,7 @@ from specresearch.models import LoadedModel, default_cache_dir, say_once
 from specresearch.options import drafters as options
 from specresearch.options import make
 from specresearch.sampling import logits_to_probs
-from specresearch.types import Draft, SamplingParams
+from specresearch.types import Draft, SamplingParams, Trie
 from specresearch.vocab import Shortlist
 
 if TYPE_CHECKING:
@@ -188,10 +189,16 @@ class MedusaDrafter(Drafter):
     independently from the heads' laws (`children=sample`: q = that head's law after the sampling
     settings; lossless with rejection sampling). `typical` (Medusa's default) and `margin` verify the
     tree lossily (longest passing path).
+
+    With `lookup`, prompt lookup's continuation (the tokens that followed the last earlier occurrence
+    of the context's last n-gram) is a branch of the same tree: it follows the heads' nodes while they
+    hold its tokens and goes on as new nodes, deeper than the heads reach, all verified in the one
+    forward. It depends on the context alone (q = None), so each rule verifies it as it verifies the
+    heads' candidates.
     """
 
     name = "medusa"
-    modes = {"top": (), "sample": ("children=sample",)}
+    modes = {"top": (), "sample": ("children=sample",), "lookup": ("lookup=4",)}
     needs_hidden = True
     suggested_verifier = "typical"  # Trainable: Medusa's own acceptance
     default_checkpoint = staticmethod(checkpoint_path)
@@ -220,7 +227,8 @@ class MedusaDrafter(Drafter):
         s = self.settings = make(self.Settings, given)
         checkpoint, choices, nodes, shape, children = s.checkpoint, s.choices, s.nodes, s.shape, s.children
         vocab, vocab_corpus, cache_dir = s.vocab, s.vocab_corpus, s.cache_dir
-        check_fits(target, nodes if choices is None else len(choices), "drafter.nodes" if choices is None else "drafter.choices")
+        check_fits(target, (nodes if choices is None else len(choices)) + s.lookup,
+                   "drafter.nodes" if choices is None else "drafter.choices")
         meta: dict = {}
         if heads is None:
             path = find_checkpoint("medusa", target.name, checkpoint, checkpoint_path(target.name, cache_dir))
@@ -256,7 +264,8 @@ class MedusaDrafter(Drafter):
                 raise SpecResearchError("drafter.vocab needs heads on the target's own lm head (not train.own_lm_head)")
             self.shortlist = Shortlist.load(self.lm_head, target.tokenizer, int(vocab), vocab_corpus, cache_dir)
             self.lm_head = self.shortlist.head
-        self.depth = depth  # the longest path
+        self.lookup = s.lookup
+        self.depth = max(depth, self.lookup)  # the longest path: the heads', or the lookup branch's
         self._width = [1 + max(c[d] for c in choices if len(c) > d) for d in range(depth)]  # top-k per head
 
     def check(self, sampling: SamplingParams) -> None:
@@ -274,12 +283,15 @@ class MedusaDrafter(Drafter):
         live = [b for b, ctx in enumerate(ctxs) if ctx.max_draft >= 1]
         if live:
             logits = self.heads(torch.stack([ctxs[b].hidden[-1] for b in live]), self.lm_head).float()  # [K, B', V] or [K, B', N]
+            found = (lookup_rows([ctxs[b].tokens for b in live], [min(self.lookup, ctxs[b].max_draft) for b in live], match="last")
+                     if self.lookup else [ctxs[b].tokens[:0] for b in live])  # [G_b] each row's lookup branch
             for j, b in enumerate(live):
-                drafts[b] = self._tree(ctxs[b], logits[:, j])
+                drafts[b] = self._tree(ctxs[b], logits[:, j], found[j])
         return drafts
 
-    def _tree(self, ctx: Context, logits: Tensor) -> Draft:
-        """The tree of choices (those within ctx.max_draft) from one row's head logits ([K, V] or [K, N])."""
+    def _tree(self, ctx: Context, logits: Tensor, guess: Tensor) -> Draft:
+        """The tree of choices (those within ctx.max_draft) from one row's head logits ([K, V] or [K, N]),
+        with prompt lookup's `guess` ([G], G <= ctx.max_draft) as a branch from the root."""
         device = ctx.tokens.device
         choices = [c for c in self.choices if len(c) <= ctx.max_draft]
         widths = self._width[: max(map(len, choices))]  # the heads this step's tree reads (all but near the end)
@@ -295,6 +307,13 @@ class MedusaDrafter(Drafter):
         index = {c: i for i, c in enumerate(choices)}
         tokens = [ranked[len(c) - 1][c[-1]] for c in choices]
         parents = [index[c[:-1]] if len(c) > 1 else -1 for c in choices]
+        if guess.numel():  # its prefix the heads already hold is their nodes; the rest hangs below (children=top only)
+            trie, node = Trie(), -1
+            for token, parent in zip(tokens, parents):
+                trie.add(parent, token)
+            for token in guess.tolist():
+                node = trie.add(node, token)
+            tokens, parents = trie.tokens, trie.parents
         if laws is not None:
             q = laws[[len(c) - 1 for c in choices]]  # [M, V]: node at depth d was drawn from head d's law
             if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist

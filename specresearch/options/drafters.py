@@ -191,10 +191,17 @@ class Medusa(TreeSize, FrequentVocab, Heads, defaults={"nodes": 16, "shape": "au
     choices: Optional[List[List[int]]] = setting(
         None, "Medusa's tree of choices: per-depth ranks of each path, e.g. [[0], [1], [0, 0]], used as given; null = the "
               "likeliest paths by the heads' held-out accuracies, as many as `shape` says")
+    lookup: int = setting(0, "prompt lookup as a branch of the tree: the up to N tokens that followed the last earlier "
+                             "occurrence of the context's last n-gram (3 down to 1) join the heads' candidates (shared "
+                             "prefixes merged), verified in the same forward; needs children=top; 0 = off")
 
     def check(self, path: str) -> None:
         TreeSize.check(self, path)
         at_least(path, "nodes", self.nodes, 1)
+        at_least(path, "lookup", self.lookup, 0, " (0 = off)")
+        if given(self.lookup) and self.lookup and given(self.children) and self.children != "top":
+            raise SpecResearchError(f"{path}.lookup adds a deterministic branch to a tree of the heads' top tokens: use "
+                                    f"{path}.children=top, or set {path}.lookup=0")
         choices = self.choices if given(self.choices) else None
         if choices is None:
             return
