@@ -7,11 +7,12 @@ import pytest
 import torch
 from scipy.stats import power_divergence
 
-from specresearch.drafters import Context, IndependentDrafter, NoDrafter
+from specresearch.drafters import Context, IndependentDrafter, NoDrafter, draft_model
 from specresearch.drafters.draft_model import cheapen
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
+from specresearch.models import machine
 from specresearch.stats import first_token_law
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
@@ -416,8 +417,22 @@ def test_int8_draft_sampled_step_is_exact(target, far_draft):
     assert q.sum() == pytest.approx(1.0, abs=1e-5)
     assert 0 < (q - full).abs().sum() / 2 < 0.25  # int8 weights move q, but only a little (total variation)
     torch.testing.assert_close(first_token_law(RejectionVerifier(), p, q), p, atol=1e-12, rtol=0)
-    with pytest.raises(SpecResearchError, match="valid are null \\(none\\), int8"):
+    with pytest.raises(SpecResearchError, match="valid are null \\(none\\), int8, auto"):
         cheapen(far_draft, target, quantize="int4")
+
+
+def test_quantize_auto_is_int8_where_the_machine_runs_it(target, far_draft, monkeypatch, capsys):
+    """quantize=auto: int8 linears on a CPU with torch's int8 kernels, the weights as loaded without
+    them; the console says which, naming why."""
+    def linears(draft) -> int:
+        return sum(isinstance(m, torch.nn.Linear) for m in draft.model.modules())
+
+    monkeypatch.setattr(machine, "_SAID", set())  # said once per process: this test's own
+    assert linears(cheapen(far_draft, target, quantize="auto")) == 0 < linears(cheapen(far_draft, target))
+    assert "quantize=auto: int8 draft weights" in capsys.readouterr().err
+    monkeypatch.setattr(draft_model, "int8_engines", lambda: [])
+    assert linears(cheapen(far_draft, target, quantize="auto")) == linears(cheapen(far_draft, target)) > 0
+    assert "torch has no int8 kernels here" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])

@@ -5,7 +5,8 @@ drafter and verifier stays as lossless as it was:
 - `vocab`: FR-Spec's shortlist (Zhao et al., 2025): the draft's lm head scores only the N most
   frequent tokens of offline text; a sampled draft reports the q it drew from (zero elsewhere);
 - `quantize: int8`: int8 weights for every linear layer, the shortlist's head included (torch's
-  dynamic quantization, CPU only, activations in float32), on a copy of the model.
+  dynamic quantization, CPU only, activations in float32), on a copy of the model; `auto`: int8
+  where the draft runs on a CPU that torch has int8 kernels for, else the weights as loaded.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, SkinnyLinear, check_same_vocab, load_model, use_skinny_linear
+from specresearch.models import LoadedModel, SkinnyLinear, check_same_vocab, load_model, say_once, use_skinny_linear
 from specresearch.target import Target
 from specresearch.vocab import Shortlist
 
-QUANTIZE = ("int8",)
+QUANTIZE = ("int8", "auto")
 OPTIONS = ("vocab", "vocab_corpus", "quantize")  # the keys a draft model's node adds to load_model's: cheapen's
 
 
@@ -102,7 +103,8 @@ def cheapen(
         vocab: draft only over the `vocab` most frequent tokens (FR-Spec): the lm head scores those
             rows only. None = the whole vocabulary.
         vocab_corpus: offline text the frequencies come from (see specresearch.vocab).
-        quantize: "int8": int8 weights for the linear layers (CPU only); None = as loaded.
+        quantize: "int8": int8 weights for the linear layers (CPU only); "auto": int8 where this machine
+            runs them (`machine_quantize`); None = as loaded.
         cache_dir: the model cache, whose vocab/ folder keeps the token counts (None = the default).
         own_vocab: the draft keeps its own vocabulary (drafters.cross_vocab), not checked against the target's.
         allowed: [A] the only draft tokens it may propose (its shortlist; with `vocab`, the most frequent
@@ -112,6 +114,8 @@ def cheapen(
         check_same_vocab(target, lm)
     if quantize not in (None, *QUANTIZE):
         raise SpecResearchError(f"unknown drafter.model.quantize '{quantize}': valid are null (none), {', '.join(QUANTIZE)}")
+    if quantize == "auto":
+        quantize = machine_quantize(lm)
     shortlist = None
     if vocab is not None or allowed is not None:
         lm_head = lm.model.get_output_embeddings()
@@ -128,6 +132,22 @@ def cheapen(
     lm = quantize_int8(lm)
     head = None if shortlist is None else quantize_int8_module(torch.nn.Sequential(copy.deepcopy(shortlist.head).float()))[0]
     return DraftModel(lm, shortlist, head)
+
+
+def machine_quantize(lm: LoadedModel) -> str | None:
+    """quantize=auto on this machine: "int8" when the draft runs on a CPU that torch has int8 kernels
+    for (a quantized engine: x86/fbgemm/oneDNN, qnnpack on ARM), else None; the console says which, once."""
+    if lm.device.type == "cpu" and int8_engines():
+        say_once(f"drafter.model.quantize=auto: int8 draft weights (a CPU with torch's {torch.backends.quantized.engine} int8 kernels)")
+        return "int8"
+    why = "torch has no int8 kernels here" if lm.device.type == "cpu" else f"int8 kernels are CPU only; the draft runs on {lm.device}"
+    say_once(f"drafter.model.quantize=auto: the draft keeps its {lm.dtype} weights ({why})")
+    return None
+
+
+def int8_engines() -> list[str]:
+    """The int8 kernel engines torch has on this machine (x86, fbgemm, onednn, qnnpack; none: empty)."""
+    return [e for e in torch.backends.quantized.supported_engines if e != "none"]
 
 
 def quantize_int8(lm: LoadedModel) -> LoadedModel:

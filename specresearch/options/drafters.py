@@ -134,7 +134,8 @@ class SelfDraft(FrequentVocab, Chain):
     exit_layer: Optional[int] = setting(None, "instead: early exit after layer exit_layer - 1 (skip every later layer)")
     skip_ratio: Optional[float] = setting(0.5, "when neither is set: skip this fraction of the layers, evenly spaced, first "
                                                "and last kept")
-    quantize: Optional[str] = setting(None, "int8: an int8 copy of the layers the draft runs (CPU)")
+    quantize: Optional[str] = setting(None, "int8: an int8 copy of the layers the draft runs (CPU); auto: int8 on a CPU with torch's "
+                                            "int8 kernels, else none")
 
 
 @dataclass

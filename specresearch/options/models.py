@@ -67,7 +67,8 @@ class DraftModel(FrequentVocab, Model):
     In conf/, a draft model follows the target's settings (FOLLOWS) unless its drafter names others."""
     FOLLOWS: ClassVar[dict[str, str]] = {"name": "model.draft", **{key: f"model.{key}" for key in (
         "dtype", "device", "kernels", "cache", "compile", "cache_dir")}}
-    quantize: Optional[str] = setting(None, "int8: int8 weights for the draft's linear layers (CPU, torch dynamic quantization)")
+    quantize: Optional[str] = setting(None, "int8: int8 weights for the draft's linear layers (CPU, torch dynamic quantization); "
+                                            "auto: int8 where the draft runs on a CPU with torch's int8 kernels, else none")
 
 
 # The `model` group's presets, conf/model/NAME.yaml: a title, then the settings that are not TargetModel's defaults.
