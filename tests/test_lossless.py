@@ -21,7 +21,7 @@ in each of its drafting modes (`Drafter.modes`), with each verifier of conf/veri
 LANDING: a cyclic target whose top token at T = 1 is about 0.85, a draft close to it, Medusa and EAGLE
 heads built to know its cycle, prompts that are the target's own cycle; each law test there asserts
 that the method's draft path carried its samples (at least MIN_ALPHA of the drafted tokens accepted;
-with `lookup`, fewer draft forwards than drafted tokens: the cascade fired), so a setting that stops
+with a chain's `lookup`, fewer draft forwards than drafted tokens: the cascade fired), so a setting that stops
 exercising the acceptance path fails instead of passing on the residual path alone. REJECTING: a
 target less sure of the same cycle and a draft surer than it; each test there asserts that at least
 MIN_RECOVERED first steps kept no draft token. The greedy identity also runs on the random target
