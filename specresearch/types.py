@@ -94,6 +94,10 @@ class Trie:
         self.parents: list[int] = []  # -1 = the root
         self._index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
 
+    def find(self, parent: int, token: int) -> int | None:
+        """The node of `token` under `parent` (-1 = the root), None if there is none."""
+        return self._index.get((parent, token))
+
     def add(self, parent: int, token: int, merge: bool = True) -> int:
         """The node of `token` under `parent` (-1 = the root), added if new (always, without merge)."""
         if merge and (parent, token) in self._index:

@@ -19,6 +19,7 @@ from specresearch.data import load_prompts, prompt_record, stdlib_prompts
 from specresearch.drafters import Context, MedusaDrafter, NoDrafter, checkpoints
 from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path, sized_choices
 from specresearch.drafters.ngram import lookup
+from specresearch.drafters.tree import Sizer
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.measure import run, trained_on_tags
@@ -334,7 +335,7 @@ def test_lookup_is_a_branch_of_the_heads_tree_sharing_their_nodes(target):
     along the heads' nodes while they hold its tokens and on as new nodes below (no two siblings
     alike), deeper than the heads reach; refused with sampled children."""
     heads = noisy_heads()
-    plain, branched = MedusaDrafter(target, heads=heads), MedusaDrafter(target, heads=heads, lookup=6)
+    plain, branched = MedusaDrafter(target, heads=heads, shape=None), MedusaDrafter(target, heads=heads, shape=None, lookup=6)
     assert branched.depth == 6 and plain.depth == 3
     hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
     first = int(plain.heads(hidden[-1], target.model.get_output_embeddings())[0].argmax())  # the heads' rank-0 token at depth 1
@@ -358,14 +359,35 @@ def test_lookup_is_a_branch_of_the_heads_tree_sharing_their_nodes(target):
         MedusaDrafter(target, heads=heads, lookup=4, children="sample")
 
 
-def test_lookup_in_the_tree_accepts_past_the_heads_and_stays_greedy_exact():
-    """On a model whose text repeats, the lookup branch carries steps past the heads' depth (what the
-    heads alone cannot reach) and the output is plain greedy decoding's."""
+def test_shape_auto_keeps_the_lookup_branch_while_its_measured_acceptance_pays(target, monkeypatch):
+    """With shape=auto the branch's new nodes are kept while (τ̂ + their measured acceptance) / v(m)
+    grows: all of it at the prior (1/2 a node against 0.1 a node of cost here), none once the branch
+    was offered and never kept, its first tokens only once only they are kept."""
+    monkeypatch.setattr(Sizer, "measure", classmethod(lambda cls, target, most: Sizer(lambda m: 1 + 0.1 * (m - 1), 1.0)))
+    heads = noisy_heads()
+    drafter = MedusaDrafter(target, heads=heads, lookup=5)
+    ctx = Context(torch.tensor(REPEATING), SamplingParams(), None, 100, hidden=torch.randn(1, 64, generator=torch.Generator().manual_seed(0)))
+    heads_only = MedusaDrafter(target, heads=heads, shape=None).propose(ctx)
+    assert len(drafter.propose(ctx)) == len(heads_only) + 5
+    for _ in range(40):
+        drafter.rate.update(5, 2)  # the first two tokens always kept, the rest never
+    assert len(drafter.propose(ctx)) == len(heads_only) + 2
+    drafter = MedusaDrafter(target, heads=heads, lookup=5)
+    for _ in range(40):
+        drafter.rate.update(5, 0)  # 1/42 a node: below the 0.56 x 0.1 its cost takes from the speedup
+    assert torch.equal(drafter.propose(ctx).tokens, heads_only.tokens)
+
+
+def test_lookup_in_the_tree_accepts_past_the_heads_and_stays_greedy_exact(monkeypatch):
+    """On a model whose text repeats, the lookup branch (sized by shape=auto on a fixed cost curve)
+    carries steps past the heads' depth (what the heads alone cannot reach) and the output is plain
+    greedy decoding's."""
+    monkeypatch.setattr(Sizer, "measure", classmethod(lambda cls, target, most: Sizer(lambda m: 1 + 0.1 * (m - 1), 1.0)))
     lm = cyclic_tiny(0)
     baseline = Engine(lm, NoDrafter(), GreedyVerifier(), SamplingParams()).generate(PLAIN, 40, eos_token_ids=[])
     deepest = {}
     for lookup_n in (0, 6):
-        drafter = MedusaDrafter(lm, heads=MedusaHeads(64, 3), shape=None, lookup=lookup_n)
+        drafter = MedusaDrafter(lm, heads=MedusaHeads(64, 3), lookup=lookup_n)
         out = Engine(lm, drafter, GreedyVerifier(), SamplingParams()).generate(PLAIN, 40, eos_token_ids=[])
         assert out.tokens == baseline.tokens
         deepest[lookup_n] = len(out.stats.accepted_at) - out.stats.accepted_at[::-1].count(0)

@@ -24,7 +24,7 @@ from specresearch.models import LoadedModel, default_cache_dir, say_once
 from specresearch.options import drafters as options
 from specresearch.options import make
 from specresearch.sampling import logits_to_probs
-from specresearch.types import Draft, SamplingParams, Trie
+from specresearch.types import Draft, SamplingParams, Trie, Verdict
 from specresearch.vocab import Shortlist
 
 if TYPE_CHECKING:
@@ -180,6 +180,24 @@ def shortlist_labels(labels: Tensor, rows_of: Tensor) -> Tensor:
     return torch.where(labels >= 0, rows_of[labels.clamp_min(0)], labels)
 
 
+class BranchRate:
+    """The lookup branch's measured acceptance by depth: of the steps that offered its first i tokens,
+    the share whose accepted path went through all of them (Laplace's rule: 1/2 before any)."""
+
+    def __init__(self, most: int):
+        self.offered, self.kept = [0] * most, [0] * most  # [most] per depth i (0-based): steps offering / keeping tokens 0..i
+
+    def probs(self, n: int) -> list[float]:
+        """The first `n` depths' acceptance estimates."""
+        return [(k + 1) / (o + 2) for k, o in zip(self.kept[:n], self.offered[:n])]
+
+    def update(self, offered: int, kept: int) -> None:
+        """One step offered the branch's first `offered` tokens and accepted its first `kept`."""
+        for i in range(offered):
+            self.offered[i] += 1
+            self.kept[i] += i < kept
+
+
 class MedusaDrafter(Drafter):
     """Proposes Medusa's tree of choices from the heads applied to the target's hidden state at the
     position that predicted the newest token: head d's top tokens are the candidates at depth d.
@@ -194,7 +212,12 @@ class MedusaDrafter(Drafter):
     of the context's last n-gram) is a branch of the same tree: it follows the heads' nodes while they
     hold its tokens and goes on as new nodes, deeper than the heads reach, all verified in the one
     forward. It depends on the context alone (q = None), so each rule verifies it as it verifies the
-    heads' candidates.
+    heads' candidates. With shape=auto the branch is cut per step where it stops paying: its i-th new
+    node is kept while the predicted speedup (τ̂ / v(m), as Sequoia's) grows, τ̂ crediting each new node
+    with the branch's measured acceptance at its depth (`BranchRate`: the share of the steps that
+    offered the branch's first i tokens and kept them all, from a prior of 1/2) and v(m) this target's
+    measured cost of verifying the tree's m tokens. It depends on past verdicts only, as a chain's
+    heuristic k does, so it stays lossless.
     """
 
     name = "medusa"
@@ -234,9 +257,12 @@ class MedusaDrafter(Drafter):
             path = find_checkpoint("medusa", target.name, checkpoint, checkpoint_path(target.name, cache_dir))
             heads, meta = MedusaHeads.load(path)
             self.trained_on = checkpoint_record("medusa", path, meta)
+        self.lookup = s.lookup
+        sizes = shape == "auto" and (self.lookup or (choices is None and meta.get("rank_acc")))  # the heads' tree or the branch
+        self.sizer = Sizer.measure(target, nodes + self.lookup) if sizes else None  # v(m) up to the widest tree
         if shape == "auto" and choices is None:
             if meta.get("rank_acc"):
-                choices, self.predicted_speedup = sized_choices(meta["rank_acc"], Sizer.measure(target, nodes).v, nodes)
+                choices, self.predicted_speedup = sized_choices(meta["rank_acc"], self.sizer.v, nodes)
                 log.info("drafter.shape=auto: a tree of %d nodes, %d deep, predicted speedup %.2fx (Sequoia sizing, measured v)",
                          len(choices), max(map(len, choices)), self.predicted_speedup)
             else:
@@ -264,8 +290,12 @@ class MedusaDrafter(Drafter):
                 raise SpecResearchError("drafter.vocab needs heads on the target's own lm head (not train.own_lm_head)")
             self.shortlist = Shortlist.load(self.lm_head, target.tokenizer, int(vocab), vocab_corpus, cache_dir)
             self.lm_head = self.shortlist.head
-        self.lookup = s.lookup
         self.depth = max(depth, self.lookup)  # the longest path: the heads', or the lookup branch's
+        # τ̂ of the heads' tree: 1 + its paths' chances of being accepted whole (hit rates per rank; unknown: none)
+        rank_acc = meta.get("rank_acc")
+        self._tau = 1 + (sum(math.prod(rank_acc[d][r] for d, r in enumerate(c)) for c in self.choices) if rank_acc else 0.0)
+        self.rate = BranchRate(self.lookup)
+        self._branches: list[list[int]] = []  # each row's lookup-branch nodes of the last step, root first
         self._width = [1 + max(c[d] for c in choices if len(c) > d) for d in range(depth)]  # top-k per head
 
     def check(self, sampling: SamplingParams) -> None:
@@ -280,18 +310,29 @@ class MedusaDrafter(Drafter):
         if any(ctx.hidden is None for ctx in ctxs):
             raise SpecResearchError("drafter=medusa needs the target's hidden state (Context.hidden); run it through the Engine")
         drafts = [Draft.empty(ctx.tokens.device) for ctx in ctxs]
+        self._branches = [[] for _ in ctxs]
         live = [b for b, ctx in enumerate(ctxs) if ctx.max_draft >= 1]
         if live:
             logits = self.heads(torch.stack([ctxs[b].hidden[-1] for b in live]), self.lm_head).float()  # [K, B', V] or [K, B', N]
             found = (lookup_rows([ctxs[b].tokens for b in live], [min(self.lookup, ctxs[b].max_draft) for b in live], match="last")
                      if self.lookup else [ctxs[b].tokens[:0] for b in live])  # [G_b] each row's lookup branch
             for j, b in enumerate(live):
-                drafts[b] = self._tree(ctxs[b], logits[:, j], found[j])
+                drafts[b], self._branches[b] = self._tree(ctxs[b], logits[:, j], found[j])
         return drafts
 
-    def _tree(self, ctx: Context, logits: Tensor, guess: Tensor) -> Draft:
+    def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        """The lookup branch's acceptance (`BranchRate`): how far each row's accepted path followed it."""
+        for branch, verdict in zip(self._branches, verdicts):
+            if branch:
+                kept = 0
+                while kept < min(len(branch), len(verdict.path)) and branch[kept] == verdict.path[kept]:
+                    kept += 1
+                self.rate.update(len(branch), kept)
+
+    def _tree(self, ctx: Context, logits: Tensor, guess: Tensor) -> tuple[Draft, list[int]]:
         """The tree of choices (those within ctx.max_draft) from one row's head logits ([K, V] or [K, N]),
-        with prompt lookup's `guess` ([G], G <= ctx.max_draft) as a branch from the root."""
+        with prompt lookup's `guess` ([G], G <= ctx.max_draft) as a branch from the root (as much of it
+        as `_branch_length` keeps). Returns the draft and the branch's nodes, root first."""
         device = ctx.tokens.device
         choices = [c for c in self.choices if len(c) <= ctx.max_draft]
         widths = self._width[: max(map(len, choices))]  # the heads this step's tree reads (all but near the end)
@@ -307,18 +348,34 @@ class MedusaDrafter(Drafter):
         index = {c: i for i, c in enumerate(choices)}
         tokens = [ranked[len(c) - 1][c[-1]] for c in choices]
         parents = [index[c[:-1]] if len(c) > 1 else -1 for c in choices]
+        branch = []  # the lookup branch's nodes, root first
         if guess.numel():  # its prefix the heads already hold is their nodes; the rest hangs below (children=top only)
-            trie, node = Trie(), -1
+            trie = Trie()
             for token, parent in zip(tokens, parents):
                 trie.add(parent, token)
-            for token in guess.tolist():
-                node = trie.add(node, token)
+            for token in guess[: self._branch_length(trie, guess.tolist(), len(tokens))].tolist():
+                branch.append(trie.add(branch[-1] if branch else -1, token))
             tokens, parents = trie.tokens, trie.parents
         if laws is not None:
             q = laws[[len(c) - 1 for c in choices]]  # [M, V]: node at depth d was drawn from head d's law
             if self.shortlist is not None:  # the law over the whole vocabulary: zero off the shortlist
                 q = self.shortlist.widen(q)
-        return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents))
+        return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents)), branch
+
+    def _branch_length(self, trie: Trie, guess: list[int], heads: int) -> int:
+        """How much of the lookup `guess` joins a tree of `heads` nodes (`trie`): all of it without
+        shape=auto, else the prefix with the best predicted speedup (τ̂ + the new nodes' measured
+        acceptance) / v(heads + 1 + new nodes); the heads' own nodes along it cost nothing."""
+        if self.sizer is None:
+            return len(guess)
+        tau, new, node, best = self._tau, 0, -1, (self._tau / self.sizer.v(heads + 1), 0)
+        for i, (token, rate) in enumerate(zip(guess, self.rate.probs(len(guess)))):
+            node = trie.find(node, token) if node is not None else None
+            if node is None:  # a new node (and so is every one below it)
+                new, tau = new + 1, tau + rate
+            if tau / self.sizer.v(heads + 1 + new) > best[0]:
+                best = (tau / self.sizer.v(heads + 1 + new), i + 1)
+        return best[1]
 
     @classmethod
     def fit(cls, tc: Train, lm: LoadedModel, cache: Cache, tracker=None) -> tuple[MedusaHeads, dict]:
