@@ -194,7 +194,8 @@ class Medusa(TreeSize, FrequentVocab, Heads, defaults={"nodes": 16, "shape": "au
               "likeliest paths by the heads' held-out accuracies, as many as `shape` says")
     lookup: int = setting(0, "prompt lookup as a branch of the tree: the up to N tokens that followed the last earlier "
                              "occurrence of the context's last n-gram (3 down to 1) join the heads' candidates (shared "
-                             "prefixes merged), verified in the same forward (shape=auto: as much as its measured acceptance pays for); needs children=top; 0 = off")
+                             "prefixes merged), verified in the same forward (shape=auto: as much as its measured "
+                             "acceptance pays for); needs children=top; 0 = off")
 
     def check(self, path: str) -> None:
         TreeSize.check(self, path)
