@@ -104,5 +104,6 @@ def report(pairs: list[dict], args: argparse.Namespace, lm, machine: dict) -> di
                       "the same sequence (row 0's laws)."],
             "data": {"pairs": pairs}}
 
+
 if __name__ == "__main__":
     main()

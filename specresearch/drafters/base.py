@@ -119,6 +119,15 @@ class Drafter(ABC):
         return f"depth={self.depth}" if self.depth else f"k={self.k}"
 
 
+def common_prefix(a: list[int], b: list[int], most: int | None = None) -> int:
+    """The length of the longest common prefix of `a` and `b`, at most `most` (None: no bound)."""
+    n = min(len(a), len(b)) if most is None else min(len(a), len(b), most)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
 class Chain:
     """A chain draft built token by token (independent, self_draft, eagle): each token is the draft's
     argmax when decoding greedily (q = None), else a sample from its q, the draft's logits after the

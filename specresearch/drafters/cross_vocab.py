@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from specresearch.drafters.base import Chain, Context, Drafter
+from specresearch.drafters.base import Chain, Context, Drafter, common_prefix
 from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
 from specresearch.drafters.ngram import lookup
 from specresearch.errors import SpecResearchError
@@ -148,7 +148,7 @@ class CrossVocabDrafter(Drafter):
         context = self.bridge.to_draft(ctx.tokens.tolist())
         if not context:  # the context has no text the draft can read
             return None
-        return context, _common_prefix(ids, context, len(context) - 1)
+        return context, common_prefix(ids, context, len(context) - 1)
 
     def _chain(self, ctx: Context) -> Chain:
         """A new step's chain: the draft's law ("shared"), or its argmax at any T ("string")."""
@@ -182,11 +182,3 @@ class CrossVocabDrafter(Drafter):
             return []
         return lookup(torch.tensor(tokens), min(self.lookup, want), match="last").tolist()
 
-
-def _common_prefix(a: list[int], b: list[int], most: int) -> int:
-    """The length of the longest common prefix of `a` and `b`, at most `most`."""
-    n = min(len(a), len(b), most)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

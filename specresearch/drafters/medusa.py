@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from specresearch.drafters.base import Context, Drafter
+from specresearch.drafters.base import Context, Drafter, common_prefix
 from specresearch.drafters.checkpoints import checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
 from specresearch.drafters.ngram import lookup_rows
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
@@ -324,10 +324,7 @@ class MedusaDrafter(Drafter):
         """The lookup branch's acceptance (`BranchRate`): how far each row's accepted path followed it."""
         for branch, verdict in zip(self._branches, verdicts):
             if branch:
-                kept = 0
-                while kept < min(len(branch), len(verdict.path)) and branch[kept] == verdict.path[kept]:
-                    kept += 1
-                self.rate.update(len(branch), kept)
+                self.rate.update(len(branch), common_prefix(branch, verdict.path))
 
     def _tree(self, ctx: Context, logits: Tensor, guess: Tensor) -> tuple[Draft, list[int]]:
         """The tree of choices (those within ctx.max_draft) from one row's head logits ([K, V] or [K, N]),
@@ -373,8 +370,9 @@ class MedusaDrafter(Drafter):
             node = trie.find(node, token) if node is not None else None
             if node is None:  # a new node (and so is every one below it)
                 new, tau = new + 1, tau + rate
-            if tau / self.sizer.v(heads + 1 + new) > best[0]:
-                best = (tau / self.sizer.v(heads + 1 + new), i + 1)
+            speedup = tau / self.sizer.v(heads + 1 + new)
+            if speedup > best[0]:
+                best = (speedup, i + 1)
         return best[1]
 
     @classmethod
