@@ -59,17 +59,27 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
         fail(problem)
     try:
         hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(_job(work, timed, ready))()
+    except SystemExit as done:  # Hydra's --help exits here; then the settings of the options it names (drafter=pld)
+        if "--help" in sys.argv[1:] and not done.code:
+            _print_settings(sys.argv[1:], listing=False)
+        raise
     except KeyboardInterrupt:  # Ctrl-C outside a job (during a job sweeps.exit_on_signals turns it into SystemExit(130))
         print("\ninterrupted by SIGINT", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
 
 
-def _print_settings(args: list[str]) -> None:
-    """`--settings GROUP=OPTION ...`: each option's settings, defaults and descriptions; no option: the
-    options there are."""
+def _print_settings(args: list[str], listing: bool = True) -> None:
+    """`--settings GROUP=OPTION ...`: each option's settings, defaults, descriptions and why each default
+    was chosen; no option: the options there are (`listing`). With `--help` (listing=False): the settings
+    of each GROUP=OPTION among the arguments that names an option, the rest of them left alone."""
     from specresearch.options.conf import describe, registered
 
     chosen = [a for a in args if "=" in a and not a.startswith("-")]
+    if not listing:
+        chosen = [a for a in chosen if a in {f"{g}={n}" for g, n, *_ in registered()}]
+        if not chosen:
+            return
+        print("\n== The settings of " + ", ".join(chosen) + " ==")
     if not chosen:
         print("specresearch --settings GROUP=OPTION [...]: an option's settings. Options:")
         groups: dict[str, list[str]] = {}

@@ -66,6 +66,8 @@ def test_help_describes_every_group_without_importing_torch(tmp_path):
     assert any(arg.startswith("eval=") for example in runs for arg in example)
     assert "--cfg job" in result.stdout and "--hydra-help" in result.stdout
     assert re.search(r"\|\s*hydra$", result.stderr, re.M) and not re.search(r"\|\s*torch$", result.stderr, re.M)
+    settings = result.stdout.split("== The settings of drafter=pld ==\n", 1)[1]  # the option it names: its settings and why
+    assert settings.startswith("drafter=pld: ") and "\n  k=10 " in settings and "\nWhy these defaults:\n  k=10: " in settings
 
 
 def test_train_help_lists_its_groups_and_their_options(tmp_path):

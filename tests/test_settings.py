@@ -122,6 +122,24 @@ def test_a_subclass_gives_an_inherited_setting_another_default_without_declaring
     assert drafters.PromptLookup.__dataclass_fields__["k"].metadata == drafters.DraftLength.__dataclass_fields__["k"].metadata
 
 
+def test_why_a_default_is_chosen_names_a_shipped_setting_of_its_option_in_one_line():
+    """CHOSEN (why each default is what it is) belongs to the option that ships the default: each key is one of
+    its settings (dotted for a nested one), each reason one line, and `--settings` and docs/options.md print it."""
+    from specresearch.options import conf
+
+    said = 0
+    for group, name, schema, values, _ in conf.registered():
+        rows = {n: d for n, d, _ in conf.table(schema, values)}
+        for key, why in declarations.chosen(schema).items():
+            assert key in rows, f"{group}={name}: CHOSEN names '{key}', not one of its settings {sorted(rows)}"
+            assert why and "\n" not in why, (group, name, key)
+            assert f"  {key}={rows[key]}: {why}" in conf.describe(group, name).split("Why these defaults:\n")[1]
+            assert f"- `{key}={rows[key]}`: {why}" in conf.markdown()
+            said += 1
+    assert said and declarations.chosen(declarations.drafters.PromptLookup)["k"]
+    assert "k" not in declarations.chosen(declarations.drafters.Independent)  # a base's reasons are not inherited
+
+
 @pytest.mark.parametrize("name", options("experiment"))
 def test_every_study_preset_passes_the_check(name):
     cfg = compose([f"experiment={name}"])

@@ -56,6 +56,10 @@ class Options:
 
     group: ClassVar[str] = ""  # the config group (drafter, verifier, ...): the path its errors name
     option: ClassVar[str] = ""  # its name in the group: conf/GROUP/OPTION.yaml
+    # Why a default of this option is what it is, one line per setting: the measurement that chose it (the
+    # prompts, the machine, the speedup, the results page) or the source it follows. This class's own, never
+    # inherited: a subclass that gives a setting another default says why itself (`chosen`).
+    CHOSEN: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, defaults: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -73,6 +77,11 @@ class Options:
 
     def check(self, path: str) -> None:
         """Refuse values out of range (SpecResearchError): the rules that need no model."""
+
+
+def chosen(schema: type) -> dict[str, str]:
+    """{setting: why its default is what it is} of option `schema` (its own CHOSEN, not its bases')."""
+    return dict(schema.__dict__.get("CHOSEN", {}))
 
 
 def make(schema: type, given: dict[str, Any], path: str | None = None) -> Any:

@@ -237,6 +237,11 @@ class PromptLookup(DraftLength, defaults={"k": 10}):
     """Prompt lookup decoding (Saxena 2023): continue an earlier occurrence of the last n-gram. No model."""
     option: ClassVar[str] = "pld"
     _target_: str = "specresearch.drafters.pld.PromptLookupDrafter"
+    CHOSEN: ClassVar[dict[str, str]] = {
+        "k": "the paper's num_pred_tokens (Saxena 2023), as transformers' prompt lookup; not tuned here on a real target "
+             "(experiments/tune_pld searches k and max_ngram)",
+        "max_ngram": "the paper's max_ngram_size (transformers' own prompt lookup uses 2)",
+        "match": "the paper's and transformers' choice: the first occurrence"}
     max_ngram: int = setting(3, "the longest suffix looked up (the paper's max_ngram_size); longer first")
     min_ngram: int = setting(1, "the shortest suffix looked up")
     match: str = setting("first", "which earlier occurrence to continue: first (paper, transformers) or last (most recent)")
@@ -255,6 +260,9 @@ class Lookahead(Drafter):
     n-grams that continue the last token are verified in the same target forward. No model."""
     option: ClassVar[str] = "lookahead"
     _target_: str = "specresearch.drafters.lookahead.LookaheadDrafter"
+    CHOSEN: ClassVar[dict[str, str]] = {
+        key: "the reference implementation's example configuration (LookaheadDecoding's README: LEVEL=5, WINDOW_SIZE=7, "
+             "GUESS_SET_SIZE=7); not tuned here" for key in ("window", "ngram", "guesses")}
     window: int = setting(7, "W: Jacobi window width (the reference implementation's WINDOW_SIZE; the paper's A100 runs "
                              "use up to 15)")
     ngram: int = setting(5, "N: n-gram size = levels + 1 = proposal length + 1 (LEVEL)")
