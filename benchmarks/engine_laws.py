@@ -6,8 +6,8 @@ that node's context. The engine computes p in batched, ragged verification forwa
 that rows leave as they finish (the battery's shapes: R rows of one prompt, L tokens each, no EOS);
 this script decodes those rows as the battery's method side does (`specresearch.stats.sample_engine`'s
 call), and at every verification records each row's context, draft and the p the verifier got, then
-recomputes each of those laws from scratch: one plain forward of the row's own sequence, one row, no
-cache (the reference). It prints the total variation between the two per node: its mean, quantiles and
+recomputes each of those laws from the model alone: a plain forward of the row's own sequence, one row,
+through transformers' own cache of the prompt (the reference). It prints the total variation between the two per node: its mean, quantiles and
 maximum, overall and by the number of rows the step verified together. In fp32 a correct engine agrees
 with the reference to float precision (a TV of 1e-4 would be a bug: a stale cache slot, a wrong position
 or mask); in bf16 the gap is the target's own numerics between batch shapes (`benchmarks/kernel_paths.py`).
@@ -20,11 +20,13 @@ or mask); in bf16 the gap is the target's own numerics between batch shapes (`be
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from specresearch import build_engine, compose
 from specresearch.data import encode, load_prompts
@@ -43,16 +45,26 @@ def node_contexts(context: torch.Tensor, tokens: torch.Tensor, parents: torch.Te
     return [context] + [torch.cat([context, path]) for path in paths]
 
 
-@torch.inference_mode()
-def reference_laws(model, context: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor | None, sampling) -> torch.Tensor:
-    """[1 + K, V] the target's law at the root and after each of the K draft nodes, from plain forwards of
-    one row without a cache (a chain: one forward of the context and the whole chain)."""
-    if parents is None:
-        seq = torch.cat([context, tokens])  # [T + K]
-        logits = model(seq[None]).logits[0, context.numel() - 1 :]  # [1 + K, V]
-    else:
-        logits = torch.stack([model(c[None]).logits[0, -1] for c in node_contexts(context, tokens, parents)])  # [1 + K, V]
-    return logits_to_probs(logits.float(), sampling)
+class Reference:
+    """The target's own laws, from plain one-row forwards of the model (transformers' code, not the
+    engine's): the prompt but its last token is computed once and kept in the model's own cache, and
+    each context is fed after a copy of it."""
+
+    def __init__(self, model, prompt: list[int], sampling):
+        self.model, self.sampling, self.n = model, sampling, len(prompt) - 1
+        with torch.inference_mode():
+            self.cache = model(torch.tensor([prompt[:-1]], device=model.device), use_cache=True).cache
+
+    @torch.inference_mode()
+    def laws(self, context: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor | None) -> torch.Tensor:
+        """[1 + K, V] the target's law at the root and after each of the K draft nodes (a chain: one forward
+        of the context's rest and the whole chain; a tree: one per node)."""
+        seqs = [torch.cat([context, tokens])] if parents is None else node_contexts(context, tokens, parents)
+        logits = []
+        for seq in seqs:
+            out = self.model(seq[None, self.n :], cache=copy.deepcopy(self.cache), use_cache=True).logits[0]  # [T' + K, V]
+            logits.append(out[context.numel() - 1 - self.n :] if parents is None else out[-1:])
+        return logits_to_probs(torch.cat(logits).float(), self.sampling)
 
 
 def audit(engine, prompt: list[int], rows: int, tokens: int, seed: int) -> list[dict]:
@@ -61,29 +73,32 @@ def audit(engine, prompt: list[int], rows: int, tokens: int, seed: int) -> list[
     contexts: list[torch.Tensor] = []
     found: list[dict] = []
     propose, verify = engine.drafter.propose_rows, engine.verify
-    model = engine.target.lm.model
+    reference = Reference(engine.target.lm.model, prompt, engine.p_sampling)
 
     def proposing(ctxs):
         contexts[:] = [ctx.tokens.clone() for ctx in ctxs]
         return propose(ctxs)
 
     def verifying(drafts, logits, active):
+        bar.update(1)
+        bar.set_postfix(rows=len(drafts))
         p = logits_to_probs(logits, engine.p_sampling)  # [B, W, V]
         for b, (context, draft) in enumerate(zip(contexts, drafts)):
             n = len(draft)  # the proposals (a drafter's scratch positions come after them and are not verified)
-            ref = reference_laws(model, context, draft.tokens[:n], None if draft.parents is None else draft.parents[:n],
-                                 engine.p_sampling)  # [1 + K_b, V]
+            ref = reference.laws(context, draft.tokens[:n], None if draft.parents is None else draft.parents[:n])  # [1 + K_b, V]
             tv = 0.5 * (p[b, : ref.shape[0]] - ref).abs().sum(-1)  # [1 + K_b]
             found.extend({"rows": len(drafts), "node": i, "at": context.numel() - len(prompt) + i, "tv": float(t)}
                          for i, t in enumerate(tv))
         return verify(drafts, logits, active)
 
     engine.drafter.propose_rows, engine.verify = proposing, verifying
+    bar = tqdm(desc="verification steps audited", unit="step")
     try:
         engine.generate([list(prompt)] * rows, tokens, eos_token_ids=[], seed=sample_seeds(seed, rows, 0, Stream.METHOD),
                         reuse_prefill=True, sample_first=False)
     finally:
         engine.drafter.propose_rows, engine.verify = propose, verify
+        bar.close()
     return found
 
 
