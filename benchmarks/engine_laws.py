@@ -7,8 +7,9 @@ that rows leave as they finish (the battery's shapes: R rows of one prompt, L to
 this script decodes those rows as the battery's method side does (`specresearch.stats.sample_engine`'s
 call), and at every verification records each row's context, draft and the p the verifier got, then
 recomputes each of those laws from the model alone: a plain forward of the row's own sequence, one row,
-through transformers' own cache of the prompt (the reference). It prints the total variation between the two per node: its mean, quantiles and
-maximum, overall and by the number of rows the step verified together. In fp32 a correct engine agrees
+through transformers' own cache of the prompt (the reference). It prints the total variation between
+the two per node: its mean, quantiles and maximum, overall and by the number of rows the step verified
+together. In fp32 a correct engine agrees
 with the reference to float precision (a TV of 1e-4 would be a bug: a stale cache slot, a wrong position
 or mask); in bf16 the gap is the target's own numerics between batch shapes (`benchmarks/kernel_paths.py`).
 

@@ -76,9 +76,10 @@ def report(study: Study) -> Report:
             "battery", "The equivalence battery on the real pair",
             caption("Cells where the battery ran (stats.samples): sequences per side, its Holm verdict, the smallest Holm "
                     "p, the plug-in mean position TV beside two samples of one law (its noise floor), the smallest position "
-                    "TV it detects with 80% power at this N, and the method's draws per second. Drafter none is the control: "
-                    "plain decoding through the engine's batched steps against the same target side, so a verdict there is "
-                    "the target's own numerics, not a rule.",
+                    "TV it detects with 80% power at this N, and the method's draws per second."
+                    + (" Drafter none is the control: plain decoding through the engine's batched steps against the same "
+                       "target side, so a verdict there is the target's own numerics, not a rule."
+                       if any(r["drafter"] == "none" for r in tested) else ""),
                     [cells[(r["drafter"], r["verifier"], r["setting"], r["T"])] for r in tested], study),
             [Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"), Col("setting", "setting", text, "l"),
              Col("T", "T", temperature), Col("N per side", lambda r: r["eq"].get("samples_method", math.nan),
