@@ -9,9 +9,9 @@ call), and at every verification records each row's context, draft and the p the
 recomputes each of those laws from the model alone: a plain forward of the row's own sequence, one row,
 through transformers' own cache of the prompt (the reference). It prints the total variation between
 the two per node: its mean, quantiles and maximum, overall and by the number of rows the step verified
-together. In fp32 a correct engine agrees
-with the reference to float precision (a TV of 1e-4 would be a bug: a stale cache slot, a wrong position
-or mask); in bf16 the gap is the target's own numerics between batch shapes (`benchmarks/kernel_paths.py`).
+together. In fp32 a correct engine agrees with the reference to float precision (a TV of 1e-4 would be a
+bug: a stale cache slot, a wrong position or mask); in bf16 the gap is the target's own numerics between
+batch shapes (`benchmarks/kernel_paths.py`).
 
     python benchmarks/engine_laws.py                                   # the real pair, bf16: the battery's shapes
     python benchmarks/engine_laws.py --dtype float32                   # the same in fp32: any gap is a bug
@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from specresearch import build_engine, compose
+from specresearch import build_engine, compose, reports
 from specresearch.data import encode, load_prompts
 from specresearch.models import machine_tags
 from specresearch.sampling import logits_to_probs
@@ -142,20 +141,18 @@ def main() -> None:
           "target's law from a plain one-row forward, per node")
     for r in rows:
         print(f"  {r[0]:20} nodes {r[1]:>5}  mean {r[2]}  median {r[3]}  99% {r[4]}  max {r[5]}")
-    if args.json:
-        command = "python benchmarks/engine_laws.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "json")
+    if args.json:  # one results report (specresearch.reports)
         with open(args.json, "w") as f:
-            json.dump({"title": f"The p the verifier reads against the target's own law: {lm.name}, "
-                                f"{str(lm.dtype).removeprefix('torch.')}, {args.drafter} x {args.verifier}",
-                       "date": datetime.date.today().isoformat(),
-                       "machine": ", ".join(f"{k.removeprefix('specresearch.')} {v}" for k, v in machine_tags(lm).items()),
-                       "command": [command], "topic": "lossless",
-                       "columns": ["steps", "nodes", "mean TV", "median TV", "99% TV", "max TV"], "rows": rows,
-                       "prompts": f"HumanEval {args.prompt}, {args.rows} rows x {args.tokens} tokens at T = {args.temperature}",
-                       "notes": ["Each node's TV between the law the engine's verifier read (batched, ragged, cached) and the "
-                                 "target's law from one plain forward of that node's context (one row, no cache)."],
-                       "data": {"nodes": found}}, f, indent=1)
-
+            json.dump(reports.of_script(
+                "engine_laws.py", vars(args), machine_tags(lm),
+                f"The p the verifier reads against the target's own law: {lm.name}, {str(lm.dtype).removeprefix('torch.')}, "
+                f"{args.drafter} x {args.verifier}", topic="lossless",
+                columns=["steps", "nodes", "mean TV", "median TV", "99% TV", "max TV"], rows=rows,
+                prompts=f"HumanEval {args.prompt}, {args.rows} rows x {args.tokens} tokens at T = {args.temperature}",
+                notes=["Each node's TV between the law the engine's verifier read (batched, ragged, cached) and the target's "
+                       "law from one plain forward of that node's context (one row, transformers' own code after its cache "
+                       "of the prompt)."],
+                data={"nodes": found}), f, indent=1)
 
 if __name__ == "__main__":
     main()

@@ -22,12 +22,12 @@ samples detects (docs/concepts/lossless.md, "What a verdict on a real model can 
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 
 import torch
 
+from specresearch import reports
 from specresearch.data import encode, load_prompts
 from specresearch.models import load_model, machine_tags
 from specresearch.sampling import logits_to_probs
@@ -91,19 +91,16 @@ def main() -> None:
 
 def report(pairs: list[dict], args: argparse.Namespace, lm, machine: dict) -> dict:
     """The results report of one run: a row per pair of kernel paths (mean and max TV), the per-position TVs in `data`."""
-    command = "python benchmarks/kernel_paths.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "json")
-    return {"title": f"The target's law along other kernel paths: {lm.name}, {str(lm.dtype).removeprefix('torch.')}",
-            "date": datetime.date.today().isoformat(),
-            "machine": ", ".join(f"{k.removeprefix('specresearch.')} {v}" for k, v in machine.items()),
-            "command": [command], "topic": "lossless",
-            "columns": ["path a", "path b", "mean TV over positions", "max TV"],
-            "rows": [[r["a"], r["b"], f"{r['mean']:.2e}", f"{r['max']:.2e}"] for r in pairs],
-            "prompts": f"HumanEval {args.prompt}, {args.tokens} tokens sampled from the target at T = {args.temperature}",
-            "notes": ["TV between the target's laws (after the sampling settings) at the same positions, computed by the project's "
-                      "target wrapper fed 1 token, k + 1 tokens or the whole continuation a forward, with 1 row or R rows of "
-                      "the same sequence (row 0's laws)."],
-            "data": {"pairs": pairs}}
-
+    return reports.of_script(
+        "kernel_paths.py", vars(args), machine,
+        f"The target's law along other kernel paths: {lm.name}, {str(lm.dtype).removeprefix('torch.')}", topic="lossless",
+        columns=["path a", "path b", "mean TV over positions", "max TV"],
+        rows=[[r["a"], r["b"], f"{r['mean']:.2e}", f"{r['max']:.2e}"] for r in pairs],
+        prompts=f"HumanEval {args.prompt}, {args.tokens} tokens sampled from the target at T = {args.temperature}",
+        notes=["TV between the target's laws (after the sampling settings) at the same positions, computed by the project's "
+               "target wrapper fed 1 token, k + 1 tokens or the whole continuation a forward, with 1 row or R rows of "
+               "the same sequence (row 0's laws)."],
+        data={"pairs": pairs})
 
 if __name__ == "__main__":
     main()

@@ -15,6 +15,7 @@ batch sizes, gpu_check.py's sections); stdlib only.
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 import shlex
@@ -89,6 +90,16 @@ def of(record: dict, name: str, topic: str | None = None) -> dict:
     else:
         raise SpecResearchError(f"{name}: not a record a benchmark writes (speed.py's or gpu_check.py's) nor a report")
     return {**{k: v for k, v in table.items() if v not in (None, "")}, "topic": topic or kind, "data": record}
+
+
+def of_script(script: str, args: dict[str, Any], machine: dict[str, str], title: str, **fields: Any) -> dict:
+    """The report a benchmark script writes of one run: `title` and `fields` (topic, columns, rows, prompts,
+    notes, data) with today's date, the machine in one line (`machine`: specresearch.models.machine_tags) and
+    the command that reproduces it (benchmarks/`script` with every argument of `args` but the output, `json`)."""
+    command = " ".join([f"python benchmarks/{script}", *(f"--{k} {v}" for k, v in args.items() if k != "json")])
+    return {"title": title, "date": datetime.date.today().isoformat(),
+            "machine": ", ".join(f"{k.removeprefix('specresearch.')} {v}" for k, v in machine.items()),
+            "command": [command], **fields}
 
 
 def is_speed_report(data: dict) -> bool:

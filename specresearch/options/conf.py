@@ -139,7 +139,8 @@ def describe(group: str, option: str) -> str:
             head = f"{group}={option}: " + (title or " ".join((schema.__doc__ or "").split()))
             width = min(max((len(r[0]) + len(r[1]) for r in rows), default=0) + 3, COLUMN)
             lines = [f"  {n}={d}".ljust(width + 2) + f" {doc}" for n, d, doc in rows] or ["  (no settings)"]
-            why = [f"  {n}={d}: {chosen(schema)[n]}" for n, d, _ in rows if n in chosen(schema)]
+            reasons = chosen(schema)
+            why = [f"  {n}={d}: {reasons[n]}" for n, d, _ in rows if n in reasons]
             return "\n".join(textwrap.wrap(head, WIDTH) + lines + ["Why these defaults:"] * bool(why) + why)
     valid = [f"{g}={n}" for g, n, *_ in registered()]
     raise SpecResearchError(f"unknown option '{group}={option}': valid are {', '.join(valid)}")
@@ -165,7 +166,8 @@ def markdown() -> str:
                 continue
             lines += ["| setting | default | description |", "|---|---|---|"]
             lines += [f"| `{n}` | `{d}` | {_cell(doc)} |" for n, d, doc in rows] + [""]
-            why = [f"- `{n}={d}`: {chosen(schema)[n]}" for n, d, _ in rows if n in chosen(schema)]
+            reasons = chosen(schema)
+            why = [f"- `{n}={d}`: {reasons[n]}" for n, d, _ in rows if n in reasons]
             lines += ["Why these defaults:", "", *why, ""] if why else []
     return "\n".join(lines)
 
