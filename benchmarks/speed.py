@@ -247,13 +247,13 @@ def drafter_configs(args) -> dict[str, Ours]:
     from conf/ and checked by the settings schema (config.compose) before any model loads: drafter
     options as `drafter.<option>`; `verifier=NAME` and `verifier.<option>` pick and set its verifier
     (default: greedy, at --temperature > 0 rejection sampling, both lossless). Drafters with a draft
-    length get --k first (lookahead's k is its n-gram size)."""
+    length get --k first when it is given (lookahead's k is its n-gram size)."""
     found = {}
     for name in wanted_methods(args.methods):
         if name in (*HF_METHODS, *OURS_PLAIN):
             continue
         group, *options = name.split(":")
-        if "k" in compose([f"drafter={group}"]).drafter:
+        if args.k is not None and "k" in compose([f"drafter={group}"]).drafter:
             options = [f"k={args.k}", *options]
         verifier = [o for o in options if o.startswith("verifier")]
         if not any(o.startswith("verifier=") for o in verifier):
@@ -795,7 +795,8 @@ def parse_args() -> argparse.Namespace:
                         help="HumanEval: the first prompt; MT-bench: the first question of each category")
     parser.add_argument("--tokens", type=at_least(1), default=64, help="new tokens per prompt (EOS ignored)")
     parser.add_argument("--repeats", type=at_least(1), default=2, help="times every prompt is decoded by every method")
-    parser.add_argument("--k", type=at_least(1), default=4, help="draft tokens per step of our drafters")
+    parser.add_argument("--k", type=at_least(1), default=None,
+                        help="draft tokens per step of our drafters (default: each drafter's own, as conf/drafter/ says)")
     parser.add_argument("--temperature", type=at_least_zero, default=0.0,
                         help="0: greedy (default); T > 0: every method samples from softmax(logits / T), no top-k or top-p; "
                              "our drafters verify with rejection sampling unless a method says verifier=NAME")
@@ -893,7 +894,7 @@ def run(args) -> None:
                           date=time.strftime("%Y-%m-%d %H:%M"))
         else:
             measure(methods, [[ids] for ids in prompts], args.tokens, args.repeats)
-            v_curve = verify_costs(target, prompts[0], max(args.k, 8))
+            v_curve = verify_costs(target, prompts[0], max(args.k or 0, 8))
             rows = summarize(methods, v_curve, sampled=args.temperature > 0)
             prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
             report.update(header=header.strip(), args=report_args(args), rows=rows, v_curve=v_curve, profile=prof,
