@@ -2,9 +2,9 @@
 here from committed speed reports (docs/results/data/, as benchmarks/speed.py --json writes them), so
 the two pages cannot disagree and every number carries its interval, its prompts and its machine.
 
-docs/results/headline.json names each headline: a report, a method of it (its row's name up to the
-first space or parenthesis) and what it is. Each must rest on at least MIN_PROMPTS prompts with a
-bootstrap interval over them (speed.py writes one for every row). The block between
+docs/results/headline.json names each headline: a report, a method of it (its row's whole label, or
+its name up to the first space or parenthesis where that is one row's) and what it is. Each must rest
+on at least MIN_PROMPTS prompts with a bootstrap interval over them (speed.py writes one for every row). The block between
 
     <!-- headline: begin ... -->
     <!-- headline: end -->
@@ -46,8 +46,10 @@ def which(h: dict) -> str:
 
 
 def row_of(report: dict, method: str, name: str) -> dict:
-    """The row of `report` whose method is `method` (its name up to the first space or parenthesis)."""
-    rows = [r for r in report.get("rows", []) if re.split(r"[ (]", r["method"], maxsplit=1)[0] == method]
+    """The row of `report` whose method is `method`: its whole label ("independent(k=16)"), or else its name up
+    to the first space or parenthesis ("independent")."""
+    rows = [r for r in report.get("rows", []) if r["method"] == method] or \
+        [r for r in report.get("rows", []) if re.split(r"[ (]", r["method"], maxsplit=1)[0] == method]
     if len(rows) != 1:
         found = sorted({re.split(r"[ (]", r["method"], maxsplit=1)[0] for r in report.get("rows", [])})
         raise HeadlineError(f"{name}: {len(rows)} rows of method '{method}' (one needed); its methods: {', '.join(found)}")

@@ -53,9 +53,9 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
     assert [line for line in not_bars(result.stderr) if not line.startswith("USDT:")] == [], result.stderr[-3000:]
     report = reports.raw(json.loads(out.read_text()))
     rows = {r["method"]: r for r in report["rows"]}
-    cheap = "independent(k=4) model.vocab=100 model.vocab_corpus=mtbench model.quantize=int8"
-    assert list(rows) == ["generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "baseline", "baseline_compiled", "independent(k=4)", cheap,
-                          cheap.replace("k=4", "k=2")]
+    cheap = "independent(k=16) model.vocab=100 model.vocab_corpus=mtbench model.quantize=int8"
+    assert list(rows) == ["generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "baseline", "baseline_compiled", "independent(k=16)", cheap,
+                          cheap.replace("k=16", "k=2")]
     plain = {name: rows[name]["tokens_per_s"] for name in ("generate", "generate_torch", "generate_compiled", "baseline", "baseline_compiled")}
     fastest = max(plain, key=plain.get)
     assert {r["fastest_plain"] for r in rows.values()} == {fastest} and rows[fastest]["speedup_vs_fastest_plain"] == 1
@@ -64,10 +64,10 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
     for row in rows.values():
         assert row["tokens_per_s"] > 0
         assert row["identical_to_reference"] == 2, f"{row['method']}: greedy in fp32 must equal generate's tokens"
-    spec = rows["independent(k=4)"]
-    assert 0 < spec["alpha"] < 1 and 1 < spec["tau"] <= 5 and spec["leviathan"] > 0
+    spec = rows["independent(k=16)"]
+    assert 0 < spec["alpha"] < 1 and 1 < spec["tau"] <= 17 and spec["leviathan"] > 0
     assert abs(sum(spec["time_split"].values()) - 1) < 1e-6
-    assert "independent(k=4)" in result.stdout and "vs_generate" in result.stdout
+    assert "independent(k=16)" in result.stdout and "vs_generate" in result.stdout
     assert set(report["profile"]) == set(rows)  # --profile: each method's time by op group, adding up to its wall time
     for name, prof in report["profile"].items():
         assert prof["seconds"] > 0 and prof["matmul"] > 0 and prof["python"] > 0, name
@@ -80,7 +80,7 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
     (run,) = mlflow.search_runs(experiment_names=["benchmarks"], output_format="list")
     assert run.info.status == "FINISHED"
     assert run.data.metrics["baseline.tokens_per_s"] == rows["baseline"]["tokens_per_s"]
-    assert "independent_k_4_.alpha" in run.data.metrics
+    assert "independent_k_16_.alpha" in run.data.metrics
 
 
 def test_speed_unknown_method_lists_the_valid_ones(tmp_path):
@@ -108,7 +108,7 @@ def test_speed_quick_on_mtbench_chat(tmp_path):
     """--dataset mtbench: MT-bench's first turns through the chat template, one per category."""
     _, report = quick(tmp_path, "--dataset", "mtbench", "--prompts", "2", "--methods", "generate,baseline,pld")
     assert "2 MT-bench questions (first turn, chat template)" in report["header"] and report["args"]["dataset"] == "mtbench"
-    assert [r["method"] for r in report["rows"]] == ["generate", "baseline", "pld(k=4)"]
+    assert [r["method"] for r in report["rows"]] == ["generate", "baseline", "pld(k=10)"]
     assert all(r["identical_to_reference"] == 2 for r in report["rows"])
 
 
@@ -119,10 +119,10 @@ def test_speed_quick_samples_at_a_temperature_with_each_methods_verifier(tmp_pat
                       "generate,hf_assisted,baseline,independent,independent:verifier=typical:verifier.epsilon=0.3")
     assert report["header"].endswith("sampled at T = 0.7") and report["args"]["temperature"] == 0.7
     rows = {r["method"]: r for r in report["rows"]}
-    assert list(rows) == ["generate", "hf_assisted", "baseline", "independent(k=4)",
-                          "independent(k=4) verifier=typical verifier.epsilon=0.3"]
+    assert list(rows) == ["generate", "hf_assisted", "baseline", "independent(k=16)",
+                          "independent(k=16) verifier=typical verifier.epsilon=0.3"]
     assert all(r["identical_to_reference"] is None and r["tokens_per_s"] > 0 for r in rows.values())
-    assert 0 < rows["independent(k=4)"]["alpha"] < 1
+    assert 0 < rows["independent(k=16)"]["alpha"] < 1
     page = _docs_hook().render(_docs_hook().load(tmp_path / "speed.json"), "speed.json")
     assert "sampled at T = 0.7" in page
 
@@ -182,8 +182,8 @@ def test_speed_quick_batch_mode_has_rows_per_batch_size_and_a_crossover(tmp_path
     assert report["args"]["batch"] == "1,2" and report["args"]["prompts"] == 2  # --quick: the sizes' least common multiple
     assert [e["batch"] for e in report["batches"]] == [1, 2] and "rows" not in report
     one, two = report["batches"]
-    assert [r["method"] for r in one["rows"]] == ["generate", "hf_assisted", "baseline", "pld(k=4)"]
-    assert [r["method"] for r in two["rows"]] == ["generate", "baseline", "pld(k=4)"]
+    assert [r["method"] for r in one["rows"]] == ["generate", "hf_assisted", "baseline", "pld(k=10)"]
+    assert [r["method"] for r in two["rows"]] == ["generate", "baseline", "pld(k=10)"]
     assert one["skipped"] == {} and list(two["skipped"]) == ["hf_assisted"] and "batch_size = 1" in two["skipped"]["hf_assisted"]
     for entry in report["batches"]:
         plain = {r["method"]: r["tokens_per_s"] for r in entry["rows"] if r["method"] in ("generate", "baseline")}
@@ -193,7 +193,7 @@ def test_speed_quick_batch_mode_has_rows_per_batch_size_and_a_crossover(tmp_path
             assert r["speedup_vs_fastest_plain"] == r["tokens_per_s"] / plain[fastest]
             assert r["identical_to_reference"] == 2, f"B={entry['batch']} {r['method']}: greedy fp32 must equal generate's tokens"
         assert entry["prompts"] == 2 and entry["reference"] == "generate"
-    assert set(report["crossover"]) == {"hf_assisted", "pld(k=4)"}  # plain decoding has none
+    assert set(report["crossover"]) == {"hf_assisted", "pld(k=10)"}  # plain decoding has none
     for method, b in report["crossover"].items():
         below = [e["batch"] for e in report["batches"] for r in e["rows"] if r["method"] == method and r["speedup_vs_fastest_plain"] < 1]
         assert b == (below[0] if below else None)
@@ -206,7 +206,7 @@ def test_speed_quick_batch_mode_has_rows_per_batch_size_and_a_crossover(tmp_path
     data = hook.load(tmp_path / "speed-20261127-120000.json")
     assert data["topic"] == "batches" and data["date"] == report["date"]  # the report's own date, when it was written
     assert data["columns"] == ["method", "B=1 tok/s", "B=1 vs fastest plain", "B=2 tok/s", "B=2 vs fastest plain", "crossover"]
-    assert [row[0] for row in data["rows"]] == ["generate", "hf_assisted", "baseline", "pld(k=4)"]
+    assert [row[0] for row in data["rows"]] == ["generate", "hf_assisted", "baseline", "pld(k=10)"]
     assert data["rows"][1][3] == "skipped" and data["rows"][0][-1] == ""
     assert "--batch 1,2" in data["command"][0] and data["machine"] == report["header"]
     page = hook.render(data, "speed-20261127-120000.json")

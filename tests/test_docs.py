@@ -172,3 +172,14 @@ def test_a_headline_without_enough_prompts_or_an_interval_is_refused(tmp_path, m
     monkeypatch.setattr(headline, "SOURCE", tmp_path / "headline.json")
     with pytest.raises(headline.HeadlineError, match="needs >= 8 prompts and a bootstrap interval.*it has 3 prompts and no interval"):
         headline.headlines()
+
+
+def test_a_headline_names_its_row_by_the_whole_label_where_the_name_is_shared():
+    """Two rows of one drafter (its defaults and a variant): the name alone is refused as ambiguous, the whole
+    label picks one."""
+    headline = _headline()
+    report = {"rows": [{"method": "independent(k=16)"}, {"method": "independent(k=16) siblings=2"}, {"method": "generate"}]}
+    assert headline.row_of(report, "independent(k=16) siblings=2", "r.json") is report["rows"][1]
+    assert headline.row_of(report, "generate", "r.json") is report["rows"][2]
+    with pytest.raises(headline.HeadlineError, match="2 rows of method 'independent'"):
+        headline.row_of(report, "independent", "r.json")

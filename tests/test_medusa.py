@@ -312,13 +312,13 @@ def test_shipped_heads_load_when_none_were_trained_here(tmp_path, target, monkey
 
 
 def test_medusa_choices_must_form_a_tree_its_heads_can_draft_and_each_node_is_its_heads_ranked_token(target):
-    drafter = MedusaDrafter(target, heads=noisy_heads(), choices=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+    drafter = MedusaDrafter(target, heads=noisy_heads(), choices=[[0], [1], [0, 0], [0, 1], [0, 0, 0]], lookup=0)
     assert drafter.depth == 3 and drafter.k == 0  # k (draft tokens per step) has no meaning for a tree
     with pytest.raises(SpecResearchError, match="missing"):
         MedusaDrafter(target, heads=noisy_heads(), choices=[[0], [1, 0]])
     with pytest.raises(SpecResearchError, match="heads"):
         MedusaDrafter(target, heads=noisy_heads(heads=2), choices=[[0], [0, 0], [0, 0, 0]])
-    default = MedusaDrafter(target, heads=noisy_heads())
+    default = MedusaDrafter(target, heads=noisy_heads(), lookup=0)  # the heads' tree alone
     ctx = Context(torch.tensor(PLAIN), SamplingParams(), None, 100, hidden=torch.randn(1, 64))
     draft = default.propose(ctx)
     assert len(draft) == len(DEFAULT_CHOICES) == 8 and draft.depth == 3 and draft.q is None
@@ -335,7 +335,7 @@ def test_lookup_is_a_branch_of_the_heads_tree_sharing_their_nodes(target):
     along the heads' nodes while they hold its tokens and on as new nodes below (no two siblings
     alike), deeper than the heads reach; refused with sampled children."""
     heads = noisy_heads()
-    plain, branched = MedusaDrafter(target, heads=heads, shape=None), MedusaDrafter(target, heads=heads, shape=None, lookup=6)
+    plain, branched = MedusaDrafter(target, heads=heads, shape=None, lookup=0), MedusaDrafter(target, heads=heads, shape=None, lookup=6)
     assert branched.depth == 6 and plain.depth == 3
     hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
     first = int(plain.heads(hidden[-1], target.model.get_output_embeddings())[0].argmax())  # the heads' rank-0 token at depth 1
@@ -367,7 +367,7 @@ def test_shape_auto_keeps_the_lookup_branch_while_its_measured_acceptance_pays(t
     heads = noisy_heads()
     drafter = MedusaDrafter(target, heads=heads, lookup=5)
     ctx = Context(torch.tensor(REPEATING), SamplingParams(), None, 100, hidden=torch.randn(1, 64, generator=torch.Generator().manual_seed(0)))
-    heads_only = MedusaDrafter(target, heads=heads, shape=None).propose(ctx)
+    heads_only = MedusaDrafter(target, heads=heads, shape=None, lookup=0).propose(ctx)
     assert len(drafter.propose(ctx)) == len(heads_only) + 5
     for _ in range(40):
         drafter.rate.update(5, 2)  # the first two tokens always kept, the rest never
@@ -440,14 +440,14 @@ def test_greedy_output_equals_the_baseline_with_untrained_heads(target, verifier
 
 def test_a_shortlist_vocabulary_drafts_only_its_tokens_and_stays_lossless(tmp_path, target):
     heads = noisy_heads()
-    drafter = MedusaDrafter(target, heads=heads, vocab=40, cache_dir=str(tmp_path))
+    drafter = MedusaDrafter(target, heads=heads, vocab=40, cache_dir=str(tmp_path), lookup=0)  # the heads' tokens only
     assert drafter.shortlist.ids.numel() == 40 and (tmp_path / "vocab").is_dir()
     allowed = set(drafter.shortlist.ids.tolist())
     ctx = Context(torch.tensor(PLAIN), SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), 100, hidden=torch.randn(1, 64))
-    full = MedusaDrafter(target, heads=heads).propose(ctx)
+    full = MedusaDrafter(target, heads=heads, lookup=0).propose(ctx)
     assert not set(full.tokens.tolist()) <= allowed  # the whole vocabulary proposes others
     assert set(drafter.propose(ctx).tokens.tolist()) <= allowed
-    sampled = MedusaDrafter(target, heads=heads, vocab=40, children="sample", cache_dir=str(tmp_path)).propose(ctx)
+    sampled = MedusaDrafter(target, heads=heads, vocab=40, children="sample", lookup=0, cache_dir=str(tmp_path)).propose(ctx)
     assert sampled.q.shape == (len(sampled), 320) and set(sampled.tokens.tolist()) <= allowed
     torch.testing.assert_close(sampled.q.sum(-1), torch.ones(len(sampled)))
     assert (sampled.q[:, [t for t in range(320) if t not in allowed]] == 0).all()  # q: the law it drew from
@@ -460,7 +460,7 @@ def test_a_shortlist_vocabulary_drafts_only_its_tokens_and_stays_lossless(tmp_pa
 
 @pytest.mark.parametrize("children", ["top", "sample"])
 def test_rejection_sampling_with_medusa_follows_the_target(target, children):
-    engine = Engine(target, MedusaDrafter(target, heads=MedusaHeads(64, 4), children=children),
+    engine = Engine(target, MedusaDrafter(target, heads=MedusaHeads(64, 4), children=children, lookup=0),
                     RejectionVerifier(), SamplingParams(temperature=1.0))
     report = equivalence_report(engine, REPEATING, seed=70)
     assert not report.reject, report.format()

@@ -137,7 +137,11 @@ def test_why_a_default_is_chosen_names_a_shipped_setting_of_its_option_in_one_li
             assert f"- `{key}={rows[key]}`: {why}" in conf.markdown()
             said += 1
     assert said and declarations.chosen(declarations.drafters.PromptLookup)["k"]
-    assert "k" not in declarations.chosen(declarations.drafters.Independent)  # a base's reasons are not inherited
+    assert declarations.chosen(declarations.drafters.Independent)["k"]  # the default experiment's drafter says why
+
+    class Longer(declarations.drafters.PromptLookup, defaults={"k": 20}):
+        """A subclass that changes a default and does not say why."""
+    assert declarations.chosen(Longer) == {}  # a base's reasons are not inherited
 
 
 @pytest.mark.parametrize("name", options("experiment"))

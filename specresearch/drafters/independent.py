@@ -16,6 +16,13 @@ from specresearch.options import drafters as options
 from specresearch.options import make
 from specresearch.types import Draft, Verdict
 
+# A plain chain of 4 (the defaults' levers off), as overrides of the drafter's node; `changes` turn one lever on.
+PLAIN_CHAIN = {"k": 4, "chain_confidence": "null", "lookup": 0, "siblings": 0, "sibling_confidence": 0, "model.quantize": "null"}
+
+
+def plain_chain(**changes) -> tuple[str, ...]:
+    return tuple(f"{key}={value}" for key, value in {**PLAIN_CHAIN, **changes}.items())
+
 
 class IndependentDrafter(Drafter):
     """A smaller model with the target's tokenizer proposes k tokens autoregressively: its argmax
@@ -36,11 +43,12 @@ class IndependentDrafter(Drafter):
     """
 
     name = "independent"
-    modes = {"default": (), "cheap draft": ("model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8"),
-             "lookup": ("lookup=4",),
-             "chain confidence": ("k=8", "chain_confidence=0.3"), "siblings": ("siblings=2",),
-             "siblings by confidence": ("siblings=3", "sibling_confidence=0.05"),
-             "siblings, lookup, chain confidence": ("k=8", "siblings=1", "lookup=4", "chain_confidence=0.3")}
+    # the defaults (a chain with stops, lookup, siblings and an int8 draft where the CPU has the kernels), a plain
+    # chain of 4, and each lever on the plain chain alone
+    modes = {"default": (), "plain chain": plain_chain(), "cheap draft": plain_chain(**{
+                 "model.vocab": 200, "model.vocab_corpus": "mtbench", "model.quantize": "int8"}),
+             "lookup": plain_chain(lookup=4), "chain confidence": plain_chain(k=8, chain_confidence=0.3),
+             "siblings": plain_chain(siblings=2), "siblings by confidence": plain_chain(siblings=3, sibling_confidence=0.05)}
 
     Settings = options.Independent
 

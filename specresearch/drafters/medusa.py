@@ -221,7 +221,7 @@ class MedusaDrafter(Drafter):
     """
 
     name = "medusa"
-    modes = {"top": (), "sample": ("children=sample",), "lookup": ("lookup=4",)}
+    modes = {"top": ("lookup=0",), "sample": ("children=sample", "lookup=0"), "lookup": ()}  # lookup: the default
     needs_hidden = True
     suggested_verifier = "typical"  # Trainable: Medusa's own acceptance
     default_checkpoint = staticmethod(checkpoint_path)

@@ -119,7 +119,7 @@ class Heads(Drafter):
 
 # Where the defaults below were chosen: one interleaved benchmarks/speed.py run on each tuning set (greedy, 2-core
 # AMD EPYC with AVX-512 BF16, bf16), docs/results/data/2026-11-29-tune-{humaneval,sharegpt}.json.
-TUNED = "HumanEval 100-103 x 128 and ShareGPT 0-3 x 64, 2-core EPYC bf16 (results: 2026-11-29-tune-humaneval, -sharegpt)"
+TUNED = "tuning sets HumanEval 100-103 x 128 + ShareGPT 0-3 x 64, greedy, 2-core Intel Xeon with AMX, bf16: docs/results 2026-11-29-tune-*"
 
 
 @dataclass
@@ -129,13 +129,16 @@ class Independent(Chain, defaults={"k": 16, "chain_confidence": 0.4, "lookup": 4
     option: ClassVar[str] = "independent"
     _target_: str = "specresearch.drafters.independent.IndependentDrafter"
     CHOSEN: ClassVar[dict[str, str]] = {
-        "k": f"with the stops and lookup below, 2.57x over generate on code and 2.21x on chat against k=4's 1.62x and 1.07x ({TUNED})",
+        "k": f"with the stops, lookup and siblings below 2.57x over generate on code and 2.21x on chat, k=4's plain chain 1.62x "
+             f"and 1.07x; k=32 2.81x / 1.96x against 2.89x / 1.98x in a second run ({TUNED})",
         "chain_confidence": f"a long draft pays only where it stops once the draft is unsure: part of the 2.57x / 2.21x setting ({TUNED})",
-        "lookup": f"n-gram guesses checked by the draft's own forward: part of the 2.57x / 2.21x setting ({TUNED})",
-        "siblings": f"best with sibling_confidence 0.02 on code and chat together (geometric mean 2.38x; 2 at 0.05: 2.36x) ({TUNED})",
+        "lookup": f"with the others: 2.89x / 1.98x; 8 guesses 2.63x / 2.12x (geometric means 2.39x and 2.36x) ({TUNED})",
+        "siblings": f"3 at sibling_confidence 0.02: 2.57x / 2.21x (geometric mean 2.38x); 2 at 0.05: 2.75x / 2.02x (2.36x); "
+                    f"2 at 0.05 with a 65,536-token FR-Spec shortlist: 2.99x / 1.94x (2.41x, level within the intervals; a "
+                    f"shortlist needs a corpus per tokenizer, so it stays an option) ({TUNED})",
         "sibling_confidence": f"see siblings ({TUNED})",
-        "model.quantize": "int8 draft weights where the CPU has torch's int8 kernels (the draft is half the step's time on a CPU), "
-                          "none elsewhere: the console says which; part of the 2.57x / 2.21x setting",
+        "model.quantize": "int8 draft weights where the CPU has torch's int8 kernels, none elsewhere (the console says which): "
+                          f"2.89x / 1.98x against a bf16 draft's 2.00x / 1.53x on a CPU with AMX for bf16 ({TUNED})",
     }
     model: DraftModel = setting(doc="the draft model, as in the `model` group", factory=lambda: DraftModel(quantize="auto"))
 
