@@ -168,6 +168,14 @@ REPEATING = [10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11]  # prompts for the 
 PLAIN = [200, 7, 91, 33]
 
 
+def plain_chain(target, cls=None, **given):
+    """An independent drafter (or its subclass `cls`) as Leviathan's chain of k: its default stops, lookup and
+    siblings off unless `given` sets them (the tests of one mechanism at a time)."""
+    from specresearch.drafters.independent import IndependentDrafter
+    return (cls or IndependentDrafter)(target, **{"chain_confidence": None, "lookup": 0, "siblings": 0, "sibling_confidence": 0.0,
+                                                  **given})
+
+
 def cyclic_tiny(seed: int, cycle: int = 5, head: float = 1.0):
     """A tiny model whose greedy text repeats (models.tiny_model's `cycle`): after a few tokens prompt
     lookup finds what comes next (a random tiny model never repeats itself). `head` scales the logits:

@@ -17,7 +17,7 @@ from specresearch.stats import first_token_law
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
-from .conftest import PLAIN, REPEATING, cyclic_tiny, lookup_runs, rejected_cyclic_draft, tiny_model
+from .conftest import PLAIN, REPEATING, cyclic_tiny, lookup_runs, plain_chain, rejected_cyclic_draft, tiny_model
 
 GREEDY = SamplingParams()
 VOCAB = 320
@@ -60,7 +60,7 @@ def test_baseline_equals_transformers_generate(target):
 
 @pytest.mark.parametrize("k", [1, 2, 4, 7])
 def test_greedy_speculative_equals_greedy(target, close_draft, k):
-    engine = Engine(target, IndependentDrafter(target, k=k, model=close_draft), GreedyVerifier(), GREEDY)
+    engine = Engine(target, plain_chain(target, k=k, model=close_draft), GreedyVerifier(), GREEDY)
     for i, prompt in enumerate(prompts(4, seed=k)):
         out = engine.generate(prompt, 40, eos_token_ids=[], seed=i)
         assert out.tokens == baseline(target).generate(prompt, 40, eos_token_ids=[]).tokens
@@ -72,7 +72,7 @@ def test_greedy_speculative_equals_greedy(target, close_draft, k):
 
 
 def test_every_draft_rejected_still_gives_the_baseline_output(target, same_draft):
-    engine = Engine(target, WrongDrafter(target, k=3, model=same_draft), GreedyVerifier(), GREEDY)
+    engine = Engine(target, plain_chain(target, cls=WrongDrafter, k=3, model=same_draft), GreedyVerifier(), GREEDY)
     for prompt in prompts(3, seed=1):
         out = engine.generate(prompt, 30, eos_token_ids=[])
         assert out.stats.accepted == 0 and out.stats.drafted > 0
@@ -81,7 +81,7 @@ def test_every_draft_rejected_still_gives_the_baseline_output(target, same_draft
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_every_draft_accepted_gives_the_baseline_output_and_a_bonus_token_per_step(target, same_draft, k):
-    engine = Engine(target, IndependentDrafter(target, k=k, model=same_draft), GreedyVerifier(), GREEDY)
+    engine = Engine(target, plain_chain(target, k=k, model=same_draft), GreedyVerifier(), GREEDY)
     for prompt in prompts(3, seed=2):
         out = engine.generate(prompt, 36, eos_token_ids=[])
         assert out.stats.accepted == out.stats.drafted > 0
@@ -99,9 +99,9 @@ def test_kv_caches_equal_fresh_prefill(target, close_draft, same_draft, drafter_
     """After any rejection pattern the target cache (and the draft's) hold exactly the accepted
     sequence: the next step's logits equal those of a fresh prefill."""
     drafter = {
-        "rejected": lambda: WrongDrafter(target, k=3, model=same_draft),
-        "partial": lambda: IndependentDrafter(target, k=4, model=close_draft),
-        "accepted": lambda: IndependentDrafter(target, k=4, model=same_draft),
+        "rejected": lambda: plain_chain(target, cls=WrongDrafter, k=3, model=same_draft),
+        "partial": lambda: plain_chain(target, k=4, model=close_draft),
+        "accepted": lambda: plain_chain(target, k=4, model=same_draft),
     }[drafter_kind]()
     engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
     for max_new in (5, 17, 26):
@@ -130,7 +130,7 @@ def test_tokens_fed_after_a_rollback_see_only_the_kept_cache(target):
 
 
 def test_stops_eos_and_stop_strings_match_baseline(target, close_draft):
-    spec = Engine(target, IndependentDrafter(target, k=4, model=close_draft), GreedyVerifier(), GREEDY)
+    spec = Engine(target, plain_chain(target, k=4, model=close_draft), GreedyVerifier(), GREEDY)
     prompt = prompts(1, seed=9)[0]
     full = baseline(target).generate(prompt, 40, eos_token_ids=[]).tokens
     eos = full[13]
@@ -154,7 +154,7 @@ def test_sampled_speculative_follows_target_law(target, far_draft):
     target's exact law (G-test, expected-count pooling). The second token comes from verifying a
     two-token draft: accepted, recovered after a rejection, or drawn from the residual."""
     sampling = SamplingParams(temperature=1.0)
-    engine = Engine(target, IndependentDrafter(target, k=2, model=far_draft), RejectionVerifier(), sampling)
+    engine = Engine(target, plain_chain(target, k=2, model=far_draft), RejectionVerifier(), sampling)
     prompt = [65, 66, 67]
     with torch.inference_mode():
         p1 = torch.softmax(target.model(torch.tensor([prompt])).logits[0, -1].double(), -1)  # [V]
@@ -194,7 +194,7 @@ def test_confidence_stopped_drafts_follow_target_law(target, far_draft):
     own confidence; given the most frequent first two tokens, the third follows the target's exact
     conditional law (G-test): where drafts stop depends on the draft alone, so nothing is biased."""
     sampling = SamplingParams(temperature=1.0)
-    engine = Engine(target, IndependentDrafter(target, k=2, model=far_draft, confidence=0.5), RejectionVerifier(), sampling)
+    engine = Engine(target, plain_chain(target, k=2, model=far_draft, confidence=0.5), RejectionVerifier(), sampling)
     prompt = [65, 66, 67]
     n, runs, stats = 3000, [], SpecStats()
     for first in range(0, n, 250):  # 250 rows per batched decode: row b of seed `first` is stream (first, b), all independent
@@ -220,7 +220,7 @@ def test_confidence_stopped_drafts_follow_target_law(target, far_draft):
 
 
 def test_a_seed_reproduces_its_sampled_output_and_another_seed_changes_it(target, close_draft):
-    engine = Engine(target, IndependentDrafter(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=0.8, top_k=50))
+    engine = Engine(target, plain_chain(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=0.8, top_k=50))
     a = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=11).tokens
     b = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=11).tokens
     c = engine.generate([1, 2, 3], 20, eos_token_ids=[], seed=12).tokens
@@ -251,7 +251,7 @@ def test_batches_of_consecutive_seeds_share_no_stream(target, close_draft):
     from specresearch.engine import _seeds
     from specresearch.seeding import stream_seed
 
-    engine = Engine(target, IndependentDrafter(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=1.0))
+    engine = Engine(target, plain_chain(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=1.0))
     prompt = [1, 2, 3]
     calls = [[tuple(o.tokens) for o in engine.generate([prompt] * 4, 12, eos_token_ids=[], seed=i)] for i in (0, 1)]
     assert len(set(calls[0] + calls[1])) == 8  # no row of one call equals a row of the other (nor of its own)
@@ -313,7 +313,7 @@ def test_the_sharegpt_corpus_is_chat_from_the_training_side_and_corpora_add_up()
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_shortlisted_draft_keeps_greedy_identical(target, close_draft, k):
-    drafter = IndependentDrafter(target, k=k, model=cheapen(close_draft, target, vocab=200, vocab_corpus="mtbench"))
+    drafter = plain_chain(target, k=k, model=cheapen(close_draft, target, vocab=200, vocab_corpus="mtbench"))
     engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
     for i, prompt in enumerate(prompts(4, seed=10 + k)):
         out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
@@ -326,7 +326,7 @@ def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
     elsewhere), the drawn tokens follow q (G-test), and rejection sampling against this q yields
     exactly the target's p."""
     sampling = SamplingParams(temperature=1.0)
-    drafter = IndependentDrafter(target, k=1, model=cheapen(far_draft, target, vocab=100, vocab_corpus="mtbench"))
+    drafter = plain_chain(target, k=1, model=cheapen(far_draft, target, vocab=100, vocab_corpus="mtbench"))
     prompt = torch.tensor([72, 101, 108, 108, 111, 32])
     rng = torch.Generator().manual_seed(0)
     ctx = Context(prompt, sampling, rng, max_draft=1)
@@ -356,7 +356,7 @@ def test_shortlisted_draft_reports_the_q_it_samples_from(target, far_draft):
 
 @pytest.mark.parametrize("options", [{"quantize": "int8"}, {"quantize": "int8", "vocab": 200, "vocab_corpus": "mtbench"}])
 def test_int8_draft_keeps_greedy_identical(target, close_draft, options):
-    drafter = IndependentDrafter(target, k=3, model=cheapen(close_draft, target, **options))
+    drafter = plain_chain(target, k=3, model=cheapen(close_draft, target, **options))
     assert close_draft.model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32, "the shared draft is untouched"
     assert not any(isinstance(m, torch.nn.Linear) for m in drafter.draft.model.modules()), "every linear is int8"
     assert not isinstance(drafter.draft.head, torch.nn.Linear), "the shortlist's head too"
@@ -369,7 +369,7 @@ def test_int8_draft_keeps_greedy_identical(target, close_draft, options):
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
 def test_confidence_stops_drafts_early_and_keeps_greedy_identical(target, close_draft, sampling):
-    engine = Engine(target, IndependentDrafter(target, k=6, model=close_draft, confidence=0.6), RejectionVerifier(), sampling)
+    engine = Engine(target, plain_chain(target, k=6, model=close_draft, confidence=0.6), RejectionVerifier(), sampling)
     stats = SpecStats()
     for i, prompt in enumerate(prompts(4, seed=30)):
         out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
@@ -377,11 +377,11 @@ def test_confidence_stops_drafts_early_and_keeps_greedy_identical(target, close_
         if sampling.greedy:
             assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
     assert stats.drafted_at[0] > stats.drafted_at[-1] > 0, "some drafts stop early, some run to k"
-    sure = Engine(target, IndependentDrafter(target, k=6, model=close_draft, confidence=0.9999), RejectionVerifier(), sampling)
+    sure = Engine(target, plain_chain(target, k=6, model=close_draft, confidence=0.9999), RejectionVerifier(), sampling)
     out = sure.generate(prompts(1)[0], 20, eos_token_ids=[])
     assert len(out.stats.drafted_at) == 1, "a near-1 threshold stops every draft after one token"
     with pytest.raises(SpecResearchError, match="confidence must lie in \\(0, 1\\)"):
-        IndependentDrafter(target, k=2, model=close_draft, confidence=1.5)
+        plain_chain(target, k=2, model=close_draft, confidence=1.5)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
@@ -389,7 +389,7 @@ def test_chain_confidence_stops_where_the_chains_probability_falls_below(target,
     """Each chain runs while the product of its tokens' draft probabilities stays >= the threshold:
     it stops at the first token that takes it below, or at k."""
     k, threshold, stopped = 12, 0.3, 0
-    drafter = IndependentDrafter(target, k=k, model=far_draft, chain_confidence=threshold)
+    drafter = plain_chain(target, k=k, model=far_draft, chain_confidence=threshold)
     for seed, prompt in enumerate(prompts(8, seed=40)):
         ctx = Context(torch.tensor(prompt), sampling, torch.Generator().manual_seed(seed), max_draft=k)
         with torch.inference_mode():
@@ -402,11 +402,11 @@ def test_chain_confidence_stops_where_the_chains_probability_falls_below(target,
         stopped += len(draft) < k
     assert stopped >= 2, "some chains stop before k"
     with pytest.raises(SpecResearchError, match="chain_confidence must lie in \\(0, 1\\)"):
-        IndependentDrafter(target, k=2, model=far_draft, chain_confidence=0)
+        plain_chain(target, k=2, model=far_draft, chain_confidence=0)
 
 
 def test_int8_draft_sampled_step_is_exact(target, far_draft):
-    drafter = IndependentDrafter(target, k=1, model=cheapen(far_draft, target, quantize="int8"))
+    drafter = plain_chain(target, k=1, model=cheapen(far_draft, target, quantize="int8"))
     prompt = torch.tensor([72, 101, 108, 108, 111])
     ctx = Context(prompt, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), max_draft=1)
     with torch.inference_mode():
@@ -442,19 +442,19 @@ def test_lookup_drafts_the_same_chain_in_fewer_forwards(sampling, confidence):
     from fewer draft forwards; guesses the draft refuses are rolled back out of its cache."""
     target = cyclic_tiny(0, head=3e-4)  # greedy text cycles (lookup finds it); at T = 1 top ≈ 0.85
     draft = rejected_cyclic_draft()
-    runs = lookup_runs(target, lambda lookup: IndependentDrafter(target, k=6, model=draft, confidence=confidence, lookup=lookup), sampling)
+    runs = lookup_runs(target, lambda lookup: plain_chain(target, k=6, model=draft, confidence=confidence, lookup=lookup), sampling)
     assert runs[4][0] == runs[0][0]
     assert runs[4][1] < 0.85 * runs[0][1]
     if sampling.greedy:
         assert runs[4][0][0] == baseline(target).generate(REPEATING, 40, eos_token_ids=[]).tokens
     with pytest.raises(SpecResearchError, match="lookup must be >= 0"):
-        IndependentDrafter(target, k=2, model=draft, lookup=-1)
+        plain_chain(target, k=2, model=draft, lookup=-1)
 
 
 def test_siblings_are_the_drafts_next_likeliest_tokens_beside_the_chain(target, far_draft):
     """Each chain token is followed by its siblings: the draft's next likeliest tokens at its
     position (a fresh forward's ranking), leaves under the chain token's parent."""
-    drafter = IndependentDrafter(target, k=5, model=far_draft, siblings=2)
+    drafter = plain_chain(target, k=5, model=far_draft, siblings=2)
     prompt = torch.tensor(prompts(1, seed=50)[0])
     ctx = Context(prompt, GREEDY, None, max_draft=5)
     with torch.inference_mode():
@@ -471,7 +471,7 @@ def test_siblings_are_the_drafts_next_likeliest_tokens_beside_the_chain(target, 
     probs = torch.softmax(logits.double(), -1)  # [5, V]
     path = torch.cat([torch.ones(1, dtype=torch.double), probs.gather(-1, chain[:, None])[:, 0].cumprod(0)[:-1]])  # [5] down to each parent
     threshold = 0.05
-    sure = IndependentDrafter(target, k=5, model=far_draft, siblings=2, sibling_confidence=threshold)
+    sure = plain_chain(target, k=5, model=far_draft, siblings=2, sibling_confidence=threshold)
     with torch.inference_mode():
         sure.prefill(ctx)
         pruned = sure.propose(ctx)
@@ -480,9 +480,9 @@ def test_siblings_are_the_drafts_next_likeliest_tokens_beside_the_chain(target, 
     assert pruned.tokens.tolist() == expected and pruned.depth == 5
     assert len(draft) > len(pruned) > 5, "some siblings kept, some dropped"
     with pytest.raises(SpecResearchError, match="siblings must be >= 0"):
-        IndependentDrafter(target, k=2, model=far_draft, siblings=-1)
+        plain_chain(target, k=2, model=far_draft, siblings=-1)
     with pytest.raises(SpecResearchError, match="sibling_confidence must lie in \\[0, 1\\)"):
-        IndependentDrafter(target, k=2, model=far_draft, siblings=1, sibling_confidence=1.0)
+        plain_chain(target, k=2, model=far_draft, siblings=1, sibling_confidence=1.0)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
@@ -495,7 +495,7 @@ def test_a_sibling_taken_drops_the_chain_after_it_from_the_draft_cache(target, f
     class Checked(IndependentDrafter):
         def propose_rows(self, ctxs):
             (ctx,) = ctxs  # one prompt: one row
-            fresh = IndependentDrafter(target, k=4, model=far_draft, siblings=1)
+            fresh = plain_chain(target, k=4, model=far_draft, siblings=1)
             state = None if ctx.rng is None else ctx.rng.get_state()
             fresh.prefill(ctx)
             expected = fresh.propose(ctx)
@@ -513,7 +513,7 @@ def test_a_sibling_taken_drops_the_chain_after_it_from_the_draft_cache(target, f
             taken += self._chains[0][1].accepted(verdicts[0]) < verdicts[0].num_accepted
             super().commit_rows(ctxs, verdicts)
 
-    engine = Engine(target, Checked(target, k=4, model=far_draft, siblings=1), RejectionVerifier(), sampling)
+    engine = Engine(target, plain_chain(target, cls=Checked, k=4, model=far_draft, siblings=1), RejectionVerifier(), sampling)
     for i, prompt in enumerate(prompts(4, seed=60)):
         with torch.inference_mode():
             out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
@@ -596,7 +596,7 @@ def test_generate_takes_a_list_a_tuple_a_tensor_or_an_array_of_ids_up_to_the_las
 def test_without_the_time_split_a_run_times_only_its_total(target, close_draft):
     """time_split=False (stats.time_split; auto turns it off on CUDA, where each phase's sync would slow
     the step): the same tokens and counters, the total timed, the phases not."""
-    outs = {split: Engine(target, IndependentDrafter(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=1.0),
+    outs = {split: Engine(target, plain_chain(target, k=3, model=close_draft), RejectionVerifier(), SamplingParams(temperature=1.0),
                           time_split=split).generate(PLAIN, 16, eos_token_ids=[], seed=5) for split in (True, False)}
     on, off = outs[True].stats, outs[False].stats
     assert outs[True].tokens == outs[False].tokens and (on.steps, on.accepted) == (off.steps, off.accepted)
@@ -613,7 +613,7 @@ def test_greedy_decoding_takes_the_argmax_and_builds_no_law(target, close_draft,
     import specresearch.verifiers.base as verifiers_base
 
     ids = prompts(3, seed=5)
-    engines = [baseline(target), Engine(target, IndependentDrafter(target, k=3, model=close_draft), RejectionVerifier(), GREEDY)]
+    engines = [baseline(target), Engine(target, plain_chain(target, k=3, model=close_draft), RejectionVerifier(), GREEDY)]
     before = [[(o.tokens, o.stats.accepted) for o in e.generate(ids, 12, eos_token_ids=[])] for e in engines]
 
     def built(*args, **kwargs):

@@ -503,12 +503,13 @@ def test_sequoia_sizing_trades_the_expected_length_against_the_measured_cost():
 def test_shape_auto_sizes_the_tree_on_this_machine_once(tmp_path, target, monkeypatch):
     """The default shape=auto sizes the tree from the heads' hit rates and this machine's costs, which
     are measured once and kept in the model cache: a second drafter measures nothing (a larger tree
-    measures only what it adds). Choices given are the tree; heads without hit rates get the default tree."""
+    measures only what it adds). Choices given are the tree; heads without hit rates get the default tree.
+    (The heads' tree alone: lookup=0; the lookup branch's sizing has its own tests.)"""
     monkeypatch.setenv("SPECRESEARCH_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "heads.safetensors"
     rank_acc = [[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.0], [0.1, 0.0, 0.0]]
     noisy_heads().save(path, {"target": "tiny", "rank_acc": rank_acc})
-    drafter = MedusaDrafter(target, checkpoint=str(path), nodes=12)
+    drafter = MedusaDrafter(target, checkpoint=str(path), nodes=12, lookup=0)
     assert 1 <= len(drafter.choices) <= 12 and sorted(drafter.choices) == sorted(best_choices(rank_acc, len(drafter.choices)))
     assert drafter.predicted_speedup > 0
     kept, = (tmp_path / "cache" / "costs" / "tiny").glob("*.json")
@@ -518,14 +519,14 @@ def test_shape_auto_sizes_the_tree_on_this_machine_once(tmp_path, target, monkey
     measured = []
     real = target_module.forward_seconds
     monkeypatch.setattr(target_module, "forward_seconds", lambda lm, ids, sizes, *a: measured.append(sizes) or real(lm, ids, sizes, *a))
-    again = MedusaDrafter(target, checkpoint=str(path), nodes=12)
+    again = MedusaDrafter(target, checkpoint=str(path), nodes=12, lookup=0)
     assert measured == [] and again.choices == drafter.choices and again.predicted_speedup == drafter.predicted_speedup
-    MedusaDrafter(target, checkpoint=str(path), nodes=20)
+    MedusaDrafter(target, checkpoint=str(path), nodes=20, lookup=0)
     assert measured == [[1, 17, 21]]  # the one token (the unit) and the sizes not kept yet
     assert sorted(map(int, json.loads(kept.read_text())["v"])) == [1, 2, 3, 5, 9, 13, 17, 21]
 
     assert MedusaDrafter(target, checkpoint=str(path), choices=[[0]]).choices == [(0,)]  # given choices are the tree
-    plain = MedusaDrafter(target, heads=noisy_heads())  # no hit rates: the default tree
+    plain = MedusaDrafter(target, heads=noisy_heads(), lookup=0)  # no hit rates: the default tree
     assert sorted(plain.choices) == sorted(map(tuple, DEFAULT_CHOICES)) and plain.predicted_speedup is None
     with pytest.raises(SpecResearchError, match="valid are null \\(nodes as given\\), auto"):
         MedusaDrafter(target, checkpoint=str(path), shape="optimal")
@@ -613,7 +614,7 @@ def test_a_batchs_rows_are_drafted_by_one_heads_forward_each_as_alone(target, ch
     with torch.no_grad():
         for p in heads.parameters():
             p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
-    drafter = MedusaDrafter(target, heads=heads, shape=None, children=children)
+    drafter = MedusaDrafter(target, heads=heads, shape=None, children=children, lookup=0)
     sampling = SamplingParams(temperature=1.0)
     hidden = torch.randn(4, 3, target.model.config.hidden_size, generator=torch.Generator().manual_seed(0))
 
@@ -670,7 +671,7 @@ def test_a_tree_the_machine_cannot_hold_is_refused_before_anything_is_allocated(
 
     target = load_model("tiny", dtype="float32", device="cpu")
     monkeypatch.setattr(tree, "free_memory_bytes", lambda device: 16 * 2**30)  # half of it: 8 GiB for 5,120 B x K + 5 B x K²
-    extra = ["drafter.model.name=tiny", "drafter.branching=null"] if drafter == "tree" else []
+    extra = ["drafter.model.name=tiny", "drafter.branching=null"] if drafter == "tree" else ["drafter.lookup=0"]
 
     def cfg(nodes):
         return compose(["model=tiny", f"drafter={drafter}", f"drafter.nodes={nodes}", "drafter.shape=null", *extra]).drafter

@@ -12,7 +12,7 @@ from specresearch.models import load_model
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 
-from .conftest import PLAIN, REPEATING, cyclic_tiny, equivalence_report
+from .conftest import PLAIN, REPEATING, cyclic_tiny, equivalence_report, plain_chain
 
 
 def t(*ids: int) -> torch.Tensor:
@@ -136,14 +136,13 @@ def test_heuristic_k_policy_follows_transformers_schedule(target):
 
 @pytest.mark.parametrize("name", ["pld", "independent"])
 def test_heuristic_k_keeps_greedy_identity(target, name):
-    from specresearch.drafters import IndependentDrafter
 
     if name == "pld":
         target = cyclic_tiny(0)
         drafter = PromptLookupDrafter(k=1, k_policy="heuristic")
     else:
         draft = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0, "noise": 0.01, "noise_seed": 5})
-        drafter = IndependentDrafter(target, k=2, model=draft, k_policy="heuristic", k_max=12)
+        drafter = plain_chain(target, k=2, model=draft, k_policy="heuristic", k_max=12)
     engine = Engine(target, drafter, GreedyVerifier(), SamplingParams())
     baseline = Engine(target, NoDrafter(), GreedyVerifier(), SamplingParams())
     longest = 0

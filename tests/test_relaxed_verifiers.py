@@ -7,13 +7,15 @@ import pytest
 import torch
 from scipy.stats import power_divergence
 
-from specresearch.drafters import IndependentDrafter, LookaheadDrafter, NoDrafter
+from specresearch.drafters import LookaheadDrafter, NoDrafter
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
 from specresearch.stats import first_token_law, single_step_tv
 from specresearch.types import Draft, SamplingParams
 from specresearch.verifiers import GreedyVerifier, MarginVerifier, TopKVerifier, TypicalVerifier
+
+from .conftest import plain_chain
 
 V = 8
 GEN = torch.Generator().manual_seed(1)
@@ -108,7 +110,7 @@ def test_greedy_runs_equal_the_baseline_where_the_rule_is_exact(verifier):
     target = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
     draft = load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0, "noise": 0.01, "noise_seed": 5})
     greedy = SamplingParams()
-    engine = Engine(target, IndependentDrafter(target, k=3, model=draft), verifier, greedy)
+    engine = Engine(target, plain_chain(target, k=3, model=draft), verifier, greedy)
     baseline = Engine(target, NoDrafter(), GreedyVerifier(), greedy)
     for prompt in ([1, 2, 3], [40, 41, 42, 43, 44]):
         out = engine.generate(prompt, 30, eos_token_ids=[])
@@ -153,7 +155,7 @@ def test_rule_temperature_makes_a_lossy_greedy_method():
 
     def engine(k: int) -> Engine:
         verifier = TopKVerifier(k=k, recover="greedy", rule_temperature=1.0)
-        return Engine(target, IndependentDrafter(target, k=4, model=draft), verifier, greedy)
+        return Engine(target, plain_chain(target, k=4, model=draft), verifier, greedy)
 
     lossy, exact, differs = engine(3), engine(1), 0
     for prompt in ([1, 2, 3], [40, 41, 42, 43, 44], [7, 7, 9], [200, 100, 50]):

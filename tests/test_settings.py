@@ -118,7 +118,7 @@ def test_a_constructor_refuses_an_unknown_setting_naming_the_valid_ones():
 
 def test_a_subclass_gives_an_inherited_setting_another_default_without_declaring_it():
     drafters = declarations.drafters
-    assert drafters.PromptLookup().k == 10 and drafters.Independent().k == 4
+    assert drafters.PromptLookup().k == 10 and drafters.Independent().k == 16 and drafters.DraftLength().k == 4
     assert drafters.PromptLookup.__dataclass_fields__["k"].metadata == drafters.DraftLength.__dataclass_fields__["k"].metadata
 
 

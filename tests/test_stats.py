@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 from scipy import stats as st
 
-from specresearch.drafters import IndependentDrafter, NoDrafter, PromptLookupDrafter
+from specresearch.drafters import NoDrafter, PromptLookupDrafter
 from specresearch.engine import Engine
 from specresearch.measure import auto_samples
 from specresearch.stats import Samples, Stream, battery, calibration, holm, sample_engine, sample_seeds, sample_target, teacher_force
@@ -16,7 +16,7 @@ from specresearch.stats.battery import MIN_EXPECTED, _tv_position, family_size, 
 from specresearch.types import SamplingParams
 from specresearch.verifiers import RejectionVerifier, TopKVerifier, TypicalVerifier
 
-from .conftest import PLAIN, REPEATING
+from .conftest import PLAIN, REPEATING, plain_chain
 
 T1 = SamplingParams(temperature=1.0)
 PROMPT = [1, 2, 3, 4]
@@ -83,7 +83,7 @@ def test_pit_is_uniform_when_sampler_and_scorer_share_a_seed(target):
 
 
 def test_engine_reused_prefill_gives_the_same_outputs(target, far_draft):
-    engine = Engine(target, IndependentDrafter(target, k=3, model=far_draft), RejectionVerifier(), T1)
+    engine = Engine(target, plain_chain(target, k=3, model=far_draft), RejectionVerifier(), T1)
     fresh = [engine.generate(PROMPT, 12, seed=s).tokens for s in range(3)]
     reused = [engine.generate(PROMPT, 12, seed=s, reuse_prefill=True).tokens for s in range(3)]
     assert fresh == reused
@@ -95,7 +95,7 @@ def test_batched_method_samples_equal_the_one_by_one_draws(target, far_draft):
     per sample (T = 1, fp32), in order."""
     from specresearch.seeding import stream_seed
 
-    engine = Engine(target, IndependentDrafter(target, k=3, model=far_draft), RejectionVerifier(), T1)
+    engine = Engine(target, plain_chain(target, k=3, model=far_draft), RejectionVerifier(), T1)
     seeds = sample_seeds(50, 7)
     assert seeds == [stream_seed(50, Stream.METHOD, 0, j) for j in range(7)]
     one_by_one = [engine.generate(PROMPT, L, eos_token_ids=[], seed=s, sample_first=False).tokens for s in seeds]
@@ -116,7 +116,7 @@ def test_battery_runs_with_consecutive_seeds_share_no_sample(target, far_draft):
     prompts, n, length = [PROMPT, REPEATING], 40, 8
     seeds = {s: [x for i in range(len(prompts)) for x in sample_seeds(s, n, i)] for s in (7, 8)}
     assert len(set(seeds[7])) == len(set(seeds[8])) == len(prompts) * n and not set(seeds[7]) & set(seeds[8])
-    engine = Engine(target, IndependentDrafter(target, k=3, model=far_draft), RejectionVerifier(), T1)
+    engine = Engine(target, plain_chain(target, k=3, model=far_draft), RejectionVerifier(), T1)
     for draw in (lambda s: method_samples(engine, prompts, n, length, s, 16),
                  lambda s: baseline_samples(target, prompts, n, length, T1, s, 16)):
         a, b = (Samples.concat(draw(s)).tokens for s in (7, 8))
@@ -139,7 +139,7 @@ def test_a_sweep_of_methods_samples_the_baseline_once(target, far_draft, tmp_pat
     for name, verifier, path in [("first", RejectionVerifier(), cache), ("again", TypicalVerifier(), cache),
                                  ("redrawn", TypicalVerifier(), None)]:
         runs[name] = Results()
-        equivalence(sc, 3, target, Engine(target, IndependentDrafter(target, k=3, model=far_draft), verifier, T1), [PROMPT], T1,
+        equivalence(sc, 3, target, Engine(target, plain_chain(target, k=3, model=far_draft), verifier, T1), [PROMPT], T1,
                     runs[name], path)
     assert cache.is_file() and [runs[n].rates["baseline_reused"] for n in runs] == [0.0, 1.0, 0.0]
     assert runs["again"].equivalence.summary() == runs["redrawn"].equivalence.summary()
@@ -155,7 +155,7 @@ def test_a_sweep_of_methods_samples_the_baseline_once(target, far_draft, tmp_pat
 def test_lossless_pairs_pass(target, far_draft, baseline, drafter):
     """Rejection sampling with a draft model (and plain decoding through the same harness, the
     negative control) is not distinguishable from the target by any test of the battery."""
-    d = IndependentDrafter(target, k=3, model=far_draft) if drafter == "independent" else NoDrafter()
+    d = plain_chain(target, k=3, model=far_draft) if drafter == "independent" else NoDrafter()
     meth, cond = method_samples(target, Engine(target, d, RejectionVerifier(), T1))
     report = battery(*baseline, meth, cond, alpha=ALPHA, permutations=50)
     assert not report.reject, report.format()
@@ -166,7 +166,7 @@ def test_lossless_pairs_pass(target, far_draft, baseline, drafter):
 @pytest.mark.parametrize("verifier", [TypicalVerifier(), TopKVerifier(k=320)], ids=["typical", "always accept"])
 def test_aggressive_lossy_rules_are_detected(target, far_draft, baseline, verifier):
     """Medusa's typical acceptance and the positive control (accept everything: the draft's law)."""
-    meth, cond = method_samples(target, Engine(target, IndependentDrafter(target, k=3, model=far_draft), verifier, T1))
+    meth, cond = method_samples(target, Engine(target, plain_chain(target, k=3, model=far_draft), verifier, T1))
     report = battery(*baseline, meth, cond, alpha=ALPHA, permutations=50)
     assert report.reject, report.format()
     assert any(name.startswith("position_") for name in report.rejected)
