@@ -92,7 +92,7 @@ def specbench_store(store, tmp_path_factory):
 
 @pytest.fixture(scope="session")  # (session: pytest -n interleaves modules on a worker, which would make a module fixture again)
 def lossless_store(store, tmp_path_factory):
-    run_cli(store, tmp_path_factory, "lossless", "experiment=lossless_vs_lossy", *TINY, "drafter=independent",
+    run_cli(store, tmp_path_factory, "lossless", "experiment=lossless_vs_lossy", *TINY, "lossless_vs_lossy/arm=independent",
             "verifier=rejection,typical", "sampling.temperature=0.0,1.0", "dataset.offset=0", "dataset.num_prompts=1",
             "max_new_tokens=6", "stats.samples=10", "stats.length=2", "stats.distortion=4")
     return store

@@ -3,6 +3,7 @@ a bad argument or an unusable destination in one line before any model loads."""
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,12 +37,16 @@ def quick(tmp_path, *argv: str) -> tuple[subprocess.CompletedProcess, dict]:
     return result, reports.raw(json.loads(out.read_text()))
 
 
+CHAIN = "independent:k=4:chain_confidence=null:lookup=0:siblings=0:model.quantize=null"  # a plain chain of 4
+
+
 def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
     out = tmp_path / "speed.json"
     result = subprocess.run(
         [
             sys.executable, SPEED, "--quick", "--profile", "--json", str(out), "--store", str(new_store(tmp_path / "mlruns")), "--methods",
-            "generate,generate_torch,generate_compiled,hf_assisted,hf_prompt_lookup,baseline,baseline_compiled,independent,independent:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8,"
+            "generate,generate_torch,generate_compiled,hf_assisted,hf_prompt_lookup,baseline,baseline_compiled,independent,"
+            f"{CHAIN},independent:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8,"
             "independent:k=2:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8",  # the same options: one int8 copy for both
         ],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
@@ -50,12 +55,15 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
     assert result.returncode == 0, result.stderr[-3000:]
     # no warning of transformers' (generate plain, compiled, assisted, lookup) or ours; --profile's torch profiler
     # (kineto) logs its start and stop as "USDT:" lines, which are not ours to silence
-    assert [line for line in not_bars(result.stderr) if not line.startswith("USDT:")] == [], result.stderr[-3000:]
+    # (besides the one line that says what quantize=auto chose, as it should)
+    said = [line for line in not_bars(result.stderr) if not line.startswith("USDT:")]
+    assert len(said) == 1 and said[0].startswith("drafter.model.quantize=auto: "), result.stderr[-3000:]
     report = reports.raw(json.loads(out.read_text()))
     rows = {r["method"]: r for r in report["rows"]}
     cheap = "independent(k=16) model.vocab=100 model.vocab_corpus=mtbench model.quantize=int8"
-    assert list(rows) == ["generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "baseline", "baseline_compiled", "independent(k=16)", cheap,
-                          cheap.replace("k=16", "k=2")]
+    chain = "independent(k=4) " + " ".join(CHAIN.split(":")[2:])
+    assert list(rows) == ["generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "baseline", "baseline_compiled", "independent(k=16)",
+                          chain, cheap, cheap.replace("k=16", "k=2")]
     plain = {name: rows[name]["tokens_per_s"] for name in ("generate", "generate_torch", "generate_compiled", "baseline", "baseline_compiled")}
     fastest = max(plain, key=plain.get)
     assert {r["fastest_plain"] for r in rows.values()} == {fastest} and rows[fastest]["speedup_vs_fastest_plain"] == 1
@@ -64,10 +72,12 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
     for row in rows.values():
         assert row["tokens_per_s"] > 0
         assert row["identical_to_reference"] == 2, f"{row['method']}: greedy in fp32 must equal generate's tokens"
-    spec = rows["independent(k=16)"]
-    assert 0 < spec["alpha"] < 1 and 1 < spec["tau"] <= 17 and spec["leviathan"] > 0
+    default = rows["independent(k=16)"]  # a tree (siblings) some steps: Leviathan's chain model does not apply
+    assert 0 < default["alpha"] < 1 and 1 < default["tau"] <= 17 and math.isnan(default["leviathan"])
+    spec = rows[chain]  # Leviathan's chain
+    assert 0 < spec["alpha"] < 1 and 1 < spec["tau"] <= 5 and spec["leviathan"] > 0
     assert abs(sum(spec["time_split"].values()) - 1) < 1e-6
-    assert "independent(k=16)" in result.stdout and "vs_generate" in result.stdout
+    assert chain in result.stdout and "vs_generate" in result.stdout
     assert set(report["profile"]) == set(rows)  # --profile: each method's time by op group, adding up to its wall time
     for name, prof in report["profile"].items():
         assert prof["seconds"] > 0 and prof["matmul"] > 0 and prof["python"] > 0, name

@@ -35,8 +35,8 @@ def mlflow_runs(store):
 def test_real_model_end_to_end(tmp_path, new_store):
     """SmolLM2-135M (the smallest embedded model) drafting for itself, through the CLI, into MLflow."""
     result = cli(
-        "model=smollm2-135m", "drafter.model.name=smollm2-135m", "drafter.k=3",
-        "dataset.num_prompts=2", "max_new_tokens=12", f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path,
+        "model=smollm2-135m", "drafter.model.name=smollm2-135m", "drafter.k=3",  # a plain chain: Leviathan's prediction holds
+        "drafter.chain_confidence=null", "drafter.lookup=0", "drafter.siblings=0", "dataset.num_prompts=2", "max_new_tokens=12", f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SweepCallback" not in result.stderr  # a single run is no sweep's job: the callback keeps quiet
@@ -76,7 +76,7 @@ def test_lossless_vs_lossy_study_records_verdicts(tmp_path, new_store):
     """experiment=lossless_vs_lossy on tiny models: a grid (verifier x temperature) runs as one sweep; at T > 0
     each job records the battery's verdict, p-values and power, and the exact distortion; at T = 0 neither."""
     result = cli(
-        "experiment=lossless_vs_lossy", *TINY, "drafter=independent", "verifier=rejection,typical", "sampling.temperature=0.0,1.0",
+        "experiment=lossless_vs_lossy", *TINY, "lossless_vs_lossy/arm=independent", "verifier=rejection,typical", "sampling.temperature=0.0,1.0",
         "dataset.offset=0", "dataset.num_prompts=2", "max_new_tokens=8", "stats.samples=40", "stats.length=4", "stats.distortion=4",
         f"tracker.store={new_store(tmp_path / 'mlruns')}", f"model.cache_dir={tmp_path / 'cache'}", cwd=tmp_path,
     )

@@ -53,7 +53,9 @@ def test_a_compiled_engine_decodes_what_the_eager_one_does(drafter, tmp_path):
         tokens[compiled] = engine.generate(REPEATING, 12, eos_token_ids=[]).tokens
         assert (engine.target.lm.compiled is not None) == compiled  # (made at the first compiled forward)
     # the target's logits came from the whole model compiled (its lm head in the graph), unless the drafter reads hidden states
-    assert (True in engine.target.lm.compiled) != engine.drafter.needs_hidden
+    # (then the graph without the head; shape=auto's cost measurement may compile the whole model beside it)
+    graphs = set(engine.target.lm.compiled)
+    assert (False in graphs) == engine.drafter.needs_hidden and (True in graphs or engine.drafter.needs_hidden)
     assert tokens[True] == tokens[False]
 
 
