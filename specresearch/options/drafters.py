@@ -117,8 +117,8 @@ class Heads(Drafter):
 # -- the options -----------------------------------------------------------------------------------
 
 
-# Where the defaults below were chosen: one interleaved benchmarks/speed.py run on each tuning set (greedy, 2-core
-# AMD EPYC with AVX-512 BF16, bf16), docs/results/data/2026-11-29-tune-{humaneval,sharegpt}.json.
+# Where the defaults below were chosen: interleaved benchmarks/speed.py runs on each tuning set (greedy, 2-core Intel
+# Xeon with AMX, bf16), docs/results/data/2026-11-29-tune-*.json.
 TUNED = "tuning sets HumanEval 100-103 x 128 + ShareGPT 0-3 x 64, greedy, 2-core Intel Xeon with AMX, bf16: docs/results 2026-11-29-tune-*"
 
 
@@ -131,7 +131,8 @@ class Independent(Chain, defaults={"k": 16, "chain_confidence": 0.4, "lookup": 4
     CHOSEN: ClassVar[dict[str, str]] = {
         "k": f"with the stops, lookup and siblings below 2.57x over generate on code and 2.21x on chat, k=4's plain chain 1.62x "
              f"and 1.07x; k=32 2.81x / 1.96x against 2.89x / 1.98x in a second run ({TUNED})",
-        "chain_confidence": f"a long draft pays only where it stops once the draft is unsure: part of the 2.57x / 2.21x setting ({TUNED})",
+        "chain_confidence": f"not varied alone here: 0.4 was chosen with 3 siblings at 0.02 on ShareGPT 0-7 (results "
+                            f"2026-11-26-sharegpt-siblings-choice); part of the 2.57x / 2.21x setting ({TUNED})",
         "lookup": f"with the others: 2.89x / 1.98x; 8 guesses 2.63x / 2.12x (geometric means 2.39x and 2.36x) ({TUNED})",
         "siblings": f"3 at sibling_confidence 0.02: 2.57x / 2.21x (geometric mean 2.38x); 2 at 0.05: 2.75x / 2.02x (2.36x); "
                     f"2 at 0.05 with a 65,536-token FR-Spec shortlist: 2.99x / 1.94x (2.41x, level within the intervals; a "
