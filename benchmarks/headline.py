@@ -4,7 +4,8 @@ the two pages cannot disagree and every number carries its interval, its prompts
 
 docs/results/headline.json names each headline: a report, a method of it (its row's whole label, or
 its name up to the first space or parenthesis where that is one row's) and what it is. Each must rest
-on at least MIN_PROMPTS prompts with a bootstrap interval over them (speed.py writes one for every row). The block between
+on at least MIN_PROMPTS prompts with a bootstrap interval over them (speed.py writes one for every row).
+The block between
 
     <!-- headline: begin ... -->
     <!-- headline: end -->

@@ -171,9 +171,8 @@ PLAIN = [200, 7, 91, 33]
 def plain_chain(target, cls=None, **given):
     """An independent drafter (or its subclass `cls`) as Leviathan's chain of k: its default stops, lookup and
     siblings off unless `given` sets them (the tests of one mechanism at a time)."""
-    from specresearch.drafters.independent import IndependentDrafter
-    return (cls or IndependentDrafter)(target, **{"chain_confidence": None, "lookup": 0, "siblings": 0, "sibling_confidence": 0.0,
-                                                  **given})
+    from specresearch.drafters.independent import LEVERS_OFF, IndependentDrafter
+    return (cls or IndependentDrafter)(target, **{**LEVERS_OFF, **given})
 
 
 def cyclic_tiny(seed: int, cycle: int = 5, head: float = 1.0):

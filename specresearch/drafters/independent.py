@@ -16,12 +16,14 @@ from specresearch.options import drafters as options
 from specresearch.options import make
 from specresearch.types import Draft, Verdict
 
-# A plain chain of 4 (the defaults' levers off), as overrides of the drafter's node; `changes` turn one lever on.
-PLAIN_CHAIN = {"k": 4, "chain_confidence": "null", "lookup": 0, "siblings": 0, "sibling_confidence": 0, "model.quantize": "null"}
+# The defaults' levers off: with k = 4, Leviathan's plain chain (the settings, as the constructor takes them).
+LEVERS_OFF = {"chain_confidence": None, "lookup": 0, "siblings": 0, "sibling_confidence": 0.0}
 
 
 def plain_chain(**changes) -> tuple[str, ...]:
-    return tuple(f"{key}={value}" for key, value in {**PLAIN_CHAIN, **changes}.items())
+    """A plain chain of 4 as overrides of the drafter's node (an int8 draft off too); `changes` turn one lever on."""
+    given = {"k": 4, **LEVERS_OFF, "model.quantize": None, **changes}
+    return tuple(f"{key}={'null' if value is None else value}" for key, value in given.items())
 
 
 class IndependentDrafter(Drafter):
