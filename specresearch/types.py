@@ -116,6 +116,27 @@ def node_depths(parents: Tensor) -> list[int]:
     return depths
 
 
+@dataclass(frozen=True)
+class Siblings:
+    """The chain drafters' siblings (drafters.base.Chain): beside each chain token x, the `n` likeliest
+    tokens of the law x came from, other than x, likeliest first; those with probability 0 are left out
+    (top-k / top-p removed them: the target never accepts them), and those whose path probability (the
+    chain's probability down to x's parent, times their own) is below `confidence`. n = 0: a plain chain.
+    A sibling is a function of the chain's law and token: the exact distortion (stats.exact) applies
+    the same rule to every draw of x."""
+
+    n: int = 0
+    confidence: float = 0.0
+
+    def of(self, law: Tensor, x: Tensor | int | None = None, path: float = 1.0) -> Tensor:
+        """[S] indices into `law` ([V], or [N] over a shortlist), S <= n: the siblings of token `x`
+        (None: of a token outside the n likeliest) at path probability `path` down to x's parent."""
+        if x is not None:
+            law = law.index_fill(-1, torch.as_tensor(x, device=law.device).reshape(1), 0.0)  # the chain's token is no sibling
+        top = torch.topk(law, min(self.n, law.numel()))
+        return top.indices[(top.values > 0) & (top.values * path >= self.confidence)]
+
+
 @dataclass
 class Verdict:
     """A verifier's decision on one draft.

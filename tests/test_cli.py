@@ -142,6 +142,9 @@ def test_unknown_group_option_lists_valid_ones(tmp_path, group, valid):
         (["max_new_tokens=0"], "max_new_tokens must be >= 1"),
         (["stats.samples=5"], "stats needs samples >= 10"),
         (["stats.alpha=0"], "stats.alpha, stats.power and stats.tv must lie in"),
+        (["sampling=random", "verifier=typical", "stats.distortion=4"], "set drafter.siblings=0"),  # the default drafter's siblings
+        (["sampling=random", "verifier=margin", "stats.distortion=4", "drafter=tree", "drafter.children=sample", "drafter.shape=null"],
+         "set drafter.children=top"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(overrides, message, tmp_path):

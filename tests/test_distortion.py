@@ -15,7 +15,7 @@ from specresearch.measure.equivalence import baseline_samples, method_samples, s
 from specresearch.stats import Samples, battery
 from specresearch.stats.distortion import continuations, distortion
 from specresearch.stats.exact import chain_first_token_laws, first_token_law, kl_divergence, step_first_token_law
-from specresearch.types import Draft, SamplingParams
+from specresearch.types import Draft, SamplingParams, Siblings
 from specresearch.verifiers import MarginVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier
 
 from .conftest import REJECTING, drafter_cfg
@@ -40,14 +40,10 @@ def _measured(method, baseline):
 @pytest.mark.parametrize("drafter, overrides, verifier", _cases(1.0))
 def test_lossless_pairs_have_no_distortion(drafter, overrides, verifier, tmp_path):
     """Every lossless verifier x drafter mode: the first token's exact law equals p at every position
-    (TV and KL < 1e-9), sampled trees averaged over their children's draws; or, for the siblings modes
-    (deterministic siblings of a sampled token), a refusal that says why."""
+    (TV and KL < 1e-9), sampled trees averaged over their children's draws, a sampled chain token's
+    deterministic siblings (the siblings modes, the independent drafter's default) over its draw."""
     method, baseline = _engine(drafter, overrides, verifier, tmp_path)
-    try:
-        d = _measured(method, baseline)
-    except SpecResearchError as err:
-        assert "siblings=N" in str(err) and getattr(method.drafter, "siblings", 0) > 0, (overrides, err)  # (the default's too)
-        return
+    d = _measured(method, baseline)
     assert d.tv.shape == (len(PROMPTS), LENGTH)
     assert d.tv.max() < 1e-9 and np.abs(d.kl).max() < 1e-9, (d.tv.max(), d.kl.max())
     assert 0 <= d.kept.min() and d.kept.max() <= 1 + 1e-12
@@ -129,7 +125,42 @@ def test_a_sampled_tree_s_law_is_the_average_over_its_children_s_draws(verifier)
     siblings = Draft(torch.tensor([0, 1]), torch.stack([q[0], torch.nn.functional.one_hot(torch.tensor(1), 6).float()]),
                      torch.tensor([-1, -1]))
     with pytest.raises(SpecResearchError, match="siblings=N"):
-        sampled_children_law(verifier, siblings, p)
+        sampled_children_law(verifier, siblings, p)  # deterministic siblings of a draw: the drafter's rule is needed
+
+
+@pytest.mark.parametrize("rule", [Siblings(2), Siblings(3, confidence=0.12), Siblings(5)], ids=repr)
+@pytest.mark.parametrize("verifier", [RejectionVerifier(), TypicalVerifier(epsilon=0.3, delta=0.2)], ids=lambda v: v.name)
+def test_a_sampled_token_s_siblings_are_averaged_over_its_draw(verifier, rule):
+    """A chain token x ~ q with the rule's deterministic siblings beside it (the independent drafter's
+    default at T > 0): the grouped O(n²V) law equals the enumeration of every draw x, each with the
+    siblings the rule gives it, walked by `draft_first_token_law`; for rejection sampling it is p. A
+    draft whose siblings are not the rule's is refused."""
+    from specresearch.stats.exact import draft_first_token_law, sampled_children_law
+
+    g = torch.Generator().manual_seed(4)
+    p = torch.rand(7, generator=g) ** 2
+    q = torch.softmax(torch.randn(7, generator=g) * 1.5, -1)
+    q[6] = 0.0  # a token top-p removed: never a draw, never a sibling
+    q = q / q.sum()
+
+    def tree(x: int) -> Draft:
+        others = rule.of(q, x)
+        rows = torch.cat([q[None], torch.nn.functional.one_hot(others, 7).float()])
+        return Draft(torch.cat([torch.tensor([x]), others]), rows, torch.full((1 + len(others),), -1))
+
+    enumerated = sum(float(q[x]) * draft_first_token_law(verifier, tree(x), p) for x in range(7))
+    drawn = int(q.argmax())  # the draw this step made: any x gives the same law
+    law, reach = sampled_children_law(verifier, tree(drawn), p, rule)
+    assert torch.allclose(law, enumerated, atol=1e-12) and 0 <= reach <= 1
+    assert abs(float(law.sum()) - 1) < 1e-12
+    if verifier.lossless:
+        assert torch.allclose(law, p.double() / p.double().sum(), atol=1e-12)
+    else:
+        assert float((law - p.double() / p.double().sum()).abs().sum()) > 1e-3  # the lossy rule is measured, not p
+    wrong = tree(drawn)
+    wrong.tokens[1:] = torch.flip(wrong.tokens[1:], [0]) if len(wrong) > 2 else 6
+    with pytest.raises(SpecResearchError, match="not the ones"):
+        sampled_children_law(verifier, wrong, p, rule)
 
 
 def test_kl_is_zero_on_equal_laws_and_positive_otherwise():

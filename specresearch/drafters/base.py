@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from specresearch.sampling import logits_to_probs, ranking_probs, sample
-from specresearch.types import Draft, SamplingParams, Verdict
+from specresearch.types import Draft, SamplingParams, Siblings, Verdict
 
 if TYPE_CHECKING:
     from specresearch.vocab import Shortlist
@@ -58,6 +58,10 @@ class Drafter(ABC):
     # A drafter that sizes its tree itself (shape=auto) predicts its speedup over plain decoding; the
     # run prints it beside the measured one.
     predicted_speedup: float | None = None
+    # A chain drafter's siblings beside each chain token (types.Siblings; n = 0: none): the exact
+    # distortion applies the same rule to every draw of the token.
+    siblings: int = 0
+    sibling_confidence: float = 0.0
     # The ways this drafter drafts whose laws differ, as overrides of its config node: the lossless
     # tests (tests/test_lossless.py) prove every mode with every lossless verifier, so a new mode is
     # covered by naming it here.
@@ -146,7 +150,8 @@ class Chain:
                 its own) is at least this.
             scored: keep `confidence` and `path` (a drafter that stops on them); with siblings always.
         """
-        self.ctx, self.shortlist, self.siblings, self.sibling_confidence = ctx, shortlist, siblings, sibling_confidence
+        self.ctx, self.shortlist, self.siblings = ctx, shortlist, siblings
+        self.rule = Siblings(siblings, sibling_confidence)
         self.scored = scored or siblings > 0
         self.confidence = 1.0  # the draft's probability of the last token: its q's when sampled, its softmax's (T = 1) when greedy
         self.path = 1.0  # the product of the chain's token probabilities so far (EAGLE-2's cumulative confidence)
@@ -171,9 +176,7 @@ class Chain:
         if self.scored:
             law = ranking_probs(logits, self.ctx.sampling) if q is None else q  # [V or N]
             if self.siblings:
-                top = torch.topk(law.index_fill(-1, x.reshape(1), 0.0), min(self.siblings, law.numel()))  # the chain's token is no sibling
-                # top-k / top-p removed the zeros (the target never accepts them); the rest by their path probability
-                others = top.indices[(top.values > 0) & (top.values * self.path >= self.sibling_confidence)]
+                others = self.rule.of(law, x, self.path)
                 self.others.append(others if self.shortlist is None else self.shortlist.ids[others])
             self.confidence = float(law[x])
             self.path *= self.confidence

@@ -25,6 +25,7 @@ from specresearch.models import check_model_files, check_tiny_args, machine_tags
 from specresearch.records import HEADLINE_SECTION, PromptStep, flatten, headline, json_text, prefixed
 from specresearch.seeding import stream_seed
 from specresearch.stats import samples_for_tv
+from specresearch.stats.distortion import check as check_distortion
 from specresearch.stats.distortion import continuations, distortion
 from specresearch.target import StaticSlots, Target
 from specresearch.tracking import browse_line, tracked_run
@@ -48,6 +49,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     tracker = build(cfg.tracker)
     tracker.check()  # where results go, before any model loads
     method = build_engine(cfg)
+    if cfg.stats.distortion:
+        check_distortion(method)  # before anything is measured
     baseline = build_engine(cfg, baseline=True, target=method.target.lm)
     compiled = compiled_reference(cfg, baseline)
     target, drafter = method.target.lm, method.drafter

@@ -25,7 +25,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.seeding import stream_seed
 from specresearch.stats.exact import kl_divergence, normalised, step_first_token_law, total_variation
 from specresearch.stats.samples import Stream
-from specresearch.types import Draft, SamplingParams, Verdict
+from specresearch.types import Draft, SamplingParams, Siblings, Verdict
 from specresearch.verifiers.base import Verifier
 
 QUANTILES = (0.5, 0.9, 0.99)
@@ -61,8 +61,9 @@ class Recorder(Verifier):
     (`step_first_token_law`, from the step's draft and p) and records its distance to p; then emits the
     continuation's next token for each row (no draft token kept), so the decode follows the continuations."""
 
-    def __init__(self, inner: Verifier, continuations: Sequence[Sequence[int]]):
+    def __init__(self, inner: Verifier, continuations: Sequence[Sequence[int]], siblings: Siblings | None = None):
         self.inner, self.lossless, self.name = inner, inner.lossless, inner.name
+        self.siblings = siblings  # the drafter's sibling rule (step_first_token_law), None = no siblings
         self.continuations = [list(c) for c in continuations]
         self.t = 0  # the step: every row emits one token per step, so it is the position in each continuation
         self.tv: list[list[float]] = [[] for _ in continuations]
@@ -89,7 +90,7 @@ class Recorder(Verifier):
             raise SpecResearchError("the distortion run lost a row (every row decodes its continuation's length)")
         verdicts = []
         for b, draft in enumerate(drafts):
-            law, kept = step_first_token_law(self.inner, draft, p[b, : len(draft) + 1])  # [V] float64
+            law, kept = step_first_token_law(self.inner, draft, p[b, : len(draft) + 1], self.siblings)  # [V] float64
             target = normalised(p[b, 0])  # [V] the target's law at this position
             self.tv[b].append(total_variation(law.to(target.device), target))
             self.kl[b].append(float(kl_divergence(law.to(target.device), target)))
@@ -98,6 +99,23 @@ class Recorder(Verifier):
                                     path=None if draft.parents is None else []))
         self.t += 1
         return verdicts
+
+
+def check(method: Engine) -> None:
+    """Refuse, before a run measures anything, a method whose exact distortion is not computed: a relaxed
+    rule (its longest passing path) over trees whose nodes are draws at T > 0 (sampled children, or the
+    siblings beside a sampled chain token): the first token's law then averages over the draws of every
+    node along the path (`stats.exact.step_first_token_law`)."""
+    drafter, verifier = method.drafter, method.verifier
+    if method.sampling.greedy or getattr(verifier, "tree_path", None) is None:
+        return
+    if drafter.siblings:
+        raise SpecResearchError(f"exact distortion of verifier={verifier.name} over a sampled chain with siblings is not computed (its "
+                                "longest passing path reads every draw below the root): set drafter.siblings=0, or measure "
+                                "verifier=rejection")
+    if getattr(getattr(drafter, "settings", None), "children", "top") == "sample":
+        raise SpecResearchError(f"exact distortion of verifier={verifier.name} over sampled children is not computed (its longest "
+                                "passing path reads every node's draw): set drafter.children=top")
 
 
 def continuations(baseline: Engine, prompts: list[list[int]], length: int, seed: int) -> list[list[int]]:
@@ -131,7 +149,8 @@ def distortion(method: Engine, prompts: list[list[int]], texts: list[list[int]],
     length = len(texts[0])
     if any(len(t) != length for t in texts) or length < 1:
         raise SpecResearchError(f"distortion needs continuations of one length >= 1, got {sorted({len(t) for t in texts})}")
-    recorder = Recorder(method.verifier, texts)
+    drafter = method.drafter
+    recorder = Recorder(method.verifier, texts, Siblings(drafter.siblings, drafter.sibling_confidence) if drafter.siblings else None)
     forced = Engine(method.target.lm, method.drafter, recorder, method.sampling, time_split=False)
     forced.generate(prompts, length, eos_token_ids=[], sample_first=False,
                     seed=[stream_seed(seed, Stream.FORCED, b) for b in range(len(prompts))])

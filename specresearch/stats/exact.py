@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
-from specresearch.types import Draft
+from specresearch.types import Draft, Siblings
 from specresearch.verifiers.base import Verifier, draft_law, one_hot
 
 
@@ -134,24 +134,27 @@ def chain_first_token_laws(verifier: Verifier, p: Tensor, q: Tensor) -> tuple[Te
     return kept + rejected * normalised(verifier.fallback(p, q)), kept.sum(-1)
 
 
-def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[Tensor, float]:
+def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor, siblings: Siblings | None = None) -> tuple[Tensor, float]:
     """The exact law of the first token one verification step emits, given the step's draft and the
     target's laws at its nodes: a chain's averaged over its first token's draw (`chain_first_token_laws`;
     one-hot q for a deterministic token); a deterministic tree's by its verifier's own walk: the
     relaxed rules' longest passing path (`tree_path`: it reads p at every node), else multi-step
-    speculative sampling over the root's children (`draft_first_token_law`).
+    speculative sampling over the root's children (`draft_first_token_law`); a tree with sampled
+    children averaged over their draws (`sampled_children_law`).
 
     Args:
         verifier: any verifier.
         draft: one row's draft.
         p: [K + 1, V] the target's laws as the verifier reads them (row 0 the root's).
+        siblings: the drafter's rule for the deterministic siblings beside a sampled chain token
+            (`sampled_children_law`); None = the drafter drafts none.
 
     Returns:
         ([V] float64 law, the probability that the token comes from the draft).
 
     Raises:
-        SpecResearchError: a tree whose children were drawn from q: its first token's law is an average over
-            the draws of every sibling, not computed here.
+        SpecResearchError: a relaxed rule on a tree whose children were drawn from q: its first token's law is an
+            average over the draws of every node along its longest passing path, not computed here.
     """
     if len(draft) == 0:
         return normalised(verifier.fallback(p[0], None)), 0.0
@@ -164,7 +167,7 @@ def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[T
             raise SpecResearchError(f"the exact first-token law of {verifier.name} on a tree with sampled children is an average over "
                                     "every node's draw along its longest passing path, not computed: use chains or deterministic "
                                     "trees (children=top)")
-        law, reach = sampled_children_law(verifier, draft, p[0])
+        law, reach = sampled_children_law(verifier, draft, p[0], siblings)
         return law, 1.0 - reach
     if tree_path is not None:  # a relaxed rule: the longest passing path, whatever the siblings' order
         path = tree_path(draft, p)
@@ -175,31 +178,54 @@ def step_first_token_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[T
     return law, 1.0 - reach
 
 
-def sampled_children_law(verifier: Verifier, draft: Draft, p: Tensor) -> tuple[Tensor, float]:
+def sampled_children_law(verifier: Verifier, draft: Draft, p: Tensor, siblings: Siblings | None = None) -> tuple[Tensor, float]:
     """The exact law of the first token multi-step speculative sampling emits over a tree whose root
     children were drawn independently, each from its own q row (tree, Medusa and EAGLE with
     children=sample: with replacement), averaged over every child's draw (`_children_law`, as
     `sibling_law` for children of one law). A lossless verifier gives p.
 
+    A chain token x ~ q followed by deterministic siblings (one-hot q rows: the chain drafters'
+    `siblings`, which the rule `siblings` gives each x) is averaged over x's draw: after x is rejected
+    the residual fallback(p, q) does not read x, so the draws group by their sibling set: each of the
+    siblings S a token outside them would get has a set of its own (the rest share S): O(n²V).
+
     Args:
         verifier: a verifier that tries root children in turn (not a relaxed rule's longest path).
         draft: one row's tree, q given.
         p: [V] the target's law at the root.
+        siblings: the drafter's sibling rule (at the root: path probability 1); needed for one-hot rows
+            beside a sampled one.
 
     Returns:
         ([V] float64 law, the probability that every root child is rejected).
 
     Raises:
-        SpecResearchError: one-hot rows beside sampled ones (the `siblings` modes: the top tokens beside
-            the drawn one are a function of that draw, not independent of it).
+        SpecResearchError: one-hot rows beside sampled ones without `siblings`, or not the ones it gives.
     """
-    q = normalised(draft.q[root_children(draft)].to(p.device))  # [M, V] as the draws normalise them
+    kids = root_children(draft)
+    q = normalised(draft.q[kids].to(p.device))  # [M, V] as the draws normalise them
     onehot = q.max(-1).values == 1.0  # [M]
-    if onehot.any() and not onehot.all():
+    p = normalised(p)
+    if not onehot.any() or onehot.all():
+        return _children_law(verifier, p, list(q))
+    if siblings is None or onehot[0] or not onehot[1:].all():
         raise SpecResearchError("the exact first-token law of a tree whose deterministic siblings depend on a sampled token beside "
-                                "them (siblings=N) is an average over that token's draw with its siblings, not computed: use "
-                                "siblings=0 or children=sample")
-    return _children_law(verifier, normalised(p), list(q))
+                                "them needs the drafter's sibling rule (siblings=N): none was given, or the sampled token is not "
+                                "the root's first child")
+    if not torch.equal(siblings.of(q[0], draft.tokens[kids[0]]).cpu(), draft.tokens[kids[1:]].cpu()):
+        raise SpecResearchError("the siblings beside the sampled token are not the ones the drafter's sibling rule (siblings=N) "
+                                "gives it: the exact law would average over the wrong sets")
+    a = verifier.acceptance_all(p[None], q[:1])[0].double()  # [V] a(x) for every draw x
+    missed = q[0] * (1 - a)  # [V] the chance of drawing x and rejecting it
+    residual = normalised(verifier.fallback(p, q[0]))  # [V] what the siblings face: it reads no draw
+    common = siblings.of(q[0])  # [S] the siblings of every draw outside them
+    groups = [(float(missed[x]), siblings.of(q[0], x)) for x in common] + [(float(missed.sum() - missed[common].sum()), common)]
+    law, reach = q[0] * a, 0.0
+    for weight, tokens in groups:  # (no siblings: the token comes from the residual)
+        tries = list(one_hot(tokens.cpu(), len(p)).double().to(p.device))
+        law_s, reach_s = _children_law(verifier, residual, tries) if tries else (residual, 1.0)
+        law, reach = law + weight * law_s, reach + weight * reach_s
+    return law, reach
 
 
 def root_children(draft: Draft) -> list[int]:
