@@ -171,8 +171,9 @@ PLAIN = [200, 7, 91, 33]
 def plain_chain(target, cls=None, **given):
     """An independent drafter (or its subclass `cls`) as Leviathan's chain of k: its default stops, lookup and
     siblings off unless `given` sets them (the tests of one mechanism at a time)."""
-    from specresearch.drafters.independent import LEVERS_OFF, IndependentDrafter
-    return (cls or IndependentDrafter)(target, **{**LEVERS_OFF, **given})
+    from specresearch.drafters.independent import IndependentDrafter
+    from specresearch.options.drafters import PLAIN_CHAIN
+    return (cls or IndependentDrafter)(target, **{**PLAIN_CHAIN, **given})
 
 
 def cyclic_tiny(seed: int, cycle: int = 5, head: float = 1.0):

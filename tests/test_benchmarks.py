@@ -37,7 +37,6 @@ def quick(tmp_path, *argv: str) -> tuple[subprocess.CompletedProcess, dict]:
     return result, reports.raw(json.loads(out.read_text()))
 
 
-CHAIN = "independent:k=4:chain_confidence=null:lookup=0:siblings=0:model.quantize=null"  # a plain chain of 4
 
 
 def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
@@ -46,7 +45,7 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
         [
             sys.executable, SPEED, "--quick", "--profile", "--json", str(out), "--store", str(new_store(tmp_path / "mlruns")), "--methods",
             "generate,generate_torch,generate_compiled,hf_assisted,hf_prompt_lookup,baseline,baseline_compiled,independent,"
-            f"{CHAIN},independent:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8,"
+            "plain_chain,independent:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8,"
             "independent:k=2:model.vocab=100:model.vocab_corpus=mtbench:model.quantize=int8",  # the same options: one int8 copy for both
         ],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
@@ -61,7 +60,7 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
     report = reports.raw(json.loads(out.read_text()))
     rows = {r["method"]: r for r in report["rows"]}
     cheap = "independent(k=16) model.vocab=100 model.vocab_corpus=mtbench model.quantize=int8"
-    chain = "independent(k=4) " + " ".join(CHAIN.split(":")[2:])
+    chain = "plain_chain(k=4)"  # Leviathan's chain of 4
     assert list(rows) == ["generate", "generate_torch", "generate_compiled", "hf_assisted", "hf_prompt_lookup", "baseline", "baseline_compiled", "independent(k=16)",
                           chain, cheap, cheap.replace("k=16", "k=2")]
     plain = {name: rows[name]["tokens_per_s"] for name in ("generate", "generate_torch", "generate_compiled", "baseline", "baseline_compiled")}

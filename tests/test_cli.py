@@ -35,8 +35,8 @@ def mlflow_runs(store):
 def test_real_model_end_to_end(tmp_path, new_store):
     """SmolLM2-135M (the smallest embedded model) drafting for itself, through the CLI, into MLflow."""
     result = cli(
-        "model=smollm2-135m", "drafter.model.name=smollm2-135m", "drafter.k=3",  # a plain chain: Leviathan's prediction holds
-        "drafter.chain_confidence=null", "drafter.lookup=0", "drafter.siblings=0", "dataset.num_prompts=2", "max_new_tokens=12", f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path,
+        "model=smollm2-135m", "drafter=plain_chain", "drafter.model.name=smollm2-135m", "drafter.k=3",  # Leviathan's prediction holds
+        "dataset.num_prompts=2", "max_new_tokens=12", f"tracker.store={new_store(tmp_path / 'mlruns')}", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SweepCallback" not in result.stderr  # a single run is no sweep's job: the callback keeps quiet

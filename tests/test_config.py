@@ -10,6 +10,7 @@ from specresearch.config import options, unknown_option
 from specresearch.data import load_prompts
 from specresearch.drafters import Drafter
 from specresearch.models import ZOO, load_model
+from specresearch.options.groups import schema_of
 from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
 from specresearch.verifiers import Verifier
@@ -60,7 +61,7 @@ def test_a_setting_the_config_lacks_is_named_with_the_valid_ones(args, config_na
 def test_drafter_configs_instantiate(name, tmp_path):
     cfg = drafter_cfg(name, tmp_path)
     drafter = build(cfg.drafter, target=load_model(**cfg.model))
-    assert isinstance(drafter, Drafter) and drafter.name == name
+    assert isinstance(drafter, Drafter) and drafter.name == schema_of("drafter", name).option  # a preset's: its option's
 
 
 @pytest.mark.parametrize("name", options("verifier"))

@@ -69,10 +69,14 @@ def _options(group: str) -> list[str]:
 
 
 def _modes() -> list[tuple[str, str, tuple[str, ...]]]:
-    out = []
+    """Each drafter option's modes; an option whose class an option before it has is a preset of it
+    (drafter=plain_chain: the independent drafter's "plain chain" mode), whose modes are proven there."""
+    out, seen = [], set()
     for name in _options("drafter"):
-        cls = get_class(OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")._target_)
-        out += [(name, mode, overrides) for mode, overrides in cls.modes.items()]
+        target = OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")._target_
+        if target not in seen:
+            seen.add(target)
+            out += [(name, mode, overrides) for mode, overrides in get_class(target).modes.items()]
     return out
 
 

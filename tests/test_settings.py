@@ -130,13 +130,15 @@ def test_why_a_default_is_chosen_names_a_shipped_setting_of_its_option_in_one_li
     said = 0
     for group, name, schema, values, _ in conf.registered():
         rows = {n: d for n, d, _ in conf.table(schema, values)}
-        for key, why in declarations.chosen(schema).items():
+        for key, why in conf.reasons(schema, values).items():
             assert key in rows, f"{group}={name}: CHOSEN names '{key}', not one of its settings {sorted(rows)}"
             assert why and "\n" not in why, (group, name, key)
             assert f"  {key}={rows[key]}: {why}" in conf.describe(group, name).split("Why these defaults:\n")[1]
             assert f"- `{key}={rows[key]}`: {why}" in conf.markdown()
             said += 1
     assert said and declarations.chosen(declarations.drafters.PromptLookup)["k"]
+    plain = {(g, n): v for g, n, _, v, _ in conf.registered()}["drafter", "plain_chain"]
+    assert "k" not in conf.reasons(declarations.drafters.Independent, plain)  # a preset's k is its own reason
     assert declarations.chosen(declarations.drafters.Independent)["k"]  # the default experiment's drafter says why
 
     class Longer(declarations.drafters.PromptLookup, defaults={"k": 20}):

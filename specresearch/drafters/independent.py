@@ -16,13 +16,11 @@ from specresearch.options import drafters as options
 from specresearch.options import make
 from specresearch.types import Draft, Verdict
 
-# The defaults' levers off: with k = 4, Leviathan's plain chain (the settings, as the constructor takes them).
-LEVERS_OFF = {"chain_confidence": None, "lookup": 0, "siblings": 0, "sibling_confidence": 0.0}
-
 
 def plain_chain(**changes) -> tuple[str, ...]:
-    """A plain chain of 4 as overrides of the drafter's node (an int8 draft off too); `changes` turn one lever on."""
-    given = {"k": 4, **LEVERS_OFF, "model.quantize": None, **changes}
+    """drafter=plain_chain (options.drafters.PLAIN_CHAIN, an int8 draft off too) as overrides of the drafter's
+    node; `changes` turn one lever on."""
+    given = {**options.PLAIN_CHAIN, "model.quantize": None, **changes}
     return tuple(f"{key}={'null' if value is None else value}" for key, value in given.items())
 
 

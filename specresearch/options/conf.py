@@ -104,15 +104,16 @@ def files() -> dict[str, str]:
 
 
 def registered():
-    """(group, option, schema, its values, its title) of every registered option; a model preset each."""
+    """(group, option, schema, its values, its title) of every registered option: the schemas' own
+    options (values None), then the presets (a model, a dataset, drafter=plain_chain)."""
     for group, found in OPTIONS.items():
-        if group in PRESETS:
-            for name, (title, preset) in PRESETS[group].items():
-                schema = found.get(name, found["*"])
-                yield group, name, schema, schema(**preset), title
-            continue
+        presets = PRESETS.get(group, {})
         for name, schema in found.items():
-            yield group, name, schema, None, None
+            if name != "*" and name not in presets:
+                yield group, name, schema, None, None
+        for name, (title, preset) in presets.items():
+            schema = found.get(name, found.get("*"))
+            yield group, name, schema, schema(**preset), title
 
 
 def table(schema: type, values: Any = None, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -139,8 +140,8 @@ def describe(group: str, option: str) -> str:
             head = f"{group}={option}: " + (title or " ".join((schema.__doc__ or "").split()))
             width = min(max((len(r[0]) + len(r[1]) for r in rows), default=0) + 3, COLUMN)
             lines = [f"  {n}={d}".ljust(width + 2) + f" {doc}" for n, d, doc in rows] or ["  (no settings)"]
-            reasons = chosen(schema)
-            why = [f"  {n}={d}: {reasons[n]}" for n, d, _ in rows if n in reasons]
+            said = reasons(schema, values)
+            why = [f"  {n}={d}: {said[n]}" for n, d, _ in rows if n in said]
             return "\n".join(textwrap.wrap(head, WIDTH) + lines + ["Why these defaults:"] * bool(why) + why)
     valid = [f"{g}={n}" for g, n, *_ in registered()]
     raise SpecResearchError(f"unknown option '{group}={option}': valid are {', '.join(valid)}")
@@ -166,10 +167,21 @@ def markdown() -> str:
                 continue
             lines += ["| setting | default | description |", "|---|---|---|"]
             lines += [f"| `{n}` | `{d}` | {_cell(doc)} |" for n, d, doc in rows] + [""]
-            reasons = chosen(schema)
-            why = [f"- `{n}={d}`: {reasons[n]}" for n, d, _ in rows if n in reasons]
+            said = reasons(schema, values)
+            why = [f"- `{n}={d}`: {said[n]}" for n, d, _ in rows if n in said]
             lines += ["Why these defaults:", "", *why, ""] if why else []
     return "\n".join(lines)
+
+
+def reasons(schema: type, values: Any = None) -> dict[str, str]:
+    """Why each default of `schema` is what it is (its CHOSEN lines), as `--settings` and docs/options.md
+    print them: for a preset (`values`), of the settings it leaves at the schema's default only (its own
+    values are its title's reason)."""
+    reasons = chosen(schema)
+    if values is None:
+        return reasons
+    own = {name: default for name, default, _ in table(schema)}
+    return {name: reasons[name] for name, default, _ in table(schema, values) if name in reasons and own.get(name) == default}
 
 
 def _cell(text: str) -> str:
@@ -192,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in out:
             print(f"{path} is out of date: run python -m specresearch.options.conf", file=sys.stderr)
         return 1 if out else 0
-    for path, text in files().items():
-        (args.root / path).write_text(text)
+    for path, text in files().items():  # only what changed: a sweep composing conf/ meanwhile never reads a file half written
+        if not (args.root / path).is_file() or (args.root / path).read_text() != text:
+            (args.root / path).write_text(text)
     return 0
 
 

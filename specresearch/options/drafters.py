@@ -144,6 +144,18 @@ class Independent(Chain, defaults={"k": 16, "chain_confidence": 0.4, "lookup": 4
     model: DraftModel = setting(doc="the draft model, as in the `model` group", factory=lambda: DraftModel(quantize="auto"))
 
 
+# Leviathan's plain chain: k = 4 tokens a step, one draft forward each, none of the independent drafter's
+# levers (stops, lookup, siblings, int8). drafter=plain_chain, the independent drafter's "plain chain" mode (the
+# law tests' and the tests' of one mechanism) and the studies whose question is k read it here.
+PLAIN_CHAIN = {"k": 4, "chain_confidence": None, "lookup": 0, "siblings": 0, "sibling_confidence": 0.0}
+# The drafter group's presets: option -> (title, the settings of the option it presets that differ)
+PRESETS = {"plain_chain": (
+    "Leviathan's plain chain (Leviathan et al. 2023; Chen et al. 2023): drafter=independent with k = 4 and none of its "
+    "levers (confidence stops, lookup, siblings, int8 draft): what the speculative decoding papers measure, and the studies "
+    "whose question is k (leviathan, batch_synergy) draft",
+    {**PLAIN_CHAIN, "model": DraftModel()})}
+
+
 @dataclass
 class SelfDraft(FrequentVocab, Chain):
     """Self-speculative decoding (Draft & Verify 2023; LayerSkip early exit 2024): the target drafts with layers skipped."""

@@ -9,23 +9,26 @@ from typing import Any, Union
 from specresearch.options import drafters, models, runs, tracking, verifiers
 
 
-def _by_name(*schemas: type) -> dict[str, type]:
-    return {schema.option: schema for schema in schemas}
+def _by_name(*schemas: type, **presets: type) -> dict[str, type]:
+    return {**{schema.option: schema for schema in schemas}, **presets}
 
 
 # Each option of each config group -> its schema; "*": any other option's (a model preset, a dataset, ...).
 OPTIONS: dict[str, dict[str, type]] = {
     "model": {"tiny": models.TinyModel, "*": models.TargetModel},
     "drafter": _by_name(drafters.Independent, drafters.Tree, drafters.Medusa, drafters.Eagle, drafters.PromptLookup,
-                        drafters.Lookahead, drafters.SelfDraft, drafters.CrossVocab, drafters.NoDrafter),
+                        drafters.Lookahead, drafters.SelfDraft, drafters.CrossVocab, drafters.NoDrafter,
+                        plain_chain=drafters.Independent),
     "verifier": _by_name(verifiers.Greedy, verifiers.Rejection, verifiers.Margin, verifiers.TopK, verifiers.Typical),
     "tracker": _by_name(tracking.MLflow, tracking.NoTracker),
     "dataset": {"mtbench": runs.MTBench, "*": runs.Dataset},
     "sampling": {"*": runs.Sampling},
     "eval": {"*": runs.Eval},
 }
-# The groups whose options are presets of one dataclass: option -> (title, the settings that are not its defaults)
-PRESETS = {"model": models.PRESETS, "dataset": runs.DATASETS, "sampling": runs.SAMPLINGS, "eval": runs.EVALS}
+# Options that preset a dataclass: option -> (title, the settings that are not its defaults). The model, dataset,
+# sampling and eval groups are all presets; the drafter group has its options' own and the presets of one.
+PRESETS = {"model": models.PRESETS, "dataset": runs.DATASETS, "sampling": runs.SAMPLINGS, "eval": runs.EVALS,
+           "drafter": drafters.PRESETS}
 PRIMARY = {"config": runs.Config, "train": runs.TrainConfig}  # conf/NAME.yaml -> its schema (the groups aside)
 
 
