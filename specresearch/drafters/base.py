@@ -58,10 +58,9 @@ class Drafter(ABC):
     # A drafter that sizes its tree itself (shape=auto) predicts its speedup over plain decoding; the
     # run prints it beside the measured one.
     predicted_speedup: float | None = None
-    # A chain drafter's siblings beside each chain token (types.Siblings; n = 0: none): the exact
-    # distortion applies the same rule to every draw of the token.
-    siblings: int = 0
-    sibling_confidence: float = 0.0
+    # A chain drafter's siblings beside each chain token (n = 0: none): the rule its Chains draft with,
+    # which the exact distortion applies to every draw of the token.
+    siblings: Siblings = Siblings()
     # The ways this drafter drafts whose laws differ, as overrides of its config node: the lossless
     # tests (tests/test_lossless.py) prove every mode with every lossless verifier, so a new mode is
     # covered by naming it here.
@@ -137,22 +136,18 @@ class Chain:
     argmax when decoding greedily (q = None), else a sample from its q, the draft's logits after the
     same processing as p (specresearch.sampling), and that q is recorded."""
 
-    def __init__(self, ctx: Context, shortlist: Shortlist | None = None, siblings: int = 0, sibling_confidence: float = 0.0,
-                 scored: bool = False):
+    def __init__(self, ctx: Context, shortlist: Shortlist | None = None, siblings: Siblings = Siblings(), scored: bool = False):
         """
         Args:
             ctx: the step's context (sampling settings, generator).
             shortlist: the tokens the draft's logits score (FR-Spec); None = the whole vocabulary.
-            siblings: beside each chain token, the draft's next `siblings` likeliest tokens at its
-                position as leaves (see `draft`); 0 = a plain chain.
-            sibling_confidence: keep a sibling only where its path probability (the draft's chance
-                that the target takes it: the chain's token probabilities down to its parent, times
-                its own) is at least this.
+            siblings: beside each chain token, the draft's next `siblings.n` likeliest tokens at its
+                position as leaves (see `draft`; those under `siblings.confidence` left out); n = 0: a
+                plain chain.
             scored: keep `confidence` and `path` (a drafter that stops on them); with siblings always.
         """
         self.ctx, self.shortlist, self.siblings = ctx, shortlist, siblings
-        self.rule = Siblings(siblings, sibling_confidence)
-        self.scored = scored or siblings > 0
+        self.scored = scored or siblings.n > 0
         self.confidence = 1.0  # the draft's probability of the last token: its q's when sampled, its softmax's (T = 1) when greedy
         self.path = 1.0  # the product of the chain's token probabilities so far (EAGLE-2's cumulative confidence)
         self.tokens: list[Tensor] = []  # 0-d token ids
@@ -175,8 +170,8 @@ class Chain:
         self.tokens.append(token)
         if self.scored:
             law = ranking_probs(logits, self.ctx.sampling) if q is None else q  # [V or N]
-            if self.siblings:
-                others = self.rule.of(law, x, self.path)
+            if self.siblings.n:
+                others = self.siblings.of(law, x, self.path)
                 self.others.append(others if self.shortlist is None else self.shortlist.ids[others])
             self.confidence = float(law[x])
             self.path *= self.confidence
@@ -194,7 +189,7 @@ class Chain:
         """
         if not self.tokens:
             return Draft.empty(self.ctx.tokens.device)
-        if not self.siblings:
+        if not self.siblings.n:
             return Draft(tokens=torch.stack(self.tokens), q=torch.stack(self.qs) if self.qs else None)
         tokens, parents, qs, parent = [], [], [], -1
         for i, (x, others) in enumerate(zip(self.tokens, self.others)):

@@ -17,7 +17,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, load_model, logit_width
 from specresearch.options import drafters as options
 from specresearch.options import make
-from specresearch.types import Draft, SamplingParams
+from specresearch.types import Draft, SamplingParams, Siblings
 from specresearch.vocab import Bridge, Shortlist
 
 GREEDY = SamplingParams()
@@ -68,7 +68,7 @@ class CrossVocabDrafter(Drafter):
         if model is None:
             raise SpecResearchError("drafter=cross_vocab needs a draft model: set drafter.model.name")
         self.k, self.k_policy, self.k_max, self.mode = s.k, s.k_policy, s.k_max, s.mode
-        self.lookup, self.siblings, self.sibling_confidence = s.lookup, s.siblings, s.sibling_confidence
+        self.lookup, self.siblings = s.lookup, Siblings(s.siblings, s.sibling_confidence)
         mode = s.mode
         if isinstance(model, LoadedModel):
             lm, options = model, {}
@@ -153,7 +153,7 @@ class CrossVocabDrafter(Drafter):
     def _chain(self, ctx: Context) -> Chain:
         """A new step's chain: the draft's law ("shared"), or its argmax at any T ("string")."""
         steered = ctx if self.mode == "shared" else replace(ctx, sampling=GREEDY)
-        return Chain(steered, self.rows, self.siblings, self.sibling_confidence, scored=bool(self.confidence or self.chain_confidence))
+        return Chain(steered, self.rows, self.siblings, scored=bool(self.confidence or self.chain_confidence))
 
     def _walk(self, ctx: Context, chain: Chain, logits: Tensor, guess: list[int], drafted: list[int]) -> tuple[int, bool]:
         """Add the draft's token of each row of `logits` ([G + 1, V_d or S]; row i: its law after the

@@ -14,7 +14,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
 from specresearch.options import drafters as options
 from specresearch.options import make
-from specresearch.types import Draft, Verdict
+from specresearch.types import Draft, Siblings, Verdict
 
 
 def plain_chain(**changes) -> tuple[str, ...]:
@@ -69,7 +69,7 @@ class IndependentDrafter(Drafter):
             raise SpecResearchError("drafter=independent needs a draft model: set drafter.model.name")
         self.k, self.k_policy, self.k_max = s.k, s.k_policy, s.k_max  # the engine's DraftLength reads them
         self.confidence, self.chain_confidence, self.lookup = s.confidence, s.chain_confidence, s.lookup
-        self.siblings, self.sibling_confidence = s.siblings, s.sibling_confidence
+        self.siblings = Siblings(s.siblings, s.sibling_confidence)
         self._chains: list[tuple[int, Chain]] = []  # each row's (context length, chain) of the last step
         self.draft = DraftModel.load(model, target)
 
@@ -83,7 +83,7 @@ class IndependentDrafter(Drafter):
         feed nothing) its pending tokens and, with `lookup`, its own prompt-lookup guesses (ragged rows),
         each row in its own slots of the draft's cache (Target's rows)."""
         scored = self.confidence is not None or self.chain_confidence is not None
-        chains = [Chain(ctx, self.draft.shortlist, self.siblings, self.sibling_confidence, scored) for ctx in ctxs]
+        chains = [Chain(ctx, self.draft.shortlist, self.siblings, scored) for ctx in ctxs]
         self._chains = [(ctx.tokens.numel(), chain) for ctx, chain in zip(ctxs, chains)]
         pending = [ctx.tokens[n:] for ctx, n in zip(ctxs, self.draft.lengths)]  # [1], or [2] after a fully accepted step
         live = [ctx.max_draft > 0 for ctx in ctxs]

@@ -109,7 +109,7 @@ def check(method: Engine) -> None:
     drafter, verifier = method.drafter, method.verifier
     if method.sampling.greedy or getattr(verifier, "tree_path", None) is None:
         return
-    if drafter.siblings:
+    if drafter.siblings.n:
         raise SpecResearchError(f"exact distortion of verifier={verifier.name} over a sampled chain with siblings is not computed (its "
                                 "longest passing path reads every draw below the root): set drafter.siblings=0, or measure "
                                 "verifier=rejection")
@@ -149,8 +149,8 @@ def distortion(method: Engine, prompts: list[list[int]], texts: list[list[int]],
     length = len(texts[0])
     if any(len(t) != length for t in texts) or length < 1:
         raise SpecResearchError(f"distortion needs continuations of one length >= 1, got {sorted({len(t) for t in texts})}")
-    drafter = method.drafter
-    recorder = Recorder(method.verifier, texts, Siblings(drafter.siblings, drafter.sibling_confidence) if drafter.siblings else None)
+    siblings = method.drafter.siblings
+    recorder = Recorder(method.verifier, texts, siblings if siblings.n else None)
     forced = Engine(method.target.lm, method.drafter, recorder, method.sampling, time_split=False)
     forced.generate(prompts, length, eos_token_ids=[], sample_first=False,
                     seed=[stream_seed(seed, Stream.FORCED, b) for b in range(len(prompts))])
