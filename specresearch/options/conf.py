@@ -189,9 +189,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def stale(root: Path) -> list[str]:
-    """The generated files of the checkout at `root` that differ from the dataclasses (or are missing)."""
-    return [path for path, text in files().items() if not (root / path).is_file() or (root / path).read_text() != text]
+def stale(root: Path, texts: dict[str, str] | None = None) -> list[str]:
+    """The generated files of the checkout at `root` that differ from the dataclasses (or are missing);
+    `texts`: `files()`, if already made."""
+    texts = files() if texts is None else texts
+    return [path for path, text in texts.items() if not (root / path).is_file() or (root / path).read_text() != text]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in out:
             print(f"{path} is out of date: run python -m specresearch.options.conf", file=sys.stderr)
         return 1 if out else 0
-    for path, text in files().items():  # only what changed: a sweep composing conf/ meanwhile never reads a file half written
-        if not (args.root / path).is_file() or (args.root / path).read_text() != text:
-            (args.root / path).write_text(text)
+    texts = files()
+    for path in stale(args.root, texts):  # only what changed: a sweep composing conf/ meanwhile never reads a file half written
+        (args.root / path).write_text(texts[path])
     return 0
 
 
