@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
-"""The law the engine's verifier reads, audited against the target itself: is p what the target says?
+"""The law the engine's verifier reads, audited against the baseline's own path: is p what plain decoding says?
 
-Rejection sampling is lossless when the p it reads at each node is the target's conditional law given
-that node's context. The engine computes p in batched, ragged verification forwards over a KV cache
-that rows leave as they finish (the battery's shapes: R rows of one prompt, L tokens each, no EOS);
-this script decodes those rows as the battery's method side does (`specresearch.stats.sample_engine`'s
-call), and at every verification records each row's context, draft and the p the verifier got, then
-recomputes each of those laws from the model alone: a plain forward of the row's own sequence, one row,
-through transformers' own cache of the prompt (the reference). It prints the total variation between
-the two per node: its mean, quantiles and maximum, overall and by the number of rows the step verified
-together. In fp32 a correct engine agrees with the reference to float precision (a TV of 1e-4 would be a
-bug: a stale cache slot, a wrong position or mask); in bf16 the gap is the target's own numerics between
-batch shapes (`benchmarks/kernel_paths.py`).
+Rejection sampling is lossless when the p it reads at each node is the law plain decoding would sample
+from after that node's context. The engine computes p in batched, ragged verification forwards of k + 1
+(or a tree's) query tokens over a KV cache that rows leave as they finish (the battery's shapes: R rows of
+one prompt, L tokens each, no EOS); this script decodes those rows as the battery's method side does
+(`specresearch.stats.sample_engine`'s call), records at every verification each row's context, draft
+and the logits the verifier got, then recomputes each of those laws along the baseline's own path: the
+prompt prefilled once and shared (`specresearch.stats.samples`' prompt), then one query token a forward
+(`decode_batch`'s forward, as `sample_target` draws the battery's baseline side), every context's tokens
+fed in turn (a trie of the contexts, walked depth first: one forward per distinct prefix). It prints, per
+node, whether the two logits are the same bits, and the total variation between the two laws: the
+count, mean, quantiles and maximum, overall and by the number of rows the step verified together.
+
+In fp32 a correct engine agrees with the baseline's path to float precision (a TV of 1e-4 would be a bug:
+a stale cache slot, a wrong position or mask); in bf16 with the default kernels the gap is the target's own
+numerics between 1-query and (k + 1)-query forwards (`benchmarks/kernel_paths.py`); with
+`--kernels invariant` (model.kernels=invariant) every node is the same bits: the verifier reads exactly
+the law plain decoding samples from.
 
     python benchmarks/engine_laws.py                                   # the real pair, bf16: the battery's shapes
+    python benchmarks/engine_laws.py --kernels invariant               # the same with the shape-invariant forward
     python benchmarks/engine_laws.py --dtype float32                   # the same in fp32: any gap is a bug
     python benchmarks/engine_laws.py --model tiny --rows 8             # checks the script runs
 """
@@ -21,7 +28,6 @@ batch shapes (`benchmarks/kernel_paths.py`).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 
 import numpy as np
@@ -32,7 +38,7 @@ from specresearch import build_engine, compose, reports
 from specresearch.data import encode, load_prompts
 from specresearch.models import machine_tags
 from specresearch.sampling import logits_to_probs
-from specresearch.stats.samples import Stream, sample_seeds
+from specresearch.stats.samples import SharedPrompt, Stream, sample_seeds
 
 
 def node_contexts(context: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor | None) -> list[torch.Tensor]:
@@ -46,34 +52,46 @@ def node_contexts(context: torch.Tensor, tokens: torch.Tensor, parents: torch.Te
 
 
 class Reference:
-    """The target's own laws, from plain one-row forwards of the model (transformers' code, not the
-    engine's): the prompt but its last token is computed once and kept in the model's own cache, and
-    each context is fed after a copy of it."""
+    """The laws plain decoding samples from, along the baseline's own path (`sample_target`): the prompt
+    prefilled once and held as the rows' shared prefix where the model shares one, then one query token a
+    forward. Contexts are fed as a trie, depth first, so a prefix several contexts share is fed once."""
 
-    def __init__(self, model, prompt: list[int], sampling):
-        self.model, self.sampling, self.n = model, sampling, len(prompt) - 1
-        with torch.inference_mode():
-            self.cache = model(torch.tensor([prompt[:-1]], device=model.device), use_cache=True).cache
+    def __init__(self, lm, prompt: list[int]):
+        self.lm, self.n = lm, len(prompt)
+        self.shared = SharedPrompt(lm, prompt)
 
     @torch.inference_mode()
-    def laws(self, context: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor | None) -> torch.Tensor:
-        """[1 + K, V] the target's law at the root and after each of the K draft nodes (a chain: one forward
-        of the context's rest and the whole chain; a tree: one per node)."""
-        seqs = [torch.cat([context, tokens])] if parents is None else node_contexts(context, tokens, parents)
-        logits = []
-        for seq in seqs:
-            out = self.model(seq[None, self.n :], cache=copy.deepcopy(self.cache), use_cache=True).logits[0]  # [T' + K, V]
-            logits.append(out[context.numel() - 1 - self.n :] if parents is None else out[-1:])
-        return logits_to_probs(torch.cat(logits).float(), self.sampling)
+    def logits(self, suffixes: list[tuple[int, ...]]) -> dict[tuple[int, ...], torch.Tensor]:
+        """{suffix: [V] logits after prompt + suffix} for every suffix (tokens after the prompt), each from a
+        forward of one query token after the cache of the tokens before it (the prompt's: its prefill's)."""
+        out = {(): self.shared.logits[0]}
+        cache, prefix = self.shared.rows(1)
+        fed: list[int] = []
+        for suffix in tqdm(sorted(set(suffixes)), desc="reference: one query a forward", unit="context"):
+            common = 0
+            while common < min(len(fed), len(suffix)) and fed[common] == suffix[common]:
+                common += 1
+            if common < len(fed):
+                cache.crop(common - len(fed))  # transformers 5: a negative count drops the newest tokens
+                del fed[common:]
+            for token in suffix[common:]:
+                position = torch.tensor([[self.n + len(fed)]], device=self.lm.device)
+                hidden = self.lm.model.base_model(input_ids=torch.tensor([[token]], device=self.lm.device), cache=cache,
+                                                  use_cache=True, position_ids=position,
+                                                  **({"prefix": prefix} if prefix is not None else {})).last_hidden_state
+                fed.append(token)
+                out[tuple(fed)] = self.lm.model.get_output_embeddings()(hidden[0, -1])  # [V]
+        return out
 
 
 def audit(engine, prompt: list[int], rows: int, tokens: int, seed: int) -> list[dict]:
     """Decode `rows` continuations of `prompt` as the battery's method side does, recording at each
-    verification every row's TV between the p the verifier read and the reference's, per node."""
+    verification every row's logits per node; then compare each with the baseline's path (`Reference`):
+    per node, whether the logits are the same bits and the TV between the two laws (after the run's
+    temperature, top-k and top-p)."""
     contexts: list[torch.Tensor] = []
-    found: list[dict] = []
+    read: list[tuple[int, int, tuple[int, ...], torch.Tensor]] = []  # (rows verified together, node, context after the prompt, [V] logits)
     propose, verify = engine.drafter.propose_rows, engine.verify
-    reference = Reference(engine.target.lm.model, prompt, engine.p_sampling)
 
     def proposing(ctxs):
         contexts[:] = [ctx.tokens.clone() for ctx in ctxs]
@@ -82,23 +100,27 @@ def audit(engine, prompt: list[int], rows: int, tokens: int, seed: int) -> list[
     def verifying(drafts, logits, active):
         bar.update(1)
         bar.set_postfix(rows=len(drafts))
-        p = logits_to_probs(logits, engine.p_sampling)  # [B, W, V]
         for b, (context, draft) in enumerate(zip(contexts, drafts)):
             n = len(draft)  # the proposals (a drafter's scratch positions come after them and are not verified)
-            ref = reference.laws(context, draft.tokens[:n], None if draft.parents is None else draft.parents[:n])  # [1 + K_b, V]
-            tv = 0.5 * (p[b, : ref.shape[0]] - ref).abs().sum(-1)  # [1 + K_b]
-            found.extend({"rows": len(drafts), "node": i, "at": context.numel() - len(prompt) + i, "tv": float(t)}
-                         for i, t in enumerate(tv))
+            nodes = node_contexts(context, draft.tokens[:n], None if draft.parents is None else draft.parents[:n])
+            read.extend((len(drafts), i, tuple(node[len(prompt):].tolist()), logits[b, i].clone()) for i, node in enumerate(nodes))
         return verify(drafts, logits, active)
 
     engine.drafter.propose_rows, engine.verify = proposing, verifying
-    bar = tqdm(desc="verification steps audited", unit="step")
+    bar = tqdm(desc="verification steps recorded", unit="step")
     try:
         engine.generate([list(prompt)] * rows, tokens, eos_token_ids=[], seed=sample_seeds(seed, rows, 0, Stream.METHOD),
                         reuse_prefill=True, sample_first=False)
     finally:
         engine.drafter.propose_rows, engine.verify = propose, verify
         bar.close()
+    reference = Reference(engine.target.lm, prompt).logits([suffix for _, _, suffix, _ in read])
+    found = []
+    for rows_together, node, suffix, logits in read:
+        ref = reference[suffix].detach()
+        p, r = (logits_to_probs(x.detach().float(), engine.p_sampling) for x in (logits, ref))  # [V] each
+        found.append({"rows": rows_together, "node": node, "at": len(suffix), "tv": float(0.5 * (p - r).abs().sum()),
+                      "same_bits": bool(torch.equal(logits, ref.to(logits.dtype)))})
     return found
 
 
@@ -108,10 +130,12 @@ def summary(found: list[dict]) -> list[list[str]]:
     buckets = [("all steps", lambda r: True), ("steps of 1-7 rows", lambda r: r["rows"] < 8),
                ("steps of 8-63 rows", lambda r: 8 <= r["rows"] < 64), ("steps of 64+ rows", lambda r: r["rows"] >= 64)]
     for name, keep in buckets:
-        tv = np.array([r["tv"] for r in found if keep(r)])
+        kept = [r for r in found if keep(r)]
+        tv = np.array([r["tv"] for r in kept])
         if tv.size:
-            out.append([name, str(tv.size), f"{tv.mean():.2e}", f"{np.quantile(tv, 0.5):.2e}", f"{np.quantile(tv, 0.99):.2e}",
-                        f"{tv.max():.2e}"])
+            same = sum(r["same_bits"] for r in kept)
+            out.append([name, str(tv.size), f"{same} ({same / tv.size:.1%})", f"{tv.mean():.2e}", f"{np.quantile(tv, 0.5):.2e}",
+                        f"{np.quantile(tv, 0.99):.2e}", f"{tv.max():.2e}"])
     return out
 
 
@@ -121,6 +145,7 @@ def main() -> None:
     ap.add_argument("--drafter", default="independent", help="a drafter of conf/drafter (its draft model follows the target's)")
     ap.add_argument("--verifier", default="rejection")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--kernels", default="auto", help="the target's model.kernels: auto, torch or invariant")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--rows", type=int, default=110, help="R: rows decoded together (the battery's stats.batch=auto)")
     ap.add_argument("--tokens", type=int, default=8, help="L: new tokens per row (the battery's stats.length)")
@@ -130,28 +155,29 @@ def main() -> None:
     args = ap.parse_args()
 
     cfg = compose([f"model={args.model}", f"drafter={args.drafter}", f"verifier={args.verifier}", "sampling=random",
-                   f"sampling.temperature={args.temperature}", f"model.dtype={args.dtype}"])
+                   f"sampling.temperature={args.temperature}", f"model.dtype={args.dtype}", f"model.kernels={args.kernels}"])
     engine = build_engine(cfg)
     lm = engine.target.lm
     prompt = encode(lm.tokenizer, load_prompts("humaneval", num_prompts=1, offset=args.prompt)[0])
     found = audit(engine, prompt, args.rows, args.tokens, args.seed)
     rows = summary(found)
     print(f"{lm.name} ({lm.dtype}, {lm.device}), drafter={args.drafter} x {args.verifier}, T = {args.temperature}, "
-          f"HumanEval {args.prompt}, {args.rows} rows x {args.tokens} tokens: TV between the p the verifier read and the "
-          "target's law from a plain one-row forward, per node")
+          f"kernels {args.kernels}, HumanEval {args.prompt}, {args.rows} rows x {args.tokens} tokens: the logits the verifier "
+          "read against the baseline's path (one query a forward after the shared prompt), per node")
     for r in rows:
-        print(f"  {r[0]:20} nodes {r[1]:>5}  mean {r[2]}  median {r[3]}  99% {r[4]}  max {r[5]}")
+        print(f"  {r[0]:20} nodes {r[1]:>5}  same bits {r[2]:>13}  TV mean {r[3]}  median {r[4]}  99% {r[5]}  max {r[6]}")
     if args.json:  # one results report (specresearch.reports)
         with open(args.json, "w") as f:
             json.dump(reports.of_script(
                 "engine_laws.py", vars(args), machine_tags(lm),
-                f"The p the verifier reads against the target's own law: {lm.name}, {str(lm.dtype).removeprefix('torch.')}, "
-                f"{args.drafter} x {args.verifier}", topic="lossless",
-                columns=["steps", "nodes", "mean TV", "median TV", "99% TV", "max TV"], rows=rows,
+                f"The p the verifier reads against plain decoding's: {lm.name}, {str(lm.dtype).removeprefix('torch.')}, "
+                f"kernels {args.kernels}, {args.drafter} x {args.verifier}", topic="lossless",
+                columns=["steps", "nodes", "same bits as the baseline's path", "mean TV", "median TV", "99% TV", "max TV"], rows=rows,
                 prompts=f"HumanEval {args.prompt}, {args.rows} rows x {args.tokens} tokens at T = {args.temperature}",
-                notes=["Each node's TV between the law the engine's verifier read (batched, ragged, cached) and the target's "
-                       "law from one plain forward of that node's context (one row, transformers' own code after its cache "
-                       "of the prompt)."],
+                notes=["Each node's logits as the engine's verifier read them (batched, ragged, cached, k + 1 or a tree's "
+                       "query tokens a forward) against the baseline's path to the same context (the battery's sample_target: "
+                       "the prompt prefilled once and shared, then one query token a forward): whether they are the same bits, "
+                       "and the TV between the two laws after the run's sampling settings."],
                 data={"nodes": found}), f, indent=1)
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 PREFIX_ATTENTION = "sdpa_shared_prefix"  # the attention implementation's name in transformers' registry
+INVARIANT_ATTENTION = "invariant_float64"  # model.kernels=invariant's (invariant_attention)
 
 
 @dataclass
@@ -111,8 +112,53 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tens
 _FLASH_CPU = "_scaled_dot_product_flash_attention_for_cpu"  # (output, logsumexp) of a fused attention on the CPU
 
 
+def invariant_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                        scaling: float | None = None, dropout: float = 0.0, prefix: SharedPrefix | None = None,
+                        **kwargs) -> tuple[Tensor, None]:
+    """Attention whose output for a query does not depend on the other queries, rows or slots of the forward
+    (model.kernels=invariant): every product and sum in float64, the result rounded to the model's dtype.
+
+    A fused attention kernel picks its blocking by the number of queries (measured in bf16 on AVX2 and
+    AVX-512 BF16 CPUs: the law after one query differs from the same context's law in a forward of 5 or 9,
+    mean TV ~0.007, up to 0.05 at near-ties). Here a score is q · k summed in float64, where the products
+    of bf16 (or fp32) numbers are exact and their sum exact or within 2⁻⁵³ of it, whatever the order; the
+    softmax and the weighted sum of values likewise: what a forward's shape can still change lies ~2⁻⁴⁵
+    below a bf16 rounding step (float32: ~2⁻²⁹), so the rounded output is the same bits at every shape.
+    Masked slots (another row's holes, a tree's other branches) weigh exactly 0. The shared prompt
+    (`prefix`) is attended with the row's own slots under one softmax, so a prefix-shared batch reads
+    the bits of rows that copy the prompt. Same arguments and return as `prefix_attention`.
+    """
+    if kwargs.get("sliding_window") is not None:
+        raise NotImplementedError("invariant_attention: sliding-window attention layers are not supported")
+    b, h, w, d = query.shape
+    kv = key.shape[1]
+    g = h // kv  # query heads per key/value head
+    scale = scaling if scaling is not None else d**-0.5
+    f64 = torch.float64
+    q = query.view(b, kv, g, w, d).to(f64)  # [B, Hkv, G, W, D]
+    keys, values = key.to(f64), value.to(f64)  # [B, Hkv, S, D]
+    s = keys.shape[2]
+    scores = q @ keys[:, :, None].transpose(3, 4) * scale  # [B, Hkv, G, W, S]
+    if attention_mask is None:
+        if w > 1:
+            scores.masked_fill_(torch.ones(w, s, dtype=torch.bool, device=query.device).triu(s - w + 1), float("-inf"))
+    elif attention_mask.dtype == torch.bool:
+        scores.masked_fill_(~attention_mask[:, :, None], float("-inf"))
+    else:  # additive: 0 where seen, a very negative number where not (exactly 0 weight after the softmax)
+        scores.masked_fill_(attention_mask[:, :, None] < 0, float("-inf"))
+    if prefix is not None:
+        pk = prefix.keys[module.layer_idx].to(f64)  # [1, Hkv, P, D]
+        pv = prefix.values[module.layer_idx].to(f64)
+        scores = torch.cat([(q @ pk[:, :, None].transpose(3, 4) * scale).expand(b, -1, -1, -1, -1), scores], -1)  # [B, Hkv, G, W, P + S]
+        values = torch.cat([pv.expand(b, -1, -1, -1), values], 2)  # [B, Hkv, P + S, D]
+    out = scores.softmax(-1) @ values[:, :, None]  # [B, Hkv, G, W, D]
+    return out.to(query.dtype).reshape(b, h, w, d).transpose(1, 2).contiguous(), None  # [B, W, H, D]
+
+
 AttentionInterface.register(PREFIX_ATTENTION, prefix_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(PREFIX_ATTENTION, sdpa_mask)  # masks made as for SDPA (the no-prefix path is SDPA)
+AttentionInterface.register(INVARIANT_ATTENTION, invariant_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(INVARIANT_ATTENTION, sdpa_mask)
 
 
 def use_prefix_attention(model: torch.nn.Module) -> torch.nn.Module:
@@ -123,6 +169,12 @@ def use_prefix_attention(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def use_invariant_attention(model: torch.nn.Module) -> torch.nn.Module:
+    """Make a model's attention `invariant_attention` (model.kernels=invariant), in place."""
+    model.set_attn_implementation(INVARIANT_ATTENTION)
+    return model
+
+
 def shares_prefix(model: torch.nn.Module) -> bool:
-    """Whether a model's forwards take `prefix=` (see use_prefix_attention)."""
-    return getattr(getattr(model, "config", None), "_attn_implementation", None) == PREFIX_ATTENTION
+    """Whether a model's forwards take `prefix=` (see use_prefix_attention, use_invariant_attention)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) in (PREFIX_ATTENTION, INVARIANT_ATTENTION)

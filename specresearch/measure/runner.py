@@ -143,7 +143,9 @@ def format_distortion(d: dict[str, float]) -> str:
     return (f"exact distortion of each step's first token ({d['positions']:.0f} positions, {d['prompts']:.0f} prompts, "
             f"{d['seconds']:.0f} s): TV to the target's p mean {d['tv_mean']:.4f} (95% CI over prompts {d['tv_mean_ci_low']:.4f}-"
             f"{d['tv_mean_ci_high']:.4f}), median {d['tv_q50']:.4f}, 90% {d['tv_q90']:.4f}, max {d['tv_max']:.4f}; "
-            f"KL(law || p) mean {d['kl_mean']:.4f} nats; first draft token kept with probability {d['kept_mean']:.3f}")
+            f"KL(law || p) mean {d['kl_mean']:.4f} nats; first draft token kept with probability {d['kept_mean']:.3f}"
+            + (f"; the target's own numerics (p as verification read it vs one query a forward): TV mean {d['numerics_tv_mean']:.4f}, "
+               f"90% {d['numerics_tv_q90']:.4f}, max {d['numerics_tv_max']:.4f}" if "numerics_tv_mean" in d else ""))
 
 
 def check_run(cfg: DictConfig) -> list[Prompt]:

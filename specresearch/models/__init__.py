@@ -7,7 +7,7 @@ from the local cache, or a tiny random model for tests (`load_model`). The parts
 - `hf`: models in Hugging Face's format, read with transformers;
 - `tiny`: tiny random-weight models and their tokenizers;
 - `machine`: devices, dtypes and the machine's tags;
-- `kernels`: SkinnyLinear, the CPU's few-row products.
+- `kernels`: SkinnyLinear, the CPU's few-row products; InvariantLinear, products whose rows do not depend on the forward's shape.
 """
 
 from specresearch.models.kernels import SkinnyLinear, use_skinny_linear

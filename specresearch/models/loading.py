@@ -10,7 +10,7 @@ import torch
 
 from specresearch.errors import SpecResearchError
 from specresearch.models.hf import in_hf_cache, load_hf, one_line
-from specresearch.models.kernels import use_skinny_linear
+from specresearch.models.kernels import use_invariant_kernels, use_skinny_linear
 from specresearch.models.loaded import LoadedModel
 from specresearch.models.machine import cpu_has_fast_bf16, resolve_device, resolve_dtype, say_once
 from specresearch.models.tiny import check_tiny_args, tiny_model
@@ -49,7 +49,8 @@ def load_model(name: str, **given: Any) -> LoadedModel:
             cached; None = default_cache_dir()), `tiny` (tiny_model's keywords, for name "tiny"),
             `kernels` ("auto": float32 and bfloat16 linear layers on the CPU compute inputs of up to 64
             rows with SkinnyLinear, bfloat16 where the CPU has native bf16; "torch": nn.Linear
-            everywhere), `cache` (the KV cache its Targets keep: "dynamic" or "static", see
+            everywhere; "invariant": the law at a context the same bits at every forward shape,
+            see models.kernels.use_invariant_kernels), `cache` (the KV cache its Targets keep: "dynamic" or "static", see
             target.StaticSlots), `compile` (the decoder under torch.compile at fixed widths; needs
             cache="static"). `draft` is not read here (what drafter.model.name defaults to): taken so
             that `load_model(**cfg.model)` loads the node as it is.
@@ -65,6 +66,8 @@ def load_model(name: str, **given: Any) -> LoadedModel:
     lm.cache, lm.compile = cache, compile
     fast = lm.dtype == torch.float32 or (lm.dtype == torch.bfloat16 and cpu_has_fast_bf16())  # measured on such CPUs only
     use_skinny_linear(lm.model, kernels == "auto" and lm.device.type == "cpu" and fast)
+    if kernels == "invariant":
+        use_invariant_kernels(lm.model)
     return lm
 
 

@@ -10,7 +10,8 @@ from specresearch.errors import SpecResearchError
 from specresearch.options import MISSING, Options, given, one_of, setting
 
 CACHES = ("dynamic", "static")  # a model's KV cache (target.Target; static: target.StaticSlots)
-KERNELS = ("auto", "torch")  # the CPU's few-row products (models.SkinnyLinear), or nn.Linear as is
+KERNELS = ("auto", "torch", "invariant")  # the CPU's few-row products (models.SkinnyLinear), nn.Linear as is, or a
+# forward whose law at a context does not depend on its shape (models.InvariantLinear, attention.invariant_attention)
 
 
 @dataclass
@@ -22,7 +23,9 @@ class Model(Options):
                                  "e.g. AVX2 only)")
     device: str = setting("auto", "auto = cuda if available, else cpu")
     kernels: str = setting("auto", "auto = float32 and bf16 linears on the CPU compute few rows as W @ xᵀ (SkinnyLinear); "
-                                   "torch = nn.Linear as is")
+                                   "torch = nn.Linear as is; invariant = the law at a context is the same bits whatever "
+                                   "the forward's tokens and rows (1-query decoding = (k+1)-query verification: linears "
+                                   "in probed fixed blocks, attention in float64)")
     cache: str = setting("dynamic", "the KV cache: dynamic (grows per token) or static (preallocated; rollback moves "
                                     "the write position)")
     compile: bool = setting(False, "true: the decoder runs under torch.compile at fixed widths (needs cache=static; "
@@ -36,6 +39,9 @@ class Model(Options):
         one_of(path, "kernels", self.kernels, KERNELS)
         if given(self.compile) and not isinstance(self.compile, bool):
             raise SpecResearchError(f"{path}.compile must be true or false, got {self.compile!r}")
+        if given(self.compile) and self.compile and given(self.kernels) and self.kernels == "invariant":
+            raise SpecResearchError(f"{path}.kernels=invariant cannot run under {path}.compile=true (compiled graphs fuse their "
+                                    f"own kernels): set {path}.compile=false or {path}.kernels=auto")
         if given(self.compile) and self.compile and given(self.cache) and self.cache != "static":
             raise SpecResearchError(f"{path}.compile=true needs {path}.cache=static (compiled graphs keep fixed shapes)")
 

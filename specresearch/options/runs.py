@@ -135,6 +135,8 @@ class Stats(Options):
     reuse_baseline: bool = setting(MISSING, "reuse the baseline's samples and scores of an identical earlier run (same target, "
                                             "prompts, sampling, seed, N, length, batch)")
     aa_repeats: int = setting(MISSING, "A/A calibration repeats; 0 = off")
+    floor: int = setting(MISSING, "the numeric floor: this many of the baseline's sequences per prompt re-read along the 1-query, "
+                                  "(k+1)-query and teacher-forcing paths, the verdict judged against the TV they differ by; 0 = off")
     distortion: int = setting(MISSING, "exact distortion (T > 0): along the target's own continuation of this many tokens "
                                        "of every prompt, the exact law of each step's first token against p (TV, KL); 0 = off")
     batch: Union[int, str] = setting(MISSING, "sequences per batched forward (baseline and method sampling, teacher forcing); "
@@ -154,6 +156,8 @@ class Stats(Options):
             raise SpecResearchError(f"{path}.time_split must be true, false or auto, got {self.time_split!r}")
         if given(self.batch) and self.batch != "auto" and not (integer(self.batch) and self.batch >= 1):
             raise SpecResearchError(f"{path}.batch must be an integer >= 1 or auto, got {self.batch!r}")
+        if given(self.floor) and not (integer(self.floor) and self.floor >= 0):
+            raise SpecResearchError(f"{path}.floor must be an integer >= 0 (sequences per prompt; 0: off), got {self.floor!r}")
         if given(self.aa_repeats) and self.aa_repeats < 0:
             raise SpecResearchError(f"{path}.aa_repeats must be >= 0, got {self.aa_repeats}")
         if given(self.distortion) and not (integer(self.distortion) and self.distortion >= 0):

@@ -9,6 +9,11 @@ have done, so the next position is the continuation's. Per position: the TV and 
 target's p there, and the probability that the token comes from the draft. A lossless pair gives 0 to
 float precision; a lossy rule's numbers are its effect size, with no sampling noise: the battery
 (`stats.battery`) tests whole sequences, this measures the one step exactly.
+
+Beside it, the numerics: at every position the TV between the target's p as the step's verification forward
+read it (k + 1 or a tree's query tokens) and as plain decoding reads it (one query token a forward after the
+same text): what the target's own kernels alone move each step's law by, on the same axis as a rule's
+distortion (0 in fp32 to ~1e-6, and exactly 0 with model.kernels=invariant).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.seeding import stream_seed
 from specresearch.stats.exact import kl_divergence, normalised, step_first_token_law, total_variation
+from specresearch.stats.floor import one_query_laws
 from specresearch.stats.samples import Stream
 from specresearch.types import Draft, SamplingParams, Siblings, Verdict
 from specresearch.verifiers.base import Verifier
@@ -39,6 +45,7 @@ class Distortion:
     tv: np.ndarray  # [P, L]
     kl: np.ndarray  # [P, L]
     kept: np.ndarray  # [P, L]
+    numerics: np.ndarray | None = None  # [P, L] TV(p as the verification forward read it, p after one query a forward)
 
     def summary(self, resamples: int = 2000, seed: int = 0) -> dict[str, float]:
         """Mean, quantiles and maximum of the per-position TV, mean and 90% quantile of the KL, the mean
@@ -53,6 +60,10 @@ class Distortion:
         per_prompt = self.tv.mean(1)  # [P]
         means = per_prompt[rng.integers(0, len(per_prompt), (resamples, len(per_prompt)))].mean(1)
         out["tv_mean_ci_low"], out["tv_mean_ci_high"] = (float(v) for v in np.quantile(means, [0.025, 0.975]))
+        if self.numerics is not None:
+            numerics = self.numerics.ravel()
+            out.update(numerics_tv_mean=float(numerics.mean()), numerics_tv_q90=float(np.quantile(numerics, 0.9)),
+                       numerics_tv_max=float(numerics.max()))
         return out
 
 
@@ -69,6 +80,7 @@ class Recorder(Verifier):
         self.tv: list[list[float]] = [[] for _ in continuations]
         self.kl: list[list[float]] = [[] for _ in continuations]
         self.kept: list[list[float]] = [[] for _ in continuations]
+        self.p: list[list[Tensor]] = [[] for _ in continuations]  # each step's p at its first position, as the verification read it
 
     def check(self, sampling: SamplingParams) -> None:
         self.inner.check(sampling)
@@ -95,6 +107,7 @@ class Recorder(Verifier):
             self.tv[b].append(total_variation(law.to(target.device), target))
             self.kl[b].append(float(kl_divergence(law.to(target.device), target)))
             self.kept[b].append(kept)
+            self.p[b].append(target.float().cpu())
             verdicts.append(Verdict(tokens=torch.tensor([self.continuations[b][self.t]]), num_accepted=0,
                                     path=None if draft.parents is None else []))
         self.t += 1
@@ -154,4 +167,9 @@ def distortion(method: Engine, prompts: list[list[int]], texts: list[list[int]],
     forced = Engine(method.target.lm, method.drafter, recorder, method.sampling, time_split=False)
     forced.generate(prompts, length, eos_token_ids=[], sample_first=False,
                     seed=[stream_seed(seed, Stream.FORCED, b) for b in range(len(prompts))])
-    return Distortion(np.array(recorder.tv), np.array(recorder.kl), np.array(recorder.kept))
+    sampling = method.verifier.p_sampling(method.sampling)
+    numerics = []  # [P, L]
+    for b, (prompt, text) in enumerate(zip(prompts, texts)):
+        plain = one_query_laws(method.target.lm, prompt, text, sampling).cpu()  # [L, V]
+        numerics.append([total_variation(read, one) for read, one in zip(recorder.p[b], plain)])
+    return Distortion(np.array(recorder.tv), np.array(recorder.kl), np.array(recorder.kept), np.array(numerics))

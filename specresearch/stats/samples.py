@@ -113,7 +113,7 @@ def sample_target(
     """
     rng = torch.Generator(device=lm.device).manual_seed(stream_seed(seed, stream, prompt_index, part))
     t0 = time.perf_counter()
-    shared = _Prompt(lm, prompt)
+    shared = SharedPrompt(lm, prompt)
     p1 = logits_to_probs(shared.logits, sampling)  # [1, V]
     out = []
     for b in _chunks(n, batch):
@@ -203,7 +203,7 @@ def teacher_force(
             scored with one seed gets its own uniforms.
     """
     rng = torch.Generator().manual_seed(stream_seed(seed, Stream.SCORE, *key))
-    shared = _Prompt(lm, prompt)
+    shared = SharedPrompt(lm, prompt)
     batch = max(1, min(batch, TEACHER_ELEMENTS // (tokens.shape[1] * shared.logits.shape[-1])))  # [b, L, V] laws: bounded
     parts = []
     for start, b in zip(range(0, len(tokens), batch), _chunks(len(tokens), batch)):
@@ -240,7 +240,7 @@ def _reduce(p: Tensor, x: Tensor, rng: torch.Generator) -> Conditionals:
     return Conditionals(logp, to_np(entropy), to_np(m2), to_np(pit), to_np(above.sum(-1) + 1))
 
 
-class _Prompt:
+class SharedPrompt:
     """One prefill of a prompt that many rows continue: held once where the model's attention can share
     it (specresearch.attention), else copied into each batch of rows."""
 

@@ -1,0 +1,107 @@
+"""model.kernels=invariant: the target's law at a context is the same bits whatever the forward's shape.
+
+In bf16 a context's law moves with the number of query tokens a forward carries (1 in plain decoding, k + 1
+in a verification, L - 1 in teacher forcing); with the invariant kernels it does not, so a speculative
+method reads bit for bit the law plain decoding samples from. Checked on a tiny bf16 model whose default
+kernels do move (a 140-token context, small weights): each product row alone, attention over a shared
+prefix or a copied prompt, one query a forward against chunks of 5 and 17 and rows, and every law the
+engine's verifier reads for five drafters against the baseline's own path (benchmarks/engine_laws.py).
+"""
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specresearch import build_engine, compose
+from specresearch.attention import INVARIANT_ATTENTION, SharedPrefix, shares_prefix
+from specresearch.errors import SpecResearchError
+from specresearch.models import load_model
+from specresearch.models.kernels import InvariantLinear, blocked_product, invariant_block
+
+from .test_benchmarks import engine_laws_module
+
+TINY = {"hidden_size": 64, "num_heads": 4, "num_layers": 2, "init_std": 0.05}  # small weights: near-ties, where bf16 rounding shows
+PROMPT = list(range(3, 143))  # 140 tokens: attention long enough for the default kernels' blocking to move a law
+
+
+def _tiny(kernels: str = "invariant"):
+    return load_model("tiny", dtype="bfloat16", kernels=kernels, tiny=TINY)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@torch.inference_mode()
+def test_each_row_of_an_invariant_product_is_the_row_computed_alone(dtype):
+    gen = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(96, 300, dtype=dtype)
+    layer.__class__ = InvariantLinear
+    layer.block = invariant_block(layer.weight)
+    x = torch.randn(70, 96, generator=gen).to(dtype)  # [70, in]
+    x[::4] *= 100
+    alone = torch.cat([layer(x[j : j + 1]) for j in range(70)])  # [70, out]
+    for m in (2, 5, 17, 70):
+        assert torch.equal(layer(x[:m]), alone[:m]), m
+    torch.testing.assert_close(alone, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=2e-2, atol=1e-1)
+    for block in (1, 3):  # any fixed block is exact arithmetic's product, each row padded the same way
+        torch.testing.assert_close(blocked_product(layer.weight, x, block), x @ layer.weight.T, rtol=2e-2, atol=1e-1)
+
+
+@torch.inference_mode()
+def test_a_shared_prefix_and_a_copied_prompt_give_the_same_bits():
+    lm = _tiny()
+    model = lm.model
+    assert shares_prefix(model) and model.config._attn_implementation == INVARIANT_ATTENTION
+    gen = torch.Generator().manual_seed(1)
+    prompt, fed = torch.tensor([PROMPT]), torch.randint(0, 300, (3, 4), generator=gen)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prompt, cache=cache, use_cache=True)
+    prefix = SharedPrefix.of(cache, len(PROMPT))
+    held = copy.deepcopy(cache)
+    held.batch_repeat_interleave(3)
+    want = model(input_ids=fed, cache=held, use_cache=True).logits  # [3, 4, V]
+    positions = (len(PROMPT) + torch.arange(4)).expand(3, -1)
+    got = model(input_ids=fed, cache=DynamicCache(config=model.config), use_cache=True, position_ids=positions, prefix=prefix).logits
+    assert torch.equal(got, want)
+
+
+@torch.inference_mode()
+def test_one_query_a_forward_chunks_and_rows_give_the_same_bits():
+    """The law after each of 19 tokens: fed one a forward (plain decoding), 5 or 17 a forward (verifications),
+    or all at once in a batch of 3 rows (teacher forcing): the same bits. The default kernels differ here."""
+    ids = torch.cat([torch.tensor([PROMPT]), torch.randint(0, 300, (1, 19), generator=torch.Generator().manual_seed(2))], 1)
+
+    def laws(model, chunk: int, rows: int = 1) -> torch.Tensor:
+        batch = torch.cat([ids, torch.randint(0, 300, (rows - 1, ids.shape[1]), generator=torch.Generator().manual_seed(3))])
+        cache = DynamicCache(config=model.config)
+        out = [model(batch[:, : len(PROMPT)], cache=cache, use_cache=True).logits[0, -1:]]
+        for s in range(len(PROMPT), ids.shape[1] - 1, chunk):
+            out.append(model(batch[:, s : min(s + chunk, ids.shape[1] - 1)], cache=cache, use_cache=True).logits[0])
+        return torch.cat(out)  # [20, V]
+
+    with torch.inference_mode():
+        model = _tiny().model
+        one = laws(model, 1)
+        for chunk, rows in ((5, 1), (17, 1), (19, 3)):
+            assert torch.equal(laws(model, chunk, rows), one), (chunk, rows)
+        default = _tiny("auto").model
+        moved = [not torch.equal(laws(default, chunk), laws(default, 1)) for chunk in (5, 17)]
+    print(f"default kernels: the laws of chunks of 5 / 17 differ from one query a forward: {moved}")
+
+
+@pytest.mark.parametrize("drafter", ["independent", "tree", "pld", "lookahead", "self_draft"])
+def test_every_law_the_verifier_reads_is_plain_decodings_bit_for_bit(drafter):
+    """benchmarks/engine_laws.py's audit in bf16 with the invariant kernels: 8 rows x 8 tokens decoded as the
+    battery's method side does (chains, trees, siblings, rows leaving), every node's logits the same bits as
+    the baseline's path (the shared prompt, then one query a forward)."""
+    laws = engine_laws_module()
+    engine = build_engine(compose(["model=tiny", "model.dtype=bfloat16", "model.kernels=invariant", *(f"model.tiny.{k}={v}" for k, v in
+                                   TINY.items() if k != "init_std"), f"+model.tiny.init_std={TINY['init_std']}", f"drafter={drafter}", "verifier=rejection", "sampling=random", "sampling.temperature=0.7"]))
+    found = laws.audit(engine, PROMPT, rows=8, tokens=8, seed=0)
+    assert {r["at"] for r in found} >= set(range(8)) and len(found) >= 64
+    assert all(r["same_bits"] for r in found) and max(r["tv"] for r in found) == 0.0
+
+
+def test_invariant_kernels_are_refused_under_compile():
+    with pytest.raises(SpecResearchError, match="kernels=invariant cannot run under model.compile=true"):
+        build_engine(compose(["model=tiny", "model.kernels=invariant", "model.cache=static", "model.compile=true"]))
