@@ -10,6 +10,7 @@ engine's verifier reads for five drafters against the baseline's own path (bench
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -105,3 +106,53 @@ def test_every_law_the_verifier_reads_is_plain_decodings_bit_for_bit(drafter):
 def test_invariant_kernels_are_refused_under_compile():
     with pytest.raises(SpecResearchError, match="kernels=invariant cannot run under model.compile=true"):
         build_engine(compose(["model=tiny", "model.kernels=invariant", "model.cache=static", "model.compile=true"]))
+
+
+@torch.inference_mode()
+def test_the_numeric_floor_is_zero_with_invariant_kernels_and_sees_the_defaults():
+    """stats.floor: the baseline's sequences re-read along 1-query and (k + 1)-query forwards. With the invariant
+    kernels the paths are the same bits (floor exactly 0); with the defaults, where this machine's kernels move a
+    law between those paths (checked first on the model itself), the floor is positive."""
+    from specresearch.stats import numeric_floor, sample_target
+    from specresearch.types import SamplingParams
+
+    sampling = SamplingParams(temperature=0.7)
+    floors = {}
+    for kernels in ("invariant", "auto"):
+        lm = _tiny(kernels)
+        tokens = sample_target(lm, PROMPT, 48, 6, sampling, seed=0, batch=16).tokens  # [48, 6]
+        floors[kernels] = numeric_floor(lm, [PROMPT], [tokens], sampling, chunk=5, batch=16)
+    assert floors["invariant"].verify.max() == 0 and floors["invariant"].score.max() == 0 and floors["invariant"].bound.max() == 0
+    f = floors["auto"]
+    assert f.verify.shape == (6,) and f.sequences == 48 and f.chunk == 5
+    assert np.allclose(f.bound, np.cumsum(f.verify)) and (f.verify >= 0).all()
+    model, cut = lm.model, len(PROMPT) - 1  # the floor's two paths for the first sequence: after the prompt but its last token,
+    ids = torch.tensor([PROMPT + tokens[0, :4].tolist()])  # [1, P + 4] the prompt's last token and 4 more, 5 queries or 1 a forward
+    laws = []
+    for chunk in (5, 1):
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :cut], cache=cache, use_cache=True)
+        laws.append(torch.cat([model(ids[:, t : t + chunk], cache=cache, use_cache=True).logits[0] for t in range(cut, ids.shape[1], chunk)]))
+    if torch.equal(*laws):
+        pytest.skip("this machine's default bf16 kernels give 1 and 5 queries a forward the same bits: nothing for the floor to see")
+    assert f.verify.max() > 0
+
+
+def test_a_rejection_is_judged_against_the_numeric_floor():
+    """Report.numerics: a rejection at a position whose TV above its noise floor exceeds what the numerics can put
+    there is "beyond"; one within that bound "within"; numerics too small for this N to detect: "beyond"."""
+    from specresearch.stats import NumericFloor, Report
+    from specresearch.stats.battery import TestResult
+
+    def report(tv3: float, verify: float) -> Report:
+        tests = [TestResult("surprisal_z", 0.0, 0.5, kind="one-sample"), TestResult("position_3", 30.0, 1e-6, df=5)]
+        return Report(tests=tests, holm=[1.0, 2e-6], bh=[0.5, 2e-6], alpha=0.01, controls=[], power={"min_tv_position": 0.02},
+                      tv_by_position=np.array([0.01, 0.01, tv3]), tv_null_by_position=np.array([0.01, 0.01, 0.01]),
+                      floor=NumericFloor(np.full(3, verify), np.zeros(3), 5, 100))
+
+    assert report(tv3=0.03, verify=0.01).numerics == "within"  # excess 0.02 <= bound 0.03
+    assert report(tv3=0.30, verify=0.01).numerics == "beyond"  # excess 0.29 > 0.03
+    assert report(tv3=0.03, verify=0.001).numerics == "beyond"  # bound 0.003 < the 0.02 this N detects
+    quiet = report(tv3=0.03, verify=0.01)
+    quiet.holm = [1.0, 0.5]
+    assert quiet.numerics is None and "beyond_numerics" not in quiet.summary()

@@ -49,6 +49,24 @@ def test_pooled_table_keeps_counts_and_expected_counts():
     assert expected.min() >= MIN_EXPECTED
 
 
+def test_contingency_tests_are_pearson_chi2_on_the_pooled_table():
+    """The battery's position and joint tests are Pearson's X² (Σ (o − e)² / e over the pooled [2, C]
+    table, df C − 1), not the G statistic, whose far tail ran 1.5–2× nominal on such tables."""
+    from specresearch.stats.battery import _contingency
+
+    rng = np.random.default_rng(3)
+    a, b = rng.zipf(1.6, (300, 1)), rng.zipf(1.6, (300, 1))
+    table = pooled_table(a, b).astype(float)  # [2, C]
+    expected = table.sum(0) * table.sum(1)[:, None] / table.sum()
+    x2 = ((table - expected) ** 2 / expected).sum()
+    result = _contingency(a, b, "position_1")
+    assert result.df == table.shape[1] - 1 >= 2
+    assert result.statistic == pytest.approx(x2) and result.pvalue == pytest.approx(st.chi2.sf(x2, result.df))
+    g = 2 * (table * np.log(table / expected)).sum()
+    assert abs(result.statistic - g) > 1e-6  # the two statistics do differ on this table
+    assert _contingency(np.ones((5, 1)), np.ones((7, 1)), "x").pvalue == 1.0  # one category: nothing to test
+
+
 @torch.inference_mode()
 def test_teacher_forcing_matches_a_fresh_full_forward(target, baseline):
     """The conditionals come from a cached, batched pass; a plain forward of prompt + sequence agrees."""
@@ -132,7 +150,7 @@ def test_a_sweep_of_methods_samples_the_baseline_once(target, far_draft, tmp_pat
     from specresearch.measure import Results, baseline_cache, equivalence
 
     sc = OmegaConf.create({"samples": 60, "length": 4, "prompts": 1, "alpha": 0.01, "power": 0.8, "tv": 0.05, "batch": 16,
-                           "aa_repeats": 0})
+                           "aa_repeats": 0, "floor": 16})
     cfg = OmegaConf.create({"model": {"name": "tiny", "cache_dir": str(tmp_path)}, "stats": sc, "seed": 3})
     cache = baseline_cache(cfg, target, [PROMPT], T1)
     runs = {}

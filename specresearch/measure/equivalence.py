@@ -27,6 +27,7 @@ from specresearch.stats import (
     battery,
     calibration,
     family_size,
+    numeric_floor,
     position_df,
     sample_engine,
     sample_target,
@@ -80,8 +81,13 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
     with tqdm(total=n * len(prompts), desc="equivalence samples: method", unit="sample") as b:
         meth_parts = method_samples(method, prompts, n, sc.length, seed, rows, b.update)
     meth = Samples.concat(meth_parts)
+    floor = None
+    if sc.floor:
+        k = int(getattr(method.drafter, "k", 0) or 0)  # a verification forward's queries: the newest token and k drafts
+        floor = numeric_floor(target, prompts, [base.tokens[base.prompt == i][: sc.floor] for i in range(len(prompts))], sampling,
+                              k + 1, rows)
     results.equivalence = battery(base, base_cond, meth, score(target, prompts, meth_parts, sampling, seed, rows, Stream.METHOD),
-                                  alpha=sc.alpha, power=sc.power, seed=stream_seed(seed, Stream.PERMUTE), tv=sc.tv)
+                                  alpha=sc.alpha, power=sc.power, seed=stream_seed(seed, Stream.PERMUTE), tv=sc.tv, floor=floor)
     if auto:  # the two samples pooled may keep a few categories more than the baseline alone did
         results.equivalence.sized_at_df = position_df(base)
     results.rates.update(samples_per_s_baseline=base.samples_per_s, samples_per_s_method=meth.samples_per_s,
