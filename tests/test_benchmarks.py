@@ -414,6 +414,61 @@ def test_aa_calibration_repeats_both_comparisons_and_writes_a_results_page(tmp_p
     assert "| A/A (target vs target) | **Holm verdict** | " in page and "KS uniformity p" in page
 
 
+def test_aa_calibration_sizes_auto_n_runs_aa_alone_and_measures_a_lossy_control(tmp_path, capsys):
+    """benchmarks/aa_calibration.py's options: --samples auto sizes N once as stats.samples=auto would (for a
+    position TV of 0.3 here, so N stays small) and --aa-only runs the A/A comparison alone; every test has its
+    far-tail rate (raw p below alpha / m); --lossy runs margin 0.01 over a plain chain in the method's place,
+    its exact first-position TV beside the power the battery states; bad values are refused naming the
+    valid ones."""
+    import torch
+
+    from specresearch.stats import samples_for_tv
+
+    spec = importlib.util.spec_from_file_location("aa_calibration", ROOT / "benchmarks" / "aa_calibration.py")
+    aa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aa)
+    seen = []
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        result = aa.calibrate(2, "auto", progress=lambda kind, r: seen.append((kind, r)), comparisons=["aa"], tv=0.3)
+        out = tmp_path / "power.json"
+        assert aa.main(["--repeats", "2", "--samples", "40", "--lossy", "verifier=margin verifier.margin=0.01", "--tv", "exact",
+                        "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    sizing, n = result["auto"], result["config"]["samples"]
+    assert seen == [("auto", n), ("aa", 0), ("aa", 1)] and "method" not in result and result["config"]["method"] is None
+    assert sizing["n"] == n >= samples_for_tv(0.3, sizing["position_df"], 8) > 0 and result["config"]["samples_asked"] == "auto"
+    s = result["aa"]
+    assert s["family_size"] == 14 and s["tail_level"] == pytest.approx(0.01 / 14)
+    assert all(t["tail_rejections"] <= t["rejections"] and t["tail_ci_low"] <= t["tail_rate"] <= t["tail_ci_high"] for t in s["tests"].values())
+    assert s["calibration"]["versus_alpha"] == "contains alpha"  # 0 or 1 of 2: an interval that wide holds 0.01
+    assert aa.versus_alpha(0.001, 0.009, 0.01) == "below alpha" and aa.versus_alpha(0.02, 0.05, 0.01) == "above alpha"
+
+    data = json.loads(out.read_text())
+    lossy = data["data"]["result"]
+    assert data["command"] == ["python benchmarks/aa_calibration.py --repeats 2 --samples 40 --lossy 'verifier=margin verifier.margin=0.01' "
+                               "--tv exact --out power.json"]
+    assert lossy["config"]["comparisons"] == ["lossy"] and lossy["config"]["method"] == "independent(k=4) x margin"
+    assert "drafter=plain_chain" in lossy["config"]["overrides"] and "aa" not in lossy
+    tv1 = lossy["exact"]["tv"][0]
+    assert tv1 > 0.1 and lossy["config"]["tv"] == pytest.approx(int(tv1 * 1000) / 1000)  # floored to 3 decimals
+    stated = lossy["lossy"]["stated_power"]
+    assert stated["exact_tv_position_1"] == tv1 and 0 < stated["position_1_power_min"] <= stated["position_1_power"] < 1
+    page = _docs_hook().render(_docs_hook().load(out), "power.json")
+    assert "| **Holm verdict** |" in page and "stated power at this N" in page and "far tail: raw p < alpha / 14" in page
+
+    for argv, says in ((["--samples", "many"], "valid are an integer >= 10 (sequences per side) or auto"),
+                       (["--tv", "2"], "valid are a number in (0, 1) or exact"),
+                       (["--tv", "exact"], "valid only with --lossy"),
+                       (["--aa-only", "--lossy", "verifier=margin"], "not allowed with argument")):
+        with pytest.raises(SystemExit):
+            aa.main([*argv, "--out", str(tmp_path / "x.json")])
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
 @pytest.mark.parametrize("content, says", [
     (b"\x89\xff\x00random", "not a benchmarks/speed.py report"),
     (b"{}", "not a benchmarks/speed.py report"),
