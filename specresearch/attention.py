@@ -146,12 +146,16 @@ def invariant_attention(module: torch.nn.Module, query: Tensor, key: Tensor, val
         scores.masked_fill_(~attention_mask[:, :, None], float("-inf"))
     else:  # additive: 0 where seen, a very negative number where not (exactly 0 weight after the softmax)
         scores.masked_fill_(attention_mask[:, :, None] < 0, float("-inf"))
-    if prefix is not None:
-        pk = prefix.keys[module.layer_idx].to(f64)  # [1, Hkv, P, D]
-        pv = prefix.values[module.layer_idx].to(f64)
-        scores = torch.cat([(q @ pk[:, :, None].transpose(3, 4) * scale).expand(b, -1, -1, -1, -1), scores], -1)  # [B, Hkv, G, W, P + S]
-        values = torch.cat([pv.expand(b, -1, -1, -1), values], 2)  # [B, Hkv, P + S, D]
-    out = scores.softmax(-1) @ values[:, :, None]  # [B, Hkv, G, W, D]
+    if prefix is None:
+        out = scores.softmax(-1) @ values[:, :, None]  # [B, Hkv, G, W, D]
+    else:  # the prompt's keys once for every row: the rows' queries folded into one product per key/value head
+        pk, pv = prefix.keys[module.layer_idx].to(f64)[0], prefix.values[module.layer_idx].to(f64)[0]  # [Hkv, P, D]
+        folded = q.permute(1, 0, 2, 3, 4).reshape(kv, b * g * w, d)  # [Hkv, B*G*W, D]
+        shared = (folded @ pk.transpose(1, 2) * scale).view(kv, b, g, w, -1).permute(1, 0, 2, 3, 4)  # [B, Hkv, G, W, P]
+        weights = torch.cat([shared, scores], -1).softmax(-1)  # [B, Hkv, G, W, P + S] one softmax over the prompt and the row's own
+        p_len = pk.shape[1]
+        from_prompt = weights[..., :p_len].permute(1, 0, 2, 3, 4).reshape(kv, b * g * w, p_len) @ pv  # [Hkv, B*G*W, D]
+        out = from_prompt.view(kv, b, g, w, d).permute(1, 0, 2, 3, 4) + weights[..., p_len:] @ values[:, :, None]  # [B, Hkv, G, W, D]
     return out.to(query.dtype).reshape(b, h, w, d).transpose(1, 2).contiguous(), None  # [B, W, H, D]
 
 

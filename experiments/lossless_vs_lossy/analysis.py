@@ -3,7 +3,9 @@ verdict where it ran, pass@1 where it ran; the published trade-offs beside."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 from matplotlib.figure import Figure
 from specresearch.analysis import published
@@ -63,13 +65,16 @@ def report(study: Study) -> Report:
                 "τ from the speed comparison; exact distortion of the first token each verification step emits, along the "
                 "target's own continuations (stats.distortion): mean TV to the target's p with a 95% bootstrap interval over "
                 "prompts, its 90% quantile over positions, the mean KL(law ‖ p) in nats, and the probability that the step's "
-                "first token is the draft's.", list(cells.values()), study),
+                "first token is the draft's. Rows \"the target's numerics\" (no run: benchmarks/numerics_distortion.py's newest "
+                "page) put on the same axis the TV by which the target's own kernels move each step's law: the p a "
+                "verification forward reads against the p after one query a forward, along the same text.",
+                list(cells.values()), study),
         [Col("drafter", "drafter", text, "l"), Col("verifier", lambda r: r["verifier"] + (" (lossless)" if r["lossless"] else ""),
                                                    text, "l"),
          Col("setting", "setting", text, "l"), Col("T", "T", temperature), Col("speedup", "speedup", speed), Col("τ", "tau", num),
          Col("TV mean [95% CI]", "tv", _tv_cell), Col("TV 90%", "tv90", _small), Col("KL (nats)", "kl", _small),
          Col("first token drafted", "kept", num3), Col("positions", "positions", lambda x: DASH if missing(x) else f"{x:.0f}")],
-        records))
+        records + numerics_records()))
     tested = [r for r in records if r["eq"]]
     if tested:
         report.tables.append(Table(
@@ -112,6 +117,24 @@ def report(study: Study) -> Report:
     return report
 
 
+NUMERICS = Path(__file__).resolve().parents[2] / "docs" / "results" / "data"  # *-numerics-distortion.json: numerics_distortion.py
+
+
+def numerics_records() -> list[dict]:
+    """The frontier's numerics rows: per drafter arm and T, the TV by which the target's own kernels move each step's law
+    (the p a verification forward reads against one query a forward), from the newest committed page of
+    benchmarks/numerics_distortion.py; none where no page is committed."""
+    pages = sorted(NUMERICS.glob("*-numerics-distortion.json"))
+    if not pages:
+        return []
+    page = json.loads(pages[-1].read_text())
+    kernels = page["title"].rsplit(", ", 2)[-2:]  # dtype, kernels
+    return [dict(drafter=c["arm"], verifier=f"the target's numerics ({', '.join(kernels)}: verification vs 1 query)", setting=DASH,
+                 T=c["temperature"], lossless=False, speedup=math.nan, tau=math.nan, prompts=c["prompts"],
+                 tv=(c["numerics_tv_mean"], math.nan, math.nan), tv90=c["numerics_tv_q90"], kl=math.nan, kept=math.nan,
+                 positions=c["positions"], verdict=None, eq=None, quality=None) for c in page["data"]["cells"]]
+
+
 _TITLES = {"medusa_typical": "Medusa's typical acceptance (Cai et al. 2024)", "bild": "BiLD (Kim et al. 2023)",
            "speculative_cascades": "Speculative cascades (Narasimhan et al. 2025)"}
 
@@ -122,7 +145,7 @@ def _small(x) -> str:
 
 def _tv_cell(v) -> str:
     mean, low, high = v
-    return DASH if missing(mean) else f"{_small(mean)} [{_small(low)}, {_small(high)}]"
+    return DASH if missing(mean) else _small(mean) if missing(low) else f"{_small(mean)} [{_small(low)}, {_small(high)}]"
 
 
 def _score(r: dict, side: str) -> tuple[float, float]:
