@@ -7,9 +7,7 @@ and logs the folder to the study's latest sweep parent run (artifacts under `ana
 `save=true` also commits what was read: docs/results/data/study-NAME.json (the first table as a
 results page, the others and the figures after it, the runs under `data`) and its figures under
 docs/results/figures/. Where the store holds no run of the study (a fresh clone), the runs come from
-that committed file, and the header says so; where it holds some, they are added to the committed ones (a
-study resumed on another machine: a config run in both keeps its latest run); `data=PATH` reads a
-committed file instead of MLflow.
+that committed file, and the header says so; `data=PATH` reads a committed file instead of MLflow.
 
 `tracker.*` means what it means for `python -m specresearch`: the defaults come from the same
 config (conf/, composed with Hydra, the study's preset included), so `tracker.store`
@@ -25,7 +23,7 @@ from pathlib import Path
 
 from specresearch.analysis.format import latex, markdown
 from specresearch.analysis.report import Report
-from specresearch.analysis.runs import AnalysisError, Study, committed, load_committed, load_study, merged, runs_record
+from specresearch.analysis.runs import AnalysisError, Study, committed, load_committed, load_study, runs_record
 from specresearch.analysis.studies import analysed, builder
 
 from specresearch.config import STUDY_GROUP, compose
@@ -126,9 +124,6 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
     else:
         try:
             runs = load_study(study, uri, experiment)
-            kept = committed(study)
-            if kept.is_file():  # a study resumed here: the committed runs with the store's added
-                runs, source = merged(load_committed(study, kept), runs), f"{source} with the committed runs in {kept.name}"
         except AnalysisError as err:
             if not committed(study).is_file():
                 raise

@@ -69,7 +69,7 @@ def main() -> None:
                        "5 query tokens; Medusa: its tree's nodes) and as plain decoding reads it (one query a forward after the "
                        "same text): what the target's own kernels alone move each step's law by. Rejection sampling's exact "
                        "distortion against the p it read is beside it (0: the rule is lossless)."],
-                data={"cells": data}), f, indent=1)
+                data={"model": args.model, "cells": data}), f, indent=1)
 
 
 if __name__ == "__main__":

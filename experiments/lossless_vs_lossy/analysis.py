@@ -74,7 +74,7 @@ def report(study: Study) -> Report:
          Col("setting", "setting", text, "l"), Col("T", "T", temperature), Col("speedup", "speedup", speed), Col("τ", "tau", num),
          Col("TV mean [95% CI]", "tv", _tv_cell), Col("TV 90%", "tv90", _small), Col("KL (nats)", "kl", _small),
          Col("first token drafted", "kept", num3), Col("positions", "positions", lambda x: DASH if missing(x) else f"{x:.0f}")],
-        records + numerics_records()))
+        records + numerics_records({run.param("model.name") for run in cells.values()})))
     tested = [r for r in records if r["eq"]]
     if tested:
         report.tables.append(Table(
@@ -120,14 +120,15 @@ def report(study: Study) -> Report:
 NUMERICS = Path(__file__).resolve().parents[2] / "docs" / "results" / "data"  # *-numerics-distortion.json: numerics_distortion.py
 
 
-def numerics_records() -> list[dict]:
+def numerics_records(models: set[str]) -> list[dict]:
     """The frontier's numerics rows: per drafter arm and T, the TV by which the target's own kernels move each step's law
     (the p a verification forward reads against one query a forward), from the newest committed page of
-    benchmarks/numerics_distortion.py; none where no page is committed."""
-    pages = sorted(NUMERICS.glob("*-numerics-distortion.json"))
+    benchmarks/numerics_distortion.py whose target is one of the study's `models`; none where there is none."""
+    pages = [json.loads(p.read_text()) for p in sorted(NUMERICS.glob("*-numerics-distortion.json"))]
+    pages = [p for p in pages if p["data"].get("model") in models]
     if not pages:
         return []
-    page = json.loads(pages[-1].read_text())
+    page = pages[-1]
     kernels = page["title"].rsplit(", ", 2)[-2:]  # dtype, kernels
     return [dict(drafter=c["arm"], verifier=f"the target's numerics ({', '.join(kernels)}: verification vs 1 query)", setting=DASH,
                  T=c["temperature"], lossless=False, speedup=math.nan, tau=math.nan, prompts=c["prompts"],
