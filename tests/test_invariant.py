@@ -140,19 +140,22 @@ def test_the_numeric_floor_is_zero_with_invariant_kernels_and_sees_the_defaults(
 
 def test_a_rejection_is_judged_against_the_numeric_floor():
     """Report.numerics: a rejection at a position whose TV above its noise floor exceeds what the numerics can put
-    there is "beyond"; one within that bound "within"; numerics too small for this N to detect: "beyond"."""
+    there is "beyond"; one within that bound, or by a test that reads no position, "within"; negligible numerics
+    (fp32's, the invariant kernels' 0): "beyond"."""
     from specresearch.stats import NumericFloor, Report
     from specresearch.stats.battery import TestResult
 
-    def report(tv3: float, verify: float) -> Report:
-        tests = [TestResult("surprisal_z", 0.0, 0.5, kind="one-sample"), TestResult("position_3", 30.0, 1e-6, df=5)]
+    def report(tv3: float, verify: float, rejected: str = "position_3") -> Report:
+        tests = [TestResult("surprisal_z", 0.0, 0.5, kind="one-sample"), TestResult(rejected, 30.0, 1e-6, df=5)]
         return Report(tests=tests, holm=[1.0, 2e-6], bh=[0.5, 2e-6], alpha=0.01, controls=[], power={"min_tv_position": 0.02},
                       tv_by_position=np.array([0.01, 0.01, tv3]), tv_null_by_position=np.array([0.01, 0.01, 0.01]),
                       floor=NumericFloor(np.full(3, verify), np.zeros(3), 5, 100))
 
     assert report(tv3=0.03, verify=0.01).numerics == "within"  # excess 0.02 <= bound 0.03
     assert report(tv3=0.30, verify=0.01).numerics == "beyond"  # excess 0.29 > 0.03
-    assert report(tv3=0.03, verify=0.001).numerics == "beyond"  # bound 0.003 < the 0.02 this N detects
+    assert report(tv3=0.30, verify=0.01, rejected="pit_ks").numerics == "within"  # no position to compare
+    assert report(tv3=0.03, verify=1e-6, rejected="pit_ks").numerics == "beyond"  # negligible numerics
+    assert report(tv3=0.03, verify=0.0).summary()["beyond_numerics"] == 1.0
     quiet = report(tv3=0.03, verify=0.01)
     quiet.holm = [1.0, 0.5]
     assert quiet.numerics is None and "beyond_numerics" not in quiet.summary()

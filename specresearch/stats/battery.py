@@ -30,6 +30,7 @@ from specresearch.stats.floor import NumericFloor
 from specresearch.stats.samples import Conditionals, Samples
 
 MIN_EXPECTED = 5  # pool categories until every expected count is at least this
+NEGLIGIBLE_TV = 1e-3  # a numeric floor whose bound stays below this is no explanation of a rejection (fp32: ~1e-6)
 
 
 @dataclass
@@ -75,14 +76,17 @@ class Report:
     def numerics(self) -> str | None:
         """The verdict against the numeric floor (None: no floor measured, or nothing rejected).
 
-        "beyond": the target's own numerics cannot account for the rejection: either the most TV they can
-        put on a position's marginal (`NumericFloor.bound`) is below what this N detects with the stated
-        power, or some rejected position's TV above its noise floor exceeds that bound. "within": a
-        rejection the numerics can reach (compare like with like: model.kernels=invariant, or fp32)."""
+        "beyond": the target's own numerics cannot account for the rejection: they are negligible (the most
+        TV they can put on a position's marginal, `NumericFloor.bound`, below NEGLIGIBLE_TV, which no N here
+        detects), or some rejected position's TV above its noise floor exceeds that position's bound.
+        "within": every rejection is one the numerics can reach (a position shift no larger than their
+        bound, or a test that reads no position: the surprisal, PIT, log-likelihood and joint tests). A
+        TV bound does not bound the position tests' noncentrality, so "within" says the rule is not shown
+        to differ, not that the numerics caused it: compare like with like (model.kernels=invariant, fp32)."""
         if self.floor is None or not self.reject:
             return None
         bound = self.floor.bound  # [L]
-        if bound.max() < self.power["min_tv_position"]:
+        if bound.max() < NEGLIGIBLE_TV:
             return "beyond"
         excess = self.tv_by_position - np.nan_to_num(self.tv_null_by_position)  # [L]
         positions = [int(name.removeprefix("position_")) - 1 for name in self.rejected if name.startswith("position_")]
@@ -162,8 +166,9 @@ class Report:
                          f"{pw['n_for_observed_deficit']:.0f}")
         if self.floor is not None:
             f = self.floor
-            judged = {"beyond": "DIFFERENT beyond the target's own numerics", "within": "the rejection is within the target's own "
-                      "numerics: not attributable to the rule (compare like with like: model.kernels=invariant, or fp32)",
+            judged = {"beyond": "DIFFERENT beyond the target's own numerics",
+                      "within": "every rejection is within reach of the target's own numerics: the rule is not shown to differ "
+                                "(compare like with like: model.kernels=invariant, or fp32)",
                       None: "nothing to attribute"}[self.numerics]
             lines.append(f"  numeric floor ({f.sequences} baseline sequences re-read; 1 query vs {f.chunk} a forward): mean TV "
                          f"{f.verify.mean():.4f} per position (max {f.verify.max():.4f}), at most {f.bound.max():.4f} on a position's "
