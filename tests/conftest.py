@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -38,6 +39,14 @@ LANDING_START = 34
 HEAD_NOISE = 0.02
 REJECTING = ["model=tiny", "model.tiny.seed=4", "model.tiny.cycle=5", "model.tiny.logit_scale=1.9e-4", "drafter.model.name=tiny",
              "+drafter.model.tiny={vocab_size: 320, seed: 4, noise: 0.01, cycle: 5, logit_scale: 3e-4}"]
+
+
+def at_temperature(setting: list[str], temperature: float) -> list[str]:
+    """A cyclic setting (LANDING, REJECTING) for decoding at `temperature`: each cyclic model's logit_scale times
+    it, so that its laws at that temperature are (about: the draft's weight noise is not scaled) the ones at T = 1
+    the setting was tuned for, and its drafts land or are rejected as often (a sharper target at T = 0.7 would
+    reject fewer drafts)."""
+    return [re.sub(r"(logit_scale[=:] ?)([0-9.eE+-]+)", lambda m: f"{m[1]}{float(m[2]) * temperature:.6g}", o) for o in setting]
 
 
 REAL_MODELS = ("smollm2",)  # fixtures that load a real (zoo) model

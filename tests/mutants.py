@@ -4,10 +4,18 @@ concern it there, and prints which killed it and how strongly: the smallest p-va
 Carlo law tests (`law_pvalues`) and the largest exact TV of the enumeration test (exact: no noise).
 
 A mutant is killed when some test fails; killed with margin when the failure is not near the tests'
-α = 1e-3: a Monte Carlo p below 1e-6 or an exact TV above the 1e-9 tolerance. The scratch copy is
-imported first (PYTHONPATH), so the installed package is not touched.
+α = 1e-3: a Monte Carlo p below 1e-6 or an exact TV above the 1e-9 tolerance (the enumeration test
+logs the larger of its law's TV to p and the TV of the p the verifier read to the target's). The
+scratch copy is imported first (PYTHONPATH), so the installed package is not touched.
 
-    python -m tests.mutants                        # every mutant (about 45 minutes on 2 cores)
+Six of them apply a temperature or a truncation to only one of p and q (a draft that draws from its
+law after the sampling settings but reports it at T = 1 or before top-p, a verifier's p at T = 1 or
+without top-k): equivalent at T = 1 without truncation, they are run against the law tests' settings
+beyond it (`-k "T0.7 or T1.5"`: the exact law at T = 0.7 and at T = 1.5 with top-p, the Monte Carlo
+law at T = 0.7 with top-k). A draft that draws and reports the same law at another temperature is no
+mutant: rejection sampling is exact for any q it is told truly.
+
+    python -m tests.mutants                        # every mutant (about 50 minutes on 2 cores)
     python -m tests.mutants --only tree-no-residual-update --workers 1
     python -m tests.mutants --json docs/results/data/2026-11-28-law-test-mutants.json
 """
@@ -35,6 +43,16 @@ ALPHA, MARGIN, EXACT = 1e-3, 1e-6, 1e-9
 
 BASIC = "pld or (independent and default) or (tree and static) or (medusa and sample)"  # modes of every draft kind
 SAMPLED = "(independent and default) or (self_draft and default) or (tree and sample) or (medusa and sample) or (eagle and chain)"
+CHAINS = "(independent and default) or (self_draft and default) or (eagle and chain)"  # sampled chains, of three drafters
+# The law tests' sampling settings beyond T = 1 (test_lossless.EXACT, MC_EXTRA: their names end the ids): a
+# temperature or a truncation applied to one of p and q only is invisible at T = 1 without truncation.
+NOT_T1 = "(T0.7 or T1.5)"
+TOP_P = "T1.5"  # the exact test's top-p setting (T = 1.5, top-k 4, top-p 0.9)
+
+
+def _sampling(params: str) -> str:
+    """Source text of SamplingParams at T = 1 with the top-k and top-p of `params` (a mutant's edit)."""
+    return f"SamplingParams(1.0, {params}.top_k, {params}.top_p)"
 
 
 @dataclass
@@ -108,12 +126,39 @@ MUTANTS = [
            [("self.qs.append(q if self.shortlist is None else self.shortlist.widen(q))",
              "self.qs.append(torch.softmax(logits.float(), -1) if self.shortlist is None else self.shortlist.widen(torch.softmax(logits.float(), -1)))")],
            SAMPLED),
+    Mutant("chain-q-untempered", "a chain draws from q at T but reports q at T = 1 (p tempered, the ratio's q not)",
+           "specresearch/drafters/base.py",
+           [("self.qs.append(q if self.shortlist is None else self.shortlist.widen(q))",
+             f"reported = logits_to_probs(logits, {_sampling('self.ctx.sampling')})\n"
+             "            self.qs.append(reported if self.shortlist is None else self.shortlist.widen(reported))")],
+           f"({CHAINS}) and {NOT_T1}"),
+    Mutant("chain-q-without-top-p", "a chain draws from q after top-p but reports q before it (top-p on p only)",
+           "specresearch/drafters/base.py",
+           [("self.qs.append(q if self.shortlist is None else self.shortlist.widen(q))",
+             "reported = logits_to_probs(logits, SamplingParams(self.ctx.sampling.temperature, self.ctx.sampling.top_k))\n"
+             "            self.qs.append(reported if self.shortlist is None else self.shortlist.widen(reported))")],
+           f"({CHAINS}) and {TOP_P}"),
+    Mutant("tree-q-untempered", "a sampled tree's children drawn at T, their q reported at T = 1", "specresearch/drafters/tree.py",
+           [('q = widen(laws[at + w]) if self.children == "sample" else None',
+             f"q = widen(ranking_probs(torch.cat([logits[b] for b in live]), {_sampling('sampling')})[at + w]) "
+             'if self.children == "sample" else None')], f"tree and sample and {NOT_T1}"),
+    Mutant("medusa-q-untempered", "Medusa's sampled children drawn at T, their q reported at T = 1", "specresearch/drafters/medusa.py",
+           [("q = laws[[len(c) - 1 for c in choices]]", f"q = logits_to_probs(logits, {_sampling('ctx.sampling')})[[len(c) - 1 for c in choices]]")],
+           f"medusa and sample and {NOT_T1}"),
     Mutant("lookup-guess-kept", "the lookup cascade keeps the guess where the draft's argmax agrees, not the draft's sample",
            "specresearch/drafters/independent.py",
            [("            x = chain.add(row)\n            done = self._done(ctx, chain)\n",
              "            x = chain.add(row)\n            if i < guess.numel() and x != guess[i] and int(row.argmax()) == int(guess[i]):\n"
              "                chain.tokens[-1] = x = guess[i]\n            done = self._done(ctx, chain)\n")],
            "independent and lookup"),
+    # -- the target's p
+    Mutant("p-untempered", "the verifier's p from the target's logits at T = 1 (q tempered, p not)", "specresearch/engine.py",
+           [("logits_to_probs(logits, self.p_sampling)", f"logits_to_probs(logits, {_sampling('self.p_sampling')})")],
+           f"({BASIC}) and {NOT_T1}"),
+    Mutant("p-without-top-k", "the verifier's p without top-k (top-k on q only)", "specresearch/verifiers/base.py",
+           [('(see RelaxedVerifier)."""\n        return sampling\n',
+             '(see RelaxedVerifier)."""\n        return SamplingParams(sampling.temperature, 0, sampling.top_p)\n')],
+           f"({BASIC}) and {NOT_T1}"),
     # -- batches and seeds
     Mutant("rows-verified-against-another-row", "in a batch of chains, row b verified against row b - 1's p", "specresearch/verifiers/base.py",
            [("laws = p if whole else p[chains]", "laws = p.roll(1, 0) if whole else p[chains]")], "independent or pld or self_draft"),
@@ -235,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                               f"--workers {args.workers} --json {args.json.as_posix()}"]
                                                                              if args.only else []),
             "prompts": ("tests/test_lossless.py's law tests (2,880 ragged-batch decodes at T = 1 in two settings, `landing` and "
-                        "`rejecting`, per drafter mode) and its exact enumeration (T = 1, top-k 4), run on a scratch copy of "
-                        "the checkout with one mutant applied; each mutant against the modes its bug touches"),
+                        "`rejecting`, per drafter mode, and at T = 0.7, top-k 20 in `rejecting` per drafter) and its exact "
+                        "enumeration (T = 1, top-k 4; T = 0.7, top-k 4; T = 1.5, top-k 4, top-p 0.9), run on a scratch copy of "
+                        "the checkout with one mutant applied; each mutant against the modes and settings its bug touches"),
             "columns": COLUMNS,
             "rows": [row_cells(r) for r in rows],
             "notes": [f"{killed} of {len(rows)} mutants killed, {margin} with margin: a Monte Carlo p below {MARGIN:g} or an "

@@ -10,10 +10,17 @@ in each of its drafting modes (`Drafter.modes`), with each verifier of conf/veri
   own forwards (`law_pvalues` says what each sees and its power), each at alpha = 1e-3; in two
   settings: where drafts land (LANDING) and where a step's first draft is rejected about half the
   time (REJECTING), so the acceptance, residual and sibling paths each carry samples;
-- at T = 1, top-k 4, the exact law of the first emitted token by enumeration over the drafter's own
-  draws (tests/draws.py: its sampling calls replayed along every outcome, its code unchanged), equal
-  to the target's p to 1e-9: no sampling noise, so a drafter that draws children without
-  replacement or reports another q than it drew from fails for sure;
+- the same at T = 0.7 with top-k 20 (MC_EXTRA), for each drafter option's first mode, in REJECTING
+  with its models' logits scaled by 0.7 (conftest.at_temperature: its laws at T = 0.7 are those it was
+  tuned for at T = 1, and both paths carry samples): the expected law is the target's after the same
+  temperature and top-k (`logits_to_probs`), so a p or a q tempered or truncated otherwise fails;
+- the exact law of the first emitted token at each of EXACT's settings (T = 1, top-k 4; T = 0.7,
+  top-k 4; T = 1.5, top-k 4, top-p 0.9), by enumeration over the drafter's own draws (tests/draws.py:
+  its sampling calls replayed along every outcome, its code unchanged), equal to the target's p to
+  1e-9, p being the verify forward's logits after the sampling settings by reference code, and the p
+  the verifier was handed that same law: no sampling noise, so a drafter that draws children without
+  replacement or reports another q than it drew from (before a temperature, a top-k or a top-p the
+  draw saw), or a verifier that reads a p processed otherwise, fails for sure;
 - at T = 0, greedy identity with plain decoding, one prompt at a time, for every row of a batch of
   four prompts of different lengths whose rows stop at different steps, and for a batch of one prompt
   repeated (its rows share the prompt's cache).
@@ -27,8 +34,11 @@ target less sure of the same cycle and a draft surer than it; each test there as
 MIN_RECOVERED first steps kept no draft token. The greedy identity also runs on the random target
 (TINY), where drafts are mostly rejected.
 
+Law tests at T = 1 without top-k or top-p cannot see a temperature or a truncation applied to only
+one of p and q (softmax(l / 1) is softmax(l), and nothing is cut): hence the settings beyond it.
+
 A new drafter, mode or lossless verifier is covered without editing this file. The control at the
-end shows the law test catches the defect it was written for; `python -m tests.mutants` applies 23
+end shows the law test catches the defect it was written for; `python -m tests.mutants` applies 29
 lossy mutants one at a time and shows that these tests kill each one (docs/concepts/lossless.md).
 """
 
@@ -51,14 +61,21 @@ from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
 from specresearch.sampling import logits_to_probs
 from specresearch.stats.battery import noncentrality
-from specresearch.stats.exact import draft_first_token_law, root_children, total_variation
+from specresearch.stats.exact import draft_first_token_law, normalised, root_children, total_variation
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import RejectionVerifier
 
-from .conftest import CONF_DIR, LANDING, LANDING_START, PLAIN, REJECTING, REPEATING, drafter_cfg, landing_next
+from .conftest import CONF_DIR, LANDING, LANDING_START, PLAIN, REJECTING, REPEATING, at_temperature, drafter_cfg, landing_next
 from .draws import enumerated
 
 T1 = SamplingParams(temperature=1.0)
+# Beyond T = 1 without truncation, where a temperature or a truncation applied to only one of p and q changes
+# nothing: the exact law at each of these (top-k 4 keeps the enumeration small), the
+# Monte Carlo law at T1 and at MC_EXTRA. Their names end the new tests' ids (T = 1 keeps its ids): no word of a
+# mutant's `select` in them (tests/mutants.py), so `-k T0.7` picks a setting.
+EXACT = {"T1-k4": SamplingParams(1.0, top_k=4), "T0.7-k4": SamplingParams(0.7, top_k=4),
+         "T1.5-k4-p0.9": SamplingParams(1.5, top_k=4, top_p=0.9)}
+MC_EXTRA = ("T0.7-k20", SamplingParams(0.7, top_k=20))
 ALPHA, POWER, TV, BINS = 1e-3, 0.8, 0.05, 10
 # w² = Σ (o − e)² / e ≥ 4 TV² over the bins, so N·4·TV² reaches the noncentrality that gives POWER.
 N = math.ceil(noncentrality(BINS - 1, ALPHA, POWER) / (4 * TV**2))
@@ -80,13 +97,13 @@ def _modes() -> list[tuple[str, str, tuple[str, ...]]]:
     return out
 
 
-def _lossless(temperature: float) -> list[str]:
-    """The verifiers of conf/verifier that claim to be lossless and run at this temperature."""
+def _lossless(sampling: SamplingParams) -> list[str]:
+    """The verifiers of conf/verifier that claim to be lossless and run with these sampling settings."""
     out = []
     for name in _options("verifier"):
         verifier = instantiate(OmegaConf.load(CONF_DIR / "verifier" / f"{name}.yaml"))
         try:
-            verifier.check(SamplingParams(temperature=temperature))
+            verifier.check(sampling)
         except SpecResearchError:
             continue
         if verifier.lossless:
@@ -94,15 +111,34 @@ def _lossless(temperature: float) -> list[str]:
     return out
 
 
-def _cases(temperature: float):
-    return [pytest.param(d, o, v, id=f"{d}[{m}]-{v}") for d, m, o in _modes() for v in _lossless(temperature)]
+def _cases(sampling: SamplingParams):
+    return [pytest.param(d, o, v, id=f"{d}[{m}]-{v}") for d, m, o in _modes() for v in _lossless(sampling)]
 
 
-def _engine(drafter: str, overrides: tuple[str, ...], verifier: str, sampling: str, tmp_path, *more: str,
+def _law_cases(samplings: dict[str, SamplingParams], settings=("landing", "rejecting"), first_modes: bool = False):
+    """(drafter, overrides, verifier, setting, sampling) for every drafter mode (with `first_modes` each drafter
+    option's first mode only) x lossless verifier x setting x sampling; ids as _cases' with the setting, then the
+    sampling's name unless it is T1 (the T = 1 cases keep their ids)."""
+    modes = _modes()
+    if first_modes:
+        modes = [next(m for m in modes if m[0] == name) for name in dict.fromkeys(d for d, _, _ in modes)]
+    return [pytest.param(d, o, v, s, sampling, id=f"{d}[{m}]-{v}-{s}" + ("" if name in ("T1", "T1-k4") else f"-{name}"))
+            for name, sampling in samplings.items() for verifiers in [_lossless(sampling)] for d, m, o in modes for v in verifiers
+            for s in settings]
+
+
+def _engine(drafter: str, overrides: tuple[str, ...], verifier: str, sampling: str | SamplingParams, tmp_path, *more: str,
             landing: bool | list[str] = True) -> Engine:
-    cfg = drafter_cfg(drafter, tmp_path, *(f"drafter.{o}" for o in overrides), f"verifier={verifier}", f"sampling={sampling}", *more,
+    """The method's engine on tiny models; `sampling` a conf/sampling option, or settings given as `sampling.*`
+    overrides of `random` (checked to reach the engine as given)."""
+    given = (f"sampling={sampling}",) if isinstance(sampling, str) else (
+        "sampling=random", f"sampling.temperature={sampling.temperature}", f"sampling.top_k={sampling.top_k}",
+        f"sampling.top_p={sampling.top_p}")
+    cfg = drafter_cfg(drafter, tmp_path, *(f"drafter.{o}" for o in overrides), f"verifier={verifier}", *given, *more,
                       landing=landing)
-    return build_engine(cfg)
+    engine = build_engine(cfg)
+    assert isinstance(sampling, str) or engine.sampling == sampling, (engine.sampling, sampling)
+    return engine
 
 
 def _cycling() -> list[int]:
@@ -182,11 +218,12 @@ class Decodes:
 
 
 @torch.inference_mode()
-def decode_rows(engine: Engine, n: int = N, seed: int = 0) -> Decodes:
+def decode_rows(engine: Engine, n: int = N, seed: int = 0, sampling: SamplingParams | None = None) -> Decodes:
     """n decodes of the method's first two tokens (BATCH rows a call, the prompts alternating row by row,
     every token from a draft-and-verify step: sample_first=False), recording each row's first draft and
     verdict from the engine's own verifier call; then the target's exact conditionals from plain
-    forwards (every first token the rows drew, and every one expected at least 5 times)."""
+    forwards (every first token the rows drew, and every one expected at least 5 times) after `sampling`
+    (temperature, top-k, top-p by `logits_to_probs`; None: the engine's)."""
     depth = max(engine.drafter.k, engine.drafter.depth, 1)  # the first step drafts its full depth (k for chains)
     verify, first = engine.verifier.verify_rows, []
 
@@ -216,7 +253,7 @@ def decode_rows(engine: Engine, n: int = N, seed: int = 0) -> Decodes:
                     counts[key] += getattr(out.stats, key)
     finally:
         del engine.verifier.verify_rows
-    model, sampling = engine.target.lm.model, engine.sampling
+    model, sampling = engine.target.lm.model, sampling or engine.sampling
     prompt, x1t = torch.tensor(which), torch.tensor(x1)
     p1, p2 = [], []
     for i, ids in enumerate(PROMPTS):
@@ -311,16 +348,21 @@ SETTINGS = {"landing": LANDING, "rejecting": REJECTING}
 
 
 @pytest.mark.e2e  # the Monte Carlo battery of every drafter mode: minutes; the exact laws and greedy identity stay in the core
-@pytest.mark.parametrize("setting", SETTINGS)
-@pytest.mark.parametrize("drafter, overrides, verifier", _cases(1.0))
-def test_sampled_output_follows_the_target(drafter, overrides, verifier, setting, tmp_path, request):
-    """The method's first two tokens at T = 1 follow the target's law (`law_pvalues`: PIT of each,
-    their joint over every cell expected 5+ times, the recovered token's law after a rejection), on
-    ragged batches, in two settings: `landing` (drafts mostly accepted: the acceptance path carries
-    the samples) and `rejecting` (a step's first draft rejected about half the time, siblings after
-    it: the residual and sibling paths do)."""
-    engine = _engine(drafter, overrides, verifier, "random", tmp_path, landing=SETTINGS[setting])
-    d = decode_rows(engine)
+@pytest.mark.parametrize("drafter, overrides, verifier, setting, sampling",
+                         _law_cases({"T1": T1}) + _law_cases(dict([MC_EXTRA]), ("rejecting",), first_modes=True))
+def test_sampled_output_follows_the_target(drafter, overrides, verifier, setting, sampling, tmp_path, request):
+    """The method's first two tokens follow the target's law after the sampling settings (`law_pvalues`:
+    PIT of each, their joint over every cell expected 5+ times, the recovered token's law after a
+    rejection), on ragged batches. At T = 1, every mode in two settings: `landing` (drafts mostly
+    accepted: the acceptance path carries the samples) and `rejecting` (a step's first draft rejected
+    about half the time, siblings after it: the residual and sibling paths do). At MC_EXTRA (T = 0.7,
+    top-k 20: p tempered and truncated, so a p or q processed otherwise shows), each drafter's first
+    mode in `rejecting` at that temperature (conftest.at_temperature: its models' logits scaled by 0.7,
+    so its laws after the temperature are those it was tuned for; unscaled, its target would sharpen to
+    a top token of 0.93 and self_draft's first steps recover fewer than MIN_RECOVERED tokens), where
+    both paths carry samples (0.3-0.9 of the drafted tokens accepted, 150+ recovered)."""
+    engine = _engine(drafter, overrides, verifier, sampling, tmp_path, landing=at_temperature(SETTINGS[setting], sampling.temperature))
+    d = decode_rows(engine, sampling=sampling)
     pvalues = law_pvalues(d, verifier)
     log_pvalues(request.node.name, pvalues)
     counts = d.counts
@@ -336,43 +378,56 @@ def test_sampled_output_follows_the_target(drafter, overrides, verifier, setting
         assert recovered >= MIN_RECOVERED, (recovered, share, counts)
 
 
-@pytest.mark.parametrize("setting", SETTINGS)
-@pytest.mark.parametrize("drafter, overrides, verifier", _cases(1.0))
-def test_exact_law_through_the_drafters_own_draws(drafter, overrides, verifier, setting, tmp_path, request):
-    """The exact law of the first token a method emits (T = 1, top-k 4: every law has 4 tokens), by
-    enumeration over the drafter's own draws (tests/draws.py: its sampling calls replayed along every
-    outcome, each weighed by its probability, the drafter's code unchanged), each draft's first-token
-    law from the verifier's acceptance and fallback (`draft_first_token_law`): equal to the target's
-    p to 1e-9, in both settings (Medusa's heads there: conftest.HEAD_NOISE). No sampling noise: a
-    drafter that draws children without replacement, reports another law than it drew from, or a
-    verifier off by any amount fails here for sure."""
-    engine = _engine(drafter, overrides, verifier, "random", tmp_path, "sampling.top_k=4", landing=SETTINGS[setting])
-    verify, seen = engine.verifier.verify_rows, []
+@pytest.mark.parametrize("drafter, overrides, verifier, setting, sampling", _law_cases(EXACT))
+def test_exact_law_through_the_drafters_own_draws(drafter, overrides, verifier, setting, sampling, tmp_path, request):
+    """The exact law of the first token a method emits, at each of EXACT's sampling settings (top-k 4:
+    every law has 4 tokens or fewer; T = 1; T = 0.7; T = 1.5 with top-p 0.9, which cuts p or q or both
+    to 1-3 tokens), by enumeration over the drafter's own draws (tests/draws.py: its sampling calls
+    replayed along every outcome, each weighed by its probability, the drafter's code unchanged), each
+    draft's first-token law from the verifier's acceptance and fallback (`draft_first_token_law`):
+    equal to the target's p to 1e-9, in both settings (Medusa's heads there: conftest.HEAD_NOISE).
+    p: the root's logits from the engine's own verify forward after the sampling settings by reference
+    code (`logits_to_probs`), one law for every path (the forward's laws move with the draft's width by
+    fp32 rounding, ~1e-8); the p the verifier was handed on each path must be that law of its logits
+    (so a p tempered or truncated otherwise than q fails here too). No sampling noise: a drafter that
+    draws children without replacement, reports another law than it drew from, or a verifier off by
+    any amount fails here for sure."""
+    engine = _engine(drafter, overrides, verifier, sampling, tmp_path, landing=SETTINGS[setting])
+    verify_rows, verify, seen, roots, reference = engine.verifier.verify_rows, engine.verify, [], [], []
 
-    def recording(drafts, p, rngs):
+    def recording(drafts, p, rngs):  # what the verifier is handed
         seen.append((drafts[0], p[0, 0]))
-        return verify(drafts, p, rngs)
+        return verify_rows(drafts, p, rngs)
 
-    def run() -> tuple[torch.Tensor, torch.Tensor, bool]:
+    def reading(drafts, logits, rows):  # the target's logits it came from
+        roots.append(logits_to_probs(logits[0, 0], sampling))  # [V] the root's law by reference code
+        return verify(drafts, logits, rows)
+
+    def run() -> tuple[torch.Tensor, float, bool]:
         seen.clear()  # a first step of depth 1 (2 new tokens at most): the draws that make the first level
+        roots.clear()
         engine.generate(CYCLING, 2, eos_token_ids=[], seed=0, reuse_prefill=True, sample_first=False, stop_after=1)
-        draft, p = seen[0]
-        return draft_first_token_law(engine.verifier, draft, p), p.double() / p.double().sum(), draft.q is not None
+        (draft, p), target = seen[0], roots[0]
+        if not reference:
+            reference.append(normalised(target))
+        drawn = draft.q is not None and bool(((draft.q > 0).sum(-1) > 1).any())  # a draw with two outcomes or more
+        return draft_first_token_law(engine.verifier, draft, reference[0]), total_variation(normalised(p), normalised(target)), drawn
 
-    engine.verifier.verify_rows = recording
+    engine.verifier.verify_rows, engine.verify = recording, reading
     with torch.inference_mode():
         paths = enumerated(run)
     total = sum(w for w, _ in paths)
     law = sum(w * law for w, (law, _, _) in paths)
-    p, sampled = paths[0][1][1], any(s for _, (_, _, s) in paths)
-    tv = total_variation(law, p)
-    log_pvalues(request.node.name, {}, tv)
+    sampled = any(s for _, (_, _, s) in paths)
+    tv, tv_p = total_variation(law, reference[0]), max(tv_p for _, (_, tv_p, _) in paths)
+    log_pvalues(request.node.name, {}, max(tv, tv_p))
     assert abs(total - 1) < 1e-12, total
     assert not sampled or len(paths) > 1, "a sampled draft, but no draw was enumerated: a draw outside tests/draws.py's primitives?"
+    assert tv_p < 1e-9, f"the verifier read another p than the target's after {sampling}: TV {tv_p}"
     assert tv < 1e-9, (tv, len(paths))
 
 
-@pytest.mark.parametrize("drafter, overrides, verifier", _cases(0.0))
+@pytest.mark.parametrize("drafter, overrides, verifier", _cases(SamplingParams()))
 def test_greedy_output_equals_plain_decoding(drafter, overrides, verifier, tmp_path):
     try:
         engine = _engine(drafter, overrides, verifier, "greedy", tmp_path)
