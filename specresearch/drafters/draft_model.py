@@ -162,7 +162,7 @@ def quantize_int8(lm: LoadedModel) -> LoadedModel:
 
 
 def quantize_int8_module(module: torch.nn.Module) -> torch.nn.Module:
-    """`module` (float32) with its nn.Linear children (SkinnyLinear ones included) swapped for
+    """`module` (float32) with its nn.Linear children (SkinnyLinear and InvariantLinear ones included) swapped for
     dynamically quantized int8 ones, in place."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 

@@ -36,9 +36,10 @@ class SkinnyLinear(torch.nn.Linear):
 
 
 def use_skinny_linear(model: torch.nn.Module, on: bool = True) -> torch.nn.Module:
-    """Make every nn.Linear of `model` a SkinnyLinear (on) or a plain nn.Linear again (off), in place."""
+    """Make every nn.Linear of `model` a SkinnyLinear (on) or a plain nn.Linear again (off: an InvariantLinear too),
+    in place."""
     for module in model.modules():
-        if type(module) in (torch.nn.Linear, SkinnyLinear):
+        if type(module) in (torch.nn.Linear, SkinnyLinear, InvariantLinear):
             module.__class__ = SkinnyLinear if on else torch.nn.Linear
     return model
 
