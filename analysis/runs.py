@@ -239,6 +239,19 @@ def runs_record(study: Study) -> dict:
             "unfinished": [r.id for r in study.unfinished], "parent": plain(study.parent) if study.parent else None}
 
 
+def merged(kept: Study, store: Study) -> Study:
+    """A study resumed on another machine (the analysis' merge=true): its committed runs with the store's added. A
+    config that ran in both keeps its latest run (the other is superseded); the store's sweep parent, unfinished runs
+    and place stand."""
+    both = [*kept.runs, *store.runs]
+    latest: dict[str, Run] = {}
+    for run in sorted(both, key=lambda r: r.start):  # oldest first: a later run of a config replaces it
+        latest[run.config_hash] = run
+    superseded = [*kept.superseded, *store.superseded, *(r for r in both if latest[r.config_hash] is not r)]
+    return Study(store.name, store.uri, store.experiment, sorted(latest.values(), key=lambda r: r.start), superseded,
+                 store.unfinished, store.parent or kept.parent)
+
+
 def load_committed(name: str, path: Path) -> Study:
     """A study's runs from a committed report (`runs_record` under `data`), as `load_study` reads them from MLflow.
 

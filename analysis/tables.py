@@ -1,4 +1,4 @@
-"""`python -m specresearch.analysis experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [out=DIR] [data=PATH] [save=true]`
+"""`python -m specresearch.analysis experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [out=DIR] [data=PATH] [merge=true] [save=true]`
 
 Reads the runs of study NAME from MLflow, writes its tables (markdown and LaTeX) and figures
 (PNG) into DIR (default `outputs/analysis/NAME` under the working directory), prints the markdown,
@@ -7,7 +7,9 @@ and logs the folder to the study's latest sweep parent run (artifacts under `ana
 `save=true` also commits what was read: docs/results/data/study-NAME.json (the first table as a
 results page, the others and the figures after it, the runs under `data`) and its figures under
 docs/results/figures/. Where the store holds no run of the study (a fresh clone), the runs come from
-that committed file, and the header says so; `data=PATH` reads a committed file instead of MLflow.
+that committed file, and the header says so; `data=PATH` reads a committed file instead of MLflow;
+`merge=true` adds the store's runs to the committed ones (a study resumed on another machine, whose new cells
+must not replace the committed ones on `save`: a config run in both keeps its latest run).
 
 `tracker.*` means what it means for `python -m specresearch`: the defaults come from the same
 config (conf/, composed with Hydra, the study's preset included), so `tracker.store`
@@ -23,20 +25,21 @@ from pathlib import Path
 
 from specresearch.analysis.format import latex, markdown
 from specresearch.analysis.report import Report
-from specresearch.analysis.runs import AnalysisError, Study, committed, load_committed, load_study, runs_record
+from specresearch.analysis.runs import AnalysisError, Study, committed, load_committed, load_study, merged, runs_record
 from specresearch.analysis.studies import analysed, builder
 
 from specresearch.config import STUDY_GROUP, compose
 from specresearch.tracking import store_path_problem, write_problem
 
 COMMAND = "python -m specresearch.analysis"
-USAGE = f"{COMMAND} experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR] [data=PATH] [save=true]"
+USAGE = (f"{COMMAND} experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR] [data=PATH] "
+         "[merge=true] [save=true]")
 OUT_ROOT = Path("outputs") / "analysis"  # under the working directory, beside Hydra's outputs of the runs
 
 
-def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None, Path | None, bool]:
-    """key=value arguments -> (study, tracker overrides, output folder or None, committed data or None, save)."""
-    study, tracker, out, data, save = None, {}, None, None, False
+def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None, Path | None, bool, bool]:
+    """key=value arguments -> (study, tracker overrides, output folder or None, committed data or None, save, merge)."""
+    study, tracker, out, data, save, merge = None, {}, None, None, False, False
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep or not value:
@@ -47,20 +50,23 @@ def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None, Path | Non
             out = Path(value)
         elif key == "data":
             data = Path(value)
-        elif key == "save":
+        elif key in ("save", "merge"):
             if value.lower() not in ("true", "false"):
-                raise AnalysisError(f"save must be true or false, got '{value}'")
-            save = value.lower() == "true"
+                raise AnalysisError(f"{key} must be true or false, got '{value}'")
+            if key == "save":
+                save = value.lower() == "true"
+            else:
+                merge = value.lower() == "true"
         elif key.startswith("tracker.") and len(key) > len("tracker."):
             tracker[key.removeprefix("tracker.")] = value
         else:
             raise AnalysisError(f"unknown argument '{key}': valid are experiment=NAME, tracker.KEY=VALUE (store, uri, "
-                                f"experiment), out=DIR, data=PATH, save=true")
+                                f"experiment), out=DIR, data=PATH, merge=true, save=true")
     if study is None:
         raise AnalysisError(f"name a study: {USAGE}, NAME one of {', '.join(analysed())}")
     if study not in analysed():
         raise AnalysisError(f"unknown study '{study}': valid are {', '.join(analysed())}")
-    return study, tracker, out, data, save
+    return study, tracker, out, data, save, merge
 
 
 def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
@@ -95,7 +101,7 @@ def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
 
 
 def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | None = None,
-            log: bool = True, data: Path | None = None, save: bool = False) -> tuple[Study, Report, Path]:
+            log: bool = True, data: Path | None = None, save: bool = False, merge: bool = False) -> tuple[Study, Report, Path]:
     """Build a study's tables and figures from MLflow (or committed data), write them to `out`, log them to its sweep parent.
 
     Args:
@@ -107,6 +113,7 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
         data: read the runs from this committed file (`save`) instead of MLflow; without it, the study's committed
             file serves where the store holds none of its runs.
         save: commit the runs read and the tables built (`commit`).
+        merge: add the store's runs to the study's committed ones (`runs.merged`) instead of reading the store alone.
 
     Returns:
         (the runs read, the report built, the output folder).
@@ -124,6 +131,9 @@ def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | 
     else:
         try:
             runs = load_study(study, uri, experiment)
+            if merge and committed(study).is_file():
+                runs = merged(load_committed(study, committed(study)), runs)
+                source += f" with the committed runs in {committed(study).name}"
         except AnalysisError as err:
             if not committed(study).is_file():
                 raise
@@ -205,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0
     try:
-        study, tracker, out, data, save = parse(argv)
+        study, tracker, out, data, save, merge = parse(argv)
         uri, experiment = tracker_target(study, tracker)
-        runs, report, folder = analyse(study, uri, experiment, out, data=data, save=save)
+        runs, report, folder = analyse(study, uri, experiment, out, data=data, save=save, merge=merge)
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

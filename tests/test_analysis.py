@@ -622,3 +622,23 @@ def test_an_unwritable_out_is_one_line_before_the_runs_are_read(tmp_path, capsys
         "under a file": f"{tmp_path}/file is not a folder", "in /proc": "cannot create a file in /proc (No such file or directory)",
         "a file": f"{tmp_path}/file is not a folder"}[where]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "keep me"
+
+
+def test_merge_adds_a_stores_runs_to_the_committed_ones():
+    """merge=true: a study resumed on another machine keeps its committed cells; a config run again there replaces
+    its committed run (superseded), a new config is added, and the store's parent stands."""
+    from dataclasses import replace
+
+    from specresearch.analysis.runs import HASH_TAG, Study, committed, load_committed, merged
+
+    kept = load_committed("lossless_vs_lossy", committed("lossless_vs_lossy"))
+    last = max(r.start for r in kept.runs)
+    again = replace(kept.runs[0], id="again", start=last + 1)  # the same config, run later
+    new = replace(kept.runs[1], id="new", start=last + 2, tags={**kept.runs[1].tags, HASH_TAG: "a-config-not-committed"})
+    store = Study("lossless_vs_lossy", "sqlite:///store.db", "specresearch", [again, new], parent=new)
+    both = merged(kept, store)
+    assert [r.id for r in both.runs] == [r.id for r in kept.runs[1:]] + ["again", "new"]
+    assert kept.runs[0] in both.superseded and both.parent is new and both.uri == store.uri
+    assert parse(["experiment=lossless_vs_lossy", "merge=true"])[5] is True
+    with pytest.raises(AnalysisError, match="merge must be true or false"):
+        parse(["experiment=lossless_vs_lossy", "merge=yes"])
