@@ -19,7 +19,7 @@ from specresearch.types import Draft, SamplingParams, Siblings
 from specresearch.verifiers import MarginVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier
 
 from .conftest import REJECTING, drafter_cfg
-from .test_lossless import CYCLING, _cases
+from .test_lossless import CYCLING, T1, _cases
 
 LOSSY = ["typical", "margin", "topk"]
 PROMPTS = [CYCLING[:6], CYCLING[3:11]]  # two prompts of different lengths
@@ -37,7 +37,7 @@ def _measured(method, baseline):
     return distortion(method, PROMPTS, texts, seed=3)
 
 
-@pytest.mark.parametrize("drafter, overrides, verifier", _cases(1.0))
+@pytest.mark.parametrize("drafter, overrides, verifier", _cases(T1))
 def test_lossless_pairs_have_no_distortion(drafter, overrides, verifier, tmp_path):
     """Every lossless verifier x drafter mode: the first token's exact law equals p at every position
     (TV and KL < 1e-9), sampled trees averaged over their children's draws, a sampled chain token's
