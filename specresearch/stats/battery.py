@@ -333,7 +333,7 @@ def _effects(base, base_cond, meth, meth_cond, permutations: int, rng) -> tuple[
     n_tokens = finite.sum()
     deficit = float((entropy[finite] - surprisal[finite]).mean()) if n_tokens else float("nan")
     half = 1.96 * np.sqrt((meth_cond.m2 - entropy**2).clip(min=0)[finite].sum()) / max(n_tokens, 1)
-    tv_t, null_t, q95 = _tv_by_position(base.tokens, meth.tokens, base.prompt, meth.prompt, permutations, rng)
+    tv_t, null_t, q95 = _tv_position(base.tokens, meth.tokens, base.prompt, meth.prompt, permutations, rng)
     tv, null = float(tv_t.mean()), float(null_t.mean())
     return {
         "surprisal_deficit": deficit,  # > 0: the method emits likelier tokens than the target would
@@ -368,9 +368,10 @@ def category_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.stack([np.bincount(inverse[: len(a)], minlength=c), np.bincount(inverse[len(a):], minlength=c)])
 
 
-def _tv_position(base, meth, pbase, pmeth, permutations: int, rng) -> tuple[float, float, float]:
-    """Mean position TV and, under random relabelling of the two samples (what two samples of one law
-    give at these sizes), its mean (the noise floor) and 95th percentile (`_tv_by_position`'s means).
+def _tv_position(base, meth, pbase, pmeth, permutations: int, rng) -> tuple[np.ndarray, np.ndarray, float]:
+    """[L] the plug-in TV at each position and, under random relabelling of the two samples (what two
+    samples of one law give at these sizes), [L] its mean there (the noise floor; NaN without
+    permutations) and the 95th percentile of the relabellings' mean over positions.
 
     The plug-in TV of two histograms is biased upwards by their sampling noise (at N = 22,000 a side
     and ~300 categories per position, about 0.047 for two samples of one law), and the bias is
@@ -379,13 +380,6 @@ def _tv_position(base, meth, pbase, pmeth, permutations: int, rng) -> tuple[floa
     on top (the percentile interval of a lossless run sat at [0.062, 0.069] around a plug-in 0.045),
     and subtracting the floor over-corrects a large TV. The report therefore states the plug-in beside
     its noise floor; whether a difference is real is the position χ² tests' call."""
-    tv, null, q95 = _tv_by_position(base, meth, pbase, pmeth, permutations, rng)
-    return float(tv.mean()), float(null.mean()), q95
-
-
-def _tv_by_position(base, meth, pbase, pmeth, permutations: int, rng) -> tuple[np.ndarray, np.ndarray, float]:
-    """[L] the plug-in TV at each position, [L] its mean under random relabelling (NaN without
-    permutations), and the 95th percentile of the relabellings' mean over positions."""
     both, pboth = np.concatenate([base, meth]), np.concatenate([pbase, pmeth])
     codes = []  # per position, each sequence's (prompt, token) category as one integer: relabellings only count them
     for t in range(both.shape[1]):
