@@ -2,6 +2,7 @@
 sweeps with a parent run, and the error cases (one line, non-zero exit, nothing recorded)."""
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -102,6 +103,9 @@ def test_lossless_vs_lossy_study_records_verdicts(tmp_path, new_store):
     assert sampled[0]["eq_samples_per_s_baseline"] == sampled[1]["eq_samples_per_s_baseline"]
     assert len(list((tmp_path / "cache" / "battery-baselines").glob("*.npz"))) == 1
     assert (tmp_path / "multi" / "1" / "equivalence.json").is_file()
+    kept = json.loads((tmp_path / "multi" / "1" / "equivalence-samples.json").read_text())  # both sides' draws, to re-test
+    assert len(kept["baseline"]["tokens"]) == len(kept["method"]["tokens"]) == len(kept["method"]["prompt"]) > 0
+    assert {len(row) for side in kept.values() for row in side["tokens"]} == {4}  # stats.length
 
 
 def test_sweep_goes_on_after_a_failed_job_and_marks_the_parent_failed(tmp_path, new_store):

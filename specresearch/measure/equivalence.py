@@ -81,6 +81,7 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
     with tqdm(total=n * len(prompts), desc="equivalence samples: method", unit="sample") as b:
         meth_parts = method_samples(method, prompts, n, sc.length, seed, rows, b.update)
     meth = Samples.concat(meth_parts)
+    results.samples.update(baseline=base, method=meth)
     floor = None
     if sc.floor:
         k = int(getattr(method.drafter, "k", 0) or 0)  # a verification forward's queries: the newest token and k drafts

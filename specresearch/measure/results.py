@@ -13,6 +13,7 @@ from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.records import Group, SpeedRecord, flatten
 from specresearch.stats import (
     Report,
+    Samples,
 )
 from specresearch.types import GenerationOutput, SamplingParams
 
@@ -23,6 +24,7 @@ class Results:
 
     records: list[dict] = field(default_factory=list)
     equivalence: Report | None = None  # the distribution battery (stats.samples > 0, temperature > 0)
+    samples: dict[str, Samples] = field(default_factory=dict)  # the battery's draws: "baseline" and "method"
     rates: dict[str, float] = field(default_factory=dict)  # the battery's sampling speed (samples_per_s_baseline, ..._method)
     calibration: dict[str, float] = field(default_factory=dict)  # the A/A calibration (stats.calibration), when run
     distortion: dict[str, float] = field(default_factory=dict)  # exact distortion (stats.distortion), when run

@@ -264,4 +264,7 @@ def _report(results: Results, k: int) -> tuple[dict[str, float], dict[str, str]]
     files = {"records.jsonl": "".join(json_text(r, indent=None) + "\n" for r in results.records)}
     if results.equivalence is not None:
         files["equivalence.json"] = json_text(results.equivalence.as_dict())
+    if results.samples:  # both sides' draws, so a verdict can be re-tested without redrawing them
+        files["equivalence-samples.json"] = json_text({side: {"tokens": s.tokens.tolist(), "prompt": s.prompt.tolist(),
+                                                              "seconds": s.seconds} for side, s in results.samples.items()}, indent=None)
     return (flatten(results.record(k)) if results.records else {}), files
