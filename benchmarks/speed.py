@@ -70,7 +70,7 @@ from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats, first_divergence, predict
-from specresearch.models import LoadedModel, SkinnyLinear, cache_root, load_model, use_skinny_linear
+from specresearch.models import LoadedModel, cache_root, load_model
 from specresearch.stores import write_problem
 from specresearch.sweeps.lock import busy
 from specresearch.target import cost_curve
@@ -165,13 +165,14 @@ def hf_torch_kernels(name: str, lm: LoadedModel, **generate_kwargs) -> Method:
     plain = method.decode
 
     def decode(batch: list[list[int]], n: int) -> Run:
-        skinny = [m for m in lm.model.modules() if type(m) is SkinnyLinear]
-        use_skinny_linear(lm.model, False)
+        kinds = {m: type(m) for m in lm.model.modules() if isinstance(m, torch.nn.Linear)}
+        for module in kinds:
+            module.__class__ = torch.nn.Linear  # (a PackedLinear keeps its layout for when it is one again)
         try:
             return plain(batch, n)
         finally:
-            for module in skinny:
-                module.__class__ = SkinnyLinear
+            for module, kind in kinds.items():
+                module.__class__ = kind
 
     method.decode = decode
     return method
@@ -786,8 +787,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
     parser.add_argument(
-        "--kernels", choices=["auto", "torch"], default="auto",
-        help="auto: few-row float32 CPU linears as W @ xT (SkinnyLinear), for every method alike; torch: nn.Linear",
+        "--kernels", choices=["auto", "packed", "skinny", "torch"], default="auto",
+        help="model.kernels for every method alike (auto: CPU linears on weights oneDNN laid out once, PackedLinear); "
+             "transformers' methods run nn.Linear whatever it says",
     )
     parser.add_argument("--dataset", choices=DATASETS, default="humaneval", help="; ".join(f"{k}: {v}" for k, v in DATASETS.items()))
     parser.add_argument("--prompts", type=at_least(1), default=4, help="prompts of the dataset")

@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from specresearch.config import CONF_DIR
-from specresearch.models import SkinnyLinear, load_model
+from specresearch.models import PackedLinear, SkinnyLinear, load_model, packed_linear_available
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
 
@@ -147,11 +147,11 @@ def train_cfg(**overrides):
 
 
 def tiny_model(seed: int = 0, vocab_size: int = 320, **options):
-    """The tiny random fp32 model as runs load it (its linear layers verify few tokens with
-    SkinnyLinear); `options` are tiny_model's others: noise and noise_seed for a perturbed copy,
+    """The tiny random fp32 model as runs load it (its linear layers on weights oneDNN laid out once,
+    PackedLinear, where torch has oneDNN); `options` are tiny_model's others: noise and noise_seed for a perturbed copy,
     num_layers, ..."""
     lm = load_model("tiny", device="cpu", tiny={"vocab_size": vocab_size, "seed": seed, **options})
-    assert isinstance(lm.model.lm_head, SkinnyLinear)
+    assert isinstance(lm.model.lm_head, PackedLinear if packed_linear_available() else SkinnyLinear)
     return lm
 
 

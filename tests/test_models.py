@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -21,16 +22,18 @@ from specresearch.errors import SpecResearchError
 from specresearch.models import (
     ZOO,
     ByteTokenizer,
+    PackedLinear,
     Part,
     SkinnyLinear,
     ZooEntry,
     check_same_vocab,
     cpu_has_fast_bf16,
     load_model,
+    packed_linear_available,
     resolve_device,
     resolve_dtype,
     tiny_model,
-    use_skinny_linear,
+    use_linear,
     zoo,
 )
 
@@ -122,7 +125,7 @@ def test_load_model_tiny_uses_the_tiny_arguments():
 def test_skinny_linear_computes_what_nn_linear_does(bias):
     torch.manual_seed(0)
     plain = torch.nn.Linear(48, 80, bias=bias)
-    skinny = use_skinny_linear(torch.nn.Sequential(copy.deepcopy(plain)))[0]
+    skinny = use_linear(torch.nn.Sequential(copy.deepcopy(plain)), SkinnyLinear)[0]
     assert type(skinny) is SkinnyLinear and skinny.state_dict().keys() == plain.state_dict().keys()
     for shape in [(1, 1, 48), (1, 2, 48), (1, 5, 48), (2, 3, 48), (7, 48), (1, 64, 48), (1, 65, 48), (3, 40, 48)]:
         x = torch.randn(shape)
@@ -136,19 +139,72 @@ def test_skinny_linear_computes_what_nn_linear_does(bias):
         torch.testing.assert_close(half(x), plain_half(x), atol=0.05, rtol=0.02)
     x = torch.randn(1, 4, 48, dtype=torch.float64)  # other dtypes take F.linear
     assert torch.equal(skinny.double()(x), plain.double()(x))
-    assert type(use_skinny_linear(torch.nn.Sequential(skinny), False)[0]) is torch.nn.Linear
+    assert type(use_linear(torch.nn.Sequential(skinny), torch.nn.Linear)[0]) is torch.nn.Linear
+
+
+needs_packed = pytest.mark.skipif(not packed_linear_available(), reason="this torch has no oneDNN linear ops")
+
+
+@needs_packed
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_computes_what_nn_linear_does(bias):
+    """PackedLinear against nn.Linear on the same weights: every row count of a forward (1 to 64, a batch's
+    ragged rows folded as [B, T, in], and long inputs), float32 and bf16 within their rounding; an input
+    that needs a gradient, another dtype, a weight written in place or replaced, a copy and a pickle."""
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(256, 320, bias=bias)  # PACK_MIN entries or more: packed (smaller: SkinnyLinear's product)
+    packed = use_linear(torch.nn.Sequential(copy.deepcopy(plain)), PackedLinear)[0]
+    assert type(packed) is PackedLinear and packed.state_dict().keys() == plain.state_dict().keys()
+    shapes = [(1, m, 256) for m in range(1, 65)] + [(7, 256), (2, 3, 256), (4, 17, 256), (3, 200, 256), (1, 256)]
+    with torch.inference_mode():
+        for shape in shapes:
+            x = torch.randn(shape)
+            got, want = packed(x), plain(x)
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        half, plain_half = copy.deepcopy(packed).bfloat16(), copy.deepcopy(plain).bfloat16()
+        for shape in [(1, 1, 256), (1, 9, 256), (2, 17, 256), (1, 65, 256)]:
+            x = torch.randn(shape, dtype=torch.bfloat16)
+            torch.testing.assert_close(half(x), plain_half(x), atol=0.05, rtol=0.02)
+        assert "_pack" in packed.__dict__ and "_pack" in half.__dict__  # these took oneDNN's product
+        x = torch.randn(1, 4, 256, dtype=torch.float64)  # other dtypes take F.linear
+        assert torch.equal(copy.deepcopy(packed).double()(x), copy.deepcopy(plain).double()(x))
+        small = torch.nn.Linear(48, 80, bias=bias)  # below PACK_MIN: SkinnyLinear's product, bit for bit
+        x = torch.randn(1, 5, 48)
+        assert torch.equal(use_linear(copy.deepcopy(torch.nn.Sequential(small)), PackedLinear)(x),
+                           use_linear(torch.nn.Sequential(small), SkinnyLinear)(x))
+        x = torch.randn(2, 5, 256)
+        packed.weight.mul_(2), plain.weight.mul_(2)  # written in place: laid out again
+        torch.testing.assert_close(packed(x), plain(x), atol=1e-5, rtol=1e-5)
+        packed.weight = torch.nn.Parameter(torch.randn(320, 256))  # replaced
+        plain.weight = torch.nn.Parameter(packed.weight.clone())
+        torch.testing.assert_close(packed(x), plain(x), atol=1e-5, rtol=1e-5)
+        for twin in (copy.deepcopy(packed), pickle.loads(pickle.dumps(packed))):  # the copies carry the weight, not the layout
+            assert "_pack" not in twin.__dict__
+            torch.testing.assert_close(twin(x), plain(x), atol=1e-5, rtol=1e-5)
+    plain = torch.nn.Linear(256, 320, bias=bias)  # (weights made outside inference mode)
+    packed = use_linear(torch.nn.Sequential(copy.deepcopy(plain)), PackedLinear)[0]
+    x = torch.randn(3, 256, requires_grad=True)  # a gradient: F.linear, through which it flows
+    packed(x).sum().backward(), plain(x).sum().backward()
+    assert x.grad is not None and packed.weight.grad is not None
+    torch.testing.assert_close(packed.weight.grad, plain.weight.grad)
+    assert "_pack" not in use_linear(torch.nn.Sequential(packed), torch.nn.Linear)[0].__dict__  # back to nn.Linear: the copy freed
 
 
 def test_load_model_kernels():
     def linears(lm):
         return {type(m) for m in lm.model.modules() if isinstance(m, torch.nn.Linear)}
 
-    assert linears(load_model("tiny", device="cpu")) == {SkinnyLinear}
+    cpu = PackedLinear if packed_linear_available() else SkinnyLinear  # oneDNN's prepacked weights where torch has them
+    assert linears(load_model("tiny", device="cpu")) == {cpu}
     assert linears(load_model("tiny", device="cpu", kernels="torch")) == {torch.nn.Linear}
-    bf16 = {SkinnyLinear} if cpu_has_fast_bf16() else {torch.nn.Linear}  # bf16 where the CPU has native bf16 kernels
+    assert linears(load_model("tiny", device="cpu", kernels="skinny")) == {SkinnyLinear}
+    bf16 = {cpu} if cpu_has_fast_bf16() else {torch.nn.Linear}  # bf16 where the CPU has native bf16 kernels
     assert linears(load_model("tiny", device="cpu", dtype="bf16")) == bf16
-    with pytest.raises(SpecResearchError, match="unknown model.kernels 'mkl': valid are auto, torch"):
+    with pytest.raises(SpecResearchError, match="unknown model.kernels 'mkl': valid are auto, packed, skinny, torch, invariant"):
         load_model("tiny", kernels="mkl")
+    with pytest.raises(SpecResearchError, match="kernels=packed cannot run under model.compile=true"):
+        load_model("tiny", kernels="packed", cache="static", compile=True)
 
 
 def test_byte_tokenizer():
@@ -517,6 +573,30 @@ def test_local_directory_loads_like_the_zoo_name(smollm2):
     ids = first.tokenizer.encode("def hello():", add_special_tokens=False)
     assert torch.equal(logits(local, ids), logits(first, ids))
     assert load_model(str(cache / "smollm2-135m"), dtype="fp32").model.dtype == torch.float32
+
+
+@needs_packed
+def test_packed_kernels_on_a_real_model(smollm2):
+    """SmolLM2-135M in float32 with model.kernels=packed (every layer at least PACK_MIN: oneDNN's product): its
+    logits those of nn.Linear within float32's rounding, and a verification's forward (9 query tokens after a
+    prefix) those of one token a forward."""
+    from specresearch.target import Target
+
+    cache, first, _ = smollm2
+    plain = load_model("smollm2-135m", cache_dir=cache, dtype="fp32", kernels="torch")
+    packed = load_model("smollm2-135m", cache_dir=cache, dtype="fp32", kernels="packed")
+    ids = first.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return", add_special_tokens=False)
+    torch.testing.assert_close(logits(packed, ids), logits(plain, ids), atol=1e-4, rtol=1e-4)
+    assert all("_pack" in m.__dict__ for m in packed.model.modules() if type(m) is PackedLinear)  # all took oneDNN's
+    target = Target(packed)
+    with torch.inference_mode():
+        target.reset(len(ids))
+        target.prefill_rows([torch.tensor(ids[:-9])])
+        chunk = target.forward_rows([torch.tensor(ids[-9:])], [None])[0]  # [9, V]
+        target.reset(len(ids))
+        target.prefill_rows([torch.tensor(ids[:-9])])
+        alone = torch.stack([target.forward_rows([torch.tensor(ids[t : t + 1])], [None])[0][0] for t in range(len(ids) - 9, len(ids))])
+    torch.testing.assert_close(chunk.float(), alone.float(), atol=1e-4, rtol=1e-4)
 
 
 def test_check_same_vocab(smollm2):

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
-from specresearch.models import LoadedModel, SkinnyLinear, check_same_vocab, load_model, say_once, use_skinny_linear
+from specresearch.models import LINEARS, LoadedModel, check_same_vocab, load_model, say_once, use_linear
 from specresearch.target import Target
 from specresearch.vocab import Shortlist
 
@@ -126,7 +126,8 @@ def cheapen(
             shortlist = Shortlist.of(lm_head, allowed)
         else:
             shortlist = Shortlist.load(lm_head, lm.tokenizer, int(vocab), vocab_corpus, cache_dir, allowed)
-        use_skinny_linear(torch.nn.Sequential(shortlist.head), isinstance(lm_head, SkinnyLinear))  # the draft's kernels
+        kind = type(lm_head) if type(lm_head) in LINEARS else torch.nn.Linear
+        use_linear(torch.nn.Sequential(shortlist.head), kind)  # the draft's kernels
     if quantize is None:
         return DraftModel(lm, shortlist)
     lm = quantize_int8(lm)
@@ -162,11 +163,11 @@ def quantize_int8(lm: LoadedModel) -> LoadedModel:
 
 
 def quantize_int8_module(module: torch.nn.Module) -> torch.nn.Module:
-    """`module` (float32) with its nn.Linear children (SkinnyLinear and InvariantLinear ones included) swapped for
+    """`module` (float32) with its nn.Linear children (PackedLinear, SkinnyLinear and InvariantLinear ones included) swapped for
     dynamically quantized int8 ones, in place."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    use_skinny_linear(module, False)  # quantize_dynamic swaps plain nn.Linear only
+    use_linear(module, torch.nn.Linear)  # quantize_dynamic swaps plain nn.Linear only
 
     with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors in favour of torchao
         warnings.simplefilter("ignore")

@@ -1,5 +1,6 @@
-"""CPU kernels for the few-row products of decoding and verification (SkinnyLinear), and the
-shape-invariant products of model.kernels=invariant (InvariantLinear)."""
+"""The linear layers' kernels (model.kernels): on the CPU, products with weights oneDNN laid out once
+(PackedLinear, auto's choice) or few rows as W @ xᵀ (SkinnyLinear); and the shape-invariant products of
+model.kernels=invariant (InvariantLinear)."""
 
 from __future__ import annotations
 
@@ -35,12 +36,72 @@ class SkinnyLinear(torch.nn.Linear):
         return y[:, :rows].T.contiguous().reshape(*x.shape[:-1], -1)  # [..., out]
 
 
-def use_skinny_linear(model: torch.nn.Module, on: bool = True) -> torch.nn.Module:
-    """Make every nn.Linear of `model` a SkinnyLinear (on) or a plain nn.Linear again (off: an InvariantLinear too),
-    in place."""
+PACK_ROWS = 17  # the rows oneDNN lays a packed weight out for: a verification's (1 to 17 tokens); any number runs
+
+
+PACK_MIN = 2**16  # PackedLinear: weights of fewer entries take SkinnyLinear's product (oneDNN's ~20 µs a call outweighs the layout)
+
+
+class PackedLinear(SkinnyLinear):
+    """nn.Linear whose CPU product reads a copy of the weight that oneDNN laid out for its kernel once,
+    ahead of the calls (model.kernels=packed, auto's choice on a CPU): the prepacked weights of
+    inductor's CPU freezing, without compiling.
+
+    F.linear lays the weight out again on every call (oneDNN, bfloat16) or runs MKL's sgemm (float32),
+    so a forward of a few tokens streams the weights several times. Measured on a 2-core AMD EPYC with
+    AVX-512 BF16 (Qwen2.5-Coder-1.5B, 2 threads): one token's forward 71 ms instead of 185 in bfloat16
+    and 200-239 ms instead of 340-426 in float32, and a forward of 17 tokens 1.1-1.4x one token's in
+    float32 instead of 2.3-2.8x (benchmarks/kernel_costs.py). The product of every shape measured is
+    faster (1 to 550 rows), so it takes every input on the CPU in float32 and bfloat16 for weights of
+    PACK_MIN entries or more; smaller weights (a tiny test model's) take SkinnyLinear's product, other
+    devices and dtypes, and inputs that need a gradient, F.linear.
+
+    The layout is made at the first such call and again when the weight changes (another tensor,
+    dtype or shape, or a write in place; not seen on a weight made under inference_mode, which keeps no
+    version): a second copy of the weight, outside the state dict.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        if not (x.device.type == "cpu" and x.dtype == w.dtype and w.dtype in (torch.float32, torch.bfloat16)
+                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+            return F.linear(x, w, self.bias)
+        if w.numel() < PACK_MIN:
+            return super().forward(x)
+        rows = x.numel() // x.shape[-1]
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), self.packed(), self.bias, "none", [None], "")
+        return y.reshape(*x.shape[:-1], -1)  # [..., out]
+
+    def packed(self) -> Tensor:
+        """The weight in oneDNN's layout (an opaque mkldnn tensor), made again whenever the weight changed."""
+        w = self.weight
+        key = (w.data_ptr(), None if w.is_inference() else w._version, w.dtype, tuple(w.shape))  # (inference tensors keep no version)
+        if self.__dict__.get("_pack_key") != key:
+            self.__dict__["_pack"] = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+            self.__dict__["_pack_key"] = key
+        return self.__dict__["_pack"]
+
+    def __getstate__(self) -> dict:  # copies and pickles carry the weight, not its layout (made again on use)
+        return {k: v for k, v in super().__getstate__().items() if k not in ("_pack", "_pack_key")}
+
+
+def packed_linear_available() -> bool:
+    """Whether this torch has oneDNN's prepacked linear (a CPU build with mkldnn; PackedLinear's kernels)."""
+    return torch.backends.mkldnn.is_available() and all(
+        hasattr(torch.ops.mkldnn, op) for op in ("_linear_pointwise", "_reorder_linear_weight"))
+
+
+LINEARS = (torch.nn.Linear, SkinnyLinear, PackedLinear)  # the kinds use_linear sets (InvariantLinear: use_invariant_kernels)
+
+
+def use_linear(model: torch.nn.Module, kind: type[torch.nn.Linear] = SkinnyLinear) -> torch.nn.Module:
+    """Make every linear layer of `model` (nn.Linear, SkinnyLinear, PackedLinear or InvariantLinear) a `kind`
+    (one of LINEARS), in place: same weights and state dict."""
     for module in model.modules():
-        if type(module) in (torch.nn.Linear, SkinnyLinear, InvariantLinear):
-            module.__class__ = SkinnyLinear if on else torch.nn.Linear
+        if type(module) in (*LINEARS, InvariantLinear):
+            module.__class__ = kind
+            if kind is not PackedLinear:
+                module.__dict__.pop("_pack", None), module.__dict__.pop("_pack_key", None)  # free its layout's copy
     return model
 
 
@@ -112,7 +173,7 @@ def use_invariant_kernels(model: torch.nn.Module) -> torch.nn.Module:
     from specresearch.attention import use_invariant_attention
 
     for module in model.modules():
-        if type(module) in (torch.nn.Linear, SkinnyLinear, InvariantLinear):
+        if type(module) in (*LINEARS, InvariantLinear):
             module.__class__ = InvariantLinear
             module.block = invariant_block(module.weight)
     return use_invariant_attention(model)

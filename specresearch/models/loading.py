@@ -10,7 +10,7 @@ import torch
 
 from specresearch.errors import SpecResearchError
 from specresearch.models.hf import in_hf_cache, load_hf, one_line
-from specresearch.models.kernels import use_invariant_kernels, use_skinny_linear
+from specresearch.models.kernels import PackedLinear, SkinnyLinear, packed_linear_available, use_invariant_kernels, use_linear
 from specresearch.models.loaded import LoadedModel
 from specresearch.models.machine import cpu_has_fast_bf16, resolve_device, resolve_dtype, say_once
 from specresearch.models.tiny import check_tiny_args, tiny_model
@@ -47,10 +47,11 @@ def load_model(name: str, **given: Any) -> LoadedModel:
             defaults): `dtype` ("auto": bfloat16 for real models, float32 for tiny; see resolve_dtype),
             `device` ("auto", "cpu", "cuda" or "cuda:N"), `cache_dir` (where dequantized GGUF models are
             cached; None = default_cache_dir()), `tiny` (tiny_model's keywords, for name "tiny"),
-            `kernels` ("auto": float32 and bfloat16 linear layers on the CPU compute inputs of up to 64
-            rows with SkinnyLinear, bfloat16 where the CPU has native bf16; "torch": nn.Linear
-            everywhere; "invariant": the law at a context the same bits at every forward shape,
-            see models.kernels.use_invariant_kernels), `cache` (the KV cache its Targets keep: "dynamic" or "static", see
+            `kernels` (see `linear_kind`; "auto": float32 and bfloat16 linear layers on the CPU read
+            weights oneDNN laid out once (PackedLinear), bfloat16 where the CPU has native bf16;
+            "packed", "skinny" (few rows as W @ xᵀ) or "torch" (nn.Linear) everywhere; "invariant":
+            the law at a context the same bits at every forward shape, see
+            models.kernels.use_invariant_kernels), `cache` (the KV cache its Targets keep: "dynamic" or "static", see
             target.StaticSlots), `compile` (the decoder under torch.compile at fixed widths; needs
             cache="static"). `draft` is not read here (what drafter.model.name defaults to): taken so
             that `load_model(**cfg.model)` loads the node as it is.
@@ -64,11 +65,27 @@ def load_model(name: str, **given: Any) -> LoadedModel:
     lm = _load(name, dtype, resolve_device(device), cache_dir, tiny)
     lm.cache_dir = None if cache_dir is None else str(cache_dir)
     lm.cache, lm.compile = cache, compile
-    fast = lm.dtype == torch.float32 or (lm.dtype == torch.bfloat16 and cpu_has_fast_bf16())  # measured on such CPUs only
-    use_skinny_linear(lm.model, kernels == "auto" and lm.device.type == "cpu" and fast)
     if kernels == "invariant":
         use_invariant_kernels(lm.model)
+    else:
+        use_linear(lm.model, linear_kind(kernels, lm, compile))
     return lm
+
+
+def linear_kind(kernels: str, lm: LoadedModel, compile: bool = False) -> type[torch.nn.Linear]:
+    """The linear layers' class for model.kernels=`kernels` (not "invariant"): "auto" takes PackedLinear on a
+    CPU in float32, or in bfloat16 where the CPU has native bf16 kernels (measured on such CPUs only),
+    SkinnyLinear there under compile or where torch has no oneDNN, else nn.Linear; "packed", "skinny"
+    and "torch" take theirs."""
+    if kernels == "packed" and not packed_linear_available():
+        raise SpecResearchError("model.kernels=packed needs torch's oneDNN (mkldnn) linear ops, which this torch build lacks: "
+                                "set model.kernels=auto, skinny or torch")
+    if kernels != "auto":
+        return {"packed": PackedLinear, "skinny": SkinnyLinear, "torch": torch.nn.Linear}[kernels]
+    fast = lm.dtype == torch.float32 or (lm.dtype == torch.bfloat16 and cpu_has_fast_bf16())
+    if lm.device.type != "cpu" or not fast:
+        return torch.nn.Linear
+    return PackedLinear if packed_linear_available() and not compile else SkinnyLinear
 
 
 def _load(name: str, dtype: str, dev: torch.device, cache_dir: str | None, tiny: dict | None) -> LoadedModel:

@@ -10,8 +10,9 @@ from specresearch.errors import SpecResearchError
 from specresearch.options import MISSING, Options, given, one_of, setting
 
 CACHES = ("dynamic", "static")  # a model's KV cache (target.Target; static: target.StaticSlots)
-KERNELS = ("auto", "torch", "invariant")  # the CPU's few-row products (models.SkinnyLinear), nn.Linear as is, or a
-# forward whose law at a context does not depend on its shape (models.InvariantLinear, attention.invariant_attention)
+KERNELS = ("auto", "packed", "skinny", "torch", "invariant")  # the linears (models.loading.linear_kind): weights oneDNN laid out
+# once (models.PackedLinear), few rows as W @ xᵀ (models.SkinnyLinear), nn.Linear as is, or a forward whose law at a
+# context does not depend on its shape (models.InvariantLinear, attention.invariant_attention)
 
 
 @dataclass
@@ -22,10 +23,11 @@ class Model(Options):
     dtype: str = setting("auto", "auto = bfloat16 (float16 on GPUs without bf16; float32 on CPUs without native bf16, "
                                  "e.g. AVX2 only)")
     device: str = setting("auto", "auto = cuda if available, else cpu")
-    kernels: str = setting("auto", "auto = float32 and bf16 linears on the CPU compute few rows as W @ xᵀ (SkinnyLinear); "
-                                   "torch = nn.Linear as is; invariant = the law at a context is the same bits whatever "
-                                   "the forward's tokens and rows (1-query decoding = (k+1)-query verification: linears "
-                                   "in probed fixed blocks, attention in float64)")
+    kernels: str = setting("auto", "auto = packed on a CPU in float32, and in bf16 where it has native bf16 (skinny under "
+                                   "compile); packed = the linears read weights oneDNN laid out once (PackedLinear); skinny = "
+                                   "few rows as W @ xᵀ (SkinnyLinear); torch = nn.Linear as is; invariant = the law at a "
+                                   "context is the same bits whatever the forward's tokens and rows (1-query decoding = "
+                                   "(k+1)-query verification: linears in probed fixed blocks, attention in float64)")
     cache: str = setting("dynamic", "the KV cache: dynamic (grows per token) or static (preallocated; rollback moves "
                                     "the write position)")
     compile: bool = setting(False, "true: the decoder runs under torch.compile at fixed widths (needs cache=static; "
@@ -39,8 +41,8 @@ class Model(Options):
         one_of(path, "kernels", self.kernels, KERNELS)
         if given(self.compile) and not isinstance(self.compile, bool):
             raise SpecResearchError(f"{path}.compile must be true or false, got {self.compile!r}")
-        if given(self.compile) and self.compile and given(self.kernels) and self.kernels == "invariant":
-            raise SpecResearchError(f"{path}.kernels=invariant cannot run under {path}.compile=true (compiled graphs fuse their "
+        if given(self.compile) and self.compile and given(self.kernels) and self.kernels in ("invariant", "packed"):
+            raise SpecResearchError(f"{path}.kernels={self.kernels} cannot run under {path}.compile=true (compiled graphs fuse their "
                                     f"own kernels): set {path}.compile=false or {path}.kernels=auto")
         if given(self.compile) and self.compile and given(self.cache) and self.cache != "static":
             raise SpecResearchError(f"{path}.compile=true needs {path}.cache=static (compiled graphs keep fixed shapes)")

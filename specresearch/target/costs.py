@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from specresearch.models import LoadedModel, SkinnyLinear, default_cache_dir, machine_tags
+from specresearch.models import LoadedModel, default_cache_dir, machine_tags
 from specresearch.target.kv import Target
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def kept_cost_curve(lm: LoadedModel, sizes: list[int]) -> tuple[list[float], flo
     yet are measured and added; delete the file to measure again (e.g. after a driver update). A
     cache that cannot be written only costs the measurement again."""
     setup = {**machine_tags(lm), "config": lm.model.config.to_json_string(use_diff=False), "cache": lm.cache,
-             "compile": lm.compile, "skinny": any(isinstance(m, SkinnyLinear) for m in lm.model.modules())}
+             "compile": lm.compile, "linears": sorted({type(m).__name__ for m in lm.model.modules() if isinstance(m, torch.nn.Linear)})}
     key = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(lm.cache_dir or default_cache_dir()) / "costs" / lm.name.replace("/", "--") / f"{key}.json"
     kept, v = _read_costs(path)
