@@ -71,6 +71,25 @@ def test_greedy_speculative_equals_greedy(target, close_draft, k):
     assert s.off_chain == 0  # every step a chain of k (those max_new_tokens cut short included): Leviathan's model holds
 
 
+def test_packed_kernels_keep_greedy_identical():
+    """A tiny pair wide enough (hidden 256) that every layer takes oneDNN's packed product (model.kernels=auto
+    where torch has it): chains of 1 to 9 verified in one forward give plain one-token decoding's tokens."""
+    from specresearch.models import PackedLinear, packed_linear_available
+
+    if not packed_linear_available():
+        pytest.skip("this torch has no oneDNN linear ops")
+    target, draft = tiny_model(hidden_size=256), tiny_model(hidden_size=256, noise=0.01, noise_seed=5)
+    drafted = accepted = 0
+    for k in (1, 4, 8):
+        engine = Engine(target, plain_chain(target, k=k, model=draft), GreedyVerifier(), GREEDY)
+        for i, prompt in enumerate(prompts(3, seed=k)):
+            out = engine.generate(prompt, 32, eos_token_ids=[], seed=i)
+            assert out.tokens == baseline(target).generate(prompt, 32, eos_token_ids=[]).tokens
+            drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
+    assert 0 < accepted < drafted
+    assert all("_pack" in m.__dict__ for lm in (target, draft) for m in lm.model.modules() if type(m) is PackedLinear)
+
+
 def test_every_draft_rejected_still_gives_the_baseline_output(target, same_draft):
     engine = Engine(target, plain_chain(target, cls=WrongDrafter, k=3, model=same_draft), GreedyVerifier(), GREEDY)
     for prompt in prompts(3, seed=1):
