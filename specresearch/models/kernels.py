@@ -4,6 +4,8 @@ model.kernels=invariant (InvariantLinear)."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -74,11 +76,11 @@ class PackedLinear(SkinnyLinear):
 
     def packed(self) -> Tensor:
         """The weight in oneDNN's layout (an opaque mkldnn tensor), made again whenever the weight changed."""
-        w = self.weight
-        key = (w.data_ptr(), None if w.is_inference() else w._version, w.dtype, tuple(w.shape))  # (inference tensors keep no version)
-        if self.__dict__.get("_pack_key") != key:
+        w, kept = self.weight, self.__dict__.get("_pack_key")
+        version = (w.data_ptr(), None if w.is_inference() else w._version, w.dtype, tuple(w.shape))  # (inference tensors keep no version)
+        if kept is None or kept[0]() is not w or kept[1] != version:
             self.__dict__["_pack"] = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
-            self.__dict__["_pack_key"] = key
+            self.__dict__["_pack_key"] = (weakref.ref(w), version)  # the weight itself (not kept alive), and its state
         return self.__dict__["_pack"]
 
     def __getstate__(self) -> dict:  # copies and pickles carry the weight, not its layout (made again on use)
