@@ -170,7 +170,8 @@ class Report:
                       "within": "every rejection is within reach of the target's own numerics: the rule is not shown to differ "
                                 "(compare like with like: model.kernels=invariant, or fp32)",
                       None: "nothing to attribute"}[self.numerics]
-            lines.append(f"  numeric floor ({f.sequences} baseline sequences re-read; 1 query vs {f.chunk} a forward): mean TV "
+            lines.append(f"  numeric floor ({f.sequences} baseline sequences re-read; plain decoding's path vs verification's, "
+                         f"{f.chunk} a forward from the prompt's last token): mean TV "
                          f"{f.verify.mean():.4f} per position (max {f.verify.max():.4f}), at most {f.bound.max():.4f} on a position's "
                          f"marginal; 1 query vs teacher forcing {f.score.mean():.4f}: {judged}")
         if not self.controls_pass:
