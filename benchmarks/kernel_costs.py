@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
@@ -28,7 +27,7 @@ from specresearch.data import encode, load_prompts
 from specresearch.models import load_model, machine_tags, use_linear
 from specresearch.models.loading import linear_kind
 from specresearch.options.models import KERNELS
-from specresearch.target import Target
+from specresearch.target import Target, timed_forwards
 
 SHAPES = ("1x1", "1x2", "1x3", "1x5", "1x9", "1x13", "1x17", "9+5+3+1", "4x9", "110x1", "110x5")  # rows x query tokens, or ragged
 
@@ -44,19 +43,11 @@ def row_tokens(shape: str) -> list[int]:
 @torch.inference_mode()
 def seconds(lm, prompt: list[int], tokens: list[int], repeats: int) -> float:
     """The fastest of `repeats` forwards of len(tokens) rows, row i feeding tokens[i] query tokens after
-    `prompt` (each row holds its own copy of it)."""
+    `prompt` (held once, shared by the rows)."""
     target = Target(lm)
     target.reset(len(prompt) + max(tokens))
     target.prefill_rows([torch.tensor(prompt[:-1], device=lm.device)] * len(tokens))
-    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        target.forward_rows([torch.tensor(prompt[-1:] * n, device=lm.device) for n in tokens], [None] * len(tokens))
-        sync()
-        runs.append(time.perf_counter() - t0)
-        target.truncate_rows([len(prompt) - 1] * len(tokens))
-    return min(runs)
+    return timed_forwards(target, [torch.tensor(prompt[-1:] * n, device=lm.device) for n in tokens], repeats)
 
 
 def main() -> None:
@@ -104,7 +95,7 @@ def main() -> None:
                 "kernel_costs.py", vars(args), machine_tags(shared),
                 f"The forward's cost per model.kernels: {shared.name}, {str(shared.dtype).removeprefix('torch.')}", topic="speed",
                 columns=columns, rows=rows,
-                prompts=f"HumanEval {args.prompt} prefilled ({len(prompt)} tokens), a copy per row",
+                prompts=f"HumanEval {args.prompt} prefilled ({len(prompt)} tokens), held once and shared by the rows",
                 notes=["Each figure the fastest of the repeats; the kernels timed interleaved shape by shape, one process. "
                        "1 x 1 is plain decoding's step, 1 x m a verification of m tokens, a+b+c ragged rows of the batch engine, "
                        "110 x 1 and 110 x 5 the equivalence battery's baseline and method steps (stats.batch=auto for this "

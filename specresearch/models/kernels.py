@@ -51,9 +51,9 @@ class PackedLinear(SkinnyLinear):
 
     F.linear lays the weight out again on every call (oneDNN, bfloat16) or runs MKL's sgemm (float32),
     so a forward of a few tokens streams the weights several times. Measured on a 2-core AMD EPYC with
-    AVX-512 BF16 (Qwen2.5-Coder-1.5B, 2 threads): one token's forward 71 ms instead of 185 in bfloat16
-    and 200-239 ms instead of 340-426 in float32, and a forward of 17 tokens 1.1-1.4x one token's in
-    float32 instead of 2.3-2.8x (benchmarks/kernel_costs.py). The product of every shape measured is
+    AVX-512 BF16 (Qwen2.5-Coder-1.5B, 2 threads; docs/concepts/measured.md, "Kernels"): one token's
+    forward 87-109 ms instead of SkinnyLinear's 191 in bfloat16 and 116-184 ms instead of 330 in float32,
+    17 tokens 129-168 and 262-266 ms (benchmarks/kernel_costs.py). The product of every shape measured is
     faster (1 to 550 rows), so it takes every input on the CPU in float32 and bfloat16 for weights of
     PACK_MIN entries or more; smaller weights (a tiny test model's) take SkinnyLinear's product, other
     devices and dtypes, and inputs that need a gradient, F.linear.
@@ -102,8 +102,9 @@ def use_linear(model: torch.nn.Module, kind: type[torch.nn.Linear] = SkinnyLinea
     for module in model.modules():
         if type(module) in (*LINEARS, InvariantLinear):
             module.__class__ = kind
-            if kind is not PackedLinear:
-                module.__dict__.pop("_pack", None), module.__dict__.pop("_pack_key", None)  # free its layout's copy
+            if kind is not PackedLinear:  # free its layout's copy
+                for name in ("_pack", "_pack_key"):
+                    module.__dict__.pop(name, None)
     return model
 
 

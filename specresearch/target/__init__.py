@@ -9,10 +9,10 @@ it back exactly after a rejection; draft models use the same wrapper. The parts:
 """
 
 from specresearch.target.batch import decode_batch
-from specresearch.target.costs import COST_SIZES, cost_curve, forward_seconds, interpolated, kept_cost_curve
+from specresearch.target.costs import COST_SIZES, cost_curve, forward_seconds, interpolated, kept_cost_curve, timed_forwards
 from specresearch.target.kv import Target
 from specresearch.target.static import StaticSlots
 from specresearch.target.trees import tree_ancestry, tree_attention
 
 __all__ = ["COST_SIZES", "StaticSlots", "Target", "cost_curve", "decode_batch", "forward_seconds", "interpolated",
-           "kept_cost_curve", "tree_ancestry", "tree_attention"]
+           "kept_cost_curve", "timed_forwards", "tree_ancestry", "tree_attention"]

@@ -34,22 +34,25 @@ def forward_seconds(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: 
         repeats: timings of each size.
     """
     model = Target(lm)
-    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
     model.reset()
     model.prefill_rows([torch.tensor(ids[:-1])])
-
-    def seconds(n: int) -> float:
-        runs = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            model.forward_rows([torch.tensor(ids[-1:] * n)], [None])
-            sync()
-            runs.append(time.perf_counter() - t0)
-            model.truncate_rows([len(ids) - 1])
-        return min(runs)
-
-    times = {n: seconds(n) for n in sorted(set(sizes))}
+    times = {n: timed_forwards(model, [torch.tensor(ids[-1:] * n)], repeats) for n in sorted(set(sizes))}
     return [times[n] for n in sizes]
+
+
+def timed_forwards(model: Target, fed: list[torch.Tensor], repeats: int) -> float:
+    """The fastest of `repeats` forwards of row b's chain `fed[b]` ([n_b] tokens) on `model`'s rows, each
+    rolled back after it (noise only adds)."""
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    kept = list(model.lengths)
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model.forward_rows(fed, [None] * len(fed))
+        sync()
+        runs.append(time.perf_counter() - t0)
+        model.truncate_rows(kept)
+    return min(runs)
 
 
 def cost_curve(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int = 3) -> list[float]:
