@@ -4,8 +4,6 @@ issue #47932 is what happens otherwise)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
@@ -83,21 +81,6 @@ def sample(probs: Tensor, rng: torch.Generator | None) -> Tensor:
     """
     rows = probs.reshape(-1, probs.shape[-1]).shape[0]
     return invert_cdf(probs, torch.rand((rows, 1), generator=rng, dtype=torch.float64, device=probs.device))
-
-
-def sample_rows(probs: Tensor, rngs: Sequence[torch.Generator | None]) -> Tensor:
-    """Draw one token per row, row b with its own generator: exactly what `sample(probs[b], rngs[b])`
-    draws, for B rows at once (a batch whose rows decode as they would alone).
-
-    Args:
-        probs: [B, V] probabilities (need not be normalised).
-        rngs: B generators (None: torch's global one).
-
-    Returns:
-        [B] token ids (int64).
-    """
-    u = [torch.rand((1, 1), generator=rng, dtype=torch.float64, device=probs.device) for rng in rngs]
-    return invert_cdf(probs, torch.cat(u) if u else probs.new_empty(0, 1, dtype=torch.float64))
 
 
 def invert_cdf(probs: Tensor, u: Tensor) -> Tensor:
