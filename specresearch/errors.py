@@ -1,6 +1,9 @@
-"""One exception type for every user-facing error, and `fail`: how every command prints it (one line, exit 2)."""
+"""One exception type for every user-facing error, `fail`: how every command prints it (one line, exit 2), and
+`write_problem`: why a folder cannot take files (the check before a run writes anywhere). Stdlib only."""
 
 import sys
+import tempfile
+from pathlib import Path
 
 
 class SpecResearchError(Exception):
@@ -11,3 +14,21 @@ def fail(message: str) -> None:
     """Print a one-line error and exit 2 (how every command reports a SpecResearchError)."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def write_problem(folder: Path) -> str | None:
+    """Why files cannot be written in `folder` (made with its missing parents first), or None when
+    they can: its nearest existing ancestor must be a folder in which a file can be created. Creates
+    nothing that stays: a probe file is made and removed (chmod does not stop root, a probe does
+    stop everyone on a read-only or pseudo file system)."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".specresearch-probe-"):
+            pass
+    except OSError as err:
+        return f"cannot create a file in {existing} ({err.strerror})"
+    return None

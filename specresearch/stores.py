@@ -9,7 +9,6 @@ import logging
 import os
 import socket
 import sqlite3
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
+from specresearch.errors import write_problem  # noqa: F401  (benchmarks/speed.py reads it here)
 from specresearch.records import (
     HOST_TAG,
     INTERRUPTED_TAG,
@@ -31,24 +31,6 @@ SERVER_TIMEOUT_S = 3.0  # how long `check` waits for a tracking server's answer
 
 
 UNQUOTED = "?%"  # characters a store path cannot hold: MLflow's sqlite URI reads them as a query, an escape
-
-
-def write_problem(folder: Path) -> str | None:
-    """Why files cannot be written in `folder` (made with its missing parents first), or None when
-    they can: its nearest existing ancestor must be a folder in which a file can be created. Creates
-    nothing that stays: a probe file is made and removed (chmod does not stop root, a probe does
-    stop everyone on a read-only or pseudo file system)."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a folder"
-    try:
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".specresearch-probe-"):
-            pass
-    except OSError as err:
-        return f"cannot create a file in {existing} ({err.strerror})"
-    return None
 
 
 def store_path_problem(store: Path) -> str | None:

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from specresearch.errors import SpecResearchError
+from specresearch.errors import SpecResearchError, write_problem
 from specresearch.options import make
 from specresearch.options import tracking as options
 from specresearch.records import (
@@ -46,7 +46,6 @@ from specresearch.stores import (
     mark_dead_runs,
     server_problem,
     store_path_problem,
-    write_problem,
 )
 
 log = logging.getLogger(__name__)

@@ -26,12 +26,17 @@ FLOORS = {
     "runs": ["specresearch.measure", "specresearch.train", "specresearch.evaluation", "specresearch.stats",
              "specresearch.sweeps"],
     "build": ["specresearch.build"],
+    # The config layer: a composed config checked (OmegaConf), the run's config, the results format; above the core,
+    # which takes the settings dataclasses themselves (specresearch.options) and never a config.
+    "config": ["specresearch.settings", "specresearch.config", "specresearch.reports"],
     "core": ["specresearch.engine", "specresearch.target", "specresearch.drafters", "specresearch.verifiers"],
     "services": ["specresearch.models", "specresearch.stores", "specresearch.attention", "specresearch.data", "specresearch.vocab", "specresearch.tracking",
-                 "specresearch.records", "specresearch.figures", "specresearch.config", "specresearch.assets"],
+                 "specresearch.records", "specresearch.figures", "specresearch.assets"],
     "ground": ["specresearch.types", "specresearch.metrics", "specresearch.sampling", "specresearch.seeding", "specresearch.errors",
-               "specresearch.settings", "specresearch.options", "specresearch.reports"],
+               "specresearch.options"],
 }
+CORE = "core"
+CONFIG_LIBRARIES = ("omegaconf", "hydra")  # what the core never runs, directly or through the modules it imports
 
 
 def modules() -> dict[str, Path]:
@@ -52,6 +57,32 @@ def floor(module: str) -> int:
                 if module == p or module.startswith(p + ".")]
     assert prefixes, f"{module} has no floor: add it to FLOORS"
     return max(prefixes)[1]
+
+
+def libraries(path: Path) -> set[str]:
+    """The top-level names of what module `path` imports from outside the package (absolute imports), anywhere in its code."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out - {PACKAGE}
+
+
+def config_leaks(g: dict[str, set[str]], uses: dict[str, set[str]]) -> list[str]:
+    """Each path by which a core module reaches a config library (CONFIG_LIBRARIES): "a -> b -> omegaconf"."""
+    leaks = []
+    for start in sorted(m for m in g if m != PACKAGE and list(FLOORS)[floor(m)] == CORE):
+        seen, todo = {start: [start]}, [start]
+        while todo:
+            module = todo.pop()
+            leaks += [" -> ".join([*seen[module], lib]) for lib in sorted(uses.get(module, set()) & set(CONFIG_LIBRARIES))]
+            for nxt in sorted(g[module] - {PACKAGE}):
+                if nxt not in seen:
+                    seen[nxt] = [*seen[module], nxt]
+                    todo.append(nxt)
+    return leaks
 
 
 def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -121,6 +152,24 @@ def test_no_import_runs_up_a_floor():
     upward = sorted(f"{a} ({list(FLOORS)[floor(a)]}) imports {b} ({list(FLOORS)[floor(b)]})"
                     for a, targets in graph().items() if a != PACKAGE for b in targets - {PACKAGE} if floor(b) < floor(a))
     assert not upward, "imports that run up a floor:\n" + "\n".join(upward)
+
+
+def test_the_core_runs_no_config_library():
+    """No module of the core imports OmegaConf or Hydra, nor any module it imports does (the floors keep the
+    settings check, the run's config and the results format above it)."""
+    leaks = config_leaks(graph(), {name: libraries(path) for name, path in modules().items()})
+    assert not leaks, "the core reaches a config library:\n" + "\n".join(leaks)
+
+
+def test_the_config_tests_can_fail():
+    """A core file that imports OmegaConf, or the settings check, or the reports, is refused."""
+    g = graph()
+    uses = {name: libraries(path) for name, path in modules().items()}
+    assert config_leaks(g, {**uses, "specresearch.verifiers.base": uses["specresearch.verifiers.base"] | {"omegaconf"}})
+    assert config_leaks({**g, "specresearch.models.loading": g["specresearch.models.loading"] | {"specresearch.tracking"}},
+                        {**uses, "specresearch.tracking": {"omegaconf"}})  # through a service
+    for above in ("specresearch.settings", "specresearch.reports", "specresearch.config"):
+        assert floor(above) < floor("specresearch.engine") < floor("specresearch.options")
 
 
 def test_every_module_has_a_floor_and_the_floor_test_can_fail():

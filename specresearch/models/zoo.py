@@ -96,7 +96,7 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
         SpecResearchError: naming the setting and the path, when no file can be made in it (a path
             under a regular file, a read-only or pseudo file system such as /proc).
     """
-    from specresearch.stores import write_problem
+    from specresearch.errors import write_problem
 
     if cache_dir:
         root, source = Path(cache_dir).expanduser(), "model.cache_dir"

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from specresearch.errors import SpecResearchError, fail
-from specresearch.stores import write_problem
+from specresearch.errors import SpecResearchError, fail, write_problem
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into `hydra.output_subdir`
 _MADE_FOR_RUN: list[Path] = []  # the single run's output folder and the parents Hydra makes with it, deepest first

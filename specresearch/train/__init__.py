@@ -52,9 +52,8 @@ from specresearch.build import build
 from specresearch.config import CONF_DIR, options
 from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, encode_text, prompt_record, train_side
 from specresearch.drafters.training import Cache, Trainable, rate_name, save_tensors
-from specresearch.errors import SpecResearchError
+from specresearch.errors import SpecResearchError, write_problem
 from specresearch.models import LoadedModel, cache_root, default_cache_dir, load_model
-from specresearch.stores import write_problem
 from specresearch.target import Target, decode_batch
 from specresearch.tracking import tracked_run
 from specresearch.types import SamplingParams
