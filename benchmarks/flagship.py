@@ -27,8 +27,11 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-from specresearch import reports  # noqa: E402  (the docs' one results format, and its reading of a speed report)
-from specresearch.reports import report_date, speed_command  # noqa: E402
+if str(Path(__file__).resolve().parent) not in sys.path:  # loaded from its file, not run: its sibling below
+    sys.path.insert(1, str(Path(__file__).resolve().parent))
+from speed_report import report_date, speed_command  # noqa: E402  (benchmarks/speed_report.py: a speed record's command and date)
+
+from specresearch import reports  # noqa: E402  (the docs' one results format)
 
 TEXTS = {"humaneval": "code (HumanEval)", "mtbench": "chat (MT-bench)", "sharegpt": "chat (ShareGPT)"}
 LOSSLESS = "lossless: rejection sampling (the law tests prove every drafter with it)"  # a rejection row without a battery run

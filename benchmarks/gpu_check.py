@@ -34,6 +34,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -201,10 +202,84 @@ def clean(x: Any) -> Any:
     return x if x is None or isinstance(x, (bool, int, str)) else str(x)
 
 
+def gpu_check_to_table(data: dict) -> dict:
+    """This script's record (`main`'s report) as the fields of a results report (specresearch.reports.of): its
+    speed rows -> table (each method over generate, over the fastest plain decoding measured and over our
+    baseline; c, v and the draft's seconds per step), device + versions -> machine, argv -> command, started ->
+    date; the matrix's summary, v(k) and what failed as notes."""
+    versions, device, sp = data.get("versions", {}), data.get("device", {}), data.get("speed") or {}
+    rows = sp.get("rows", [])
+    plain = [r for r in rows if r["method"] in ("generate", "generate_compiled", "baseline", "baseline_compiled")]
+    fastest = max(plain, key=lambda r: r["tokens_per_s"], default=None)
+    by_name = {r["method"]: r for r in rows}
+
+    def ratio(r: dict, ref: dict | None) -> str:
+        return f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}x" if ref else ""
+
+    def fmt(v, spec: str) -> str:
+        return "" if v is None else "n/a" if v != v else format(v, spec)
+
+    table_rows = []
+    for r in rows:
+        split = r.get("time_split") or {}
+        draft_per_step = r["v"] * split["draft"] / split["verify"] if r.get("c") is not None and split.get("verify") else None
+        compiled = r.get("compiled", r["method"].endswith("_compiled"))  # (reports before the flag: by the name)
+        base = by_name.get("baseline_compiled" if compiled else "baseline")
+        table_rows.append([r["method"], f"{r['tokens_per_s']:.1f}", " ".join(f"{x:.0f}" for x in r.get("tokens_per_s_repeats", [])),
+                           ratio(r, by_name.get("generate")), ratio(r, fastest), ratio(r, base), fmt(r.get("tau"), ".2f"),
+                           fmt(r.get("c"), ".3f"), fmt(draft_per_step, ".3f"), fmt(r.get("v"), ".2f"),
+                           ", ".join(f"{k} {v:.0%}" for k, v in split.items()),
+                           " ".join(f"{s:.1f}" for s in r.get("warmup_seconds", [])), r.get("first_divergence_vs_generate")])
+    columns = ["method", "tok/s", "tok/s per run", "vs generate", "vs fastest plain", "vs our baseline", "τ", "c",
+               "draft / step", "v", "time split", "warm-up s", "first divergence vs generate"]
+    notes = []
+    if fastest is not None:
+        notes.append(f"vs fastest plain: over {fastest['method']}, the fastest plain decoding measured; vs our baseline: "
+                     "a compiled method over baseline_compiled, the others over baseline. c and v are against the same "
+                     "baseline's one-token forward; draft / step: the draft's seconds per step over that forward "
+                     "(v x draft / verify of the time split; Medusa's heads have no draft-model forward, so c is 0).")
+    if sp.get("v_curve"):
+        notes.append("Eager target forward of k + 1 tokens over one token, k = 0..8: " + " ".join(f"{v:.2f}" for v in sp["v_curve"])
+                     + (f"; the 0.5B draft's forward over the target's: {sp['c_draft']:.3f}" if "c_draft" in sp else "")
+                     + (f"; one target forward {sp['target_forward_ms']:.1f} ms" if "target_forward_ms" in sp else "") + ".")
+    for method, f in sp.get("failed", {}).items():
+        notes.append(f"{method}: {f.get('status', 'error')}: {f.get('error')}")
+    m = data.get("matrix")
+    if m and m.get("status") == "ok":
+        s = m["summary"]
+        notes.append(f"Matrix on {m.get('device', device.get('type'))} (tiny random model, fp32): "
+                     f"T = 0 {s['t0_identical']}/{s['t0_cells']} drafter x verifier cells identical to plain decoding; "
+                     f"T = 1 {s['t1_ok']}/{s['t1_runs']} ran; other modes {s['modes_ok']}/{s['modes']} passed, "
+                     f"{s['modes_refused']} refused; our baseline == generate: {s['baseline_equals_generate']}.")
+        for d, row in m.get("modes", {}).items():
+            notes += [f"{d} x {v}: {c['status']}: {c.get('error')}" for v, c in row.items() if c.get("status") not in ("ok", None)]
+    elif m:
+        notes.append(f"Matrix: {m.get('status')}: {m.get('error')}")
+    machine = (f"{device.get('name', device.get('type', '?'))}" + (f" ({device['memory_gib']} GiB)" if "memory_gib" in device else "")
+               + f", torch {versions.get('torch')}" + (f" (CUDA {versions['torch_cuda']})" if versions.get("torch_cuda") else "")
+               + f", transformers {versions.get('transformers')}, specresearch at {versions.get('git')}")
+    shapes = sp.get("shapes", {})
+    return {
+        "title": data.get("title") or f"benchmarks/gpu_check.py on {device.get('name', device.get('type', '?'))}",
+        "date": data.get("date") or data.get("started") or "not recorded",
+        "machine": machine,
+        "command": ["python benchmarks/gpu_check.py " + " ".join(shlex.quote(a) for a in data.get("argv", []))],
+        "prompts": (f"random weights of the Qwen2.5-Coder-1.5B shape (target) and 0.5B shape (draft), {sp.get('dtype')}, "
+                    f"vocabulary {shapes.get('vocab')}; one prompt of {sp.get('prompt_tokens')} tokens, {sp.get('new_tokens')} new "
+                    f"tokens, greedy, EOS ignored, {sp.get('repeats')} rounds in rotating order (tok/s over all of them)")
+                   if rows else None,
+        "columns": columns,
+        "rows": table_rows or [["(no speed section)", *[""] * (len(columns) - 1)]],
+        "notes": data.get("notes", []) + notes,
+    }
+
+
 def write(report: dict, out: Path) -> None:
+    """`report`, made JSON-safe, as the docs' one results format (topic gpu; the record is its `data`) at `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(reports.of(clean(report), out.stem, "gpu"), indent=1) + "\n")  # the docs' one results format
+    record = clean(report)
+    tmp.write_text(json.dumps(reports.of(gpu_check_to_table(record), "gpu", record), indent=1) + "\n")
     os.replace(tmp, out)  # a reader (or a timed-out run) sees the last whole report
 
 

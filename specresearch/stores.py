@@ -16,7 +16,6 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
-from specresearch.errors import write_problem  # noqa: F401  (benchmarks/speed.py reads it here)
 from specresearch.records import (
     HOST_TAG,
     INTERRUPTED_TAG,

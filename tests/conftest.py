@@ -1,9 +1,11 @@
+import importlib.util
 import json
 import os
 import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +74,16 @@ def _offline(tmp_path_factory):
     # The tests' speed jobs time tiny models: they take a lock of their own, not the machine's (a
     # user's study holding ~/.cache/specresearch/speed.lock would stall the suite).
     os.environ["SPECRESEARCH_SPEED_LOCK"] = str(tmp_path_factory.mktemp("lock") / "speed.lock")
+
+
+def speed_report():
+    """benchmarks/speed_report.py (speed.py's record -> its report), imported: a sibling of the scripts, not a module
+    of the package, under the name speed.py and flagship.py import it by (each puts its folder on sys.path)."""
+    if "speed_report" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("speed_report", ROOT / "benchmarks" / "speed_report.py")
+        module = sys.modules["speed_report"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["speed_report"]
 
 
 def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:

@@ -12,7 +12,7 @@ import mlflow
 import pytest
 
 from specresearch import reports
-from tests.conftest import ROOT
+from tests.conftest import ROOT, speed_report
 from tests.test_console import not_bars
 
 pytestmark = pytest.mark.e2e  # runs benchmarks/speed.py, flagship.py, headline.py and aa_calibration.py as their users do
@@ -210,7 +210,7 @@ def test_speed_quick_batch_mode_has_rows_per_batch_size_and_a_crossover(tmp_path
     assert "skipped hf_assisted at B=2: transformers' assisted generation takes one sequence" in result.stdout
 
     hook = _docs_hook()
-    assert reports.is_batch_report(report) and not reports.is_speed_report(report)
+    assert speed_report().is_batch_report(report) and not speed_report().is_speed_report(report)
     out.rename(tmp_path / "speed-20261127-120000.json")
     data = hook.load(tmp_path / "speed-20261127-120000.json")
     assert data["topic"] == "batches" and data["date"] == report["date"]  # the report's own date, when it was written

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specresearch import reports
+from tests.conftest import speed_report
 
 pytestmark = pytest.mark.e2e  # builds the docs (mkdocs --strict) and checks every documented command
 
@@ -75,8 +75,8 @@ def test_a_speed_report_renders_with_its_command_and_machine():
         "v_curve": [1.0, 1.47, 1.48],
         "profile": {},
     }
-    assert reports.is_speed_report(report)
-    data = reports.speed_to_table(json.loads(json.dumps(report)), "speed-20261127-120000")
+    assert speed_report().is_speed_report(report)
+    data = speed_report().speed_to_table(json.loads(json.dumps(report)), "speed-20261127-120000")
     page = hook.render(data, "speed-20261127-120000.json")
     command = "python benchmarks/speed.py --model tiny --draft tiny --dataset humaneval --prompts 2 --offset 0 --tokens 16 --repeats 2 --methods generate,baseline,pld --quick"
     assert data["command"] == [command]

@@ -1,6 +1,6 @@
 """The one results format (specresearch.reports): every committed results file is a report of it, no
-committed file names a folder of the machine that wrote it, and a record a benchmark writes becomes a
-report that keeps the record."""
+committed file names a folder of the machine that wrote it, and a report that strays is refused in one line.
+(A record a benchmark writes becoming a report: tests/test_speed_report.py, tests/test_gpu_check.py.)"""
 
 import json
 from pathlib import Path
@@ -49,19 +49,3 @@ def test_a_report_that_strays_is_refused_in_one_line_naming_the_problem(changed,
     with pytest.raises(SpecResearchError) as err:
         reports.check(_report(**changed), "x.json")
     assert str(err.value) == f"x.json is not a results report: {problem}"
-
-
-def test_a_speed_record_becomes_a_report_that_keeps_it():
-    record = {"header": "tiny <- tiny (cpu)", "date": "2026-11-28 10:00",
-              "args": {"dataset": "humaneval", "prompts": 2, "offset": 0, "tokens": 8, "repeats": 1, "methods": "generate,pld"},
-              "rows": [{"method": "generate", "tokens_per_s": 10.0, "speedup_vs_generate": 1.0, "speedup_interval": [1.0, 1.0]},
-                       {"method": "pld(k=4)", "tokens_per_s": 12.0, "speedup_vs_generate": 1.2, "speedup_interval": [1.1, 1.3]}],
-              "v_curve": [1.0, 1.2], "profile": {}}
-    report = reports.of(record, "speed")
-    assert reports.validate(report) == [] and report["topic"] == "speed" and report["date"] == "2026-11-28 10:00"
-    assert reports.raw(report) is record and [row[0] for row in report["rows"]] == ["generate", "pld(k=4)"]
-    assert report["command"] == ["python benchmarks/speed.py --dataset humaneval --prompts 2 --offset 0 --tokens 8 --repeats 1 "
-                                 "--methods generate,pld"]
-    assert reports.of(report, "again") is report  # a report is one already
-    with pytest.raises(SpecResearchError, match="^x: not a record a benchmark writes"):
-        reports.of({"rows": []}, "x")
