@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from specresearch.config import CONF_DIR, unknown_option
+from specresearch.config import CONF_DIR, register_options, unknown_option
 from specresearch.errors import SpecResearchError, fail
 
 
@@ -54,6 +54,7 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
         return
     import hydra
 
+    register_options()  # options defined in code, without a file in conf/
     problem = unknown_option(sys.argv[1:], config_name)
     if problem:
         fail(problem)

@@ -16,18 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from specresearch import settings
 from specresearch.errors import SpecResearchError
+from specresearch.options import REGISTRY, target
+from specresearch.options.conf import CONF_DIR, project_folder, render
 
-
-def _project_folder(name: str, marker: str) -> Path:
-    """A folder of the project's top level (conf, experiments): inside the package in a wheel, beside it
-    in a checkout. Found by a file it holds (`marker`), so that a leftover folder of the same name (a
-    checkout's old specresearch/conf/__pycache__, which git leaves behind) is not taken for it."""
-    package = Path(__file__).resolve().parent
-    return package / name if (package / name / marker).is_file() else package.parent / name
-
-
-CONF_DIR = _project_folder("conf", "config.yaml")
-STUDIES_DIR = _project_folder("experiments", "README.md")
+STUDIES_DIR = project_folder("experiments", "README.md")
 STUDY_GROUP = "experiment"  # python -m specresearch experiment=NAME runs experiments/NAME/preset.yaml
 
 
@@ -43,10 +35,27 @@ def groups() -> list[str]:
 
 
 def options(group: str) -> list[str]:
-    """The options of a config group (empty for a name that is no group)."""
+    """The options of a config group (empty for a name that is no group): its files, and the options defined in
+    code that have none (`register_options`)."""
     if group == STUDY_GROUP:
         return sorted(studies())
-    return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+    return sorted({*(path.stem for path in (CONF_DIR / group).glob("*.yaml")), *unshipped(group)})
+
+
+def unshipped(group: str) -> dict[str, type]:
+    """The registered options of `group` that conf/ has no file for (a drafter defined in a test module, or in a
+    user's module imported before composing), that can be built (their class is defined): option -> settings."""
+    return {name: schema for name, schema in REGISTRY.get(group, {}).items()
+            if not (CONF_DIR / group / f"{name}.yaml").is_file() and (target(schema) is not None or not schema.builds)}
+
+
+def register_options() -> None:
+    """Make every option `unshipped` names composable, as if conf/GROUP/NAME.yaml held what
+    `python -m specresearch.config` would write for it: Hydra's config store. Idempotent."""
+    store = ConfigStore.instance()
+    for group in list(REGISTRY):
+        for name, schema in unshipped(group).items():
+            store.store(group=group, name=name, node=OmegaConf.create(render(schema)), provider="specresearch")
 
 
 def study_groups() -> dict[str, list[str]]:
@@ -100,6 +109,7 @@ def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str 
     problem = unknown_option(overrides, config_name)
     if problem:
         raise SpecResearchError(problem)
+    register_options()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
@@ -187,3 +197,18 @@ def _missing(keys: list[str], node: Any, owner: str, prefix: str) -> str | None:
 
 
 register_studies()
+
+
+def write_conf(argv: list[str] | None = None) -> int:
+    """`python -m specresearch.config [--check]`: conf/ and docs/options.md written from the settings
+    dataclasses (specresearch.options.conf), once the classes their options build are defined."""
+    import specresearch.drafters  # noqa: F401  (defining the classes binds each option's `_target_`)
+    import specresearch.tracking  # noqa: F401
+    import specresearch.verifiers  # noqa: F401
+    from specresearch.options import conf
+
+    return conf.main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(write_conf())

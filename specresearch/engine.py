@@ -27,7 +27,7 @@ from specresearch.verifiers.base import Verifier
 
 class DraftLength:
     """How many tokens a chain drafter proposes each step: the engine's decision, from the drafter's
-    config (`drafter.k`, `drafter.k_policy`, `drafter.k_max`), so drafters keep no draft-length state.
+    settings (`Drafter.draft_length`: k, k_policy, k_max), so drafters keep no draft-length state.
 
     "fixed": k every step. "heuristic": transformers' assisted generation: k += 2 after a fully
     accepted draft, k −= 1 otherwise, within [1, k_max]; every sequence starts from k. Lossless
@@ -50,7 +50,8 @@ class DraftLength:
     @classmethod
     def of(cls, drafter: Drafter) -> DraftLength | None:
         """The policy `drafter`'s config asks for; None for drafters without a draft length (k = 0)."""
-        return cls(drafter.k, drafter.k_policy, drafter.k_max) if drafter.k else None
+        length = drafter.draft_length()
+        return cls(length.k, length.k_policy, length.k_max) if length is not None and length.k else None
 
     def reset(self) -> None:
         """A new sequence starts from the configured k."""

@@ -3,9 +3,11 @@ against the settings dataclasses of specresearch.options, refused in one line be
 model loads: an unknown setting (naming the valid ones), a value of the wrong type (wrong types are
 refused, never converted), a value out of range (the dataclass's `check`).
 
-- A group without `_target_` (model, dataset, sampling, eval) is checked against the fields of all its
-  options together (a setting of one dataset passes on another); a `_target_` group (drafter,
-  verifier, tracker) against the option whose `_target_` the node names.
+- A group whose options configure no class (model, dataset, sampling, eval) is checked against the fields
+  of all its options together (a setting of one dataset passes on another); a group whose options build
+  one (drafter, verifier, tracker: `builds`) against the option that builds the class the node's
+  `_target_` names (the class bound to it, or, before the package's classes are imported, the one its
+  conf/ file names: a config is checked before torch loads).
 - Field types are what a YAML value may be: `Optional[int]` takes null, `float` takes an int, bool and
   int never pass for each other; `Any` is not checked.
 - A range check sees the values the node gives (absent ones are MISSING): every rule that needs no
@@ -17,6 +19,7 @@ module; it takes the dataclasses themselves.
 
 from __future__ import annotations
 
+import functools
 import typing
 from dataclasses import fields, is_dataclass
 from typing import Any, Union
@@ -25,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specresearch.errors import SpecResearchError
-from specresearch.options import MISSING
+from specresearch.options import MISSING, target
+from specresearch.options.conf import CONF_DIR
 from specresearch.options.groups import OPTIONS, PRIMARY, dataclass_in, members, schema_of, settings
 from specresearch.options.models import Model
 from specresearch.options.runs import Config, TrainConfig
@@ -58,7 +62,7 @@ def check(cfg: DictConfig) -> None:
                 continue
             if not isinstance(value, dict):
                 raise SpecResearchError(f"{key} must be a group of settings, got {value!r}: choose an option with {key}=NAME")
-            if "_target_" in OPTIONS[key][next(iter(OPTIONS[key]))].__dataclass_fields__:
+            if OPTIONS[key][next(iter(OPTIONS[key]))].builds:
                 _check_target(value, key)
             else:
                 _check_node(value, _group_schema(key), key, key)
@@ -77,10 +81,25 @@ def check(cfg: DictConfig) -> None:
 def _check_target(node: dict, group: str) -> None:
     """A `_target_` node against the option of its group that builds the same class; a class that no
     option names is the user's own: its constructor checks it."""
+    schema = built_by(group, node.get("_target_"))
+    if schema is not None:
+        _check_node(node, schema, group, f"{group}={schema.option}")
+
+
+def built_by(group: str, path: Any) -> type | None:
+    """The settings of the option of `group` that builds class `path` (a `_target_`), or None."""
     for option, schema in OPTIONS[group].items():
-        if node.get("_target_") == schema._target_:
-            _check_node(node, schema, group, f"{group}={option}")
-            return
+        if path == (target(schema) or _shipped_target(group, option)):
+            return schema
+    return None
+
+
+@functools.cache
+def _shipped_target(group: str, option: str) -> str | None:
+    """The `_target_` conf/GROUP/OPTION.yaml names (None: no such file): the package's own options, whose classes
+    a config is checked without importing (their modules load torch)."""
+    path = CONF_DIR / group / f"{option}.yaml"
+    return OmegaConf.load(path).get("_target_") if path.is_file() else None
 
 
 def _check_model(node: Any, path: str, schema: type) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from specresearch.errors import SpecResearchError, write_problem
-from specresearch.options import make
+from specresearch.options import implements, make
 from specresearch.options import tracking as options
 from specresearch.records import (
     HASH_TAG,
@@ -81,9 +81,15 @@ class Tracker(Protocol):
     def browse_hint(self) -> str | None: ...
     def check(self) -> None: ...  # raise SpecResearchError when results could not be recorded (before anything runs)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        implements(cls)  # its Settings' option builds it (tracker=NAME)
 
-class NullTracker:
+
+class NullTracker(Tracker):
     """Records nothing (tests, quick tries)."""
+
+    Settings = options.NoTracker
 
     def __init__(self, **_):
         pass
@@ -124,7 +130,7 @@ EXPERIMENT_TAGS = {
 }
 
 
-class MLflowTracker:
+class MLflowTracker(Tracker):
     """MLflow on a local sqlite store, artifacts beside it under an absolute path; or on a tracking
     server (`uri`), which a sweep's jobs on other machines (Ray) can reach.
 
@@ -135,8 +141,10 @@ class MLflowTracker:
             `store`. Inside a sweep a job records where its parent run is.
     """
 
+    Settings = options.MLflow
+
     def __init__(self, **given):
-        s = self.settings = make(options.MLflow, given)
+        s = self.settings = make(self.Settings, given)
         self.store = Path(s.store).expanduser().resolve()
         self.experiment = s.experiment
         self.local = not s.uri

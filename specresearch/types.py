@@ -4,43 +4,13 @@ which method ran."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from numbers import Integral, Real
 
 import torch
 from torch import Tensor
 
-from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How target and draft logits become distributions; applied identically to p, q and the baseline."""
-
-    temperature: float = 0.0  # 0 = greedy (one-hot argmax); > 0 = sample from softmax(logits / T)
-    top_k: int = 0  # keep the k most likely tokens; 0 = off
-    top_p: float = 1.0  # keep the smallest set with mass >= top_p; 1 = off
-
-    def __post_init__(self):
-        # Refused here, not at use: softmax(logits / -1) samples the unlikeliest tokens and a run would
-        # still be recorded FINISHED; top_p = 0 keeps no token (torch.multinomial fails mid-run).
-        t, k, p = self.temperature, self.top_k, self.top_p
-        if not (_number(t) and math.isfinite(t) and t >= 0):
-            raise SpecResearchError(f"sampling.temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if not (isinstance(k, Integral) and not isinstance(k, bool) and k >= 0):
-            raise SpecResearchError(f"sampling.top_k must be an integer >= 0 (0 = off), got {k!r}")
-        if not (_number(p) and 0 < p <= 1):
-            raise SpecResearchError(f"sampling.top_p must lie in (0, 1] (1 = off), got {p!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-def _number(x) -> bool:
-    return isinstance(x, Real) and not isinstance(x, bool)
+from specresearch.options.runs import SamplingParams  # noqa: F401  (the engine's sampling settings are the run's)
 
 
 @dataclass

@@ -116,15 +116,15 @@ def test_eval_configs_name_a_known_task(name):
 def test_conf_is_found_beside_the_package_or_inside_it_and_a_leftover_folder_is_not_taken(tmp_path, monkeypatch):
     """A checkout holds conf/ beside the package, a wheel inside it; a checkout's old
     specresearch/conf/ that git left behind (only __pycache__) must not hide the real one."""
-    from specresearch import config
+    from specresearch.options import conf
 
     (tmp_path / "specresearch" / "conf" / "__pycache__").mkdir(parents=True)
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "config.yaml").write_text("defaults: []\n")
-    monkeypatch.setattr(config, "__file__", str(tmp_path / "specresearch" / "config.py"))
-    assert config._project_folder("conf", "config.yaml") == tmp_path / "conf"  # a checkout, with a leftover
+    monkeypatch.setattr(conf, "__file__", str(tmp_path / "specresearch" / "options" / "conf.py"))
+    assert conf.project_folder("conf", "config.yaml") == tmp_path / "conf"  # a checkout, with a leftover
     (tmp_path / "specresearch" / "conf" / "config.yaml").write_text("defaults: []\n")
-    assert config._project_folder("conf", "config.yaml") == tmp_path / "specresearch" / "conf"  # a wheel
+    assert conf.project_folder("conf", "config.yaml") == tmp_path / "specresearch" / "conf"  # a wheel
 
 
 @pytest.mark.parametrize("overrides, error", [

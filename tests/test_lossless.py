@@ -50,8 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from hydra.utils import get_class, instantiate
-from omegaconf import OmegaConf
+from hydra.utils import get_class
 from scipy import stats as st
 
 from specresearch.build import build_engine
@@ -59,13 +58,15 @@ from specresearch.drafters.tree import TreeDrafter, TreeShape
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
+from specresearch.options import target
+from specresearch.options.groups import OPTIONS
 from specresearch.sampling import logits_to_probs
 from specresearch.stats.battery import noncentrality
 from specresearch.stats.exact import draft_first_token_law, normalised, root_children, total_variation
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import RejectionVerifier
 
-from .conftest import CONF_DIR, LANDING, LANDING_START, PLAIN, REJECTING, REPEATING, at_temperature, drafter_cfg, landing_next
+from .conftest import LANDING, LANDING_START, PLAIN, REJECTING, REPEATING, at_temperature, drafter_cfg, landing_next
 from .draws import enumerated
 
 T1 = SamplingParams(temperature=1.0)
@@ -81,27 +82,23 @@ ALPHA, POWER, TV, BINS = 1e-3, 0.8, 0.05, 10
 N = math.ceil(noncentrality(BINS - 1, ALPHA, POWER) / (4 * TV**2))
 
 
-def _options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-
-
 def _modes() -> list[tuple[str, str, tuple[str, ...]]]:
-    """Each drafter option's modes; an option whose class an option before it has is a preset of it
-    (drafter=plain_chain: the independent drafter's "plain chain" mode), whose modes are proven there."""
+    """Each drafter option's modes (the registry's: the package's options and any defined before collection);
+    an option whose class an option before it has is a preset of it (drafter=plain_chain: the independent
+    drafter's "plain chain" mode), whose modes are proven there."""
     out, seen = [], set()
-    for name in _options("drafter"):
-        target = OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")._target_
-        if target not in seen:
-            seen.add(target)
-            out += [(name, mode, overrides) for mode, overrides in get_class(target).modes.items()]
+    for name, schema in OPTIONS["drafter"].items():
+        if target(schema) not in seen:
+            seen.add(target(schema))
+            out += [(name, mode, overrides) for mode, overrides in get_class(target(schema)).modes.items()]
     return out
 
 
 def _lossless(sampling: SamplingParams) -> list[str]:
-    """The verifiers of conf/verifier that claim to be lossless and run with these sampling settings."""
+    """The verifier options (the registry's) that claim to be lossless and run with these sampling settings."""
     out = []
-    for name in _options("verifier"):
-        verifier = instantiate(OmegaConf.load(CONF_DIR / "verifier" / f"{name}.yaml"))
+    for name, schema in OPTIONS["verifier"].items():
+        verifier = get_class(target(schema))()
         try:
             verifier.check(sampling)
         except SpecResearchError:

@@ -10,11 +10,12 @@ import torch
 from specresearch.build import build_engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import load_model
+from specresearch.options.groups import OPTIONS
 from specresearch.target import StaticSlots, Target
 
 from .conftest import PLAIN, REPEATING, drafter_cfg, make_cfg
 from .helpers import tiny_engine
-from .test_lossless import _modes, _options
+from .test_lossless import _modes
 
 PROMPTS = [REPEATING, PLAIN]
 
@@ -42,7 +43,7 @@ def test_static_cache_decodes_what_the_dynamic_one_does(drafter, overrides, tmp_
 
 
 @pytest.mark.e2e  # torch.compile's graphs: long
-@pytest.mark.parametrize("drafter", _options("drafter"))
+@pytest.mark.parametrize("drafter", sorted(OPTIONS["drafter"]))
 def test_a_compiled_engine_decodes_what_the_eager_one_does(drafter, tmp_path):
     """model.compile=true (inductor on the CPU; target and draft model compiled) against the eager static
     engine, every drafter of conf/drafter in its default mode: the same greedy tokens at fp32."""

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor
 
+from specresearch.options import drafters as options
+from specresearch.options import implements
 from specresearch.sampling import logits_to_probs, ranking_probs, sample
 from specresearch.types import Draft, SamplingParams, Siblings, Verdict
 
@@ -43,13 +45,7 @@ class Drafter(ABC):
     """
 
     name: str
-    # The draft length, for drafters that draft a chain of k tokens per step: plain config that the
-    # engine's DraftLength policy is built from (k at the start of every sequence, then fixed or
-    # transformers' heuristic within [1, k_max]). k = 0: no policy (the baseline; trees and n-gram pools,
-    # which size their drafts themselves).
-    k: int = 0
-    k_policy: str = "fixed"
-    k_max: int | None = None  # None = 4 k
+    settings: options.Drafter  # its settings (`make(Settings, given)`), read where they are used, never copied
     depth: int = 0  # trees: the longest path a draft may have (their k stays 0)
     needs_hidden: bool = False  # the engine passes the target's hidden states in Context.hidden
     # Weights trained by specresearch.train: their checkpoint and its record of the prompts that trained
@@ -67,6 +63,24 @@ class Drafter(ABC):
     modes: ClassVar[dict[str, tuple[str, ...]]] = {"default": ()}
     draft_forwards: int = 0  # forwards of a draft model over the drafter's life, one per row they drafted for (0: model-free)
     row_forwards: list[int]  # each row's draft forwards since its prefill (`count`)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        implements(cls)  # a drafter declares its settings (`Settings = options.NAME`): drafter=NAME builds it
+
+    def draft_length(self) -> options.DraftLength | None:
+        """The settings of the chain a drafter drafts each step (k, k_policy, k_max: what the engine's
+        DraftLength policy is built from: k at the start of every sequence, then fixed or transformers'
+        heuristic within [1, k_max]); None for drafters that size their drafts themselves (the baseline,
+        trees, n-gram pools)."""
+        settings = getattr(self, "settings", None)
+        return settings if isinstance(settings, options.DraftLength) else None
+
+    @property
+    def k(self) -> int:
+        """Draft tokens per step (the first step's under the heuristic); 0 without a draft length."""
+        length = self.draft_length()
+        return length.k if length is not None else 0
 
     def check(self, sampling: SamplingParams) -> None:
         """Raise SpecResearchError if this drafter cannot run with these sampling settings."""

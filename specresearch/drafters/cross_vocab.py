@@ -67,7 +67,7 @@ class CrossVocabDrafter(Drafter):
         self.confidence, self.chain_confidence = s.confidence or 0.0, s.chain_confidence or 0.0
         if model is None:
             raise SpecResearchError("drafter=cross_vocab needs a draft model: set drafter.model.name")
-        self.k, self.k_policy, self.k_max, self.mode = s.k, s.k_policy, s.k_max, s.mode
+        self.mode = s.mode
         self.lookup, self.siblings = s.lookup, Siblings(s.siblings, s.sibling_confidence)
         mode = s.mode
         if isinstance(model, LoadedModel):
@@ -111,24 +111,19 @@ class CrossVocabDrafter(Drafter):
         begun = [self._begin(ctx, ids) for ctx, ids in zip(ctxs, self.ids)]
         self.draft.truncate_rows([len(ids) if start is None else start[1] for ids, start in zip(self.ids, begun)])
         contexts = [[] if start is None else start[0] for start in begun]
-        pending = [[] if start is None else context[start[1] :] for context, start in zip(contexts, begun)]  # [>= 1] per drafting row
         chains = [None if start is None else self._chain(ctx) for ctx, start in zip(ctxs, begun)]
         drafted: list[list[int]] = [[] for _ in ctxs]  # each row's chain in the draft's tokens
-        live = [start is not None for start in begun]
-        while any(live):
-            guesses = [self._guess(context + chain, ctx.max_draft - len(chain) - 1) if on else []
-                       for ctx, context, chain, on in zip(ctxs, contexts, drafted, live)]  # [G_b] draft tokens
-            fed = [torch.tensor(tokens + guess if on else [], dtype=torch.long, device=self.draft.device)
-                   for tokens, guess, on in zip(pending, guesses, live)]
-            logits = self.draft.forward_rows(fed, [None] * len(fed))  # [n_b, V_d or S] per row
-            self.count(b for b, on in enumerate(live) if on)
-            kept = [range(0)] * len(ctxs)  # per row, the fed tokens its cache keeps
-            for b, ctx in enumerate(ctxs):
-                if live[b]:
-                    n = len(pending[b])
-                    i, done = self._walk(ctx, chains[b], logits[b][n - 1 :], guesses[b], drafted[b])
-                    live[b], kept[b], pending[b] = not done, range(n + i), drafted[b][-1:]  # guesses[b][:i] became the chain's
-            self.draft.keep_rows(kept)
+        # each row's draft tokens its cache has not seen: [>= 1] where it drafts, else [0]
+        pending = [self._tokens([] if start is None else context[start[1] :]) for context, start in zip(contexts, begun)]
+
+        def guess(b: int) -> Tensor:  # [G_b] draft tokens
+            return self._tokens(self._guess(contexts[b] + drafted[b], ctxs[b].max_draft - len(drafted[b]) - 1))
+
+        def walk(b: int, logits: Tensor, guessed: Tensor) -> tuple[int, Tensor, bool]:
+            i, done = self._walk(ctxs[b], chains[b], logits, guessed.tolist(), drafted[b])
+            return i, self._tokens(drafted[b][-1:]), done
+
+        self.draft.draft_chains(pending, guess, walk, self.count)
         for b, start in enumerate(begun):
             if start is not None:
                 self.ids[b] = contexts[b] + drafted[b][:-1]  # the last token was not fed
@@ -175,6 +170,10 @@ class CrossVocabDrafter(Drafter):
             return chain.draft()
         tokens = torch.tensor(self.bridge.to_target(drafted)[: ctx.max_draft], dtype=torch.long)
         return Draft(tokens=tokens.to(ctx.tokens.device), q=None)
+
+    def _tokens(self, ids: list[int]) -> Tensor:
+        """[n] draft token ids, on the draft's device."""
+        return torch.tensor(ids, dtype=torch.long, device=self.draft.device)
 
     def _guess(self, tokens: list[int], want: int) -> list[int]:
         """Prompt lookup's continuation (at most min(lookup, want) draft tokens) of `tokens`' last n-gram."""

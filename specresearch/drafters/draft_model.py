@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor
@@ -67,6 +67,35 @@ class DraftModel(Target):
     def forward_rows(self, fed, parents, head=None, tree: int | None = None) -> list[Tensor]:
         """Target.forward_rows, scored by the shortlist's head when there is one: [n_b, N] logits per row."""
         return super().forward_rows(fed, parents, head=head if head is not None else self.head, tree=tree)
+
+    def draft_chains(self, pending: list[Tensor], guess: Callable[[int], Tensor],
+                     walk: Callable[[int, Tensor, Tensor], tuple[int, Tensor, bool]], count: Callable[[Iterable[int]], None]) -> None:
+        """The chain drafters' loop (independent, self_draft, cross_vocab): one forward per level for every
+        row still drafting (ragged rows, each in its own slots of the cache), until no row is.
+
+        Args:
+            pending: each row's tokens not yet fed ([n_b] >= 1; [0]: the row drafts nothing this step).
+            guess: guess(b) is row b's prompt-lookup guess for this level ([G_b], maybe [0]), fed after its
+                pending tokens so that one forward drafts the tokens the draft agrees with.
+            walk: walk(b, logits, guess) reads the draft's laws after the pending tokens and each prefix of the
+                guess (logits [G_b + 1, V or N]), adds the row's tokens to its chain and returns (i, pending,
+                done): the guess's first i tokens became the chain's (the cache keeps them), the row's next
+                pending tokens ([1]: its last drafted token, not fed yet), and whether its chain is drafted.
+            count: count(rows) records one draft forward of those rows (Drafter.count).
+        """
+        live = [tokens.numel() > 0 for tokens in pending]
+        while any(live):
+            guesses = [guess(b) if on else pending[b][:0] for b, on in enumerate(live)]  # [G_b]
+            fed = [torch.cat([tokens, g]) if on else tokens[:0] for tokens, g, on in zip(pending, guesses, live)]
+            logits = self.forward_rows(fed, [None] * len(fed))  # [n_b, V or N] per row
+            count(b for b, on in enumerate(live) if on)
+            kept = [range(0)] * len(pending)  # per row, the fed tokens its cache keeps
+            for b, on in enumerate(live):
+                if on:
+                    n = pending[b].numel()
+                    i, pending[b], done = walk(b, logits[b][n - 1 :], guesses[b])
+                    live[b], kept[b] = not done, range(n + i)
+            self.keep_rows(kept)
 
     def token(self, x: int) -> int:
         """The token id of index `x` of this draft's logits."""

@@ -163,12 +163,10 @@ class EagleDrafter(Drafter):
         """
         s = self.settings = make(self.Settings, given)
         checkpoint, vocab, vocab_corpus, cache_dir = s.checkpoint, s.vocab, s.vocab_corpus, s.cache_dir
-        self.shape = TreeShape(None, s.topk, s.depth, s.nodes, s.children, None) if s.tree else None
+        self.shape = TreeShape(s) if s.tree else None
         if self.shape is not None:
             self.shape.sizer = sizer(s.shape, target, self.shape)
             self.depth = self.shape.depth
-        else:
-            self.k, self.k_policy, self.k_max = s.k, s.k_policy, s.k_max  # the engine's DraftLength reads them
         if head is None:
             path = find_checkpoint("eagle", target.name, checkpoint, eagle_path(target.name, cache_dir))
             head, meta = EagleHead.load(path, target.model.config)
@@ -282,6 +280,10 @@ class EagleDrafter(Drafter):
             **{rate_name("held_out", l, corpus): a for corpus, accs in held.items() for l, a in enumerate(accs)},
             **{rate_name("train", l): a for l, a in enumerate(fit)},
         }
+
+    def draft_length(self):
+        """A chain's k, k_policy and k_max; None for a tree (it sizes its drafts itself)."""
+        return None if self.shape is not None else super().draft_length()
 
     def check(self, sampling: SamplingParams) -> None:
         if self.shape is not None:

@@ -67,7 +67,6 @@ class IndependentDrafter(Drafter):
         s = self.settings = make(self.Settings, given)
         if model is None:
             raise SpecResearchError("drafter=independent needs a draft model: set drafter.model.name")
-        self.k, self.k_policy, self.k_max = s.k, s.k_policy, s.k_max  # the engine's DraftLength reads them
         self.confidence, self.chain_confidence, self.lookup = s.confidence, s.chain_confidence, s.lookup
         self.siblings = Siblings(s.siblings, s.sibling_confidence)
         self._chains: list[tuple[int, Chain]] = []  # each row's (context length, chain) of the last step
@@ -85,33 +84,22 @@ class IndependentDrafter(Drafter):
         scored = self.confidence is not None or self.chain_confidence is not None
         chains = [Chain(ctx, self.draft.shortlist, self.siblings, scored) for ctx in ctxs]
         self._chains = [(ctx.tokens.numel(), chain) for ctx, chain in zip(ctxs, chains)]
-        pending = [ctx.tokens[n:] for ctx, n in zip(ctxs, self.draft.lengths)]  # [1], or [2] after a fully accepted step
-        live = [ctx.max_draft > 0 for ctx in ctxs]
-        while any(live):
-            guesses = [self._guess(ctx, chain) if on else ctx.tokens[:0] for ctx, chain, on in zip(ctxs, chains, live)]  # [G_b]
-            fed = [torch.cat([tokens, guess]) if on else tokens[:0] for tokens, guess, on in zip(pending, guesses, live)]
-            logits = self.draft.forward_rows(fed, [None] * len(fed))  # [n_b, V or N] per row
-            self.count(b for b, on in enumerate(live) if on)
-            kept = [range(0)] * len(ctxs)  # per row, the fed tokens its cache keeps
-            for b, (ctx, chain) in enumerate(zip(ctxs, chains)):
-                if not live[b]:
-                    continue
-                n = pending[b].numel()
-                i, x, done = self._walk(ctx, chain, logits[b][n - 1 :], guesses[b])
-                live[b], kept[b], pending[b] = not done, range(n + i), x[None]  # guesses[b][:i] became the chain's (x is pending)
-            self.draft.keep_rows(kept)
+        # each row's tokens its draft has not seen: [1], or [2] after a fully accepted step; [0] where it drafts nothing
+        pending = [ctx.tokens[n:] if ctx.max_draft > 0 else ctx.tokens[:0] for ctx, n in zip(ctxs, self.draft.lengths)]
+        self.draft.draft_chains(pending, lambda b: self._guess(ctxs[b], chains[b]),
+                                lambda b, logits, guess: self._walk(ctxs[b], chains[b], logits, guess), self.count)
         return [chain.draft() for chain in chains]
 
     def _walk(self, ctx: Context, chain: Chain, logits: Tensor, guess: Tensor) -> tuple[int, Tensor, bool]:
         """Add the draft's token of each row of `logits` ([G + 1, V or N]; row i: the draft's law after the
-        pending tokens and guess[:i]) to the chain while it repeats the guess. Returns (i, the last token
+        pending tokens and guess[:i]) to the chain while it repeats the guess. Returns (i, [1] the last token
         added, whether the chain is drafted): guess[:i] became the chain's."""
         for i, row in enumerate(logits):
             x = chain.add(row)
             done = self._done(ctx, chain)
             if done or i == guess.numel() or x != guess[i]:
                 break
-        return i, x, done
+        return i, x[None], done
 
     def _done(self, ctx: Context, chain: Chain) -> bool:
         """Whether the chain is drafted: it reached the step's draft length, or a confidence stop fired."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from specresearch.drafters.base import Context, Drafter
+from specresearch.options import drafters as options
 from specresearch.types import Draft
 
 
 class NoDrafter(Drafter):
     """Proposes nothing, so each step is one target forward and one sampled token: the baseline."""
 
-    k = 0
+    Settings = options.NoDrafter
     name = "none"
 
     def __init__(self, target=None, **_):

@@ -32,7 +32,6 @@ class PromptLookupDrafter(Drafter):
         """
         s = self.settings = make(self.Settings, given)
         self.max_ngram, self.min_ngram, self.match = s.max_ngram, s.min_ngram, s.match
-        self.k, self.k_policy, self.k_max = s.k, s.k_policy, s.k_max  # the engine's DraftLength reads them
 
     def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
         """Every row's draft from one lookup of all rows (`lookup_rows`)."""

@@ -111,7 +111,7 @@ class Sizer:
 def sizer(shape: str | None, target: LoadedModel, tree: TreeShape) -> Sizer | None:
     """The Sizer `drafter.shape` asks for (None: the tree keeps up to `nodes` nodes; the settings refused
     a shape that cannot be lossless or has nothing to size)."""
-    return None if shape is None else Sizer.measure(target, tree.nodes)
+    return None if shape is None else Sizer.measure(target, tree.settings.nodes)
 
 
 @dataclass
@@ -137,26 +137,24 @@ class TreeShape:
     would hardly reach. Lossless: whether a level is expanded depends on the nodes above it only.
     """
 
-    branching: list[int] | None  # the settings' (options.drafters.Tree, checked there), as the drafter got them
-    topk: int
-    depth: int
-    nodes: int
-    children: str
-    chain_confidence: float | None
+    # A tree drafter's settings (options.drafters.Tree: static with `branching`, the path-probability stop) or
+    # EAGLE's (options.drafters.Eagle: dynamic, no stop), checked there: topk, depth, nodes, children.
+    settings: options.DynamicTree
     sizer: Sizer | None = None  # shape=auto: how many of the (at most `nodes`) best nodes each step keeps
 
     def __post_init__(self):
-        self.branching = None if self.branching is None else [int(b) for b in self.branching]
-        self.topk, self.nodes = int(self.topk), int(self.nodes)
-        self.depth = len(self.branching) if self.branching is not None else int(self.depth)  # the longest path
+        branching = getattr(self.settings, "branching", None)
+        self.branching = None if branching is None else [int(b) for b in branching]  # None: dynamic
+        self.depth = len(self.branching) if self.branching is not None else int(self.settings.depth)  # the longest path
+        self.chain_confidence: float | None = getattr(self.settings, "chain_confidence", None)
 
     @property
     def most(self) -> int:
         """The most nodes a tree of this shape holds: a static tree's every node, else `nodes`."""
-        return self.nodes if self.branching is None else sum(math.prod(self.branching[: i + 1]) for i in range(self.depth))
+        return self.settings.nodes if self.branching is None else sum(math.prod(self.branching[: i + 1]) for i in range(self.depth))
 
     def check(self, sampling: SamplingParams) -> None:
-        if self.children == "sample" and sampling.greedy:
+        if self.settings.children == "sample" and sampling.greedy:
             raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; "
                                     "use children=top for greedy decoding")
 
@@ -192,8 +190,8 @@ class TreeShape:
             sampling = ctxs[live[0]].sampling
             laws = ranking_probs(torch.cat([logits[b] for b in live]), sampling)  # [ΣW, V or N]: q at T > 0; at T = 0 the softmax ranks
             sizes = [len(frontier[b]) for b in live]
-            width = self.branching[level] if self.branching is not None else self.topk
-            if self.children == "sample":  # [ΣW, width] each frontier node's children, each row's from its own generator
+            width = self.branching[level] if self.branching is not None else self.settings.topk
+            if self.settings.children == "sample":  # [ΣW, width] each frontier node's children, each row's from its own generator
                 xs = torch.cat([torch.multinomial(rows, width, replacement=True, generator=ctxs[b].rng)
                                 for b, rows in zip(live, laws.split(sizes))])
             else:
@@ -206,7 +204,7 @@ class TreeShape:
                 tree, new = nodes[b], []
                 for w, parent in enumerate(frontier[b]):
                     base = tree[parent][3] if parent >= 0 else 0.0
-                    q = widen(laws[at + w]) if self.children == "sample" else None  # [V] the law the children were drawn from
+                    q = widen(laws[at + w]) if self.settings.children == "sample" else None  # [V] the law the children were drawn from
                     for x, log in zip(xs[at + w], log_q[at + w]):
                         if log > -math.inf:
                             new.append(len(tree))
@@ -217,7 +215,7 @@ class TreeShape:
                 if self.chain_confidence is not None and max(tree[i][3] for i in new) < math.log(self.chain_confidence):
                     continue  # no path of this level is likely enough to grow further
                 if self.branching is None:  # EAGLE-2: expand only the level's best
-                    new = sorted(new, key=lambda i: -tree[i][3])[: self.topk]
+                    new = sorted(new, key=lambda i: -tree[i][3])[: self.settings.topk]
                 for i in new:
                     fed[b][i] = len(fed[b])
                 frontier[b] = new
@@ -231,12 +229,12 @@ class TreeShape:
 
     def _budget(self, nodes: list[tuple[int, int, Tensor | None, float]], started: float) -> Nodes:
         """A grown tree cut to its budget (dynamic trees: `nodes`, or the sizer's size), as (token, parent, q) nodes."""
-        if self.branching is None and (len(nodes) > self.nodes or self.sizer is not None):
-            budget = min(self.nodes, len(nodes))
+        if self.branching is None and (len(nodes) > self.settings.nodes or self.sizer is not None):
+            budget = min(self.settings.nodes, len(nodes))
             if self.sizer is not None:  # children are top here (shape=auto refuses sampled ones)
                 best = sorted((s for *_, s in nodes), reverse=True)[:budget]
                 budget = self.sizer.size([math.exp(s) for s in best], time.perf_counter() - started)
-            keep = self._budget_sampled(nodes) if self.children == "sample" else self._budget_top(nodes, budget)
+            keep = self._budget_sampled(nodes) if self.settings.children == "sample" else self._budget_top(nodes, budget)
             new_index = {old: new for new, old in enumerate(keep)}
             nodes = [(t, new_index.get(p, -1), q, s) for t, p, q, s in (nodes[i] for i in keep)]
         return [(t, p, q) for t, p, q, _ in nodes]
@@ -245,7 +243,7 @@ class TreeShape:
         """EAGLE-2's reranking: the `budget` (default `nodes`) best by cumulative draft log-probability
         (a parent scores at least as high as its children, so the set is a tree). Lossless for top
         children: they are deterministic, and any choice of them is."""
-        return sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i][3], i))[: self.nodes if budget is None else budget])
+        return sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i][3], i))[: self.settings.nodes if budget is None else budget])
 
     def _budget_sampled(self, nodes: list) -> list[int]:
         """The budget for sampled children, kept lossless: whole sibling groups, breadth first (by the
@@ -267,7 +265,7 @@ class TreeShape:
         for parent in order:
             if parent >= 0 and parent not in kept:
                 continue
-            room = self.nodes - len(kept)
+            room = self.settings.nodes - len(kept)
             kept.update(groups[parent][:room])
             if room <= len(groups[parent]):
                 break
@@ -330,7 +328,7 @@ class TreeDrafter(Drafter):
         s = self.settings = make(self.Settings, given)
         if model is None:
             raise SpecResearchError("drafter=tree needs a draft model: set drafter.model.name")
-        self.shape = TreeShape(s.branching, s.topk, s.depth, s.nodes, s.children, s.chain_confidence)
+        self.shape = TreeShape(s)
         check_fits(target, self.shape.most, "drafter.nodes" if s.branching is None else "drafter.branching")  # before sizer measures
         self.shape.sizer = sizer(s.shape, target, self.shape)
         self.depth = self.shape.depth
@@ -348,7 +346,7 @@ class TreeDrafter(Drafter):
     def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
         depths = [min(self.depth, ctx.max_draft) for ctx in ctxs]
         grown = [self._grow(draft, ctxs, depths) for draft in self.drafts]  # per draft model, per row
-        device, merge = ctxs[0].tokens.device, self.shape.children == "top"
+        device, merge = ctxs[0].tokens.device, self.settings.children == "top"
         return [tree_draft([trees[b] for trees in grown], device, merge) if depth > 0 else Draft.empty(device)
                 for b, depth in enumerate(depths)]
 

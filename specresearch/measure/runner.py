@@ -22,8 +22,10 @@ from specresearch.measure.equivalence import AUTO_MAX, baseline_cache, equivalen
 from specresearch.measure.results import Results, format_table
 from specresearch.metrics import first_divergence
 from specresearch.models import check_model_files, check_tiny_args, machine_tags
+from specresearch.options.drafters import Heads
 from specresearch.records import HEADLINE_SECTION, PromptStep, flatten, headline, json_text, prefixed
 from specresearch.seeding import stream_seed
+from specresearch.settings import built_by
 from specresearch.stats import samples_for_tv
 from specresearch.stats.distortion import check as check_distortion
 from specresearch.stats.distortion import continuations, distortion
@@ -176,12 +178,12 @@ def check_run(cfg: DictConfig) -> list[Prompt]:
                                     f"{length + cfg.max_new_tokens} positions, but the tiny model has {limit} "
                                     f"({path}.tiny.max_position_embeddings): {room}")
     drafter = cfg.get("drafter") or {}
-    if drafter.get("checkpoint"):  # medusa, eagle: the files now, not after the models load
+    schema = built_by("drafter", drafter.get("_target_")) if drafter.get("checkpoint") else None
+    if schema is not None and issubclass(schema, Heads):  # medusa, eagle: the files now, not after the models load
         from specresearch.drafters.checkpoints import check_checkpoint
         from specresearch.drafters.medusa import SHAPE_KEYS
 
-        medusa = "medusa" in str(drafter.get("_target_", "")).lower()
-        check_checkpoint("medusa" if medusa else "eagle", Path(str(drafter.checkpoint)).expanduser(), keys=SHAPE_KEYS if medusa else ())
+        check_checkpoint(schema.heads, Path(str(drafter.checkpoint)).expanduser(), keys=SHAPE_KEYS if schema.heads == "medusa" else ())
     sc = cfg.get("stats")
     if sc is not None and sc.samples and cfg.sampling.temperature > 0:  # the battery runs
         if sc.prompts > len(prompts):

@@ -2,17 +2,19 @@
 model, a tracker) or config node, whose fields hold each setting's type, default and one-line
 description (`setting`), and whose `check(path)` holds its ranges, the rules that need no model.
 
-The classes the options configure name their dataclass (`IndependentDrafter.Settings`), and a
-dataclass names its class by `_target_`, as conf/ does. Constructors take the settings (`make`);
-conf/GROUP/NAME.yaml is generated from the dataclasses (specresearch.options.conf; a test holds the
-files to it); `specresearch.settings` checks a composed config against them; `--help` and the docs'
+An option is registered where it is written: a dataclass with an `option` name joins REGISTRY (its
+group's options), and the class it configures names it (`IndependentDrafter.Settings`), which binds the
+option's `_target_` to that class (`implements`, called by the drafters', verifiers' and trackers' bases):
+no list of options and no class path written by hand. Constructors take the settings (`make`);
+conf/GROUP/NAME.yaml is generated from the dataclasses (`python -m specresearch.config`; a test holds the
+files to them); `specresearch.settings` checks a composed config against them; `--help` and the docs'
 option tables read the descriptions.
 
 Stdlib only (no OmegaConf, no torch): the core imports it, and a config is refused in a fraction of a
 second, before torch loads.
 
 - `models`: the `model` group and the drafters' own models;
-- `drafters`, `verifiers`, `tracking`: the `_target_` groups;
+- `drafters`, `verifiers`, `tracking`: the groups whose options build a class (`builds`: Hydra's `_target_`);
 - `runs`: the rest of a run (dataset, sampling, eval, stats, the top level, training).
 """
 
@@ -20,12 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import MISSING as NO_DEFAULT
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any, ClassVar
 
 from specresearch.errors import SpecResearchError
 
 MISSING = "???"  # a node's value that is absent (OmegaConf's MISSING): a range check passes it by
+# group -> option -> its settings dataclass, in the order they are declared: every dataclass with an `option`
+# (Options.__init_subclass__), the package's and any module's that defines one (a drafter in a test module).
+REGISTRY: dict[str, dict[str, type]] = {}
 
 
 def setting(default: Any = NO_DEFAULT, doc: str = "", *, factory: Any = NO_DEFAULT, extra: bool = False,
@@ -46,16 +51,16 @@ def doc(schema: type, name: str) -> str:
     return schema.__dataclass_fields__[name].metadata.get("doc", "")
 
 
-@dataclass
 class Options:
-    """The base of every settings dataclass.
+    """The base of every settings dataclass (not one itself, so that a subclass may be frozen: SamplingParams).
 
     A subclass may give settings it inherits other defaults, without declaring them again:
     `class PromptLookup(DraftLength, defaults={"k": 10})`.
     """
 
     group: ClassVar[str] = ""  # the config group (drafter, verifier, ...): the path its errors name
-    option: ClassVar[str] = ""  # its name in the group: conf/GROUP/OPTION.yaml
+    option: ClassVar[str] = ""  # its name in the group: conf/GROUP/OPTION.yaml; set: the option is registered
+    builds: ClassVar[bool] = False  # its options build a class (`_target_`: the class that names them `Settings`)
     # Why a default of this option is what it is, one line per setting: the measurement that chose it (the
     # prompts, the machine, the speedup, the results page) or the source it follows. This class's own, never
     # inherited: a subclass that gives a setting another default says why itself (`chosen`).
@@ -74,9 +79,36 @@ class Options:
                 if dataclasses.is_dataclass(value) else {"default": value}
             setattr(cls, name, field(**kind, metadata=inherited.metadata))
         cls.__annotations__ = own
+        if cls.__dict__.get("option"):
+            known = REGISTRY.setdefault(cls.group, {}).get(cls.option)
+            if known is not None and _path(known) != _path(cls):
+                raise TypeError(f"{_path(cls)}: {cls.group}={cls.option} is {_path(known)} already; choose another option name")
+            REGISTRY[cls.group][cls.option] = cls
 
     def check(self, path: str) -> None:
         """Refuse values out of range (SpecResearchError): the rules that need no model."""
+
+
+def _path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def implements(cls: type) -> None:
+    """Bind class `cls` to the settings it declares as its own (`cls.Settings`): their option's `_target_`
+    is `cls`'s import path from now on. The drafters', verifiers' and trackers' bases call it for every
+    subclass, so a class is registered where it is written."""
+    schema = cls.__dict__.get("Settings")
+    if schema is None:
+        return
+    bound = schema.__dict__.get("_class")
+    if bound is not None and bound != _path(cls):
+        raise TypeError(f"{_path(cls)} declares {schema.__name__} as its Settings, which {bound} declares already")
+    schema._class = _path(cls)
+
+
+def target(schema: type) -> str | None:
+    """The import path of the class an option builds (its `_target_`), once that class is defined (`implements`)."""
+    return schema.__dict__.get("_class")
 
 
 def chosen(schema: type) -> dict[str, str]:

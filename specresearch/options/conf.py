@@ -1,12 +1,12 @@
 """conf/GROUP/OPTION.yaml of every config group (model, drafter, verifier, tracker, dataset, sampling,
-eval) and the docs' page of
-every option's settings (docs/options.md), written from the settings dataclasses: their defaults,
-descriptions and docstrings; `specresearch --settings GROUP=OPTION` prints one option's. The files are
-what users read and Hydra composes; the dataclasses are where a setting is declared. A test holds the
-files to them:
+eval) and the docs' page of every option's settings (docs/options.md), written from the settings
+dataclasses: their defaults, descriptions and docstrings, and the class each option builds (`_target_`:
+the class that declares the option's settings, `specresearch.options.implements`); `specresearch
+--settings GROUP=OPTION` prints one option's. The files are what users read and Hydra composes; the
+dataclasses are where a setting is declared. A test holds the files to them:
 
-    python -m specresearch.options.conf           # rewrite conf/ and docs/options.md of this checkout
-    python -m specresearch.options.conf --check   # exit 1 naming the stale files
+    python -m specresearch.config           # rewrite conf/ and docs/options.md of this checkout
+    python -m specresearch.config --check   # exit 1 naming the stale files
 """
 
 from __future__ import annotations
@@ -21,22 +21,36 @@ from pathlib import Path
 from typing import Any
 
 from specresearch.errors import SpecResearchError
-from specresearch.options import MISSING, chosen
+from specresearch.options import MISSING, chosen, target
 from specresearch.options.groups import OPTIONS, PRESETS
+
+
+def project_folder(name: str, marker: str) -> Path:
+    """A folder of the project's top level (conf, experiments): inside the package in a wheel, beside it
+    in a checkout. Found by a file it holds (`marker`), so that a leftover folder of the same name (a
+    checkout's old specresearch/conf/__pycache__, which git leaves behind) is not taken for it."""
+    package = Path(__file__).resolve().parents[1]
+    return package / name if (package / name / marker).is_file() else package.parent / name
+
+
+CONF_DIR = project_folder("conf", "config.yaml")
 
 COLUMN = 30  # where the descriptions start (longer lines push theirs one space further)
 WIDTH = 120  # a header comment's width
 
 
 def render(schema: type, values: Any = None, title: str | None = None) -> str:
-    """The YAML of one option: a header from `title` (default: the docstring), `_target_` if the
-    schema has one, then each setting (`values`' or the defaults) with its description."""
+    """The YAML of one option: a header from `title` (default: the docstring), `_target_` if its group's
+    options build a class (the class that declares `schema` its Settings, defined by now), then each
+    setting (`values`' or the defaults) with its description."""
     values = values if values is not None else schema()
     title = title or " ".join((schema.__doc__ or "").split())
     lines = [f"# {line}" for line in textwrap.wrap(title, WIDTH - 2)]
-    target = getattr(values, "_target_", None)
-    if target:
-        lines.append(f"_target_: {target}")
+    if schema.builds:
+        if target(schema) is None:
+            raise SpecResearchError(f"{schema.group}={schema.option}: no class declares {schema.__name__} its Settings "
+                                    "(or its module is not imported yet)")
+        lines.append(f"_target_: {target(schema)}")
     lines += _node(values, "")
     return "\n".join(lines) + "\n"
 
@@ -103,13 +117,14 @@ def files() -> dict[str, str]:
     return out
 
 
-def registered():
+def registered(shipped: bool = True):
     """(group, option, schema, its values, its title) of every registered option: the schemas' own
-    options (values None), then the presets (a model, a dataset, drafter=plain_chain)."""
+    options (values None), then the presets (a model, a dataset, drafter=plain_chain). shipped: the
+    package's own only (what conf/ and docs/options.md hold), not those other modules define."""
     for group, found in OPTIONS.items():
         presets = PRESETS.get(group, {})
         for name, schema in found.items():
-            if name != "*" and name not in presets:
+            if name != "*" and name not in presets and (not shipped or schema.__module__.startswith("specresearch.")):
                 yield group, name, schema, None, None
         for name, (title, preset) in presets.items():
             schema = found.get(name, found.get("*"))
@@ -134,7 +149,7 @@ def table(schema: type, values: Any = None, prefix: str = "") -> list[tuple[str,
 
 def describe(group: str, option: str) -> str:
     """One option's settings as text (`specresearch --settings GROUP=OPTION`)."""
-    for g, name, schema, values, title in registered():
+    for g, name, schema, values, title in registered(shipped=False):
         if (g, name) == (group, option):
             rows = table(schema, values)
             head = f"{group}={option}: " + (title or " ".join((schema.__doc__ or "").split()))
@@ -143,7 +158,7 @@ def describe(group: str, option: str) -> str:
             said = reasons(schema, values)
             why = [f"  {n}={d}: {said[n]}" for n, d, _ in rows if n in said]
             return "\n".join(textwrap.wrap(head, WIDTH) + lines + ["Why these defaults:"] * bool(why) + why)
-    valid = [f"{g}={n}" for g, n, *_ in registered()]
+    valid = [f"{g}={n}" for g, n, *_ in registered(shipped=False)]
     raise SpecResearchError(f"unknown option '{group}={option}': valid are {', '.join(valid)}")
 
 
@@ -197,20 +212,17 @@ def stale(root: Path, texts: dict[str, str] | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specresearch.options.conf", description=__doc__.splitlines()[0])
+    """`python -m specresearch.config` (which imports the classes the options build first)."""
+    parser = argparse.ArgumentParser(prog="python -m specresearch.config", description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2], help="the checkout")
     parser.add_argument("--check", action="store_true", help="only name the files that are out of date (exit 1)")
     args = parser.parse_args(argv)
     if args.check:
         out = stale(args.root)
         for path in out:
-            print(f"{path} is out of date: run python -m specresearch.options.conf", file=sys.stderr)
+            print(f"{path} is out of date: run python -m specresearch.config", file=sys.stderr)
         return 1 if out else 0
     texts = files()
     for path in stale(args.root, texts):  # only what changed: a sweep composing conf/ meanwhile never reads a file half written
         (args.root / path).write_text(texts[path])
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -22,6 +22,7 @@ CROSS_VOCAB_MODES = ("string", "shared")  # drafter=cross_vocab: the draft's tex
 class Drafter(Options):
     """The base of the drafters' settings."""
     group: ClassVar[str] = "drafter"
+    builds: ClassVar[bool] = True
 
 
 # -- shared parts ----------------------------------------------------------------------------------
@@ -109,6 +110,7 @@ class DynamicTree(TreeSize):
 @dataclass
 class Heads(Drafter):
     """Heads trained on the target (Medusa, EAGLE): where their file is."""
+    heads: ClassVar[str] = ""  # their kind: the file layout a checkpoint is checked against (drafters.checkpoints)
     checkpoint: Optional[str] = setting(None, "the heads' safetensors file; null = the one trained for this target in the "
                                               "model cache (python -m specresearch.train drafter=NAME)")
     cache_dir: Optional[str] = setting(None, "the model cache (the target's)", follows="model.cache_dir")
@@ -127,7 +129,6 @@ class Independent(Chain, defaults={"k": 16, "chain_confidence": 0.4, "lookup": 4
     """A separate, smaller draft model with the target's tokenizer proposes k tokens per step (Leviathan et al. 2023).
     Its defaults are the fastest lossless chain measured on code and chat together (CHOSEN says where)."""
     option: ClassVar[str] = "independent"
-    _target_: str = "specresearch.drafters.independent.IndependentDrafter"
     CHOSEN: ClassVar[dict[str, str]] = {
         "k": f"with the stops, lookup and siblings below 2.57x over generate on code and 2.21x on chat, k=4's plain chain 1.62x "
              f"and 1.07x; k=32 2.81x / 1.96x against 2.89x / 1.98x in a second run ({TUNED})",
@@ -160,7 +161,6 @@ PRESETS = {"plain_chain": (
 class SelfDraft(FrequentVocab, Chain):
     """Self-speculative decoding (Draft & Verify 2023; LayerSkip early exit 2024): the target drafts with layers skipped."""
     option: ClassVar[str] = "self_draft"
-    _target_: str = "specresearch.drafters.self_draft.SelfDraftDrafter"
     skip: Optional[List[int]] = setting(None, "decoder layer indices to skip, e.g. [4, 6, 8, 10, 12]; layer 0 is always kept")
     exit_layer: Optional[int] = setting(None, "instead: early exit after layer exit_layer - 1 (skip every later layer)")
     skip_ratio: Optional[float] = setting(0.5, "when neither is set: skip this fraction of the layers, evenly spaced, first "
@@ -173,7 +173,6 @@ class SelfDraft(FrequentVocab, Chain):
 class CrossVocab(Chain):
     """A draft model from another family, whose tokenizer differs from the target's (Timor et al. 2025; transformers' UAG)."""
     option: ClassVar[str] = "cross_vocab"
-    _target_: str = "specresearch.drafters.cross_vocab.CrossVocabDrafter"
     mode: str = setting("string", "string: the draft's argmax text, re-tokenized for the target (lossless at any T: a "
                                   "deterministic draft); shared: only the tokens both vocabularies have (TLI: sampled from "
                                   "the draft's law restricted to them; siblings need it)")
@@ -192,7 +191,6 @@ class CrossVocab(Chain):
 class Tree(PathStop, DynamicTree):
     """Token trees from a draft model (SpecInfer 2024; EAGLE-2's dynamic trees 2024), verified in one target forward."""
     option: ClassVar[str] = "tree"
-    _target_: str = "specresearch.drafters.tree.TreeDrafter"
     branching: Optional[List[int]] = setting(
         factory=lambda: [2, 1, 1, 1],
         doc="children per node at each depth: a static tree (here 2 + 2 + 2 + 2 = 8 nodes, depth 4; sized for a 2-core "
@@ -219,7 +217,7 @@ class Medusa(TreeSize, FrequentVocab, Heads, defaults={"nodes": 16, "shape": "au
     """Medusa (Cai et al. 2024): heads on the target's last hidden state propose a tree of candidates.
     Train the heads first: python -m specresearch.train drafter=medusa (model=... as for the run)."""
     option: ClassVar[str] = "medusa"
-    _target_: str = "specresearch.drafters.medusa.MedusaDrafter"
+    heads: ClassVar[str] = "medusa"
     CHOSEN: ClassVar[dict[str, str]] = {
         "lookup": "typical acceptance on code and chat together: 8 at 2.10x / 1.40x over generate, 4 at 1.63x / 1.54x, 0 at "
                   f"1.56x / 1.45x (geometric means 1.71x, 1.58x, 1.50x); on code, 16 at 1.77x and 24 at 1.82x against 8's 2.06x ({TUNED})"}
@@ -253,7 +251,7 @@ class Eagle(DynamicTree, FrequentVocab, Heads, DraftLength, defaults={"depth": 6
     """EAGLE (Li et al. 2024): a one-layer head drafts on the target's features, autoregressively.
     Train the head first: python -m specresearch.train drafter=eagle (model=... as for the run)."""
     option: ClassVar[str] = "eagle"
-    _target_: str = "specresearch.drafters.eagle.EagleDrafter"
+    heads: ClassVar[str] = "eagle"
     tree: bool = setting(False, "true: EAGLE-2's dynamic tree (topk, depth, nodes, children, shape) instead of a chain of k")
 
     def check(self, path: str) -> None:
@@ -270,7 +268,6 @@ class Eagle(DynamicTree, FrequentVocab, Heads, DraftLength, defaults={"depth": 6
 class PromptLookup(DraftLength, defaults={"k": 10}):
     """Prompt lookup decoding (Saxena 2023): continue an earlier occurrence of the last n-gram. No model."""
     option: ClassVar[str] = "pld"
-    _target_: str = "specresearch.drafters.pld.PromptLookupDrafter"
     CHOSEN: ClassVar[dict[str, str]] = {
         "k": "the paper's num_pred_tokens (Saxena 2023), as transformers' prompt lookup; not tuned here on a real target "
              "(experiments/tune_pld searches k and max_ngram)",
@@ -293,7 +290,6 @@ class Lookahead(Drafter):
     """Lookahead decoding (Fu et al. 2024): Jacobi iteration on a window of guesses fills an n-gram pool; the pool's
     n-grams that continue the last token are verified in the same target forward. No model."""
     option: ClassVar[str] = "lookahead"
-    _target_: str = "specresearch.drafters.lookahead.LookaheadDrafter"
     CHOSEN: ClassVar[dict[str, str]] = {
         key: "the reference implementation's example configuration (LookaheadDecoding's README: LEVEL=5, WINDOW_SIZE=7, "
              "GUESS_SET_SIZE=7); not tuned here" for key in ("window", "ngram", "guesses")}
@@ -315,4 +311,3 @@ class Lookahead(Drafter):
 class NoDrafter(Drafter):
     """No drafter: plain autoregressive decoding through the same engine (the baseline itself)."""
     option: ClassVar[str] = "none"
-    _target_: str = "specresearch.drafters.none.NoDrafter"

@@ -6,23 +6,19 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any, Union
 
-from specresearch.options import drafters, models, runs, tracking, verifiers
+from specresearch.options import REGISTRY, drafters, models, runs, tracking, verifiers  # noqa: F401  (importing them registers their options)
 
-
-def _by_name(*schemas: type, **presets: type) -> dict[str, type]:
-    return {**{schema.option: schema for schema in schemas}, **presets}
-
-
-# Each option of each config group -> its schema; "*": any other option's (a model preset, a dataset, ...).
+# Each option of each config group -> its schema; "*": any other option's (a model preset, a dataset, ...). The
+# drafter, verifier and tracker groups are the registry's own (live: an option defined later joins them), the
+# drafter group with its preset plain_chain (an independent drafter's settings).
+REGISTRY["drafter"]["plain_chain"] = drafters.Independent
 OPTIONS: dict[str, dict[str, type]] = {
     "model": {"tiny": models.TinyModel, "*": models.TargetModel},
-    "drafter": _by_name(drafters.Independent, drafters.Tree, drafters.Medusa, drafters.Eagle, drafters.PromptLookup,
-                        drafters.Lookahead, drafters.SelfDraft, drafters.CrossVocab, drafters.NoDrafter,
-                        plain_chain=drafters.Independent),
-    "verifier": _by_name(verifiers.Greedy, verifiers.Rejection, verifiers.Margin, verifiers.TopK, verifiers.Typical),
-    "tracker": _by_name(tracking.MLflow, tracking.NoTracker),
+    "drafter": REGISTRY["drafter"],
+    "verifier": REGISTRY["verifier"],
+    "tracker": REGISTRY["tracker"],
     "dataset": {"mtbench": runs.MTBench, "*": runs.Dataset},
-    "sampling": {"*": runs.Sampling},
+    "sampling": {"*": runs.SamplingParams},
     "eval": {"*": runs.Eval},
 }
 # Options that preset a dataclass: option -> (title, the settings that are not its defaults). The model, dataset,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any, ClassVar, List, Optional, Union
 
 from specresearch.errors import SpecResearchError
@@ -46,22 +47,37 @@ DATASETS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-@dataclass
-class Sampling(Options):
-    """The `sampling` group: the target's decoding law."""
+@dataclass(frozen=True)
+class SamplingParams(Options):
+    """The `sampling` group: the target's decoding law. How target and draft logits become distributions,
+    applied identically to p, q and the baseline (specresearch.sampling): the run's settings and the
+    engine's, one class."""
     group: ClassVar[str] = "sampling"
-    temperature: float = setting(0.0, "0 = greedy")
-    top_k: int = setting(0, "0 = off")
-    top_p: float = setting(1.0, "1 = off")
+    temperature: float = setting(0.0, "0 = greedy (one-hot argmax); > 0 = sample from softmax(logits / T)")
+    top_k: int = setting(0, "keep the k most likely tokens; 0 = off")
+    top_p: float = setting(1.0, "keep the smallest set with mass >= top_p; 1 = off")
 
-    def check(self, path: str) -> None:  # the texts of specresearch.types.SamplingParams
+    def __post_init__(self):
+        # Refused where made, not at use: softmax(logits / -1) samples the unlikeliest tokens and a run would
+        # still be recorded FINISHED; top_p = 0 keeps no token (torch.multinomial fails mid-run).
+        self.check("sampling")
+
+    def check(self, path: str) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
-        if given(t) and not (math.isfinite(t) and t >= 0):
+        if given(t) and not (_number(t) and math.isfinite(t) and t >= 0):
             raise SpecResearchError(f"{path}.temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if given(k) and k < 0:
+        if given(k) and not (isinstance(k, Integral) and not isinstance(k, bool) and k >= 0):
             raise SpecResearchError(f"{path}.top_k must be an integer >= 0 (0 = off), got {k!r}")
-        if given(p) and not 0 < p <= 1:
+        if given(p) and not (_number(p) and 0 < p <= 1):
             raise SpecResearchError(f"{path}.top_p must lie in (0, 1] (1 = off), got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, Real) and not isinstance(x, bool)
 
 
 # The least eval.sandbox.memory_mb: a program's whole address space (RLIMIT_AS), interpreter included.

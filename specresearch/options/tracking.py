@@ -13,13 +13,13 @@ from specresearch.options import Options, given, setting
 class Tracker(Options):
     """The base of the trackers' settings."""
     group: ClassVar[str] = "tracker"
+    builds: ClassVar[bool] = True
 
 
 @dataclass
 class MLflow(Tracker):
     """MLflow on a local sqlite store (no server): ./mlruns/mlflow.db, artifacts in ./mlruns/artifacts."""
     option: ClassVar[str] = "mlflow"
-    _target_: str = "specresearch.tracking.MLflowTracker"
     store: str = setting("mlruns", "the local store's folder")
     experiment: str = setting("specresearch", "the MLflow experiment")
     uri: Optional[str] = setting(None, "a tracking server instead of the local store, e.g. http://head:5000 (for Ray "
@@ -36,4 +36,3 @@ class MLflow(Tracker):
 class NoTracker(Tracker):
     """Record nothing (tests, quick tries)."""
     option: ClassVar[str] = "none"
-    _target_: str = "specresearch.tracking.NullTracker"

@@ -15,20 +15,19 @@ RECOVER = ("sample", "greedy")  # a relaxed verifier's added token
 class Verifier(Options):
     """The base of the verifiers' settings."""
     group: ClassVar[str] = "verifier"
+    builds: ClassVar[bool] = True
 
 
 @dataclass
 class Greedy(Verifier):
     """Exact match with the target's argmax (needs sampling=greedy). Lossless for greedy decoding."""
     option: ClassVar[str] = "greedy"
-    _target_: str = "specresearch.verifiers.greedy.GreedyVerifier"
 
 
 @dataclass
 class Rejection(Verifier):
     """Speculative rejection sampling (Leviathan et al.; Chen et al.). Lossless at any temperature."""
     option: ClassVar[str] = "rejection"
-    _target_: str = "specresearch.verifiers.rejection.RejectionVerifier"
 
 
 @dataclass
@@ -49,7 +48,6 @@ class Relaxed(Verifier):
 class Margin(Relaxed):
     """Probability-margin acceptance: keep x if p(x) >= max p - margin (or, with ratio, p(x) >= ratio * max p). Lossy at T > 0."""
     option: ClassVar[str] = "margin"
-    _target_: str = "specresearch.verifiers.relaxed.MarginVerifier"
     margin: Optional[float] = setting(0.1, "absolute margin; null to use ratio")
     ratio: Optional[float] = setting(None, "relative variant, e.g. 0.5; then margin: null")
 
@@ -69,7 +67,6 @@ class TopK(Relaxed):
     """Top-k acceptance: keep x if it is among the target's k most likely tokens. Lossy at T > 0; exact at T = 0 (p one-hot)
     unless rule_temperature is set."""
     option: ClassVar[str] = "topk"
-    _target_: str = "specresearch.verifiers.relaxed.TopKVerifier"
     k: int = setting(3, "the target's k most likely tokens are accepted (not drafter.k)")
 
     def check(self, path: str) -> None:
@@ -82,7 +79,6 @@ class TopK(Relaxed):
 class Typical(Relaxed):
     """Medusa's typical acceptance: keep x if p(x) > min(epsilon, delta * exp(-H(p))). Lossy at T > 0; exact at T = 0."""
     option: ClassVar[str] = "typical"
-    _target_: str = "specresearch.verifiers.relaxed.TypicalVerifier"
     CHOSEN: ClassVar[dict[str, str]] = {
         "epsilon": "Medusa's default (Cai et al. 2024, posterior_threshold); experiments/lossless_vs_lossy sweeps 0.01-0.25 "
                    "at T 0.7 with each setting's speedup, τ and exact distortion",

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from specresearch.options import implements
 from specresearch.sampling import invert_cdf
 from specresearch.types import Draft, SamplingParams, Verdict
 
@@ -28,6 +29,10 @@ class Verifier(ABC):
 
     lossless: bool  # the claim that outputs follow the target's law exactly; tests must prove it
     name: str
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        implements(cls)  # a verifier declares its settings (`Settings = options.NAME`): verifier=NAME builds it
 
     def check(self, sampling: SamplingParams) -> None:
         """Raise SpecResearchError if this rule cannot run with these sampling settings."""

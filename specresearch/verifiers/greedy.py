@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
+from specresearch.options import verifiers as options
 from specresearch.types import SamplingParams
 from specresearch.verifiers.base import Verifier, argmax_law, rowwise
 
@@ -16,6 +17,7 @@ class GreedyVerifier(Verifier):
     the floating-point near-ties of batched vs one-token forwards, see docs/concepts/measured.md).
     """
 
+    Settings = options.Greedy
     lossless = True
     name = "greedy"
 

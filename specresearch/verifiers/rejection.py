@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specresearch.options import verifiers as options
 from specresearch.verifiers.base import Verifier, at
 
 
@@ -15,6 +16,7 @@ class RejectionVerifier(Verifier):
     (q = None) counts as one-hot: x is accepted with probability p(x).
     """
 
+    Settings = options.Rejection
     lossless = True
     name = "rejection"
 
