@@ -105,9 +105,9 @@ def calibrate(repeats: int, samples: int | str, method: Sequence[str] = METHOD, 
     overrides = [*BASE, *method, f"seed={seed}"]
     cfg = compose(overrides)
     engine = build_engine(cfg)
-    target, sampling = engine.target.lm, SamplingParams(**cfg.sampling)
+    target, sampling = engine.kv.lm, SamplingParams(**cfg.sampling)
     prompts = [encode(target.tokenizer, p) for p in load_prompts(**cfg.dataset)][:1]
-    rows = stats_rows(batch, engine.target.vocab_size)
+    rows = stats_rows(batch, engine.kv.vocab_size)
     power = float(cfg.stats.power)
     exact = exact_distortion(cfg, engine, prompts, length, seed) if lossy else None
     if tv == "exact":
@@ -193,7 +193,7 @@ def exact_distortion(cfg, engine, prompts: list[list[int]], length: int, seed: i
     from specresearch.stats.distortion import check, continuations, distortion
 
     check(engine)
-    base = build_engine(cfg, baseline=True, target=engine.target.lm)
+    base = build_engine(cfg, baseline=True, target=engine.kv.lm)
     d = distortion(engine, prompts, continuations(base, prompts, length, seed), seed)
     return {"tv": [float(v) for v in d.tv[0]], "kept": [float(v) for v in d.kept[0]], "tv_mean": float(d.tv.mean())}
 

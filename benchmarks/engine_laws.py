@@ -114,7 +114,7 @@ def audit(engine, prompt: list[int], rows: int, tokens: int, seed: int) -> list[
     finally:
         engine.drafter.propose_rows, engine.verify = propose, verify
         bar.close()
-    reference = Reference(engine.target.lm, prompt).logits([suffix for _, _, suffix, _ in read])
+    reference = Reference(engine.kv.lm, prompt).logits([suffix for _, _, suffix, _ in read])
     found = []
     for rows_together, node, suffix, logits in read:
         ref = reference[suffix].detach()
@@ -157,7 +157,7 @@ def main() -> None:
     cfg = compose([f"model={args.model}", f"drafter={args.drafter}", f"verifier={args.verifier}", "sampling=random",
                    f"sampling.temperature={args.temperature}", f"model.dtype={args.dtype}", f"model.kernels={args.kernels}"])
     engine = build_engine(cfg)
-    lm = engine.target.lm
+    lm = engine.kv.lm
     prompt = encode(lm.tokenizer, load_prompts("humaneval", num_prompts=1, offset=args.prompt)[0])
     found = audit(engine, prompt, args.rows, args.tokens, args.seed)
     rows = summary(found)

@@ -508,14 +508,14 @@ def hf_method(name: str, lm, ids: list[int], cache_len: int | None = None) -> Me
 def our_method(name: str, engine, ids: list[int], cache_len: int) -> Method:
     """Our engine on the prompt, timed by the engine itself (stats.time_total, synced); a compiled target's
     slots are sized once, `cache_len` (every run replays the warm-up's graphs)."""
-    if engine.target.lm.compile:
-        engine.target.reset(cache_len)
+    if engine.kv.lm.compile:
+        engine.kv.reset(cache_len)
 
     def run(n: int) -> tuple[list[int], float, Any]:
         out = engine.generate(ids, max_new_tokens=n, eos_token_ids=[], seed=0)
         return out.tokens, out.stats.time_total, out.stats
 
-    return Method(name, run, engine, compiled=bool(engine.target.lm.compile))
+    return Method(name, run, engine, compiled=bool(engine.kv.lm.compile))
 
 
 def speed_methods(target, draft, ids: list[int], n: int, k: int, folder: Path,
@@ -620,8 +620,8 @@ def phase_timed(methods: list[Method], n: int) -> dict[str, dict]:
 def speed(device: torch.device, dry: bool, n: int, repeats: int, k: int, prompt_tokens: int, deadline: float,
           only: Sequence[str] = ()) -> dict:
     """Section (b); see the module docstring."""
+    from specresearch.kv import cost_curve, forward_seconds
     from specresearch.models import check_transformers
-    from specresearch.target import cost_curve, forward_seconds
 
     check_transformers()  # load_model's check, for the models made here
     dtype = torch.float32 if dry else torch.bfloat16

@@ -24,10 +24,10 @@ import torch
 
 from specresearch import reports
 from specresearch.data import encode, load_prompts
+from specresearch.kv import CachedLM, timed_forwards
 from specresearch.models import load_model, machine_tags, use_linear
 from specresearch.models.loading import linear_kind
 from specresearch.options.models import KERNELS
-from specresearch.target import Target, timed_forwards
 
 SHAPES = ("1x1", "1x2", "1x3", "1x5", "1x9", "1x13", "1x17", "9+5+3+1", "4x9", "110x1", "110x5")  # rows x query tokens, or ragged
 
@@ -44,7 +44,7 @@ def row_tokens(shape: str) -> list[int]:
 def seconds(lm, prompt: list[int], tokens: list[int], repeats: int) -> float:
     """The fastest of `repeats` forwards of len(tokens) rows, row i feeding tokens[i] query tokens after
     `prompt` (held once, shared by the rows)."""
-    target = Target(lm)
+    target = CachedLM(lm)
     target.reset(len(prompt) + max(tokens))
     target.prefill_rows([torch.tensor(prompt[:-1], device=lm.device)] * len(tokens))
     return timed_forwards(target, [torch.tensor(prompt[-1:] * n, device=lm.device) for n in tokens], repeats)

@@ -6,7 +6,7 @@ Speculative decoding is lossless in exact arithmetic; on a machine the target's 
 come from a forward whose shapes differ between plain decoding (one token a step) and verification
 (k + 1 tokens a step), and in bf16 those shapes round differently. This script samples one
 continuation of a prompt from the target, then computes the target's law at T at each of its positions
-along three kernel paths of the project's own target wrapper (specresearch.target.Target): one token
+along three kernel paths of the project's own target wrapper (specresearch.kv.CachedLM): one token
 at a time (plain decoding), chunks of k + 1 tokens (a k-token chain's verification) and one forward of
 the whole continuation (teacher forcing, as the battery scores samples), each for one row and for R
 rows of the same sequence. It prints, per path pair, the total variation between the two laws at each
@@ -29,13 +29,13 @@ import torch
 
 from specresearch import reports
 from specresearch.data import encode, load_prompts
+from specresearch.kv import CachedLM
 from specresearch.models import load_model, machine_tags
 from specresearch.sampling import logits_to_probs
-from specresearch.target import Target
 from specresearch.types import SamplingParams
 
 
-def laws_along(target: Target, prompt: torch.Tensor, continuation: torch.Tensor, chunk: int, rows: int,
+def laws_along(target: CachedLM, prompt: torch.Tensor, continuation: torch.Tensor, chunk: int, rows: int,
                sampling: SamplingParams) -> torch.Tensor:
     """[L, V] the target's law of each token of `continuation` ([L]) after `prompt`, fed `chunk` tokens a
     forward (chunk >= L: one forward of the whole continuation), in a batch of `rows` copies (row 0's)."""
@@ -65,7 +65,7 @@ def main() -> None:
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     prompt = torch.tensor(encode(lm.tokenizer, load_prompts("humaneval", num_prompts=1, offset=args.prompt)[0]), device=lm.device)
     sampling = SamplingParams(temperature=args.temperature)
-    target = Target(lm)
+    target = CachedLM(lm)
     gen = torch.Generator(device=lm.device).manual_seed(args.seed)
     with torch.inference_mode():
         ids = prompt

@@ -47,7 +47,7 @@ def main() -> None:
             cfg = compose([f"model={args.model}", f"model.dtype={args.dtype}", f"model.kernels={args.kernels}", *ARMS[arm],
                            "verifier=rejection", "sampling=random", f"sampling.temperature={t}", f"seed={args.seed}"])
             method = build_engine(cfg, target=target)
-            lm = target = method.target.lm
+            lm = target = method.kv.lm
             baseline = build_engine(cfg, baseline=True, target=target)
             prompts = [encode(lm.tokenizer, p) for p in load_prompts("humaneval", num_prompts=args.prompts, offset=args.offset)]
             texts = continuations(baseline, prompts, args.tokens, args.seed)

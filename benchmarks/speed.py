@@ -69,10 +69,10 @@ from specresearch.drafters.draft_model import OPTIONS as CHEAPER
 from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError, write_problem
+from specresearch.kv import cost_curve
 from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.models import LoadedModel, cache_root, load_model
 from specresearch.sweeps.lock import busy
-from specresearch.target import cost_curve
 from specresearch.tracking import MLflowTracker, NullTracker, browse_line, tracked_run
 from specresearch.types import SamplingParams
 from specresearch.verifiers import lossless
@@ -211,7 +211,7 @@ def ours(name: str, engine: Engine) -> Method:
             return Run([out.tokens], out.stats.time_total, out.stats)
         t0 = time.perf_counter()
         outs = engine.generate(batch, n, eos_token_ids=[])
-        if engine.target.device.type == "cuda":
+        if engine.kv.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         stats = outs[0].stats
@@ -307,7 +307,7 @@ def build_methods(args, target: LoadedModel, draft: Callable[[], LoadedModel], c
         elif name == "baseline_compiled":  # the same weights, its own static cache and compiled graphs
             compiled = dataclasses.replace(target, cache="static", compile=True, compiled=None)
             engine = Engine(compiled, NoDrafter(), lossless(sampling.greedy), sampling)
-            engine.target.reset(cache_len)  # slots for the longest prompt, made once: every prompt runs the warm-up's graphs
+            engine.kv.reset(cache_len)  # slots for the longest prompt, made once: every prompt runs the warm-up's graphs
             methods.append(ours(name, engine))
         else:  # one of our drafters, with options: "independent:model.vocab=32768:model.quantize=int8"
             group, options, node = drafters[name].group, drafters[name].options, drafters[name].drafter
@@ -368,7 +368,7 @@ def cross_spec(args, node: DictConfig) -> dict:
 
 
 def load(args, texts: list[Prompt]) -> tuple[LoadedModel, Callable[[], LoadedModel], list[list[int]]]:
-    """Target, the draft's loader (it loads on its first call, once) and the token ids of `texts`: the
+    """CachedLM, the draft's loader (it loads on its first call, once) and the token ids of `texts`: the
     embedded Qwen pair, or tiny random models (--quick)."""
     if args.quick:
         target = load_model("tiny", device=args.device, kernels=args.kernels, tiny={"vocab_size": 320, "seed": 0})

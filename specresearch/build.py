@@ -83,7 +83,7 @@ def claim_params(engine: Engine) -> dict[str, str]:
     """What the method claims and what it ran as, as run params (the class may change; the record
     must not): the verifier's `lossless` claim ("true" / "false"), which tests/test_lossless.py
     proves for every drafter, and the target's dtype and device actually used (`resolved_params`)."""
-    return {"verifier.lossless": str(bool(engine.verifier.lossless)).lower(), **resolved_params(engine.target.lm)}
+    return {"verifier.lossless": str(bool(engine.verifier.lossless)).lower(), **resolved_params(engine.kv.lm)}
 
 
 def resolved_params(lm: LoadedModel) -> dict[str, str]:

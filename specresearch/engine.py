@@ -16,11 +16,11 @@ from torch import Tensor
 
 from specresearch.drafters.base import Context, Drafter
 from specresearch.errors import SpecResearchError
+from specresearch.kv import CachedLM
 from specresearch.metrics import SpecStats
 from specresearch.models import LoadedModel
 from specresearch.sampling import logits_to_probs
 from specresearch.seeding import stream_seed
-from specresearch.target import Target
 from specresearch.types import Draft, GenerationOutput, SamplingParams, Verdict
 from specresearch.verifiers.base import Verifier
 
@@ -70,7 +70,7 @@ class Engine:
     cache holds every token but the last one sampled, so a step feeds [last token, draft tokens]
     (K + 1 tokens) and gets the K + 1 distributions the verifier needs in one forward. A batch does
     this for every row in the same forward (ragged: each row feeds its own draft, keeps its own
-    accepted path, stops on its own; see `Target` for the cache layout), with one generator per row,
+    accepted path, stops on its own; see `CachedLM` for the cache layout), with one generator per row,
     so a row decodes what its prompt decodes alone.
     """
 
@@ -89,7 +89,7 @@ class Engine:
         verifier.check(sampling)
         drafter.check(sampling)
         DraftLength.of(drafter)  # refuses a bad draft length before any decode
-        self.target = Target(target)
+        self.kv = CachedLM(target)
         self.tokenizer = target.tokenizer
         self.drafter = drafter
         self.verifier = verifier
@@ -238,7 +238,7 @@ class Engine:
                     for row, count in zip(active, drafter.row_forwards):
                         row.stats.draft_forwards = count
                 if index:
-                    self.target.select_rows(index)
+                    self.kv.select_rows(index)
                     if drafted:
                         drafter.select_rows(index)
             return [active[i] for i in index]
@@ -247,13 +247,13 @@ class Engine:
         # The prefill gives the first new token, exactly as plain decoding (and transformers) do;
         # without sample_first it leaves the prompt's last token out of the cache, as a step does.
         with clock.phase(rows, "time_prefill"):
-            self.target.reset(buffer.shape[1] + 1)
-            self.target.keep_hidden = needs_hidden
+            self.kv.reset(buffer.shape[1] + 1)
+            self.kv.keep_hidden = needs_hidden
             prompts_fed = [buffer[row.index, : row.start - (not sample_first)] for row in rows]
-            logits = self.target.prefill_rows(prompts_fed, reuse_prefill)  # [B, V]
+            logits = self.kv.prefill_rows(prompts_fed, reuse_prefill)  # [B, V]
             if needs_hidden:
                 for b, row in enumerate(rows):
-                    row.hidden = self.target.hidden_rows[b]  # [T, H] the prompt tokens' (all but the last without sample_first)
+                    row.hidden = self.kv.hidden_rows[b]  # [T, H] the prompt tokens' (all but the last without sample_first)
             if sample_first:
                 append(rows, self.verify([_NO_DRAFT] * len(rows), logits[:, None], rows))
             active = going(rows, drafted=False)
@@ -269,7 +269,7 @@ class Engine:
                     last = torch.cat([last, tokens], 1)  # [B, 1 + K]
                 fed = [last[b, : 1 + draft.tokens.numel()] for b, draft in enumerate(drafts)]  # [1 + K_b]: the root, then the draft (views)
                 parents = [None if draft.parents is None else torch.cat([_ROOT, draft.parents.cpu() + 1]) for draft in drafts]
-                logits = self.target.forward_rows(fed, parents, padded=True)  # [B, W, V]: row b's first 1 + K_b (+ scratch) its own
+                logits = self.kv.forward_rows(fed, parents, padded=True)  # [B, W, V]: row b's first 1 + K_b (+ scratch) its own
             with clock.phase(active, "time_accept"):
                 width = 1 + max(len(draft) for draft in drafts)  # proposals; scratch positions come after them
                 verdicts = self.verify(drafts, logits[:, :width], active)
@@ -277,8 +277,8 @@ class Engine:
                 kept = [[0] + [1 + i for i in (range(v.num_accepted) if v.path is None else v.path)] for v in verdicts]
                 if needs_hidden:
                     for b, row in enumerate(active):
-                        row.hidden = self.target.hidden_rows[b][kept[b]]  # [R, H] the kept path's: the last gave the added token
-                self.target.keep_rows(kept)
+                        row.hidden = self.kv.hidden_rows[b][kept[b]]  # [R, H] the kept path's: the last gave the added token
+                self.kv.keep_rows(kept)
             for row, draft, verdict in zip(active, drafts, verdicts):
                 chain = self.drafter.k > 0 and draft.parents is None and draft.depth == min(self.drafter.k, row.room(max_new_tokens))
                 row.stats.observe(draft.depth, verdict.num_accepted, nodes=draft.tokens.numel(), off_chain=not chain)
@@ -342,7 +342,7 @@ class Engine:
         if len(ids) < least:
             raise SpecResearchError(f"generate() needs a prompt of at least {least} token id{'s' * (least > 1)}"
                                     f"{'' if sample_first else ' with sample_first=False'}, got {len(ids)}")
-        vocab, name = self.target.vocab_size, self.target.lm.name
+        vocab, name = self.kv.vocab_size, self.kv.lm.name
         low, high = min(ids), max(ids)
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
@@ -350,7 +350,7 @@ class Engine:
                                     f"vocabulary: ids must be in [0, {vocab})")
         if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise SpecResearchError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        limit = self.target.max_positions
+        limit = self.kv.max_positions
         if limit is not None and len(ids) + max_new_tokens > limit:
             room = (f"the prompt leaves room for {limit - len(ids)} new tokens: lower max_new_tokens or shorten the prompt"
                     if len(ids) < limit else "the prompt alone fills them: shorten it")

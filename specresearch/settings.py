@@ -73,7 +73,7 @@ def check(cfg: DictConfig) -> None:
             raise SpecResearchError(f"unknown setting '{key}': valid are {', '.join(valid)}")
     _ranges(primary, {k: _resolved(cfg, k) for k in top if k in cfg}, "")
     model = _resolved(cfg, "model") if "model" in cfg else None
-    if isinstance(model, dict) and model.get("compile") and cfg.get("batch_size", 1) > 1:  # (target.StaticSlots.forward)
+    if isinstance(model, dict) and model.get("compile") and cfg.get("batch_size", 1) > 1:  # (kv.StaticSlots.forward)
         raise SpecResearchError(f"model.compile=true compiles the decoder of one sequence: batch_size={cfg.batch_size} would run "
                                 "eagerly; use model.compile=false (model.cache=static decodes batches eagerly) or batch_size=1")
 

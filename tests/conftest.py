@@ -236,7 +236,7 @@ def equivalence_report(engine, prompt: list[int], n: int = 300, length: int = 5,
     target alone (tiny models; fixed seeds)."""
     from specresearch.stats import battery, sample_engine, sample_target, teacher_force
 
-    target, sampling = engine.target.lm, engine.sampling
+    target, sampling = engine.kv.lm, engine.sampling
     meth = sample_engine(engine, prompt, n, length, seed=seed)
     base = sample_target(target, prompt, n, length, sampling, seed=seed + 1)
     return battery(base, teacher_force(target, prompt, base.tokens, sampling, seed=1),

@@ -10,8 +10,8 @@ import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from specresearch.attention import PREFIX_ATTENTION, SharedPrefix, shares_prefix, use_prefix_attention
+from specresearch.kv import decode_batch
 from specresearch.models import load_model
-from specresearch.target import decode_batch
 from specresearch.types import SamplingParams
 
 P, B = 23, 5
@@ -91,15 +91,15 @@ def test_batched_draws_over_a_shared_prompt_are_the_draws_from_copies():
 @pytest.mark.parametrize("forward_first", [False, True])
 @torch.inference_mode()
 def test_a_row_rolled_back_into_the_shared_prompt_decodes_as_its_own_tokens(static, forward_first):
-    """Target.truncate_rows below the prompt the rows share (a draft that re-encodes its context may part
+    """CachedLM.truncate_rows below the prompt the rows share (a draft that re-encodes its context may part
     from the prompt's tokens): every row gets its own copy of the prompt, and each row's next logits are
     those of its own tokens alone (fp32), with or without a step of rows before it, dynamic or static cache."""
-    from specresearch.target import Target
+    from specresearch.kv import CachedLM
 
     lm = load_model("tiny", device="cpu")
     gen = torch.Generator().manual_seed(4)
     prompt, step, fed = torch.randint(0, 320, (20,), generator=gen), torch.randint(0, 320, (3, 2), generator=gen), torch.randint(0, 320, (3, 3), generator=gen)
-    target = Target(lm, static=static)
+    target = CachedLM(lm, static=static)
     target.reset(64)
     target.prefill_rows([prompt] * 3)
     assert target.prefix is not None

@@ -184,7 +184,7 @@ def test_exact_tv_agrees_with_the_batterys_estimate(tmp_path):
     prompt = PROMPTS[0]
     d = distortion(method, [prompt], continuations(baseline, [prompt], 2, seed=5), seed=5)
     exact = float(d.tv[0, 0])
-    target, n, rows, sampling = method.target.lm, 3000, 256, SamplingParams(temperature=1.0)
+    target, n, rows, sampling = method.kv.lm, 3000, 256, SamplingParams(temperature=1.0)
     base = baseline_samples(target, [prompt], n, 1, sampling, 11, rows)
     meth = [Samples(s.tokens[:, :1], s.prompt, s.seconds) for s in method_samples(method, [prompt], n, 2, 11, rows)]
     report = battery(Samples.concat(base), score(target, [prompt], base, sampling, 11, rows, 1),

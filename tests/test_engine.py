@@ -128,16 +128,16 @@ def test_kv_caches_equal_fresh_prefill(target, close_draft, same_draft, drafter_
         out = engine.generate(prompt, max_new, eos_token_ids=[])
         seq = prompt + out.tokens
         # The engine stops before committing its last step; commit the cache as the next step would.
-        assert engine.target.length >= len(seq) - 1 - drafter.k
-        engine.target.truncate_rows([len(seq) - 1])
+        assert engine.kv.length >= len(seq) - 1 - drafter.k
+        engine.kv.truncate_rows([len(seq) - 1])
         with torch.inference_mode():
-            cached = engine.target.forward_rows([torch.tensor(seq[engine.target.length :])], [None])[0][-1]
+            cached = engine.kv.forward_rows([torch.tensor(seq[engine.kv.length :])], [None])[0][-1]
         torch.testing.assert_close(cached, next_logits_fresh(target, seq), atol=1e-4, rtol=1e-4)
 
 
 def test_tokens_fed_after_a_rollback_see_only_the_kept_cache(target):
     engine = baseline(target)
-    wrapper = engine.target
+    wrapper = engine.kv
     seq = list(range(20, 40))
     with torch.inference_mode():
         wrapper.reset()
@@ -578,7 +578,7 @@ def short_engine():
 def test_generate_refuses_a_request_the_target_cannot_decode(short_engine, prompt, max_new, error):
     """The engine's door: one line naming the valid range, before the target runs a forward."""
     calls = []
-    target = short_engine.target
+    target = short_engine.kv
     target.prefill = lambda *a, **k: calls.append(a)  # an instance attribute: the class's stays as it is
     try:
         with pytest.raises(SpecResearchError) as err:

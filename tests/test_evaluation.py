@@ -27,7 +27,7 @@ MAX_NEW = 12
 def _greedy_reference(lm: SpecResearchLM, context: str, until: str) -> str:
     """transformers' own greedy decoding of the tiny target, cut before `until`: what a lossless
     method must produce through lm-eval."""
-    model, tok = lm.engine.target.lm.model, lm.tokenizer
+    model, tok = lm.engine.kv.lm.model, lm.tokenizer
     ids = torch.tensor([tok.encode(context)])
     out = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=0)[0, ids.shape[1]:]
     text = tok.decode(out.tolist(), skip_special_tokens=True)
@@ -203,7 +203,7 @@ def test_loglikelihood_is_the_targets_alone():
     from lm_eval.api.instance import Instance
 
     lm = SpecResearchLM(**{**TINY_ARGS, "drafter": "pld"})
-    model, tok = lm.engine.target.lm.model, lm.tokenizer
+    model, tok = lm.engine.kv.lm.model, lm.tokenizer
 
     def direct(ids: list[int], n: int) -> tuple[float, bool]:
         logits = model(torch.tensor([ids[:-1]])).logits[0, -n:].float()  # [n, V]

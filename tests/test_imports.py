@@ -29,7 +29,7 @@ FLOORS = {
     # The config layer: a composed config checked (OmegaConf), the run's config, the results format; above the core,
     # which takes the settings dataclasses themselves (specresearch.options) and never a config.
     "config": ["specresearch.settings", "specresearch.config", "specresearch.reports"],
-    "core": ["specresearch.engine", "specresearch.target", "specresearch.drafters", "specresearch.verifiers"],
+    "core": ["specresearch.engine", "specresearch.kv", "specresearch.drafters", "specresearch.verifiers"],
     "services": ["specresearch.models", "specresearch.stores", "specresearch.attention", "specresearch.data", "specresearch.vocab", "specresearch.tracking",
                  "specresearch.records", "specresearch.figures", "specresearch.assets"],
     "ground": ["specresearch.types", "specresearch.metrics", "specresearch.sampling", "specresearch.seeding", "specresearch.errors",

@@ -74,7 +74,7 @@ def _request(context: str):
 def test_pretrained_names_the_target_as_our_own_keys_do():
     lm = SpecResearchLM(pretrained="tiny", drafter="pld")
     same = SpecResearchLM(model="tiny", drafter="pld")
-    assert lm.engine.target.lm.name == same.engine.target.lm.name == "tiny"
+    assert lm.engine.kv.lm.name == same.engine.kv.lm.name == "tiny"
     assert lm.generate_until([_request("def f(x):")], disable_tqdm=True) == \
         same.generate_until([_request("def f(x):")], disable_tqdm=True)
     SpecResearchLM(pretrained="tiny", model="tiny", drafter="pld")  # both, naming the same model: fine

@@ -250,7 +250,7 @@ def decode_rows(engine: Engine, n: int = N, seed: int = 0, sampling: SamplingPar
                     counts[key] += getattr(out.stats, key)
     finally:
         del engine.verifier.verify_rows
-    model, sampling = engine.target.lm.model, sampling or engine.sampling
+    model, sampling = engine.kv.lm.model, sampling or engine.sampling
     prompt, x1t = torch.tensor(which), torch.tensor(x1)
     p1, p2 = [], []
     for i, ids in enumerate(PROMPTS):
@@ -431,14 +431,14 @@ def test_greedy_output_equals_plain_decoding(drafter, overrides, verifier, tmp_p
     except SpecResearchError as err:  # a mode that samples by design is refused at T = 0, never run
         assert "temperature" in str(err) and "children=sample" in overrides, err
         return
-    plain = build_engine(drafter_cfg(drafter, tmp_path, "sampling=greedy", landing=True), baseline=True, target=engine.target.lm)
+    plain = build_engine(drafter_cfg(drafter, tmp_path, "sampling=greedy", landing=True), baseline=True, target=engine.kv.lm)
     outs = [engine.generate(prompt, 24, eos_token_ids=[]) for prompt in (CYCLING, PLAIN)]
     assert [out.tokens for out in outs] == [plain.generate(prompt, 24, eos_token_ids=[]).tokens for prompt in (CYCLING, PLAIN)]
     if drafter != "none":  # the drafts landed: the identity holds where they are accepted
         assert sum(out.stats.accepted for out in outs) >= MIN_ALPHA * sum(out.stats.drafted for out in outs) > 0
     # On the random target (TINY), where drafts are mostly rejected: the rejection path.
     random = _engine(drafter, overrides, verifier, "greedy", tmp_path, landing=False)
-    alone = build_engine(drafter_cfg(drafter, tmp_path, "sampling=greedy"), baseline=True, target=random.target.lm)
+    alone = build_engine(drafter_cfg(drafter, tmp_path, "sampling=greedy"), baseline=True, target=random.kv.lm)
     for prompt in (PLAIN, REPEATING):
         assert random.generate(prompt, 24, eos_token_ids=[]).tokens == alone.generate(prompt, 24, eos_token_ids=[]).tokens
     expected = plain.generate(REPEATING, 24, eos_token_ids=[]).tokens

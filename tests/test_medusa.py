@@ -22,10 +22,10 @@ from specresearch.drafters.ngram import lookup
 from specresearch.drafters.tree import Sizer
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
+from specresearch.kv import CachedLM, interpolated
+from specresearch.kv import costs as target_module
 from specresearch.measure import run, trained_on_tags
 from specresearch.models import load_model
-from specresearch.target import Target, interpolated
-from specresearch.target import costs as target_module
 from specresearch.train import (
     MAX_HEADS,
     SHARD,
@@ -100,7 +100,7 @@ def test_self_cache_labels_are_the_generated_tokens_after_the_next(target):
         assert cache.prompt[rows].tolist() == [True] * (len(p) - 1) + [False] * 10
         assert cache.tokens[rows].tolist() == p[1:] + tokens[i].tolist()  # the token after each position
         if len(p) > 1:  # a prompt's own features, as the target alone computes them
-            reader = Target(target)
+            reader = CachedLM(target)
             reader.keep_hidden = True
             reader.reset()
             reader.prefill_rows([torch.tensor(p)])  # the hidden states of every prompt token
@@ -141,8 +141,8 @@ def test_text_data_is_kept_in_chunks_that_more_tokens_extend(tmp_path, target, m
     text = [target.tokenizer.encode(p.text, add_special_tokens=False) for p in training_prompts(["python-stdlib"], 0, files=True)[:3]]
     seq = 16
     forwards = []
-    real = Target.forward_rows
-    monkeypatch.setattr(Target, "forward_rows", lambda self, *a, **k: forwards.append(1) or real(self, *a, **k))
+    real = CachedLM.forward_rows
+    monkeypatch.setattr(CachedLM, "forward_rows", lambda self, *a, **k: forwards.append(1) or real(self, *a, **k))
     small = text_cache(target, text, 2 * SHARD * seq, seq, 3, 0.1, tmp_path)
     assert len(forwards) == 2 * SHARD and len(list(tmp_path.glob("chunks-*.safetensors"))) == 2
     forwards.clear()
@@ -643,14 +643,14 @@ def test_a_damaged_cost_file_is_measured_again_with_one_line(content, tmp_path, 
     negative time is neither a traceback nor used: one warning naming it, then measured and written anew."""
     import logging
 
+    from specresearch.kv import kept_cost_curve
     from specresearch.models import load_model
-    from specresearch.target import kept_cost_curve
 
     lm = load_model("tiny", cache_dir=str(tmp_path), dtype="float32", device="cpu")
     kept_cost_curve(lm, [2])
     (path,) = (tmp_path / "costs").rglob("*.json")
     path.write_text(content)
-    with caplog.at_level(logging.WARNING, logger="specresearch.target"):
+    with caplog.at_level(logging.WARNING, logger="specresearch.kv"):
         v, one = kept_cost_curve(lm, [2, 3])
     assert [r.getMessage() for r in caplog.records if "cost file" in r.getMessage()] == [
         next(r.getMessage() for r in caplog.records if "cost file" in r.getMessage())]

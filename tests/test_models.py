@@ -580,7 +580,7 @@ def test_packed_kernels_on_a_real_model(smollm2):
     """SmolLM2-135M in float32 with model.kernels=packed (every layer at least PACK_MIN: oneDNN's product): its
     logits those of nn.Linear within float32's rounding, and a verification's forward (9 query tokens after a
     prefix) those of one token a forward."""
-    from specresearch.target import Target
+    from specresearch.kv import CachedLM
 
     cache, first, _ = smollm2
     plain = load_model("smollm2-135m", cache_dir=cache, dtype="fp32", kernels="torch")
@@ -588,7 +588,7 @@ def test_packed_kernels_on_a_real_model(smollm2):
     ids = first.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return", add_special_tokens=False)
     torch.testing.assert_close(logits(packed, ids), logits(plain, ids), atol=1e-4, rtol=1e-4)
     assert all("_pack" in m.__dict__ for m in packed.model.modules() if type(m) is PackedLinear)  # all took oneDNN's
-    target = Target(packed)
+    target = CachedLM(packed)
     with torch.inference_mode():
         target.reset(len(ids))
         target.prefill_rows([torch.tensor(ids[:-9])])

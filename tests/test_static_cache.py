@@ -1,4 +1,4 @@
-"""The static KV cache (model.cache=static: target.StaticSlots) and the compiled decoder
+"""The static KV cache (model.cache=static: kv.StaticSlots) and the compiled decoder
 (model.compile=true): every drafter in each of its modes decodes exactly what it decodes with the
 dynamic cache (fp32, tiny models, greedy), one sequence and a batch; the slots are preallocated and
 reused; a compiled engine decodes what the eager one does, for every drafter; what the static cache
@@ -9,9 +9,9 @@ import torch
 
 from specresearch.build import build_engine
 from specresearch.errors import SpecResearchError
+from specresearch.kv import CachedLM, StaticSlots
 from specresearch.models import load_model
 from specresearch.options.groups import OPTIONS
-from specresearch.target import StaticSlots, Target
 
 from .conftest import PLAIN, REPEATING, drafter_cfg, make_cfg
 from .helpers import tiny_engine
@@ -34,7 +34,7 @@ def test_static_cache_decodes_what_the_dynamic_one_does(drafter, overrides, tmp_
             # change a drawn child and with it every later draw, so its runs are equal in law only (test_lossless);
             # its cache paths (tree levels, paths kept in place) are its greedy sibling mode's
             pytest.skip("samples its draft: no greedy run")
-        assert (engine.target.static is not None) == (cache == "static")
+        assert (engine.kv.static is not None) == (cache == "static")
         outs[cache] = [engine.generate(p, 32, eos_token_ids=[]) for p in PROMPTS]
         outs[cache] += engine.generate([*PROMPTS, PLAIN[:5]], 32, eos_token_ids=[])  # a batch: rows of other lengths, in one cache
     assert [o.tokens for o in outs["static"]] == [o.tokens for o in outs["dynamic"]]
@@ -52,10 +52,10 @@ def test_a_compiled_engine_decodes_what_the_eager_one_does(drafter, tmp_path):
         engine = build_engine(drafter_cfg(drafter, tmp_path, "verifier=greedy", "sampling=greedy", "model.cache=static",
                                           f"model.compile={str(compiled).lower()}"))
         tokens[compiled] = engine.generate(REPEATING, 12, eos_token_ids=[]).tokens
-        assert (engine.target.lm.compiled is not None) == compiled  # (made at the first compiled forward)
+        assert (engine.kv.lm.compiled is not None) == compiled  # (made at the first compiled forward)
     # the target's logits came from the whole model compiled (its lm head in the graph), unless the drafter reads hidden states
     # (then the graph without the head; shape=auto's cost measurement may compile the whole model beside it)
-    graphs = set(engine.target.lm.compiled)
+    graphs = set(engine.kv.lm.compiled)
     assert (False in graphs) == engine.drafter.needs_hidden and (True in graphs or engine.drafter.needs_hidden)
     assert tokens[True] == tokens[False]
 
@@ -63,7 +63,7 @@ def test_a_compiled_engine_decodes_what_the_eager_one_does(drafter, tmp_path):
 @torch.inference_mode()
 def test_slots_are_preallocated_reused_and_grown_in_blocks():
     lm = load_model("tiny", device="cpu", cache="static")
-    target = Target(lm)
+    target = CachedLM(lm)
     target.reset(10)
     slots = target.static
     target.prefill_rows([torch.tensor(PLAIN)])
@@ -93,14 +93,14 @@ def test_a_compiled_decoder_decodes_what_the_eager_one_does(tmp_path):
         cfg = make_cfg("model=tiny", "drafter=none", "verifier=greedy", "sampling=greedy", "model.cache=static", f"model.compile={str(compiled).lower()}")
         engine = build_engine(cfg, baseline=True)
         tokens[compiled] = engine.generate(PLAIN, 12, eos_token_ids=[]).tokens  # prefill at width 4, then width 1
-        target = Target(engine.target.lm)
+        target = CachedLM(engine.kv.lm)
         target.reset(len(PLAIN) + 8)
         target.prefill_rows([torch.tensor(PLAIN)])
         chain = target.forward_rows([torch.tensor([5, 6, 7])], [None])[0]  # [3, V]
         target.truncate_rows([len(PLAIN)])
         tree = target.forward_rows([torch.tensor([5, 6, 9])], [torch.tensor([-1, 0, 0])])[0]
         logits[compiled] = torch.cat([chain, tree])
-    assert engine.target.lm.compiled is not None and tokens[True] == tokens[False]
+    assert engine.kv.lm.compiled is not None and tokens[True] == tokens[False]
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
 
 

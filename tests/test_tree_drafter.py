@@ -9,7 +9,7 @@ from specresearch.drafters import Context, NoDrafter, TreeDrafter
 from specresearch.drafters.tree import Sizer
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.target import Target, interpolated
+from specresearch.kv import CachedLM, interpolated
 from specresearch.types import Draft, SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
 
@@ -20,14 +20,14 @@ from .conftest import PLAIN, REPEATING, equivalence_report, tiny_model
 def test_a_tree_grown_over_several_forwards_sees_only_its_ancestors(target):
     """Level 2 fed in a second call (tree=start) gets the logits of its path decoded as a chain."""
     prompt = torch.tensor([5, 9, 33, 2])
-    grown = Target(target)
+    grown = CachedLM(target)
     grown.reset()
     grown.prefill_rows([prompt])
     start = grown.length
     first = grown.forward_rows([torch.tensor([40, 41, 42])], [torch.tensor([-1, -1, -1])], tree=start)[0]
     second = grown.forward_rows([torch.tensor([50, 51])], [torch.tensor([2, 0])], tree=start)[0]
     for nodes, logits in (([42, 50], second[0]), ([40, 51], second[1]), ([41], first[1])):
-        chain = Target(target)
+        chain = CachedLM(target)
         chain.reset()
         chain.prefill_rows([prompt])
         torch.testing.assert_close(logits, chain.forward_rows([torch.tensor(nodes)], [None])[0][-1], atol=1e-4, rtol=0)
@@ -40,7 +40,7 @@ def test_rows_trees_grown_over_several_forwards_see_only_their_ancestors(target)
     """Two rows of different lengths grow their trees in the same forwards (forward_rows with tree=start),
     one row feeding nothing in the second: every node gets the logits of its path decoded as a chain."""
     prompts = [torch.tensor([5, 9, 33, 2]), torch.tensor([7, 3])]
-    grown = Target(target)
+    grown = CachedLM(target)
     grown.reset()
     grown.prefill_rows(prompts)
     start = grown.length
@@ -51,14 +51,14 @@ def test_rows_trees_grown_over_several_forwards_see_only_their_ancestors(target)
     paths = [(0, [42, 50], second[0][0]), (0, [40, 51], second[0][1]), (0, [41], first[0][1]), (0, [42, 50, 52], third[0][0]),
              (1, [60], first[1][0]), (1, [60, 61], third[1][0])]
     for b, nodes, logits in paths:
-        chain = Target(target)
+        chain = CachedLM(target)
         chain.reset()
         chain.prefill_rows([prompts[b]])
         torch.testing.assert_close(logits, chain.forward_rows([torch.tensor(nodes)], [None])[0][-1], atol=1e-4, rtol=0)
     grown.crop_rows(start, [4, 2])  # the trees dropped: each row goes on after its prompt
     after = grown.forward_rows([torch.tensor([8]), torch.tensor([8])], [None, None])
     for b in range(2):
-        chain = Target(target)
+        chain = CachedLM(target)
         chain.reset()
         chain.prefill_rows([prompts[b]])
         torch.testing.assert_close(after[b][0], chain.forward_rows([torch.tensor([8])], [None])[0][-1], atol=1e-4, rtol=0)

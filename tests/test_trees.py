@@ -7,9 +7,9 @@ import pytest
 import torch
 from scipy.stats import power_divergence
 
+from specresearch.kv import CachedLM
 from specresearch.models import load_model
 from specresearch.stats import sibling_law, total_variation
-from specresearch.target import Target
 from specresearch.types import Draft, node_depths
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
 
@@ -24,8 +24,8 @@ def lm():
     return load_model("tiny", device="cpu", tiny={"vocab_size": 320, "seed": 0})
 
 
-def prefilled(lm, tokens: torch.Tensor) -> Target:
-    target = Target(lm)
+def prefilled(lm, tokens: torch.Tensor) -> CachedLM:
+    target = CachedLM(lm)
     target.reset()
     target.prefill_rows([tokens])
     return target

@@ -105,7 +105,7 @@ class CrossVocabDrafter(Drafter):
 
     def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
         """Every row's draft: each row's context re-encoded in the draft's tokens and its cache rolled back
-        to what that encoding shares with it (into a prompt the rows share too: Target.truncate_rows),
+        to what that encoding shares with it (into a prompt the rows share too: CachedLM.truncate_rows),
         then one draft forward per level feeds each row still drafting its pending tokens and lookup
         guesses (ragged rows, each in its own slots of the draft's cache)."""
         begun = [self._begin(ctx, ids) for ctx, ids in zip(ctxs, self.ids)]

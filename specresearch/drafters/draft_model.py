@@ -20,15 +20,15 @@ import torch
 from torch import Tensor
 
 from specresearch.errors import SpecResearchError
+from specresearch.kv import CachedLM
 from specresearch.models import LINEARS, LoadedModel, check_same_vocab, load_model, say_once, use_linear
-from specresearch.target import Target
 from specresearch.vocab import Shortlist
 
 QUANTIZE = ("int8", "auto")
 OPTIONS = ("vocab", "vocab_corpus", "quantize")  # the keys a draft model's node adds to load_model's: cheapen's
 
 
-class DraftModel(Target):
+class DraftModel(CachedLM):
     """A draft model with its own KV cache (the target wrapper) whose forward scores its shortlist, if
     it has one: logits are then [K, N] over `shortlist.ids`, and `token` / `widen` map them back."""
 
@@ -61,11 +61,11 @@ class DraftModel(Target):
         return cheapen(load_model(**settings), target, **options)
 
     def _forward(self, tokens: Tensor, head=None, parents: Tensor | None = None, tree: int | None = None) -> Tensor:
-        """Target._forward (one row's), scored by the shortlist's head when there is one: [K, N] logits."""
+        """CachedLM._forward (one row's), scored by the shortlist's head when there is one: [K, N] logits."""
         return super()._forward(tokens, head=head if head is not None else self.head, parents=parents, tree=tree)
 
     def forward_rows(self, fed, parents, head=None, tree: int | None = None) -> list[Tensor]:
-        """Target.forward_rows, scored by the shortlist's head when there is one: [n_b, N] logits per row."""
+        """CachedLM.forward_rows, scored by the shortlist's head when there is one: [n_b, N] logits per row."""
         return super().forward_rows(fed, parents, head=head if head is not None else self.head, tree=tree)
 
     def draft_chains(self, pending: list[Tensor], guess: Callable[[int], Tensor],

@@ -25,10 +25,10 @@ from specresearch.drafters.checkpoints import checkpoint_record, find_checkpoint
 from specresearch.drafters.training import Cache, optimise, rate_name
 from specresearch.drafters.tree import TreeShape, sizer, tree_draft
 from specresearch.errors import SpecResearchError
+from specresearch.kv import CachedLM
 from specresearch.models import LoadedModel, default_cache_dir
 from specresearch.options import drafters as options
 from specresearch.options import make
-from specresearch.target import Target
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.vocab import Shortlist
 
@@ -178,8 +178,8 @@ class EagleDrafter(Drafter):
         if vocab is not None:
             self.shortlist = Shortlist.load(self.lm_head, target.tokenizer, int(vocab), vocab_corpus, cache_dir)
             self.lm_head = self.shortlist.head
-        weight = self.head.fc.weight  # the head's layer as a Target: each row's (feature, token) pairs in its own slots
-        self.draft = Target(LoadedModel(_Features(self.head.layer), None, "eagle head", weight.device, weight.dtype))
+        weight = self.head.fc.weight  # the head's layer as a CachedLM: each row's (feature, token) pairs in its own slots
+        self.draft = CachedLM(LoadedModel(_Features(self.head.layer), None, "eagle head", weight.device, weight.dtype))
         self.features: list[Tensor] = []  # per row, [H] f̂ after its last accepted pair: the source of its next guess
 
     @classmethod
@@ -385,7 +385,7 @@ class EagleDrafter(Drafter):
 
 
 class _Features(nn.Module):
-    """The head's decoder layer as the model a Target runs: fed input embeddings (the pairs'
+    """The head's decoder layer as the model a CachedLM runs: fed input embeddings (the pairs'
     `EagleHead.inputs`), its "logits" are its output features f̂."""
 
     def __init__(self, layer: nn.Module):

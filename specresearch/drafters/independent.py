@@ -80,7 +80,7 @@ class IndependentDrafter(Drafter):
     def propose_rows(self, ctxs: list[Context]) -> list[Draft]:
         """Every row's chain: one draft forward per level feeds each row still drafting (rows done drafting
         feed nothing) its pending tokens and, with `lookup`, its own prompt-lookup guesses (ragged rows),
-        each row in its own slots of the draft's cache (Target's rows)."""
+        each row in its own slots of the draft's cache (CachedLM's rows)."""
         scored = self.confidence is not None or self.chain_confidence is not None
         chains = [Chain(ctx, self.draft.shortlist, self.siblings, scored) for ctx in ctxs]
         self._chains = [(ctx.tokens.numel(), chain) for ctx, chain in zip(ctxs, chains)]

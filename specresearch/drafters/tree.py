@@ -15,11 +15,11 @@ from torch import Tensor
 from specresearch.drafters.base import Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.errors import SpecResearchError
+from specresearch.kv import COST_SIZES, interpolated, kept_cost_curve
 from specresearch.models import LoadedModel
 from specresearch.options import drafters as options
 from specresearch.options import make
 from specresearch.sampling import ranking_probs
-from specresearch.target import COST_SIZES, interpolated, kept_cost_curve
 from specresearch.types import Draft, SamplingParams, Trie, Verdict
 
 

@@ -98,7 +98,7 @@ class SpecResearchLM(TemplateLM):
         self.seed = seed or 0
         self.first_index = first_index
         self.batch_size = size or 1
-        config = engine.target.lm.model.config
+        config = engine.kv.lm.model.config
         self.max_length = max_length or min(int(getattr(config, "max_position_embeddings", 4096) or 4096), 4096)
         self._engines: dict[SamplingParams, Engine] = {engine.sampling: engine}
         self.outputs: list[tuple[Any, GenerationOutput]] = []  # (lm-eval Instance, its output) per request
@@ -129,7 +129,7 @@ class SpecResearchLM(TemplateLM):
         """What lm-eval adds to its results' `config` about the model: the target's dtype and the code
         that ran it (records.code_tags: git commit and dirty flag, versions of specresearch, torch,
         transformers and lm-eval), under the names MLflow's tags have."""
-        return {"model_dtype": str(self.engine.target.lm.dtype).removeprefix("torch."), **code_tags()}
+        return {"model_dtype": str(self.engine.kv.lm.dtype).removeprefix("torch."), **code_tags()}
 
     @torch.inference_mode()
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
@@ -213,11 +213,11 @@ class SpecResearchLM(TemplateLM):
             sampling = replace(sampling, top_k=int(gen_kwargs["top_k"]))
         if sampling not in self._engines:
             base = self.engine
-            self._engines[sampling] = Engine(base.target.lm, base.drafter, base.verifier, sampling, base.time_split)
+            self._engines[sampling] = Engine(base.kv.lm, base.drafter, base.verifier, sampling, base.time_split)
         return self._engines[sampling]
 
     def _score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
-        model = self.engine.target.lm.model
+        model = self.engine.kv.lm.model
         ids = (context + continuation)[-(self.max_length + 1):]
         n = len(continuation)
         inputs = torch.tensor([ids[:-1]], device=self.engine.device)  # [1, T]

@@ -95,14 +95,14 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
                           require_isolation=ec.sandbox.require_isolation)
         layers = sandbox.check_isolation()  # refuse a weak sandbox before the model loads
     method = build_engine(cfg)
-    baseline = build_engine(cfg, baseline=True, target=method.target.lm) if ec.baseline else None
+    baseline = build_engine(cfg, baseline=True, target=method.kv.lm) if ec.baseline else None
     label = f"eval {ec.task}: {method.label}"
     sides: dict[str, Side] = {}
     layer_metrics = {f"sandbox_{layer}": float(on) for layer, on in layers.items()}  # the isolation the code ran under
-    with tracked_run(tracker, cfg, label, lambda: _report(sides, layer_metrics, batch), tags=machine_tags(method.target.lm),
+    with tracked_run(tracker, cfg, label, lambda: _report(sides, layer_metrics, batch), tags=machine_tags(method.kv.lm),
                      params=claim_params(method)):
         if baseline is not None:
-            cache = baseline_cache(cfg, method.target.lm) if ec.reuse_baseline else None
+            cache = baseline_cache(cfg, method.kv.lm) if ec.reuse_baseline else None
             if cache is not None and cache.is_file():
                 sides["baseline"] = Side.from_json(cache.read_text(), str(cache))
                 log.info(f"baseline: reusing the scores and generations of an identical earlier run ({cache})")

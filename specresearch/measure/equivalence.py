@@ -61,7 +61,7 @@ def equivalence(sc: DictConfig, seed: int, target, method: Engine, prompt_ids: l
     scores, N) is kept; read back instead of drawn when an identical earlier run left it, so a sweep of
     methods at one temperature samples the target once."""
     prompts = prompt_ids[: sc.prompts]
-    rows = stats_rows(sc.batch, method.target.vocab_size)  # per call
+    rows = stats_rows(sc.batch, method.kv.vocab_size)  # per call
     auto = sc.samples == "auto"
     kept = Baseline.load(cache) if cache is not None and cache.is_file() else None
     if kept is not None:

@@ -18,6 +18,7 @@ from specresearch.build import build, build_engine, claim_params
 from specresearch.data import Prompt, encode, load_prompts
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
+from specresearch.kv import CachedLM, StaticSlots
 from specresearch.measure.equivalence import AUTO_MAX, baseline_cache, equivalence, format_calibration
 from specresearch.measure.results import Results, format_table
 from specresearch.metrics import first_divergence
@@ -29,7 +30,6 @@ from specresearch.settings import built_by
 from specresearch.stats import samples_for_tv
 from specresearch.stats.distortion import check as check_distortion
 from specresearch.stats.distortion import continuations, distortion
-from specresearch.target import StaticSlots, Target
 from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput, SamplingParams
 
@@ -53,9 +53,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     method = build_engine(cfg)
     if cfg.stats.distortion:
         check_distortion(method)  # before anything is measured
-    baseline = build_engine(cfg, baseline=True, target=method.target.lm)
+    baseline = build_engine(cfg, baseline=True, target=method.kv.lm)
     compiled = compiled_reference(cfg, baseline)
-    target, drafter = method.target.lm, method.drafter
+    target, drafter = method.kv.lm, method.drafter
     trained_on = trained_on_tags(drafter, prompts)  # refuses heads trained on any of these prompts
     prompt_ids = [encode(target.tokenizer, p) for p in prompts]
     stops = list(cfg.dataset.get("stop", []) or [])
@@ -70,16 +70,16 @@ def run(cfg: DictConfig) -> dict[str, float]:
     engines = (baseline, method) if compiled is None else (baseline, method, compiled)
     longest = max(prompt_ids, key=len)
     for engine in engines:  # compiled slots sized once for the longest prompt (a larger cache would compile its graphs again),
-        if engine.target.lm.compile:  # and a graph made for every width a verification may feed (one token for plain decoding)
-            engine.target.reset(len(longest) + cfg.max_new_tokens + 1)
-            engine.target.precompile(1 if engine.drafter.k == 0 and not engine.drafter.depth else StaticSlots.COMPILED_WIDTHS[-1],
+        if engine.kv.lm.compile:  # and a graph made for every width a verification may feed (one token for plain decoding)
+            engine.kv.reset(len(longest) + cfg.max_new_tokens + 1)
+            engine.kv.precompile(1 if engine.drafter.k == 0 and not engine.drafter.depth else StaticSlots.COMPILED_WIDTHS[-1],
                                      hidden=engine.drafter.needs_hidden)
     if cfg.warmup:  # first calls pay one-off costs (allocator, kernels, compilation): keep them out of every timing
         log.info(f"warm-up (untimed; warmup=false skips it): {' and '.join(e.label for e in engines)} decode "
                  f"{min(8, cfg.max_new_tokens)} tokens of {len(prompt_ids[:batch])} prompt(s) each, so that one-off costs "
                  "(memory, kernels, compiled graphs) stay out of the timings")
         for engine in engines:  # a compiled engine decodes the longest prompt in full: its draft model's slots grow to their size too
-            compiled_run = engine.target.lm.compile
+            compiled_run = engine.kv.lm.compile
             generate(engine, [longest] if compiled_run else prompt_ids[:batch], 0,
                      cfg.max_new_tokens if compiled_run else min(8, cfg.max_new_tokens))
 
@@ -214,7 +214,7 @@ def compiled_reference(cfg: DictConfig, baseline: Engine) -> Engine | None:
     """Plain decoding compiled (model.cache=static, model.compile=true, the target's weights shared), to
     time beside the baseline when `cfg.compiled_reference` asks for it (auto: on CUDA); None when not
     asked, when the baseline is compiled itself, or for a batch (compiled graphs decode one sequence)."""
-    lm = baseline.target.lm
+    lm = baseline.kv.lm
     wanted = lm.device.type == "cuda" if cfg.get("compiled_reference", "auto") == "auto" else bool(cfg.compiled_reference)
     if not wanted or lm.compile or cfg.batch_size > 1:
         return None
@@ -251,7 +251,7 @@ def divergence_gap(lm, prompt: list[int], a: list[int], b: list[int]) -> float |
     d = first_divergence(a, b)
     if d is None or d >= min(len(a), len(b)):
         return None
-    fresh = Target(lm)
+    fresh = CachedLM(lm)
     fresh.reset()
     logits = fresh.prefill_rows([torch.tensor(prompt + a[:d])])[0].float()  # [V]
     return abs(logits[a[d]] - logits[b[d]]).item()

@@ -52,7 +52,7 @@ def load_model(name: str, **given: Any) -> LoadedModel:
             "packed", "skinny" (few rows as W @ xᵀ) or "torch" (nn.Linear) everywhere; "invariant":
             the law at a context the same bits at every forward shape, see
             models.kernels.use_invariant_kernels), `cache` (the KV cache its Targets keep: "dynamic" or "static", see
-            target.StaticSlots), `compile` (the decoder under torch.compile at fixed widths; needs
+            kv.StaticSlots), `compile` (the decoder under torch.compile at fixed widths; needs
             cache="static"). `draft` is not read here (what drafter.model.name defaults to): taken so
             that `load_model(**cfg.model)` loads the node as it is.
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Dict, Optional
 from specresearch.errors import SpecResearchError
 from specresearch.options import MISSING, Options, given, one_of, setting
 
-CACHES = ("dynamic", "static")  # a model's KV cache (target.Target; static: target.StaticSlots)
+CACHES = ("dynamic", "static")  # a model's KV cache (kv.CachedLM; static: kv.StaticSlots)
 KERNELS = ("auto", "packed", "skinny", "torch", "invariant")  # the linears (models.loading.linear_kind): weights oneDNN laid out
 # once (models.PackedLinear), few rows as W @ xᵀ (models.SkinnyLinear), nn.Linear as is, or a forward whose law at a
 # context does not depend on its shape (models.InvariantLinear, attention.invariant_attention)

@@ -164,12 +164,12 @@ def distortion(method: Engine, prompts: list[list[int]], texts: list[list[int]],
         raise SpecResearchError(f"distortion needs continuations of one length >= 1, got {sorted({len(t) for t in texts})}")
     siblings = method.drafter.siblings
     recorder = Recorder(method.verifier, texts, siblings if siblings.n else None)
-    forced = Engine(method.target.lm, method.drafter, recorder, method.sampling, time_split=False)
+    forced = Engine(method.kv.lm, method.drafter, recorder, method.sampling, time_split=False)
     forced.generate(prompts, length, eos_token_ids=[], sample_first=False,
                     seed=[stream_seed(seed, Stream.FORCED, b) for b in range(len(prompts))])
     sampling = method.verifier.p_sampling(method.sampling)
     numerics = []  # [P, L]
     for b, (prompt, text) in enumerate(zip(prompts, texts)):
-        plain = one_query_laws(method.target.lm, prompt, text, sampling).cpu()  # [L, V]
+        plain = one_query_laws(method.kv.lm, prompt, text, sampling).cpu()  # [L, V]
         numerics.append([total_variation(read, one) for read, one in zip(recorder.p[b], plain)])
     return Distortion(np.array(recorder.tv), np.array(recorder.kl), np.array(recorder.kept), np.array(numerics))

@@ -28,10 +28,10 @@ from transformers import DynamicCache
 from specresearch.attention import SharedPrefix, shares_prefix
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
+from specresearch.kv import CachedLM, decode_batch
 from specresearch.models import LoadedModel
 from specresearch.sampling import logits_to_probs, sample
 from specresearch.seeding import stream_seed
-from specresearch.target import Target, decode_batch
 from specresearch.types import SamplingParams
 
 
@@ -245,7 +245,7 @@ class SharedPrompt:
     it (specresearch.attention), else copied into each batch of rows."""
 
     def __init__(self, lm: LoadedModel, prompt: list[int]):
-        target = Target(lm, static=False)
+        target = CachedLM(lm, static=False)
         target.reset()
         self.logits = target.prefill_rows([torch.tensor(prompt, device=lm.device)])  # [1, V]
         self.lm, self.cache, self.length = lm, target.cache, len(prompt)

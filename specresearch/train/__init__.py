@@ -53,8 +53,8 @@ from specresearch.config import CONF_DIR, options
 from specresearch.data import DATASETS, SPLIT_RULE, TRAIN_SOURCES, Prompt, encode, encode_text, prompt_record, train_side
 from specresearch.drafters.training import Cache, Trainable, rate_name, save_tensors
 from specresearch.errors import SpecResearchError, write_problem
+from specresearch.kv import CachedLM, decode_batch
 from specresearch.models import LoadedModel, cache_root, default_cache_dir, load_model
-from specresearch.target import Target, decode_batch
 from specresearch.tracking import tracked_run
 from specresearch.types import SamplingParams
 from specresearch.vocab import check_corpus
@@ -186,7 +186,7 @@ def text_cache(lm: LoadedModel, texts: list[list[int]], tokens: int, seq_len: in
     chunks = [ids[i : i + seq_len] for i in range(0, len(ids) - heads - 1, seq_len)]
     if not chunks:
         raise SpecResearchError(f"train.tokens={tokens} gives no chunk of more than {heads + 1} tokens")
-    target = Target(lm)
+    target = CachedLM(lm)
     target.keep_hidden = True
 
     def run(group: list[list[int]]) -> dict[str, Tensor]:

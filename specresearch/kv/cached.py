@@ -1,6 +1,6 @@
-"""The one target wrapper: a causal LM that owns its KV cache, feeds tokens through it, and rolls it
-back exactly after a rejection (no recomputation of the accepted prefix). Draft models use the same
-wrapper for their own cache."""
+"""The one KV-cache wrapper: a causal LM that owns its KV cache, feeds tokens through it, and rolls it
+back exactly after a rejection (no recomputation of the accepted prefix). The target runs in one (the
+engine's `kv`); draft models use the same wrapper for their own cache."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from specresearch.attention import SharedPrefix, shares_prefix
+from specresearch.kv.static import StaticSlots, model_inputs, move_slots
+from specresearch.kv.trees import tree_ancestry, tree_attention
 from specresearch.models import LoadedModel
-from specresearch.target.static import StaticSlots, model_inputs, move_slots
-from specresearch.target.trees import tree_ancestry, tree_attention
 
 
-class Target:
+class CachedLM:
     """A causal LM plus its KV cache, for one sequence or a batch of them (rows).
 
     `length` is the number of cache slots. The engine keeps every token but the last one sampled in

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from specresearch.kv.cached import CachedLM
 from specresearch.models import LoadedModel, default_cache_dir, machine_tags
-from specresearch.target.kv import Target
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +33,14 @@ def forward_seconds(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: 
         sizes: numbers of tokens to feed (>= 1).
         repeats: timings of each size.
     """
-    model = Target(lm)
+    model = CachedLM(lm)
     model.reset()
     model.prefill_rows([torch.tensor(ids[:-1])])
     times = {n: timed_forwards(model, [torch.tensor(ids[-1:] * n)], repeats) for n in sorted(set(sizes))}
     return [times[n] for n in sizes]
 
 
-def timed_forwards(model: Target, fed: list[torch.Tensor], repeats: int) -> float:
+def timed_forwards(model: CachedLM, fed: list[torch.Tensor], repeats: int) -> float:
     """The fastest of `repeats` forwards of row b's chain `fed[b]` ([n_b] tokens) on `model`'s rows, each
     rolled back after it (noise only adds)."""
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)

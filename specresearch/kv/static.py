@@ -89,7 +89,7 @@ class StaticSlots:
 
     def restore(self, kept: list[tuple[Tensor, Tensor] | None], length: int) -> None:
         """Put back what `copy` kept (in every row), in place, and write after it (in a larger cache first
-        when this one has fewer slots: a Target reset without the prompt's size, as a draft model's is)."""
+        when this one has fewer slots: a CachedLM reset without the prompt's size, as a draft model's is)."""
         if length > self.capacity:
             self._grow(length)
         for layer, slots in zip(self.cache.layers, kept):
@@ -181,7 +181,7 @@ def _static_cache(config, capacity: int) -> StaticCache:
 
 def _compiled(lm: LoadedModel, logits: bool) -> Callable:
     """The model under torch.compile, one per model and kind (its Targets share them; the graphs are per
-    width and per Target's slots): with `logits` the whole causal LM (decoder and lm head, as transformers
+    width and per CachedLM's slots): with `logits` the whole causal LM (decoder and lm head, as transformers
     compiles it), else its decoder alone (for the hidden states: drafters that read them, heads of their own)."""
     if lm.compiled is None:
         lm.compiled = {}
