@@ -204,7 +204,7 @@ def commit(runs: Study, report: Report, out: Path, when: str) -> Path:
                   command=[f"python -m specresearch experiment={runs.name}", f"{COMMAND} experiment={runs.name} save=true"],
                   columns=first.headers, rows=first.cells, prompts=first.caption,
                   notes=[*report.notes, *first.notes], extra="\n\n".join(extra), data=runs_record(runs))
-    reports.check(record, str(path))
+    reports.checked(record, str(path))
     path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     return path
 

@@ -190,9 +190,9 @@ def exact_distortion(cfg, engine, prompts: list[list[int]], length: int, seed: i
     the prompt, so its TV is the exact TV of the battery's position_1 marginals; later positions' are
     per-step values along one continuation, not marginals."""
     from specresearch import build_engine
-    from specresearch.stats.distortion import check, continuations, distortion
+    from specresearch.stats.distortion import check_distortion, continuations, distortion
 
-    check(engine)
+    check_distortion(engine)
     base = build_engine(cfg, baseline=True, target=engine.kv.lm)
     d = distortion(engine, prompts, continuations(base, prompts, length, seed), seed)
     return {"tv": [float(v) for v in d.tv[0]], "kept": [float(v) for v in d.kept[0]], "tv_mean": float(d.tv.mean())}
@@ -501,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     result = calibrate(args.repeats, args.samples, method, args.alpha, args.length, args.seed, progress=progress,
                        comparisons=comparisons, tv=args.tv)
-    data = reports.check(page(result, command, date), str(out))  # the docs' one results format
+    data = reports.checked(page(result, command, date), str(out))  # the docs' one results format
     out.write_text(dumps(data), encoding="utf-8")
     for row in data["rows"]:
         if "Holm" in row[1] or row[1].startswith(("surprisal_z", "position_1 ")):

@@ -206,7 +206,7 @@ def main() -> None:
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    args.out.write_text(json.dumps(reports.check(data, str(args.out)), indent=2, ensure_ascii=False) + "\n")
+    args.out.write_text(json.dumps(reports.checked(data, str(args.out)), indent=2, ensure_ascii=False) + "\n")
     print(f"wrote {args.out}: {len(data['rows'])} rows")
 
 

@@ -388,7 +388,7 @@ def lossless_at(temperature: float) -> list[str]:
     for name in options("verifier"):
         verifier = instantiate(node("verifier", name))
         try:
-            verifier.check(SamplingParams(temperature=temperature))
+            verifier.check_sampling(SamplingParams(temperature=temperature))
         except SpecResearchError:
             continue
         if verifier.lossless:

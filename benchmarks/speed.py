@@ -265,7 +265,7 @@ def drafter_configs(args) -> dict[str, Ours]:
         overrides = [f"drafter={group}", *(f"drafter.{o}" for o in options if not o.startswith("verifier")), *verifier]
         cfg = compose(overrides)
         try:  # a verifier that cannot decode at this temperature (greedy at T > 0), refused before any model loads
-            build(cfg.verifier).check(SamplingParams(temperature=args.temperature))
+            build(cfg.verifier).check_sampling(SamplingParams(temperature=args.temperature))
         except SpecResearchError as err:
             raise SpecResearchError(f"{name} at --temperature {args.temperature:g}: {err}") from None
         found[name] = Ours(group, options, cfg.drafter, cfg.verifier)
@@ -776,7 +776,7 @@ def destinations(args) -> tuple[Path, MLflowTracker | NullTracker]:
     if problem:
         raise SpecResearchError(f"cannot write the report {out} (--json): {problem}")
     tracker = MLflowTracker(store=args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
-    tracker.check()
+    tracker.check_reachable()
     cache_root()  # dequantized models, a cheaper draft's token counts
     return out, tracker
 

@@ -46,7 +46,7 @@ def build_engine(cfg: DictConfig, baseline: bool = False, target: LoadedModel | 
 
     Raises:
         SpecResearchError: a config that lacks one of those nodes or strays from the settings schema
-            (specresearch.settings.check, as the command line checks it): before any model loads.
+            (specresearch.settings.check_config, as the command line checks it): before any model loads.
     """
     from specresearch.drafters.none import NoDrafter
     from specresearch.engine import Engine
@@ -69,14 +69,14 @@ ENGINE_NODES = ("model", "drafter", "verifier", "sampling")  # what build_engine
 def check_buildable(cfg: Any) -> None:
     """Refuse, in one line, a config build_engine cannot build: not a config of conf/config.yaml's
     kind (one made with OmegaConf.create or changed by assignment may lack a node or stray from the
-    schema), checked as the command line checks it (specresearch.settings.check)."""
+    schema), checked as the command line checks it (specresearch.settings.check_config)."""
     if not isinstance(cfg, (DictConfig, dict)):
         raise SpecResearchError(f"build_engine() takes a config from specresearch.compose([...]), got {type(cfg).__name__}")
     missing = [node for node in ENGINE_NODES if cfg.get(node) is None]
     if missing:
         raise SpecResearchError(f"build_engine() needs a config with {', '.join(ENGINE_NODES)} (as compose([...]) makes "
                                 f"it); this one has no {', '.join(missing)}")
-    settings.check(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg))
+    settings.check_config(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg))
 
 
 def claim_params(engine: Engine) -> dict[str, str]:

@@ -32,7 +32,7 @@ class OwnMessages(logging.Filter):
 def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None], timed: bool = True,
         ready: Callable[[DictConfig], Any] | None = None) -> None:
     """Run a Hydra command (`python -m specresearch`, `python -m specresearch.train`): every job, single
-    or in a sweep, is checked (settings.check) before a run opens, then runs `work(cfg)` inside
+    or in a sweep, is checked (settings.check_config) before a run opens, then runs `work(cfg)` inside
     sweeps.job (signals end its run FAILED, `resume` may skip it, a timed speed job holds the speed lock).
     A SpecResearchError is one `error:` line and exit 2 for a single run (which leaves no empty output
     folder); in a sweep the other jobs go on and the sweep's callback counts the failed one.
@@ -41,7 +41,7 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
         config_name: the primary config of conf/ ("config" or "train").
         work: the job: the composed config in, the summary metrics out.
         timed: whether the jobs' results are timings (sweeps.job: the speed lock); False for training.
-        ready: the job's own checks that need no model (files, prompts, sizes), run with settings.check
+        ready: the job's own checks that need no model (files, prompts, sizes), run with settings.check_config
             before sweeps.job: a job it refuses neither waits for the speed lock nor opens a run.
     """
     if "--version" in sys.argv[1:] or "-V" in sys.argv[1:]:  # ours, not Hydra's ("Hydra 1.3.8")
@@ -103,12 +103,12 @@ def _job(work: Callable[[DictConfig], dict[str, float] | None], timed: bool,
         from hydra.types import RunMode
 
         from specresearch import sweeps
-        from specresearch.settings import check
+        from specresearch.settings import check_config
 
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
         try:
-            check(cfg)  # before sweeps.job: a refused config opens no run and takes no lock
+            check_config(cfg)  # before sweeps.job: a refused config opens no run and takes no lock
             if ready is not None:
                 ready(cfg)  # so are missing or damaged files, too few prompts, sizes a model cannot hold
             with sweeps.job(cfg, multirun=multirun, timed=timed) as skipped:

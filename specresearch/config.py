@@ -83,7 +83,7 @@ def register_studies() -> None:
 def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str = "config") -> DictConfig:
     """A config of conf/ composed with Hydra overrides, as `python -m specresearch` would
     compose it (without the `hydra` node), and checked against the settings schema
-    (specresearch.settings.check).
+    (specresearch.settings.check_config).
 
     Args:
         overrides: `["drafter=pld", "drafter.k=4"]`, or a mapping `{"drafter": "pld", "drafter.k": 4}`
@@ -115,7 +115,7 @@ def compose(overrides: Sequence[str] | Mapping[str, Any] = (), config_name: str 
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
     except HydraException as err:
         raise SpecResearchError(str(err)) from None
-    settings.check(cfg)
+    settings.check_config(cfg)
     return cfg
 
 

@@ -86,8 +86,8 @@ class Engine:
                 device sync at each phase's ends; without it a step syncs only where its decisions read
                 the device (the accepted lengths, the tokens). "auto": on unless the target is on CUDA.
         """
-        verifier.check(sampling)
-        drafter.check(sampling)
+        verifier.check_sampling(sampling)
+        drafter.check_sampling(sampling)
         DraftLength.of(drafter)  # refuses a bad draft length before any decode
         self.kv = CachedLM(target)
         self.tokenizer = target.tokenizer

@@ -50,7 +50,7 @@ def validate(report: Any) -> list[str]:
     return problems
 
 
-def check(report: Any, source: str) -> dict:
+def checked(report: Any, source: str) -> dict:
     """`report` if it is one (`validate`), else a one-line SpecResearchError naming `source` and the first problem."""
     problems = validate(report)
     if problems:

@@ -34,14 +34,14 @@ from specresearch.options.groups import OPTIONS, PRIMARY, dataclass_in, members,
 from specresearch.options.models import Model
 from specresearch.options.runs import Config, TrainConfig
 
-__all__ = ["check", "OPTIONS", "PRIMARY", "schema_of", "settings"]
+__all__ = ["check_config", "OPTIONS", "PRIMARY", "schema_of", "settings"]
 SKIPPED = ("hydra", "experiment")  # Hydra's own node; a study's preset is merged into the other keys
 
 
 # -- the check -------------------------------------------------------------------------------------
 
 
-def check(cfg: DictConfig) -> None:
+def check_config(cfg: DictConfig) -> None:
     """Refuse an unknown setting, a value of the wrong type or out of range anywhere in a composed
     config.yaml or train.yaml, in one line naming the valid settings, the expected type or the range.
 
@@ -143,17 +143,17 @@ def _check_value(value: Any, hint: Any, path: str) -> None:
 
 
 def _ranges(schema: Any, node: dict, path: str) -> None:
-    """The schema's range check (its `check(path)`) on the values the node gives (MISSING: absent)."""
+    """The schema's range check (its `check_ranges(path)`) on the values the node gives (MISSING: absent)."""
     if isinstance(schema, _Merged):
         for one in schema.schemas:
             _ranges(one, node, path)
-    elif hasattr(schema, "check"):
+    elif hasattr(schema, "check_ranges"):
         own = {f.name: node[f.name] for f in fields(schema) if f.name in node and not is_dataclass(dataclass_in(
             typing.get_type_hints(schema)[f.name]))}
         instance = schema.__new__(schema)
         for f in fields(schema):
             object.__setattr__(instance, f.name, own.get(f.name, MISSING))
-        instance.check(path)
+        instance.check_ranges(path)
 
 
 def _group_schema(group: str) -> type:

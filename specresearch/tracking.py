@@ -8,7 +8,7 @@ measured.
 
 A local store is created (database and experiment) under an flock on `mlflow.db.lock` beside it, so
 processes that start at once on a new store (parallel launchers, `exclusive=false` runs) do not race
-in MLflow's schema migration. Where results go is checked before anything runs (`MLflowTracker.check`,
+in MLflow's schema migration. Where results go is checked before anything runs (`MLflowTracker.check_reachable`,
 with specresearch.stores: a writable folder, a path MLflow's sqlite URI can hold, a file that is an
 MLflow database, a server that answers). The first time a process opens a store it marks FAILED every
 RUNNING run there whose process on this host is dead (`stores.mark_dead_runs`: a SIGKILL, a power cut),
@@ -79,7 +79,7 @@ class Tracker(Protocol):
     def log_figure(self, figure: Any, name: str) -> None: ...  # a matplotlib figure, as a PNG artifact
     def end(self, status: str = "FINISHED") -> None: ...
     def browse_hint(self) -> str | None: ...
-    def check(self) -> None: ...  # raise SpecResearchError when results could not be recorded (before anything runs)
+    def check_reachable(self) -> None: ...  # raise SpecResearchError when results could not be recorded (before anything runs)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -113,7 +113,7 @@ class NullTracker(Tracker):
     def browse_hint(self) -> str | None:
         return None
 
-    def check(self) -> None:
+    def check_reachable(self) -> None:
         pass
 
 
@@ -163,7 +163,7 @@ class MLflowTracker(Tracker):
         db = self._database()
         return file_lock(db.with_name(db.name + ".lock")) if db is not None else nullcontext()
 
-    def check(self) -> None:
+    def check_reachable(self) -> None:
         """Raise SpecResearchError in one line when results could not be recorded: a local store
         whose path MLflow's URI cannot hold (`store_path_problem`), that cannot be written (a path under a
         file, a read-only or pseudo file system) or whose mlflow.db is not an MLflow database; a

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specresearch.reports import check
+from specresearch.reports import checked
 
 ROOT = Path(__file__).resolve().parent.parent
 ALPHA, MARGIN, EXACT = 1e-3, 1e-6, 1e-9
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                       "shared bytes the same ids, so the mapping is the identity and the bug changes nothing they run."],
             "data": {"mutants": rows},
         }
-        check(report, str(args.json))  # the docs' one results format (specresearch.reports)
+        checked(report, str(args.json))  # the docs' one results format (specresearch.reports)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0 if killed == len(rows) else 1

@@ -106,11 +106,11 @@ def test_model_configs_name_a_loadable_model(name):
 
 @pytest.mark.parametrize("name", options("eval"))
 def test_eval_configs_name_a_known_task(name):
-    from specresearch.evaluation.runner import TASKS, TASKS_DIR, check
+    from specresearch.evaluation.runner import TASKS, TASKS_DIR, check_eval
 
     cfg = make_cfg(*TINY, f"eval={name}", "eval.allow_code_execution=true")
     assert cfg.eval.task in TASKS and (TASKS_DIR / f"{cfg.eval.task}.yaml").is_file()
-    check(cfg.eval)  # valid as shipped, once the user opts in
+    check_eval(cfg.eval)  # valid as shipped, once the user opts in
 
 
 def test_conf_is_found_beside_the_package_or_inside_it_and_a_leftover_folder_is_not_taken(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""specresearch.settings.check: an unknown setting or a value of the wrong type is refused up
+"""specresearch.settings.check_config: an unknown setting or a value of the wrong type is refused up
 front with one line naming the valid settings or the expected type; every shipped option passes; and
 SamplingParams refuses values outside their range."""
 
@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from specresearch.errors import SpecResearchError
 from specresearch.options.runs import SANDBOX_MIN_MEMORY_MB
-from specresearch.settings import check as check_config
+from specresearch.settings import check_config
 from specresearch.types import SamplingParams
 
 from .conftest import CONF_DIR, TINY, make_cfg

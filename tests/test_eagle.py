@@ -13,7 +13,7 @@ from specresearch.drafters import Context, NoDrafter
 from specresearch.drafters.eagle import EagleDrafter, EagleHead, chained, eagle_path, unroll
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
-from specresearch.train import MAX_PROMPT, build_cache, check, train, training_prompts
+from specresearch.train import MAX_PROMPT, build_cache, check_training, train, training_prompts
 from specresearch.types import SamplingParams
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier, TypicalVerifier
 from specresearch.vocab import Shortlist
@@ -217,7 +217,7 @@ def test_only_trainable_drafters_are_accepted():
     cfg = train_cfg()
     cfg.drafter = {"_target_": "specresearch.drafters.pld.PromptLookupDrafter"}
     with pytest.raises(SpecResearchError, match="trains drafters eagle, medusa: use drafter=eagle or drafter=medusa"):
-        check(cfg)
+        check_training(cfg)
 
 
 @pytest.mark.e2e  # trains a head (seconds of CPU each)
@@ -242,7 +242,7 @@ def test_bad_training_settings_are_refused(bad, message):
     cfg = train_cfg(**bad)
     cfg.drafter = {"_target_": EAGLE}
     with pytest.raises(SpecResearchError, match=message):
-        check(cfg)
+        check_training(cfg)
 
 
 @pytest.mark.parametrize("damage, error", [

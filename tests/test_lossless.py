@@ -100,7 +100,7 @@ def _lossless(sampling: SamplingParams) -> list[str]:
     for name, schema in OPTIONS["verifier"].items():
         verifier = get_class(target(schema))()
         try:
-            verifier.check(sampling)
+            verifier.check_sampling(sampling)
         except SpecResearchError:
             continue
         if verifier.lossless:

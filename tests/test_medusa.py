@@ -30,7 +30,7 @@ from specresearch.train import (
     MAX_HEADS,
     SHARD,
     build_cache,
-    check,
+    check_training,
     generate_batch,
     self_cache,
     text_cache,
@@ -230,7 +230,7 @@ def test_held_out_agreement_is_reported_per_corpus(tmp_path, target, data):
 def test_bad_training_settings_are_refused(bad, match):
     cfg = train_cfg(**bad)
     with pytest.raises(SpecResearchError, match=match):
-        check(cfg)
+        check_training(cfg)
 
 
 def test_heads_learn_the_targets_own_text(target):

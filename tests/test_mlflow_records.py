@@ -93,7 +93,7 @@ def _refusal(tracker) -> str:
     from specresearch.errors import SpecResearchError
 
     with pytest.raises(SpecResearchError) as refused:
-        tracker.check()
+        tracker.check_reachable()
     message = str(refused.value)
     assert "\n" not in message
     return message
@@ -137,7 +137,7 @@ def test_a_store_path_with_a_hash_round_trips_to_the_browse_line_and_the_analysi
 
     store = tmp_path / "a#b"
     tracker = MLflowTracker(store=str(store))
-    tracker.check()
+    tracker.check_reachable()
     with tracked_run(tracker, make_cfg(*FAST), "run", lambda: ({"speedup": 1.0}, {})):
         pass
     assert (store / "mlflow.db").is_file() and not (tmp_path / "a").exists()
@@ -162,14 +162,14 @@ def test_an_unreachable_tracking_server_is_refused_at_once():
 
 def test_an_empty_experiment_name_is_refused_before_anything_runs():
     from specresearch.errors import SpecResearchError
-    from specresearch.settings import check
+    from specresearch.settings import check_config
 
     from .conftest import make_cfg
 
     with pytest.raises(SpecResearchError, match="^tracker.experiment must be a non-empty name, got ''$"):
-        check(make_cfg("tracker.experiment="))
+        check_config(make_cfg("tracker.experiment="))
     with pytest.raises(SpecResearchError, match="^tracker.store must be a non-empty name, got ''$"):
-        check(make_cfg("tracker.store="))
+        check_config(make_cfg("tracker.store="))
 
 
 def test_runs_of_dead_processes_on_this_host_are_marked_failed_when_a_store_opens(tmp_path, new_store):
@@ -229,7 +229,7 @@ def test_the_experiment_opens_on_the_runs_table_and_describes_itself(tmp_path):
     for made_before in (False, True):
         store = tmp_path / str(made_before)
         tracker = MLflowTracker(store=str(store))
-        tracker.check()
+        tracker.check_reachable()
         if made_before:
             mlflow.set_tracking_uri(f"sqlite:///{store}/mlflow.db")
             mlflow.create_experiment("specresearch")

@@ -172,8 +172,8 @@ def test_rule_temperature_makes_a_lossy_greedy_method():
 
 def test_rule_temperature_is_for_greedy_decoding_only():
     with pytest.raises(SpecResearchError, match="recover=greedy"):
-        TopKVerifier(k=3, rule_temperature=1.0).check(SamplingParams())
+        TopKVerifier(k=3, rule_temperature=1.0).check_sampling(SamplingParams())
     with pytest.raises(SpecResearchError, match="rule_temperature=null"):
-        TopKVerifier(k=3, recover="greedy", rule_temperature=1.0).check(SamplingParams(temperature=1.0))
+        TopKVerifier(k=3, recover="greedy", rule_temperature=1.0).check_sampling(SamplingParams(temperature=1.0))
     with pytest.raises(SpecResearchError, match="must be > 0"):
         MarginVerifier(rule_temperature=0)

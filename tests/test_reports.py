@@ -47,5 +47,5 @@ def _report(**changed):
 def test_a_report_that_strays_is_refused_in_one_line_naming_the_problem(changed, problem):
     assert reports.validate(_report()) == []
     with pytest.raises(SpecResearchError) as err:
-        reports.check(_report(**changed), "x.json")
+        reports.checked(_report(**changed), "x.json")
     assert str(err.value) == f"x.json is not a results report: {problem}"

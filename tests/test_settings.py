@@ -88,7 +88,7 @@ def test_the_declarations_import_nothing_of_the_package_but_errors_and_no_config
 
 
 def test_the_core_imports_neither_omegaconf_nor_the_config_check():
-    """engine, drafters and verifiers take the dataclasses; the config layer (OmegaConf, settings.check) stays above them."""
+    """engine, drafters and verifiers take the dataclasses; the config layer (OmegaConf, settings.check_config) stays above them."""
     core = [PACKAGE / "engine.py", *(PACKAGE / "drafters").glob("*.py"), *(PACKAGE / "verifiers").glob("*.py")]
     for path in core:
         imported = {name.split(".")[0] if name.startswith("omegaconf") else name for name in _imports(path)}
@@ -194,4 +194,4 @@ def test_unknown_option_reads_the_schema():
 
 def test_a_class_no_option_names_is_left_to_its_constructor():
     cfg = OmegaConf.create({"drafter": {"_target_": "my.own.Drafter", "anything": 1}})
-    settings.check(cfg)
+    settings.check_config(cfg)

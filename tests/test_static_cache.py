@@ -113,7 +113,7 @@ def test_what_the_static_cache_cannot_do_is_refused_in_one_line(overrides, says)
     from specresearch import settings
 
     with pytest.raises(SpecResearchError) as err:
-        settings.check(make_cfg("model=tiny", *overrides))
+        settings.check_config(make_cfg("model=tiny", *overrides))
     assert str(err.value).startswith(says) and "\n" not in str(err.value)
 
 

@@ -79,11 +79,11 @@ def test_resume_is_on_for_sweeps_by_default_and_true_or_false_overrides_it():
 @pytest.mark.parametrize("value", ["maybe", "1", "null"])
 def test_resume_ignore_code_is_true_or_false(value):
     """Refused in one line naming the valid values, by the settings check (before anything runs) and by the job itself."""
-    from specresearch.settings import check
+    from specresearch.settings import check_config
 
     assert not sweeps.ignore_code(make_cfg(*FAST)) and sweeps.ignore_code(make_cfg(*FAST, "resume_ignore_code=true"))
     cfg = make_cfg(*FAST, f"resume_ignore_code={value}")
-    for refuse in (check, lambda c: sweeps.job(c, multirun=True).__enter__()):
+    for refuse in (check_config, lambda c: sweeps.job(c, multirun=True).__enter__()):
         with pytest.raises(SpecResearchError, match=r"^resume_ignore_code must be true or false, got (.*)$"):
             refuse(cfg)
 

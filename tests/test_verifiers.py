@@ -145,7 +145,7 @@ def test_greedy_verifier_longest_matching_prefix():
 
 def test_greedy_verifier_refuses_sampling():
     with pytest.raises(SpecResearchError, match="verifier=rejection"):
-        GreedyVerifier().check(SamplingParams(temperature=0.7))
+        GreedyVerifier().check_sampling(SamplingParams(temperature=0.7))
 
 
 def _random_draft(gen: torch.Generator, tree: bool) -> Draft:

@@ -61,7 +61,7 @@ def study_readmes(root: Path) -> dict[str, Path]:
 def load(path: Path) -> dict:
     """A data file: a report of the one results format (specresearch.reports), refused in one line
     otherwise (every results page states its command and machine)."""
-    return reports.check(json.loads(path.read_text(encoding="utf-8")), str(path))
+    return reports.checked(json.loads(path.read_text(encoding="utf-8")), str(path))
 
 
 def render(data: dict, source: str) -> str:

@@ -82,7 +82,7 @@ class Drafter(ABC):
         length = self.draft_length()
         return length.k if length is not None else 0
 
-    def check(self, sampling: SamplingParams) -> None:
+    def check_sampling(self, sampling: SamplingParams) -> None:
         """Raise SpecResearchError if this drafter cannot run with these sampling settings."""
 
     def prefill_rows(self, ctxs: list[Context]) -> None:

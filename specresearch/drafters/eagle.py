@@ -285,9 +285,9 @@ class EagleDrafter(Drafter):
         """A chain's k, k_policy and k_max; None for a tree (it sizes its drafts itself)."""
         return None if self.shape is not None else super().draft_length()
 
-    def check(self, sampling: SamplingParams) -> None:
+    def check_sampling(self, sampling: SamplingParams) -> None:
         if self.shape is not None:
-            self.shape.check(sampling)
+            self.shape.check_sampling(sampling)
 
     def _pairs(self, features: Tensor, tokens: Tensor) -> Tensor:
         """[T, H] the head layer's inputs of the pairs (features [T, H], tokens [T])."""

@@ -298,7 +298,7 @@ class MedusaDrafter(Drafter):
         self._branches: list[list[int]] = []  # each row's lookup-branch nodes of the last step, root first
         self._width = [1 + max(c[d] for c in choices if len(c) > d) for d in range(depth)]  # top-k per head
 
-    def check(self, sampling: SamplingParams) -> None:
+    def check_sampling(self, sampling: SamplingParams) -> None:
         if self.children == "sample" and sampling.greedy:
             raise SpecResearchError("drafter.children=sample draws children from the heads' laws at temperature > 0; "
                                     "use children=top for greedy decoding")

@@ -153,7 +153,7 @@ class TreeShape:
         """The most nodes a tree of this shape holds: a static tree's every node, else `nodes`."""
         return self.settings.nodes if self.branching is None else sum(math.prod(self.branching[: i + 1]) for i in range(self.depth))
 
-    def check(self, sampling: SamplingParams) -> None:
+    def check_sampling(self, sampling: SamplingParams) -> None:
         if self.settings.children == "sample" and sampling.greedy:
             raise SpecResearchError("drafter.children=sample draws children from q at temperature > 0; "
                                     "use children=top for greedy decoding")
@@ -334,8 +334,8 @@ class TreeDrafter(Drafter):
         self.depth = self.shape.depth
         self.drafts = [DraftModel.load(spec, target) for spec in [model, *ensemble]]
 
-    def check(self, sampling: SamplingParams) -> None:
-        self.shape.check(sampling)
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        self.shape.check_sampling(sampling)
 
     def prefill_rows(self, ctxs: list[Context]) -> None:
         super().prefill_rows(ctxs)

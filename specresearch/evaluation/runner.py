@@ -77,18 +77,18 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     from specresearch.evaluation.lm import SpecResearchLM
 
     ec = cfg.eval
-    chosen = check(ec)
+    chosen = check_eval(ec)
     first = chosen[0] if chosen else 0  # problem i is decoded with stream_seed(cfg.seed, i), whatever slice holds it
     batch = int(cfg.get("batch_size", 1))  # prompts decoded together (checked >= 1 with the run's options)
     tracker = build(cfg.tracker)
-    tracker.check()  # where results go, before any model loads
+    tracker.check_reachable()  # where results go, before any model loads
     if ec.reuse_baseline:
         cache_root(cfg.model.get("cache_dir"))  # where the baseline's scores are kept: before any model loads
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # our tasks need no download: make sure nothing tries one
         os.environ.setdefault(var, "1")
     layers: dict[str, bool] = {}
     if ec.task in UNSAFE:
-        os.environ["SPECRESEARCH_ALLOW_CODE_EXECUTION"] = "1"  # the user opted in: check() made sure
+        os.environ["SPECRESEARCH_ALLOW_CODE_EXECUTION"] = "1"  # the user opted in: check_eval() made sure
         from specresearch.evaluation import sandbox
 
         sandbox.configure(sandbox.Limits(timeout=ec.sandbox.timeout, memory_mb=ec.sandbox.memory_mb),
@@ -120,7 +120,7 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     return {**flatten(record), **layer_metrics}
 
 
-def check(ec: DictConfig) -> list[int] | None:
+def check_eval(ec: DictConfig) -> list[int] | None:
     """Refuse what cannot run, before anything is loaded. Returns the problems `eval.offset` selects
     (`problems`), None without one."""
     if ec.task not in TASKS:

@@ -28,8 +28,7 @@ from specresearch.records import HEADLINE_SECTION, PromptStep, flatten, headline
 from specresearch.seeding import stream_seed
 from specresearch.settings import built_by
 from specresearch.stats import samples_for_tv
-from specresearch.stats.distortion import check as check_distortion
-from specresearch.stats.distortion import continuations, distortion
+from specresearch.stats.distortion import check_distortion, continuations, distortion
 from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput, SamplingParams
 
@@ -49,7 +48,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     sampling = SamplingParams(**cfg.sampling)
     prompts = check_run(cfg)  # as the command line checks it (before the speed lock): a run from Python too, before anything is recorded
     tracker = build(cfg.tracker)
-    tracker.check()  # where results go, before any model loads
+    tracker.check_reachable()  # where results go, before any model loads
     method = build_engine(cfg)
     if cfg.stats.distortion:
         check_distortion(method)  # before anything is measured
@@ -156,7 +155,7 @@ def check_run(cfg: DictConfig) -> list[Prompt]:
     anything: a local model's files, a tiny model's sizes, the prompts (never fewer than asked), whether
     the longest prompt and max_new_tokens fit a tiny model's positions, a drafter's checkpoint files, and
     what the equivalence battery would need (stats.prompts, stats.samples=auto). The settings themselves
-    were checked where the config entered (the command line, compose, build_engine: settings.check).
+    were checked where the config entered (the command line, compose, build_engine: settings.check_config).
 
     Returns:
         The prompts (load_prompts(**cfg.dataset)).

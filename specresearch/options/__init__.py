@@ -1,6 +1,6 @@
 """Every setting of specresearch, declared once: one dataclass per option (a drafter, a verifier, a
 model, a tracker) or config node, whose fields hold each setting's type, default and one-line
-description (`setting`), and whose `check(path)` holds its ranges, the rules that need no model.
+description (`setting`), and whose `check_ranges(path)` holds its ranges, the rules that need no model.
 
 An option is registered where it is written: a dataclass with an `option` name joins REGISTRY (its
 group's options), and the class it configures names it (`IndependentDrafter.Settings`), which binds the
@@ -85,7 +85,7 @@ class Options:
                 raise TypeError(f"{_path(cls)}: {cls.group}={cls.option} is {_path(known)} already; choose another option name")
             REGISTRY[cls.group][cls.option] = cls
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         """Refuse values out of range (SpecResearchError): the rules that need no model."""
 
 
@@ -129,7 +129,7 @@ def make(schema: type, given: dict[str, Any], path: str | None = None) -> Any:
     if unknown:
         raise SpecResearchError(f"{path} has no setting '{unknown[0]}': valid are {', '.join(valid)}")
     settings = schema(**given)
-    settings.check(path)
+    settings.check_ranges(path)
     return settings
 
 

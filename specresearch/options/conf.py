@@ -167,7 +167,7 @@ def markdown() -> str:
     lines = ["# Options and their settings", "",
              "Every option of every config group, with each setting's default and description: generated from the "
              "settings dataclasses of `specresearch.options` (the one place a setting is declared) by "
-             "`python -m specresearch.options.conf`. One option's, in the terminal: "
+             "`python -m specresearch.config`. One option's, in the terminal: "
              "`specresearch --settings drafter=pld`. Set any of them on the command line: `drafter.k=8`. "
              "`(in conf/)`: the value lives in conf/ (a node that configures no class of its own).", ""]
     for group in OPTIONS:

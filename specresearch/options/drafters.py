@@ -35,7 +35,7 @@ class DraftLength(Drafter):
     k_policy: str = setting("fixed", "fixed, or heuristic (transformers: k += 2 after a fully accepted draft, else k -= 1)")
     k_max: Optional[int] = setting(None, "the largest k the heuristic may reach; null = 4 k")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         if given(self.k) and self.k < 1:
             raise SpecResearchError(f"drafter={self.option} needs k >= 1, got k={self.k} (use drafter=none for plain decoding)")
         one_of(path, "k_policy", self.k_policy, K_POLICIES)
@@ -50,7 +50,7 @@ class PathStop(Drafter):
         None, "stop drafting once the draft's path probability (the product of its tokens' probabilities: a chain's so "
               "far, or every path of a tree's last level) falls below this, e.g. 0.2; null = never")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         probability_or_null(path, "chain_confidence", self.chain_confidence)
 
 
@@ -66,9 +66,9 @@ class Chain(PathStop, DraftLength):
     lookup: int = setting(0, "prompt lookup inside the draft: feed up to this many n-gram guesses with each draft forward, "
                              "kept while the draft agrees (same chain, fewer forwards); 0 = off")
 
-    def check(self, path: str) -> None:
-        DraftLength.check(self, path)
-        PathStop.check(self, path)
+    def check_ranges(self, path: str) -> None:
+        DraftLength.check_ranges(self, path)
+        PathStop.check_ranges(self, path)
         at_least(path, "lookup", self.lookup, 0, " (0 = off)")
         at_least(path, "siblings", self.siblings, 0, " (0 = a plain chain)")
         if given(self.sibling_confidence) and not 0 <= self.sibling_confidence < 1:
@@ -86,7 +86,7 @@ class TreeSize(Drafter):
     shape: Optional[str] = setting(None, "auto: each step keeps the size in 1..nodes with the best predicted speedup (draft "
                                          "confidence, this machine's measured cost of verifying n tokens); null = nodes")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         one_of(path, "children", self.children, CHILDREN)
         one_of(path, "shape", self.shape, SHAPES, null="nodes as given")
 
@@ -97,8 +97,8 @@ class DynamicTree(TreeSize):
     topk: int = setting(4, "dynamic: children per expanded node and nodes expanded per level (EAGLE-2 uses 10 on GPUs)")
     depth: int = setting(5, "dynamic: levels, the longest path (EAGLE-2: 6)")
 
-    def check(self, path: str) -> None:
-        TreeSize.check(self, path)
+    def check_ranges(self, path: str) -> None:
+        TreeSize.check_ranges(self, path)
         sizes = [v for v in (self.topk, self.depth, self.nodes) if given(v)]
         if sizes and min(sizes) < 1:
             raise SpecResearchError(f"a dynamic tree needs topk, depth and nodes >= 1, got {self.topk}, {self.depth}, {self.nodes}")
@@ -179,8 +179,8 @@ class CrossVocab(Chain):
     model: DraftModel = setting(doc="the draft model, as in the `model` group (any tokenizer)",
                                 factory=lambda: DraftModel(name="smollm2-135m"))
 
-    def check(self, path: str) -> None:
-        Chain.check(self, path)
+    def check_ranges(self, path: str) -> None:
+        Chain.check_ranges(self, path)
         one_of(path, "mode", self.mode, CROSS_VOCAB_MODES)
         if given(self.siblings) and self.siblings and given(self.mode) and self.mode == "string":
             raise SpecResearchError(f"{path}.siblings needs {path}.mode=shared (a sibling is one target token; mode=string "
@@ -199,15 +199,15 @@ class Tree(PathStop, DynamicTree):
     ensemble: List[DraftModel] = setting(doc="more draft models (same keys as `model`) merged into one tree (SpecInfer)",
                                          factory=list)
 
-    def check(self, path: str) -> None:
-        PathStop.check(self, path)
+    def check_ranges(self, path: str) -> None:
+        PathStop.check_ranges(self, path)
         static = given(self.branching) and self.branching is not None
         if static and (not len(self.branching) or min(self.branching) < 1):
             raise SpecResearchError(f"{path}.branching needs one or more counts >= 1 (or null: dynamic), got {list(self.branching)}")
         if not static:
-            DynamicTree.check(self, path)
+            DynamicTree.check_ranges(self, path)
             return
-        TreeSize.check(self, path)
+        TreeSize.check_ranges(self, path)
         if given(self.shape) and self.shape is not None:
             raise SpecResearchError(f"{path}.shape=auto sizes a dynamic tree: set {path}.branching=null")
 
@@ -229,8 +229,8 @@ class Medusa(TreeSize, FrequentVocab, Heads, defaults={"nodes": 16, "shape": "au
                              "prefixes merged), verified in the same forward (shape=auto: as much as its measured "
                              "acceptance pays for); needs children=top; 0 = off")
 
-    def check(self, path: str) -> None:
-        TreeSize.check(self, path)
+    def check_ranges(self, path: str) -> None:
+        TreeSize.check_ranges(self, path)
         at_least(path, "nodes", self.nodes, 1)
         at_least(path, "lookup", self.lookup, 0, " (0 = off)")
         if given(self.lookup) and self.lookup and given(self.children) and self.children != "top":
@@ -254,14 +254,14 @@ class Eagle(DynamicTree, FrequentVocab, Heads, DraftLength, defaults={"depth": 6
     heads: ClassVar[str] = "eagle"
     tree: bool = setting(False, "true: EAGLE-2's dynamic tree (topk, depth, nodes, children, shape) instead of a chain of k")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         at_least(path, "k", self.k, 1)
         if self.tree is True:
-            DynamicTree.check(self, path)
+            DynamicTree.check_ranges(self, path)
             return
         if given(self.shape) and self.shape is not None:
             raise SpecResearchError(f"{path}.shape=auto sizes EAGLE-2's tree: set {path}.tree=true")
-        DraftLength.check(self, path)
+        DraftLength.check_ranges(self, path)
 
 
 @dataclass
@@ -277,8 +277,8 @@ class PromptLookup(DraftLength, defaults={"k": 10}):
     min_ngram: int = setting(1, "the shortest suffix looked up")
     match: str = setting("first", "which earlier occurrence to continue: first (paper, transformers) or last (most recent)")
 
-    def check(self, path: str) -> None:
-        DraftLength.check(self, path)
+    def check_ranges(self, path: str) -> None:
+        DraftLength.check_ranges(self, path)
         low, high = self.min_ngram, self.max_ngram
         if given(low) and given(high) and not 1 <= low <= high:
             raise SpecResearchError(f"drafter=pld needs 1 <= min_ngram <= max_ngram, got {low}, {high}")
@@ -299,7 +299,7 @@ class Lookahead(Drafter):
     guesses: int = setting(7, "G: pool n-grams verified per step (GUESS_SET_SIZE)")
     pool_from_prompt: bool = setting(False, "also pool the prompt's n-grams (the reference implementation's POOL_FROM_PROMPT)")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         window, guesses = self.window, self.guesses
         if any(given(v) and v < 1 for v in (window, guesses)):
             raise SpecResearchError(f"drafter=lookahead needs window >= 1 and guesses >= 1, got {window}, {guesses}")

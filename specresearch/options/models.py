@@ -36,7 +36,7 @@ class Model(Options):
     tiny: Optional[Dict[str, Any]] = setting(None, "name=tiny: the random model's arguments (tiny_model's; a free mapping)",
                                              extra=True)
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         one_of(path, "cache", self.cache, CACHES)
         one_of(path, "kernels", self.kernels, KERNELS)
         if given(self.compile) and not isinstance(self.compile, bool):

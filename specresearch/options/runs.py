@@ -60,9 +60,9 @@ class SamplingParams(Options):
     def __post_init__(self):
         # Refused where made, not at use: softmax(logits / -1) samples the unlikeliest tokens and a run would
         # still be recorded FINISHED; top_p = 0 keeps no token (torch.multinomial fails mid-run).
-        self.check("sampling")
+        self.check_ranges("sampling")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
         if given(t) and not (_number(t) and math.isfinite(t) and t >= 0):
             raise SpecResearchError(f"{path}.temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
@@ -100,7 +100,7 @@ class Sandbox(Options):
     memory_mb: int = setting(1024, "address-space limit of the process")
     require_isolation: bool = setting(True, "refuse to run without a network namespace and Landlock (write only in a temp dir)")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         t, m = self.timeout, self.memory_mb
         if given(t) and not (math.isfinite(t) and t > 0):
             raise SpecResearchError(f"{path}.timeout must be a finite number of seconds > 0, got {t!r}")
@@ -160,7 +160,7 @@ class Stats(Options):
     time_split: Union[bool, str] = setting(MISSING, "time the phases of each step (a device sync each): true, false or auto "
                                                     "(on the CPU only)")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         if given(self.samples) and self.samples != "auto" and (
                 not isinstance(self.samples, int) or isinstance(self.samples, bool) or self.samples < 0):
             raise SpecResearchError(f"{path}.samples must be an integer >= 0 (0: off) or auto, got {self.samples!r}")
@@ -199,7 +199,7 @@ class Config(Options):
     objective: Optional[str] = setting(None, "the summary metric a job returns (for Optuna)")
     stats: Stats = setting(factory=Stats, doc="the distribution-equivalence battery")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         if given(self.max_new_tokens) and self.max_new_tokens < 1:
             raise SpecResearchError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if given(self.batch_size) and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1):

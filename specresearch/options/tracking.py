@@ -25,7 +25,7 @@ class MLflow(Tracker):
     uri: Optional[str] = setting(None, "a tracking server instead of the local store, e.g. http://head:5000 (for Ray "
                                        "workers on other machines)")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         for key in ("store", "experiment"):
             value = getattr(self, key)
             if given(value) and not str(value).strip():

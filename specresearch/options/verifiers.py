@@ -37,7 +37,7 @@ class Relaxed(Verifier):
     rule_temperature: Optional[float] = setting(None, "greedy decoding only: the rule reads softmax(logits / this), a lossy "
                                                       "greedy method (with recover: greedy); null = the decoding's p")
 
-    def check(self, path: str) -> None:
+    def check_ranges(self, path: str) -> None:
         one_of(path, "recover", self.recover, RECOVER)
         t = self.rule_temperature
         if given(t) and t is not None and not t > 0:
@@ -51,8 +51,8 @@ class Margin(Relaxed):
     margin: Optional[float] = setting(0.1, "absolute margin; null to use ratio")
     ratio: Optional[float] = setting(None, "relative variant, e.g. 0.5; then margin: null")
 
-    def check(self, path: str) -> None:
-        Relaxed.check(self, path)
+    def check_ranges(self, path: str) -> None:
+        Relaxed.check_ranges(self, path)
         margin, ratio = self.margin, self.ratio
         if given(margin) and given(ratio) and (margin is None) == (ratio is None):
             raise SpecResearchError("verifier=margin takes exactly one of margin (absolute) and ratio (relative); set the other to null")
@@ -69,8 +69,8 @@ class TopK(Relaxed):
     option: ClassVar[str] = "topk"
     k: int = setting(3, "the target's k most likely tokens are accepted (not drafter.k)")
 
-    def check(self, path: str) -> None:
-        Relaxed.check(self, path)
+    def check_ranges(self, path: str) -> None:
+        Relaxed.check_ranges(self, path)
         if given(self.k) and self.k < 1:
             raise SpecResearchError(f"verifier=topk needs k >= 1, got {self.k}")
 
@@ -86,8 +86,8 @@ class Typical(Relaxed):
     epsilon: float = setting(0.09, "Medusa's posterior_threshold")
     delta: float = setting(0.3, "Medusa's posterior_alpha")
 
-    def check(self, path: str) -> None:
-        Relaxed.check(self, path)
+    def check_ranges(self, path: str) -> None:
+        Relaxed.check_ranges(self, path)
         epsilon, delta = self.epsilon, self.delta
         if any(given(v) and not 0 < v <= 1 for v in (epsilon, delta)):
             raise SpecResearchError(f"verifier=typical needs 0 < epsilon <= 1 and 0 < delta <= 1, got {epsilon}, {delta}")

@@ -82,8 +82,8 @@ class Recorder(Verifier):
         self.kept: list[list[float]] = [[] for _ in continuations]
         self.p: list[list[Tensor]] = [[] for _ in continuations]  # each step's p at its first position, as the verification read it
 
-    def check(self, sampling: SamplingParams) -> None:
-        self.inner.check(sampling)
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        self.inner.check_sampling(sampling)
 
     def p_sampling(self, sampling: SamplingParams) -> SamplingParams:
         return self.inner.p_sampling(sampling)
@@ -114,7 +114,7 @@ class Recorder(Verifier):
         return verdicts
 
 
-def check(method: Engine) -> None:
+def check_distortion(method: Engine) -> None:
     """Refuse, before a run measures anything, a method whose exact distortion is not computed: a relaxed
     rule (its longest passing path) over trees whose nodes are draws at T > 0 (sampled children, or the
     siblings beside a sampled chain token): the first token's law then averages over the draws of every

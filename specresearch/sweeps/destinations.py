@@ -41,10 +41,10 @@ def check_destinations(config: DictConfig, multirun: bool) -> None:
             raise SpecResearchError(f"cannot write Hydra's output folder {folder} ({key}): {problem}")
         try:
             tracker = instantiate(config.tracker) if "tracker" in config else None
-        except Exception:  # a bad tracker config: settings.check refuses it in one line when the job starts
+        except Exception:  # a bad tracker config: settings.check_config refuses it in one line when the job starts
             tracker = None
         if hasattr(tracker, "check"):
-            tracker.check()
+            tracker.check_reachable()
         check_model_caches(config)
         if folder is not None and stamped(config, key):
             missing = [path for path in folder.parents if not path.exists()]

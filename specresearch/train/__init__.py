@@ -324,7 +324,7 @@ def _class(path: str | None) -> type[Trainable] | None:
     return cls if isinstance(cls, Trainable) else None
 
 
-def check(cfg: DictConfig) -> None:
+def check_training(cfg: DictConfig) -> None:
     trainable(cfg)
     tc = cfg.train
     bad = sorted(set(tc.corpora) - set(TRAIN_SOURCES))
@@ -368,7 +368,7 @@ def check_out(out: Path) -> None:
 
 def run(cfg: DictConfig) -> dict:
     """Train, save the drafter where `drafter=medusa|eagle` looks (or train.out), track the run; return the summary."""
-    check(cfg)
+    check_training(cfg)
     drafter = trainable(cfg)
     cache_root(cfg.model.cache_dir)  # the training data's cache, and the default checkpoint's
     out = Path(cfg.train.out) if cfg.train.out else None

@@ -34,7 +34,7 @@ class Verifier(ABC):
         super().__init_subclass__(**kwargs)
         implements(cls)  # a verifier declares its settings (`Settings = options.NAME`): verifier=NAME builds it
 
-    def check(self, sampling: SamplingParams) -> None:
+    def check_sampling(self, sampling: SamplingParams) -> None:
         """Raise SpecResearchError if this rule cannot run with these sampling settings."""
 
     def p_sampling(self, sampling: SamplingParams) -> SamplingParams:

@@ -21,7 +21,7 @@ class GreedyVerifier(Verifier):
     lossless = True
     name = "greedy"
 
-    def check(self, sampling: SamplingParams) -> None:
+    def check_sampling(self, sampling: SamplingParams) -> None:
         if not sampling.greedy:
             raise SpecResearchError(
                 f"verifier=greedy decodes the target's argmax, but sampling.temperature={sampling.temperature}: "

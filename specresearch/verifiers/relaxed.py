@@ -42,7 +42,7 @@ class RelaxedVerifier(Verifier):
         s = self.settings = make(self.Settings, given)
         self.recover, self.rule_temperature = s.recover, s.rule_temperature
 
-    def check(self, sampling: SamplingParams) -> None:
+    def check_sampling(self, sampling: SamplingParams) -> None:
         if self.rule_temperature is not None and not (sampling.greedy and self.recover == "greedy"):
             raise SpecResearchError(
                 f"verifier.rule_temperature is for greedy decoding (a lossy greedy method): use it with sampling=greedy and "
