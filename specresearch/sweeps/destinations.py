@@ -43,7 +43,7 @@ def check_destinations(config: DictConfig, multirun: bool) -> None:
             tracker = instantiate(config.tracker) if "tracker" in config else None
         except Exception:  # a bad tracker config: settings.check_config refuses it in one line when the job starts
             tracker = None
-        if hasattr(tracker, "check"):
+        if hasattr(tracker, "check_reachable"):
             tracker.check_reachable()
         check_model_caches(config)
         if folder is not None and stamped(config, key):
