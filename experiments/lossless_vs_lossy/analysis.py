@@ -28,14 +28,22 @@ def rule(run: Run) -> str:
     return ", ".join(parts) or DASH
 
 
-def _cell(run: Run) -> tuple[str, str, str, float]:
-    """(drafter, verifier, its setting, T): one cell of the frontier."""
-    return (run.method, run.verifier, rule(run), run.temperature)
+def numerics(run: Run) -> str:
+    """The target's numerics: its dtype as it ran, and its kernels where not the default ("bf16, invariant kernels")."""
+    used = run.param("model.dtype_used") or "?"
+    kernels = run.param("model.kernels")
+    return {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(used, used) + (
+        f", {kernels} kernels" if kernels not in (None, "", "auto") else "")
 
 
-def _order(key: tuple[str, str, str, float]) -> tuple:
-    drafter, verifier, setting, t = key
-    return (drafter, t, list(COLORS).index(verifier) if verifier in COLORS else 9, setting)
+def _cell(run: Run) -> tuple[str, str, str, float, str]:
+    """(drafter, verifier, its setting, T, the target's numerics): one cell of the frontier."""
+    return (run.method, run.verifier, rule(run), run.temperature, numerics(run))
+
+
+def _order(key: tuple[str, str, str, float, str]) -> tuple:
+    drafter, verifier, setting, t, target = key
+    return (drafter, t, list(COLORS).index(verifier) if verifier in COLORS else 9, setting, target)
 
 
 def report(study: Study) -> Report:
@@ -52,7 +60,7 @@ def report(study: Study) -> Report:
         r, d = run.speed_record, run.speed_record.distortion
         q = quality.get(key)
         records.append(dict(
-            drafter=key[0], verifier=key[1], setting=key[2], T=key[3], lossless=lossless(run), run=run.id,
+            drafter=key[0], verifier=key[1], setting=key[2], T=key[3], target=key[4], lossless=lossless(run), run=run.id,
             speedup=r.speedup, tau=r.method.tau, prompts=r.prompts,
             tv=(d.get("tv_mean", math.nan), d.get("tv_mean_ci_low", math.nan), d.get("tv_mean_ci_high", math.nan)),
             tv90=d.get("tv_q90", math.nan), kl=d.get("kl_mean", math.nan), kept=d.get("kept_mean", math.nan),
@@ -61,7 +69,8 @@ def report(study: Study) -> Report:
         ))
     report.tables.append(Table(
         "frontier", "Lossless vs lossy: speed and exact distortion per cell",
-        caption("One row per cell (drafter, verifier setting, T): speedup over the baseline (tokens/s, prompts interleaved) and "
+        caption("One row per cell (drafter, verifier setting, T, the target's numerics: its dtype as run, and its kernels "
+                "where not the default): speedup over the baseline (tokens/s, prompts interleaved) and "
                 "τ from the speed comparison; exact distortion of the first token each verification step emits, along the "
                 "target's own continuations (stats.distortion): mean TV to the target's p with a 95% bootstrap interval over "
                 "prompts, its 90% quantile over positions, the mean KL(law ‖ p) in nats, and the probability that the step's "
@@ -71,7 +80,8 @@ def report(study: Study) -> Report:
                 list(cells.values()), study),
         [Col("drafter", "drafter", text, "l"), Col("verifier", lambda r: r["verifier"] + (" (lossless)" if r["lossless"] else ""),
                                                    text, "l"),
-         Col("setting", "setting", text, "l"), Col("T", "T", temperature), Col("speedup", "speedup", speed), Col("τ", "tau", num),
+         Col("setting", "setting", text, "l"), Col("T", "T", temperature), Col("target", "target", text, "l"),
+         Col("speedup", "speedup", speed), Col("τ", "tau", num),
          Col("TV mean [95% CI]", "tv", _tv_cell), Col("TV 90%", "tv90", _small), Col("KL (nats)", "kl", _small),
          Col("first token drafted", "kept", num3), Col("positions", "positions", lambda x: DASH if missing(x) else f"{x:.0f}")],
         records + numerics_records({run.param("model.name") for run in cells.values()})))
@@ -85,9 +95,10 @@ def report(study: Study) -> Report:
                     + (" Drafter none is the control: plain decoding through the engine's batched steps against the same "
                        "target side, so a verdict there is the target's own numerics, not a rule."
                        if any(r["drafter"] == "none" for r in tested) else ""),
-                    [cells[(r["drafter"], r["verifier"], r["setting"], r["T"])] for r in tested], study),
+                    [cells[(r["drafter"], r["verifier"], r["setting"], r["T"], r["target"])] for r in tested], study),
             [Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"), Col("setting", "setting", text, "l"),
-             Col("T", "T", temperature), Col("N per side", lambda r: r["eq"].get("samples_method", math.nan),
+             Col("T", "T", temperature), Col("target", "target", text, "l"),
+             Col("N per side", lambda r: r["eq"].get("samples_method", math.nan),
                                               lambda x: DASH if missing(x) else f"{x:,.0f}"),
              Col("verdict", "verdict", text, "l"), Col("smallest Holm p", lambda r: r["eq"].get("min_holm_p", math.nan), pvalue),
              Col("position TV (noise floor)", lambda r: (r["eq"].get("tv_position", math.nan), r["eq"].get("tv_position_null", math.nan)),
@@ -103,7 +114,7 @@ def report(study: Study) -> Report:
             caption("Quality runs (eval=humaneval) joined with the speed cells: pass@1 of the method and of the target alone at "
                     "the same T with their 95% Wilson intervals, the difference with its 95% interval (paired by problem: from the "
                     "problems only one side solves) and McNemar's exact p.",
-                    [quality[(r["drafter"], r["verifier"], r["setting"], r["T"])] for r in scored], study),
+                    [quality[(r["drafter"], r["verifier"], r["setting"], r["T"], r["target"])] for r in scored], study),
             [Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"), Col("setting", "setting", text, "l"),
              Col("T", "T", temperature), Col("problems", lambda r: r["quality"].problems, lambda x: DASH if missing(x) else f"{x:.0f}"),
              Col("method pass@1 [95% CI]", lambda r: _score(r, METHOD), _with_ci),
@@ -131,7 +142,7 @@ def numerics_records(models: set[str]) -> list[dict]:
     page = pages[-1]
     kernels = page["title"].rsplit(", ", 2)[-2:]  # dtype, kernels
     return [dict(drafter=c["arm"], verifier=f"the target's numerics ({', '.join(kernels)}: verification vs 1 query)", setting=DASH,
-                 T=c["temperature"], lossless=False, speedup=math.nan, tau=math.nan, prompts=c["prompts"],
+                 T=c["temperature"], target=", ".join(kernels), lossless=False, speedup=math.nan, tau=math.nan, prompts=c["prompts"],
                  tv=(c["numerics_tv_mean"], math.nan, math.nan), tv90=c["numerics_tv_q90"], kl=math.nan, kept=math.nan,
                  positions=c["positions"], verdict=None, eq=None, quality=None) for c in page["data"]["cells"]]
 
