@@ -89,20 +89,7 @@ def speed_to_table(data: dict, name: str) -> dict:
     for r in rows:
         if "time_split" in r:
             notes.append(f"{r['method']}: time split " + ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items()))
-    date = report_date(data, name)
-    dataset = args.get("dataset", "humaneval")
-    out = {
-        "title": data.get("title")
-        or f"benchmarks/speed.py: {dataset}, {args.get('prompts', '?')} prompts x {args.get('tokens', '?')} tokens",
-        "date": date,
-        "machine": data["header"],
-        "command": [speed_command(args)],
-        "prompts": f"{dataset}, {args.get('prompts')} prompts from offset {args.get('offset', 0)}, {args.get('tokens')} new tokens, "
-                   f"{args.get('repeats')} repeats, {decoding(args)} (from the report's args)",
-        "columns": columns,
-        "rows": table_rows,
-        "notes": data.get("notes", []) + notes,
-    }
+    out = _page(data, name, f"{args.get('prompts', '?')} prompts x {args.get('tokens', '?')} tokens", "", columns, table_rows, notes)
     if data.get("profile"):
         prof = data["profile"]
         groups = [k for k in next(iter(prof.values())) if k != "seconds"]
@@ -158,17 +145,23 @@ def batch_to_table(data: dict, name: str) -> dict:
             if "prompts" in e and r.get("identical_to_reference") not in (None, e["prompts"]):
                 notes.append(f"B={e['batch']}: {r['method']} decoded {r.get('identical_to_reference')} of {e['prompts']} prompts "
                              f"token for token as {e.get('reference')} did at that batch size.")
-    date = report_date(data, name)
+    return _page(data, name, f"batch sizes {args.get('batch', '?')}", f", batch sizes {args.get('batch')}", columns, table_rows, notes)
+
+
+def _page(data: dict, name: str, title: str, setting: str, columns: list, rows: list, notes: list[str]) -> dict:
+    """What a speed record's page and a batch record's share: the title (the record's, else the dataset and
+    `title`), date, machine, command, what was decoded (`setting` after the decoding), the table and the notes."""
+    args = data.get("args", {})
     dataset = args.get("dataset", "humaneval")
     return {
-        "title": data.get("title") or f"benchmarks/speed.py: {dataset}, batch sizes {args.get('batch', '?')}",
-        "date": date,
+        "title": data.get("title") or f"benchmarks/speed.py: {dataset}, {title}",
+        "date": report_date(data, name),
         "machine": data["header"],
         "command": [speed_command(args)],
         "prompts": f"{dataset}, {args.get('prompts')} prompts from offset {args.get('offset', 0)}, {args.get('tokens')} new tokens, "
-                   f"{args.get('repeats')} repeats, {decoding(args)}, batch sizes {args.get('batch')} (from the report's args)",
+                   f"{args.get('repeats')} repeats, {decoding(args)}{setting} (from the report's args)",
         "columns": columns,
-        "rows": table_rows,
+        "rows": rows,
         "notes": data.get("notes", []) + notes,
     }
 

@@ -1,7 +1,7 @@
 """The config layer's check: a composed config (conf/config.yaml or conf/train.yaml, with its groups)
 against the settings dataclasses of specresearch.options, refused in one line before a run opens or a
 model loads: an unknown setting (naming the valid ones), a value of the wrong type (wrong types are
-refused, never converted), a value out of range (the dataclass's `check`).
+refused, never converted), a value out of range (the dataclass's `check_ranges`).
 
 - A group whose options configure no class (model, dataset, sampling, eval) is checked against the fields
   of all its options together (a setting of one dataset passes on another); a group whose options build
