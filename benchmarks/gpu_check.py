@@ -78,7 +78,7 @@ SPEED_DRAFTERS = ("pld", "medusa", "independent")  # our speculative methods tim
 COMPILED_DRAFTERS = ("pld", "medusa")  # ... and timed again with the target compiled (model.cache=static model.compile=true)
 ONLY = ("generate", "generate_compiled", "baseline", "baseline_compiled", *SPEED_DRAFTERS,  # what --only takes (`short` names)
         *(f"{name}_compiled" for name in COMPILED_DRAFTERS))
-DRY_COMPILED_DRAFTERS = ("pld",)  # --dry's: inductor takes ~30 s on the CPU for Medusa's tree graph (tests/test_static_cache.py
+DRY_COMPILED_DRAFTERS = ("pld",)  # --dry's: inductor takes ~30 s on the CPU for Medusa's tree graph (tests/kv/test_static.py
 # compiles every drafter)
 PROMPT = '''import heapq
 from dataclasses import dataclass, field
@@ -380,7 +380,7 @@ def hf_greedy(lm, prompt: list[int], n: int) -> list[int]:
 
 
 def lossless_at(temperature: float) -> list[str]:
-    """The verifiers of conf/verifier that claim `lossless` and run at this temperature (as tests/test_lossless.py)."""
+    """The verifiers of conf/verifier that claim `lossless` and run at this temperature (as tests/verifiers/test_lossless.py)."""
     from specresearch.errors import SpecResearchError
     from specresearch.types import SamplingParams
 

@@ -81,7 +81,7 @@ def check_buildable(cfg: Any) -> None:
 
 def claim_params(engine: Engine) -> dict[str, str]:
     """What the method claims and what it ran as, as run params (the class may change; the record
-    must not): the verifier's `lossless` claim ("true" / "false"), which tests/test_lossless.py
+    must not): the verifier's `lossless` claim ("true" / "false"), which tests/verifiers/test_lossless.py
     proves for every drafter, and the target's dtype and device actually used (`resolved_params`)."""
     return {"verifier.lossless": str(bool(engine.verifier.lossless)).lower(), **resolved_params(engine.kv.lm)}
 

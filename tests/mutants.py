@@ -1,5 +1,5 @@
 """The law tests against lossy mutants: `python -m tests.mutants` applies each plausible lossy bug below,
-one at a time, to a scratch copy of the checkout, runs the tests of tests/test_lossless.py that
+one at a time, to a scratch copy of the checkout, runs the tests of tests/verifiers/test_lossless.py that
 concern it there, and prints which killed it and how strongly: the smallest p-value of the Monte
 Carlo law tests (`law_pvalues`) and the largest exact TV of the enumeration test (exact: no noise).
 
@@ -202,7 +202,7 @@ def run(mutant: Mutant | None, workers: int) -> dict:
                                capture_output=True, text=True, check=True).stdout.strip()
         if not where.startswith(str(root)):
             raise SystemExit(f"the scratch copy is not what runs (specresearch from {where})")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_lossless.py", "-k",
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/verifiers/test_lossless.py", "-k",
                f"(sampled_output or exact_law) and ({mutant.select if mutant else 'rejection'})"]
         if workers > 1:
             cmd += ["-n", str(workers)]
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                         json.loads(args.json.read_text())["command"]) + ([f"python -m tests.mutants --only {' '.join(args.only)} "
                                                                               f"--workers {args.workers} --json {args.json.as_posix()}"]
                                                                              if args.only else []),
-            "prompts": ("tests/test_lossless.py's law tests (2,880 ragged-batch decodes at T = 1 in two settings, `landing` and "
+            "prompts": ("tests/verifiers/test_lossless.py's law tests (2,880 ragged-batch decodes at T = 1 in two settings, `landing` and "
                         "`rejecting`, per drafter mode, and at T = 0.7, top-k 20 in `rejecting` per drafter) and its exact "
                         "enumeration (T = 1, top-k 4; T = 0.7, top-k 4; T = 1.5, top-k 4, top-p 0.9), run on a scratch copy of "
                         "the checkout with one mutant applied; each mutant against the modes and settings its bug touches"),

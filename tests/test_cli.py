@@ -13,9 +13,8 @@ import pytest
 from specresearch.config import options
 from specresearch.errors import SpecResearchError
 from specresearch.measure import run
-
-from .conftest import TINY, make_cfg
-from .helpers import run_specresearch
+from tests.helpers import ROOT, make_cfg, run_specresearch
+from tests.tiny import TINY
 
 pytestmark = pytest.mark.e2e  # runs the command line (`python -m specresearch`)
 
@@ -282,7 +281,7 @@ def test_an_mlflow_run_from_the_cli_carries_its_code(tmp_path, new_store):
     tags = record.data.tags
     assert {name: tags[tag] for name, tag in VERSION_TAGS.items()} == {
         "specresearch": __version__, "torch": version("torch"), "transformers": version("transformers"), "lm_eval": version("lm_eval")}
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)

@@ -14,8 +14,8 @@ from specresearch.options.groups import schema_of
 from specresearch.tracking import MLflowTracker, NullTracker
 from specresearch.types import SamplingParams
 from specresearch.verifiers import Verifier
-
-from .conftest import TINY, drafter_cfg, make_cfg
+from tests.helpers import make_cfg
+from tests.tiny import TINY, drafter_cfg
 
 
 def test_groups_have_their_options():
@@ -95,7 +95,7 @@ def test_tracker_configs_instantiate(name, tmp_path):
 @pytest.mark.parametrize("name", options("model"))
 def test_model_configs_name_a_loadable_model(name):
     """Real models are too big to load in every test run: check they name an installed zoo entry
-    (the zoo's own loading is tested in test_models.py); the tiny one is loaded."""
+    (the zoo's own loading is tested in tests/models/test_loading.py); the tiny one is loaded."""
     cfg = make_cfg(f"model={name}")
     if cfg.model.name == "tiny":
         assert load_model(**cfg.model).model.config.vocab_size == cfg.model.tiny.vocab_size

@@ -7,12 +7,13 @@ import math
 import pytest
 from hydra import compose, initialize_config_dir
 
+from specresearch.config import CONF_DIR
 from specresearch.errors import SpecResearchError
 from specresearch.options.runs import SANDBOX_MIN_MEMORY_MB
 from specresearch.settings import check_config
 from specresearch.types import SamplingParams
-
-from .conftest import CONF_DIR, TINY, make_cfg
+from tests.helpers import make_cfg
+from tests.tiny import TINY
 
 GROUPS = ("drafter", "verifier", "sampling", "dataset", "tracker", "model", "eval", "experiment")
 

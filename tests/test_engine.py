@@ -16,8 +16,7 @@ from specresearch.models import machine
 from specresearch.stats import first_token_law
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
-
-from .conftest import PLAIN, REPEATING, cyclic_tiny, lookup_runs, plain_chain, rejected_cyclic_draft, tiny_model
+from tests.tiny import PLAIN, REPEATING, cyclic_tiny, lookup_runs, plain_chain, rejected_cyclic_draft, tiny_model
 
 GREEDY = SamplingParams()
 VOCAB = 320
@@ -34,7 +33,8 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, 256, (int(length),), generator=gen).tolist() for length in torch.randint(1, 12, (n,), generator=gen)]
 
 
-def baseline(target) -> Engine:
+def autoregressive(target) -> Engine:
+    """Plain greedy decoding of `target`, one token a forward: the reference every greedy method must equal."""
     return Engine(target, NoDrafter(), GreedyVerifier(), GREEDY)
 
 
@@ -50,7 +50,7 @@ def test_baseline_equals_transformers_generate(target):
     """Same tokens, and the same stop at EOS (kept in the output), as transformers' greedy generate."""
     stopped = 0
     for prompt in prompts(6):
-        ours = baseline(target).generate(prompt, 40)
+        ours = autoregressive(target).generate(prompt, 40)
         ids = torch.tensor([prompt])
         theirs = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
         assert ours.tokens == theirs[0, len(prompt) :].tolist()
@@ -63,7 +63,7 @@ def test_greedy_speculative_equals_greedy(target, close_draft, k):
     engine = Engine(target, plain_chain(target, k=k, model=close_draft), GreedyVerifier(), GREEDY)
     for i, prompt in enumerate(prompts(4, seed=k)):
         out = engine.generate(prompt, 40, eos_token_ids=[], seed=i)
-        assert out.tokens == baseline(target).generate(prompt, 40, eos_token_ids=[]).tokens
+        assert out.tokens == autoregressive(target).generate(prompt, 40, eos_token_ids=[]).tokens
         assert len(out.tokens) == 40
     s = out.stats
     assert 0 < s.accepted < s.drafted, "the perturbed draft should be partly accepted"
@@ -84,7 +84,7 @@ def test_packed_kernels_keep_greedy_identical():
         engine = Engine(target, plain_chain(target, k=k, model=draft), GreedyVerifier(), GREEDY)
         for i, prompt in enumerate(prompts(3, seed=k)):
             out = engine.generate(prompt, 32, eos_token_ids=[], seed=i)
-            assert out.tokens == baseline(target).generate(prompt, 32, eos_token_ids=[]).tokens
+            assert out.tokens == autoregressive(target).generate(prompt, 32, eos_token_ids=[]).tokens
             drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
     assert 0 < accepted < drafted
     assert all("_pack" in m.__dict__ for lm in (target, draft) for m in lm.model.modules() if type(m) is PackedLinear)
@@ -95,7 +95,7 @@ def test_every_draft_rejected_still_gives_the_baseline_output(target, same_draft
     for prompt in prompts(3, seed=1):
         out = engine.generate(prompt, 30, eos_token_ids=[])
         assert out.stats.accepted == 0 and out.stats.drafted > 0
-        assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
+        assert out.tokens == autoregressive(target).generate(prompt, 30, eos_token_ids=[]).tokens
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -105,7 +105,7 @@ def test_every_draft_accepted_gives_the_baseline_output_and_a_bonus_token_per_st
         out = engine.generate(prompt, 36, eos_token_ids=[])
         assert out.stats.accepted == out.stats.drafted > 0
         assert out.stats.tau > k  # k accepted + 1 bonus per full step; the last step may draft fewer
-        assert out.tokens == baseline(target).generate(prompt, 36, eos_token_ids=[]).tokens
+        assert out.tokens == autoregressive(target).generate(prompt, 36, eos_token_ids=[]).tokens
 
 
 def next_logits_fresh(lm, tokens: list[int]) -> torch.Tensor:
@@ -136,7 +136,7 @@ def test_kv_caches_equal_fresh_prefill(target, close_draft, same_draft, drafter_
 
 
 def test_tokens_fed_after_a_rollback_see_only_the_kept_cache(target):
-    engine = baseline(target)
+    engine = autoregressive(target)
     wrapper = engine.kv
     seq = list(range(20, 40))
     with torch.inference_mode():
@@ -151,10 +151,10 @@ def test_tokens_fed_after_a_rollback_see_only_the_kept_cache(target):
 def test_stops_eos_and_stop_strings_match_baseline(target, close_draft):
     spec = Engine(target, plain_chain(target, k=4, model=close_draft), GreedyVerifier(), GREEDY)
     prompt = prompts(1, seed=9)[0]
-    full = baseline(target).generate(prompt, 40, eos_token_ids=[]).tokens
+    full = autoregressive(target).generate(prompt, 40, eos_token_ids=[]).tokens
     eos = full[13]
     first = full.index(eos)
-    for engine in (baseline(target), spec):
+    for engine in (autoregressive(target), spec):
         out = engine.generate(prompt, 40, eos_token_ids=[eos])
         assert out.tokens == full[: first + 1] and out.stop_reason == "eos"
         out = engine.generate(prompt, 9, eos_token_ids=[])
@@ -162,7 +162,7 @@ def test_stops_eos_and_stop_strings_match_baseline(target, close_draft):
     # A stop string: two printable bytes from the middle of the baseline's text.
     stop_at = next(i for i in range(8, 38) if 32 <= full[i] < 127 and 32 <= full[i + 1] < 127)
     stop = bytes(full[stop_at : stop_at + 2]).decode()
-    outs = [e.generate(prompt, 40, stop_strings=[stop], eos_token_ids=[]) for e in (baseline(target), spec)]
+    outs = [e.generate(prompt, 40, stop_strings=[stop], eos_token_ids=[]) for e in (autoregressive(target), spec)]
     assert outs[0].tokens == outs[1].tokens and outs[0].text == outs[1].text
     assert outs[0].stop_reason == "stop_string" and stop not in outs[0].text
     assert len(outs[0].tokens) <= stop_at + 2
@@ -289,7 +289,7 @@ def test_divergence_gap_is_the_targets_logit_gap_at_the_first_difference(target)
     from specresearch.measure import divergence_gap
 
     prompt = prompts(1, seed=3)[0]
-    a = baseline(target).generate(prompt, 6, eos_token_ids=[]).tokens
+    a = autoregressive(target).generate(prompt, 6, eos_token_ids=[]).tokens
     logits = next_logits_fresh(target, prompt + a[:2])  # [V]
     runner_up = int(logits.topk(2).indices[1])
     b = a[:2] + [runner_up, a[3]]
@@ -336,7 +336,7 @@ def test_shortlisted_draft_keeps_greedy_identical(target, close_draft, k):
     engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
     for i, prompt in enumerate(prompts(4, seed=10 + k)):
         out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
-        assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
+        assert out.tokens == autoregressive(target).generate(prompt, 30, eos_token_ids=[]).tokens
     assert 0 < out.stats.accepted < out.stats.drafted
 
 
@@ -382,7 +382,7 @@ def test_int8_draft_keeps_greedy_identical(target, close_draft, options):
     engine = Engine(target, drafter, GreedyVerifier(), GREEDY)
     for i, prompt in enumerate(prompts(3, seed=20)):
         out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
-        assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
+        assert out.tokens == autoregressive(target).generate(prompt, 30, eos_token_ids=[]).tokens
     assert 0 < out.stats.accepted < out.stats.drafted
 
 
@@ -394,7 +394,7 @@ def test_confidence_stops_drafts_early_and_keeps_greedy_identical(target, close_
         out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
         stats = stats.merge(out.stats)
         if sampling.greedy:
-            assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
+            assert out.tokens == autoregressive(target).generate(prompt, 30, eos_token_ids=[]).tokens
     assert stats.drafted_at[0] > stats.drafted_at[-1] > 0, "some drafts stop early, some run to k"
     sure = Engine(target, plain_chain(target, k=6, model=close_draft, confidence=0.9999), RejectionVerifier(), sampling)
     out = sure.generate(prompts(1)[0], 20, eos_token_ids=[])
@@ -465,7 +465,7 @@ def test_lookup_drafts_the_same_chain_in_fewer_forwards(sampling, confidence):
     assert runs[4][0] == runs[0][0]
     assert runs[4][1] < 0.85 * runs[0][1]
     if sampling.greedy:
-        assert runs[4][0][0] == baseline(target).generate(REPEATING, 40, eos_token_ids=[]).tokens
+        assert runs[4][0][0] == autoregressive(target).generate(REPEATING, 40, eos_token_ids=[]).tokens
     with pytest.raises(SpecResearchError, match="lookup must be >= 0"):
         plain_chain(target, k=2, model=draft, lookup=-1)
 
@@ -537,14 +537,14 @@ def test_a_sibling_taken_drops_the_chain_after_it_from_the_draft_cache(target, f
         with torch.inference_mode():
             out = engine.generate(prompt, 30, eos_token_ids=[], seed=i)
         if sampling.greedy:
-            assert out.tokens == baseline(target).generate(prompt, 30, eos_token_ids=[]).tokens
+            assert out.tokens == autoregressive(target).generate(prompt, 30, eos_token_ids=[]).tokens
     assert taken >= 2, "the target took a sibling now and then"
 
 
 @pytest.fixture(scope="module")
 def short_engine():
     """Plain decoding on a tiny model of 32 positions."""
-    return baseline(tiny_model(max_position_embeddings=32))
+    return autoregressive(tiny_model(max_position_embeddings=32))
 
 
 @pytest.mark.parametrize("prompt, max_new, error", [
@@ -632,7 +632,7 @@ def test_greedy_decoding_takes_the_argmax_and_builds_no_law(target, close_draft,
     import specresearch.verifiers.base as verifiers_base
 
     ids = prompts(3, seed=5)
-    engines = [baseline(target), Engine(target, plain_chain(target, k=3, model=close_draft), RejectionVerifier(), GREEDY)]
+    engines = [autoregressive(target), Engine(target, plain_chain(target, k=3, model=close_draft), RejectionVerifier(), GREEDY)]
     before = [[(o.tokens, o.stats.accepted) for o in e.generate(ids, 12, eos_token_ids=[])] for e in engines]
 
     def built(*args, **kwargs):

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from .conftest import CONF_DIR, TINY, interrupt_when_measuring
-from .helpers import run_specresearch, specresearch_command, user_env
+from specresearch.config import CONF_DIR
+from tests.helpers import interrupt_when_measuring, run_specresearch, specresearch_command, user_env
+from tests.tiny import TINY
 
 pytestmark = pytest.mark.e2e  # runs the command line and kills it (signals, full disks, broken stores)
 

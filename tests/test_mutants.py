@@ -15,15 +15,15 @@ from _pytest.mark.expression import Expression
 
 from tests import mutants
 
-LAW_TESTS = "(sampled_output or exact_law)"  # what mutants.run selects in tests/test_lossless.py
+LAW_TESTS = "(sampled_output or exact_law)"  # what mutants.run selects in tests/verifiers/test_lossless.py
 
 
 def collect(root: Path) -> list[str]:
     """The node ids of the law tests of the checkout at `root` (in a child: pytest does not nest)."""
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          "tests/test_lossless.py", "-k", LAW_TESTS], cwd=root, capture_output=True, text=True,
+                          "tests/verifiers/test_lossless.py", "-k", LAW_TESTS], cwd=root, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(root)})
-    ids = [line for line in out.stdout.splitlines() if line.startswith("tests/test_lossless.py::")]
+    ids = [line for line in out.stdout.splitlines() if line.startswith("tests/verifiers/test_lossless.py::")]
     assert ids, out.stdout[-2000:] + out.stderr[-2000:]
     return ids
 

@@ -1,16 +1,15 @@
 """The one results format (specresearch.reports): every committed results file is a report of it, no
 committed file names a folder of the machine that wrote it, and a report that strays is refused in one line.
-(A record a benchmark writes becoming a report: tests/test_speed_report.py, tests/test_gpu_check.py.)"""
+(A record a benchmark writes becoming a report: tests/benchmarks/test_speed_report.py, tests/benchmarks/test_gpu_check.py.)"""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from specresearch import reports
 from specresearch.errors import SpecResearchError
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "results" / "data"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.e2e  # starts fresh interpreters (the .pth's cost, lm-eval's start)
 

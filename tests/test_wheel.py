@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.e2e  # builds wheels
 

@@ -58,7 +58,7 @@ class Drafter(ABC):
     # which the exact distortion applies to every draw of the token.
     siblings: Siblings = Siblings()
     # The ways this drafter drafts whose laws differ, as overrides of its config node: the lossless
-    # tests (tests/test_lossless.py) prove every mode with every lossless verifier, so a new mode is
+    # tests (tests/verifiers/test_lossless.py) prove every mode with every lossless verifier, so a new mode is
     # covered by naming it here.
     modes: ClassVar[dict[str, tuple[str, ...]]] = {"default": ()}
     draft_forwards: int = 0  # forwards of a draft model over the drafter's life, one per row they drafted for (0: model-free)
