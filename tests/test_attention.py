@@ -11,8 +11,8 @@ from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from specresearch.attention import PREFIX_ATTENTION, SharedPrefix, shares_prefix, use_prefix_attention
 from specresearch.kv import decode_batch
-from specresearch.models import load_model
 from specresearch.types import SamplingParams
+from tests.tiny import tiny_model
 
 P, B = 23, 5
 
@@ -71,7 +71,7 @@ def test_without_a_prefix_the_attention_is_sdpa_itself():
 def test_batched_draws_over_a_shared_prompt_are_the_draws_from_copies():
     """decode_batch (the battery's baseline draws) with the prompt held once draws, greedy and sampled with
     one generator, the tokens it draws with the prompt copied into every row (fp32)."""
-    lm = load_model("tiny", device="cpu")
+    lm = tiny_model()
     assert shares_prefix(lm.model)
     prompt = torch.tensor([[10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11, 200, 7]])
     cache = DynamicCache(config=lm.model.config)
@@ -96,7 +96,7 @@ def test_a_row_rolled_back_into_the_shared_prompt_decodes_as_its_own_tokens(stat
     those of its own tokens alone (fp32), with or without a step of rows before it, dynamic or static cache."""
     from specresearch.kv import CachedLM
 
-    lm = load_model("tiny", device="cpu")
+    lm = tiny_model()
     gen = torch.Generator().manual_seed(4)
     prompt, step, fed = torch.randint(0, 320, (20,), generator=gen), torch.randint(0, 320, (3, 2), generator=gen), torch.randint(0, 320, (3, 3), generator=gen)
     target = CachedLM(lm, static=static)

@@ -42,7 +42,7 @@ from specresearch.types import SamplingParams, node_depths
 from specresearch.verifiers import GreedyVerifier, MarginVerifier, RejectionVerifier, TypicalVerifier
 from specresearch.vocab import Shortlist
 from tests.helpers import make_cfg, train_cfg
-from tests.tiny import PLAIN, REPEATING, cyclic_tiny, equivalence_report
+from tests.tiny import PLAIN, REPEATING, cyclic_tiny, equivalence_report, tiny_model
 
 
 def noisy_heads(seed: int = 0, heads: int = 4) -> MedusaHeads:
@@ -667,9 +667,8 @@ def test_a_tree_the_machine_cannot_hold_is_refused_before_anything_is_allocated(
     from specresearch.build import build
     from specresearch.config import compose
     from specresearch.drafters import tree
-    from specresearch.models import load_model
 
-    target = load_model("tiny", dtype="float32", device="cpu")
+    target = tiny_model()
     monkeypatch.setattr(tree, "free_memory_bytes", lambda device: 16 * 2**30)  # half of it: 8 GiB for 5,120 B x K + 5 B x K²
     extra = ["drafter.model.name=tiny", "drafter.branching=null"] if drafter == "tree" else ["drafter.lookup=0"]
 
