@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache, cached_property
 from pathlib import Path
 
@@ -256,15 +256,24 @@ def load_committed(name: str, path: Path) -> Study:
     """A study's runs from a committed report (`runs_record` under `data`), as `load_study` reads them from MLflow.
 
     Raises:
-        AnalysisError: no such file, or not the runs of this study.
+        AnalysisError: no such file, not JSON, or not the runs of this study.
     """
     if not path.is_file():
         raise AnalysisError(f"no committed runs of study '{name}' at {path}")
-    data = json.loads(path.read_text()).get("data") or {}
-    if data.get("study") != name or not data.get("runs"):
-        raise AnalysisError(f"{path} holds no runs of study '{name}' (data.study, data.runs)")
-    runs = [Run(**r) for r in data["runs"]]
-    parent = Run(**data["parent"]) if data.get("parent") else None
+    valid = f"valid is a study's committed runs (save=true writes them: docs/results/data/{committed(name).name})"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # not UTF-8 (random bytes), or not JSON
+        raise AnalysisError(f"{path} is not JSON ({type(err).__name__}): {valid}") from None
+    data = (record.get("data") if isinstance(record, dict) else None) or {}
+    if not isinstance(data, dict) or data.get("study") != name or not data.get("runs"):
+        raise AnalysisError(f"{path} holds no runs of study '{name}' (data.study, data.runs): {valid}")
+    try:
+        runs = [Run(**r) for r in data["runs"]]
+        parent = Run(**data["parent"]) if data.get("parent") else None
+    except TypeError:  # a run that is no mapping, or lacks or adds a field
+        names = ", ".join(f.name for f in fields(Run))
+        raise AnalysisError(f"{path}: data.runs and data.parent must be runs with fields {names}: {valid}") from None
     return Study(name, f"committed:{path.name}", "committed", runs, parent=parent)
 
 

@@ -1,8 +1,10 @@
-"""`python -m specresearch.analysis experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [out=DIR] [data=PATH] [merge=true] [save=true]`
+"""`python -m specresearch.analysis experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [out=DIR] [data=PATH] [merge=true]
+[save=true] [log=true]`
 
 Reads the runs of study NAME from MLflow, writes its tables (markdown and LaTeX) and figures
-(PNG) into DIR (default `outputs/analysis/NAME` under the working directory), prints the markdown,
-and logs the folder to the study's latest sweep parent run (artifacts under `analysis/`).
+(PNG) into DIR (default `outputs/analysis/NAME` under the working directory) and prints the markdown.
+It only reads the store: `log=true` also logs the folder to the study's latest sweep parent run
+(artifacts under `analysis/`).
 
 `save=true` also commits what was read: docs/results/data/study-NAME.json (the first table as a
 results page, the others and the figures after it, the runs under `data`) and its figures under
@@ -33,13 +35,14 @@ from specresearch.tracking import store_path_problem, write_problem
 
 COMMAND = "python -m specresearch.analysis"
 USAGE = (f"{COMMAND} experiment=NAME [tracker.store=PATH] [tracker.uri=URI] [tracker.experiment=NAME] [out=DIR] [data=PATH] "
-         "[merge=true] [save=true]")
+         "[merge=true] [save=true] [log=true]")
 OUT_ROOT = Path("outputs") / "analysis"  # under the working directory, beside Hydra's outputs of the runs
 
 
-def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None, Path | None, bool, bool]:
-    """key=value arguments -> (study, tracker overrides, output folder or None, committed data or None, save, merge)."""
-    study, tracker, out, data, save, merge = None, {}, None, None, False, False
+def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None, Path | None, bool, bool, bool]:
+    """key=value arguments -> (study, tracker overrides, output folder or None, committed data or None, save, merge, log)."""
+    study, tracker, out, data = None, {}, None, None
+    flags = dict(save=False, merge=False, log=False)
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep or not value:
@@ -50,23 +53,20 @@ def parse(argv: list[str]) -> tuple[str, dict[str, str], Path | None, Path | Non
             out = Path(value)
         elif key == "data":
             data = Path(value)
-        elif key in ("save", "merge"):
+        elif key in flags:
             if value.lower() not in ("true", "false"):
                 raise AnalysisError(f"{key} must be true or false, got '{value}'")
-            if key == "save":
-                save = value.lower() == "true"
-            else:
-                merge = value.lower() == "true"
+            flags[key] = value.lower() == "true"
         elif key.startswith("tracker.") and len(key) > len("tracker."):
             tracker[key.removeprefix("tracker.")] = value
         else:
             raise AnalysisError(f"unknown argument '{key}': valid are experiment=NAME, tracker.KEY=VALUE (store, uri, "
-                                f"experiment), out=DIR, data=PATH, merge=true, save=true")
+                                f"experiment), out=DIR, data=PATH, merge=true, save=true, log=true")
     if study is None:
         raise AnalysisError(f"name a study: {USAGE}, NAME one of {', '.join(analysed())}")
     if study not in analysed():
         raise AnalysisError(f"unknown study '{study}': valid are {', '.join(analysed())}")
-    return study, tracker, out, data, save, merge
+    return study, tracker, out, data, flags["save"], flags["merge"], flags["log"]
 
 
 def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
@@ -101,15 +101,16 @@ def tracker_target(study: str, overrides: dict[str, str]) -> tuple[str, str]:
 
 
 def analyse(study: str, uri: str, experiment: str = "specresearch", out: Path | None = None,
-            log: bool = True, data: Path | None = None, save: bool = False, merge: bool = False) -> tuple[Study, Report, Path]:
-    """Build a study's tables and figures from MLflow (or committed data), write them to `out`, log them to its sweep parent.
+            log: bool = False, data: Path | None = None, save: bool = False, merge: bool = False) -> tuple[Study, Report, Path]:
+    """Build a study's tables and figures from MLflow (or committed data) and write them to `out`; with `log`, log
+    them to its sweep parent too (else the store is only read).
 
     Args:
         study: the study's name (a folder of experiments/ with an analysis.py).
         uri: MLflow tracking URI.
         experiment: the MLflow experiment the runs are in.
         out: output folder; None = outputs/analysis/STUDY under the working directory.
-        log: log the folder as artifacts `analysis/` of the study's latest sweep parent run.
+        log: log the folder as artifacts `analysis/` of the study's latest sweep parent run (`log=true`).
         data: read the runs from this committed file (`save`) instead of MLflow; without it, the study's committed
             file serves where the store holds none of its runs.
         save: commit the runs read and the tables built (`commit`).
@@ -215,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0
     try:
-        study, tracker, out, data, save, merge = parse(argv)
+        study, tracker, out, data, save, merge, log = parse(argv)
         uri, experiment = tracker_target(study, tracker)
-        runs, report, folder = analyse(study, uri, experiment, out, data=data, save=save, merge=merge)
+        runs, report, folder = analyse(study, uri, experiment, out, log=log, data=data, save=save, merge=merge)
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -227,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"committed the runs and tables to {committed(study)} (its page: docs/results/{committed(study).stem}.md)")
     if runs.uri.startswith("committed:"):
         print("read from committed data: nothing logged to MLflow")
+    elif not log:
+        print("the store was only read (log=true logs this folder to the study's latest sweep parent run)")
     elif runs.parent is not None:
         print(f"logged to MLflow run {runs.parent.id} (the study's latest sweep parent), artifacts under analysis/")
     else:

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from specresearch import reports
+from specresearch.errors import SpecResearchError, fail, report_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 METHOD = ("drafter=pld", "verifier=rejection")
@@ -84,7 +85,6 @@ def calibrate(repeats: int, samples: int | str, method: Sequence[str] = METHOD, 
     """
     from specresearch import build_engine, compose
     from specresearch.data import encode, load_prompts
-    from specresearch.errors import SpecResearchError
     from specresearch.measure import aa_report, baseline_samples, method_samples, score, stats_rows
     from specresearch.seeding import stream_seed
     from specresearch.stats import Samples, Stream, battery
@@ -99,10 +99,7 @@ def calibrate(repeats: int, samples: int | str, method: Sequence[str] = METHOD, 
                                 "else a number in (0, 1) or None (stats.tv)")
     t0 = time.perf_counter()
     lossy = "lossy" in comparisons
-    method = list(method)
-    if lossy and not any(o.startswith("drafter=") for o in method):
-        method = [LOSSY_DRAFTER, *method]
-    overrides = [*BASE, *method, f"seed={seed}"]
+    overrides = run_overrides(method, lossy, seed)
     cfg = compose(overrides)
     engine = build_engine(cfg)
     target, sampling = engine.kv.lm, SamplingParams(**cfg.sampling)
@@ -155,6 +152,15 @@ def calibrate(repeats: int, samples: int | str, method: Sequence[str] = METHOD, 
         out[kind]["seconds"] = seconds[kind]
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def run_overrides(method: Sequence[str], lossy: bool, seed: int) -> list[str]:
+    """The overrides `calibrate` composes its runs' config from: the tiny model's base, the method's (a lossy
+    control's over drafter=plain_chain unless it names a drafter), the seed."""
+    method = list(method)
+    if lossy and not any(o.startswith("drafter=") for o in method):
+        method = [LOSSY_DRAFTER, *method]
+    return [*BASE, *method, f"seed={seed}"]
 
 
 def auto_size(target, prompts: list[list[int]], length: int, sampling, seed: int, rows: int, alpha: float, power: float,
@@ -475,11 +481,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--repeats >= 2, --length >= 1, 0 < --alpha < 1 and --threads >= 1")
     if args.tv == "exact" and args.lossy is None:
         parser.error("--tv exact is a lossy control's exact first-position TV: valid only with --lossy; else a number in (0, 1)")
+    from specresearch import compose
+
+    comparisons = ["aa"] if args.aa_only else ["lossy"] if args.lossy else ["aa", "method"]
+    method = (args.lossy or args.method or " ".join(METHOD)).split()
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    out = args.out or ROOT / "docs" / "results" / "data" / f"{date}-{'battery-power' if args.lossy else 'aa-calibration'}.json"
+    problem = report_problem(out, "--out")
+    if problem:  # before the repeats (hours), not after them
+        fail(problem)
+    try:  # the overrides through the config's own check (an unknown drafter names the valid ones), before anything runs
+        compose(run_overrides(method, "lossy" in comparisons, args.seed))
+    except SpecResearchError as err:
+        fail(f"--{'lossy' if args.lossy else 'method'} {' '.join(method)!r}: {err}")
     import torch
 
     torch.set_num_threads(args.threads)
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    out = args.out or ROOT / "docs" / "results" / "data" / f"{date}-{'battery-power' if args.lossy else 'aa-calibration'}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/aa_calibration.py " + shlex.join(
         ["--repeats", str(args.repeats), "--samples", str(args.samples),
@@ -489,8 +506,6 @@ def main(argv: Sequence[str] | None = None) -> int:
          *(["--alpha", str(args.alpha)] if args.alpha != 0.01 else []), *(["--length", str(args.length)] if args.length != 8 else []),
          *(["--seed", str(args.seed)] if args.seed else []), *(["--threads", str(args.threads)] if args.threads != 1 else []),
          "--out", reports.shown_path(out, ROOT)])
-    comparisons = ["aa"] if args.aa_only else ["lossy"] if args.lossy else ["aa", "method"]
-    method = (args.lossy or args.method or " ".join(METHOD)).split()
     t0 = time.perf_counter()
 
     def progress(kind: str, r: int) -> None:
@@ -499,8 +514,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif kind == comparisons[-1] and ((r + 1) % 10 == 0 or r + 1 == args.repeats or r < 2):
             print(f"{r + 1}/{args.repeats} repeats ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
 
-    result = calibrate(args.repeats, args.samples, method, args.alpha, args.length, args.seed, progress=progress,
-                       comparisons=comparisons, tv=args.tv)
+    try:
+        result = calibrate(args.repeats, args.samples, method, args.alpha, args.length, args.seed, progress=progress,
+                           comparisons=comparisons, tv=args.tv)
+    except SpecResearchError as err:  # what only the built engine can tell (a control with no distortion at this prompt)
+        fail(str(err))
     data = reports.checked(page(result, command, date), str(out))  # the docs' one results format
     out.write_text(dumps(data), encoding="utf-8")
     for row in data["rows"]:

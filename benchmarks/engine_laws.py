@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,6 +39,7 @@ from tqdm import tqdm
 
 from specresearch import build_engine, compose, reports
 from specresearch.data import encode, load_prompts
+from specresearch.errors import SpecResearchError, fail, report_problem
 from specresearch.models import machine_tags
 from specresearch.sampling import logits_to_probs
 from specresearch.stats.samples import SharedPrompt, Stream, sample_seeds
@@ -139,7 +143,9 @@ def summary(found: list[dict]) -> list[list[str]]:
     return out
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the arguments, audit, print (and write --json); a refused setting (an unknown --model, --drafter or
+    --verifier, a --json that cannot be written) is one `error:` line and exit 2, before any model loads."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="the target (a zoo name or tiny)")
     ap.add_argument("--drafter", default="independent", help="a drafter of conf/drafter (its draft model follows the target's)")
@@ -152,8 +158,20 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=156, help="the HumanEval problem (the lossless_vs_lossy study's first)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the results report here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    try:
+        run(args)
+    except SpecResearchError as err:
+        fail(str(err))
+    return 0
 
+
+def run(args: argparse.Namespace) -> None:
+    """The audit of `main`'s arguments: the settings and --json checked first, then the engine built and decoded."""
+    out = Path(args.json) if args.json else None
+    problem = None if out is None else report_problem(out, "--json")
+    if problem:
+        raise SpecResearchError(problem)
     cfg = compose([f"model={args.model}", f"drafter={args.drafter}", f"verifier={args.verifier}", "sampling=random",
                    f"sampling.temperature={args.temperature}", f"model.dtype={args.dtype}", f"model.kernels={args.kernels}"])
     engine = build_engine(cfg)
@@ -166,8 +184,9 @@ def main() -> None:
           "read against the baseline's path (one query a forward after the shared prompt), per node")
     for r in rows:
         print(f"  {r[0]:20} nodes {r[1]:>5}  same bits {r[2]:>13}  TV mean {r[3]}  median {r[4]}  99% {r[5]}  max {r[6]}")
-    if args.json:  # one results report (specresearch.reports)
-        with open(args.json, "w") as f:
+    if out:  # one results report (specresearch.reports)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w") as f:
             json.dump(reports.of_script(
                 "engine_laws.py", vars(args), machine_tags(lm),
                 f"The p the verifier reads against plain decoding's: {lm.name}, {str(lm.dtype).removeprefix('torch.')}, "
@@ -180,5 +199,6 @@ def main() -> None:
                        "and the TV between the two laws after the run's sampling settings."],
                 data={"nodes": found}), f, indent=1)
 
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,7 +11,10 @@ The block between
     <!-- headline: end -->
 
 in README.md and docs/index.md is replaced by the table. `--check` changes nothing and exits 1 when a
-page's block is not what the data gives (the tests run it).
+page's block is not what the data gives (the tests run it). Every input is checked before a page is
+written: a bad one is refused in one line (exit 2) and leaves both pages as they were; a text that
+reaches the table is one line without a marker comment or a '|', so it cannot end the block early or
+split a row.
 
     python benchmarks/headline.py            # rewrite the blocks
     python benchmarks/headline.py --check    # are they current?
@@ -21,24 +24,89 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
 
 from specresearch import reports
+from specresearch.errors import SpecResearchError
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "docs" / "results" / "headline.json"
 DATA = ROOT / "docs" / "results" / "data"
-PAGES = {ROOT / "README.md": "docs/results/data/{}.json", ROOT / "docs" / "index.md": "results/{}.md"}  # page -> its link to a report
+README, INDEX = ROOT / "README.md", ROOT / "docs" / "index.md"
+PAGES = {README: "docs/results/data/{}.json", INDEX: "results/{}.md"}  # page -> its link to a report
 MIN_PROMPTS = 8
 BLOCK = re.compile(r"<!-- headline: begin[^\n]*-->\n.*?<!-- headline: end -->", re.S)
 BEGIN = "<!-- headline: begin (written by `python benchmarks/headline.py` from docs/results/headline.json: edit those) -->"
 DATASETS = {"humaneval": "HumanEval", "mtbench": "MT-bench", "sharegpt": "ShareGPT"}
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a report's name: its file in DATA, never a path out of it
+UNSAFE = ("<!--", "-->", "|")  # in a table cell: a marker ends or starts a block, a '|' splits the row
+MISSING = object()  # a key the input lacks (None is a value JSON can hold)
 
 
-class HeadlineError(ValueError):
-    """A headline the data cannot back: one line naming the file and what is missing."""
+class HeadlineError(SpecResearchError):
+    """A headline the data cannot back: one line naming the file, the field and what it must be."""
+
+
+def shown(path: Path) -> str:
+    """`path` as a message names it: relative to the checkout where it lies in it, else whole."""
+    path = Path(path).absolute()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def brief(value: object) -> str:
+    """`value` as a message quotes it: on one line (repr escapes a newline), cut to 60 characters."""
+    text = "missing" if value is MISSING else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def load(path: Path, expected: str) -> object:
+    """The JSON in `path`, or a HeadlineError naming it and `expected` when it cannot be read or is not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise HeadlineError(f"{shown(path)}: cannot read it ({err.strerror}); expected {expected}") from None
+    except UnicodeDecodeError:
+        raise HeadlineError(f"{shown(path)}: not UTF-8 text; expected {expected}") from None
+    except json.JSONDecodeError as err:
+        raise HeadlineError(f"{shown(path)}: not JSON ({err.msg} at line {err.lineno}); expected {expected}") from None
+
+
+def text(value: object, where: str, field: str) -> str:
+    """`value` when it is a text a table cell can hold: one printable line, not empty, no marker comment, no '|'."""
+    if not isinstance(value, str) or not value.strip() or not value.isprintable() or any(s in value for s in UNSAFE):
+        raise HeadlineError(f"{where}: {field} must be one line of text without '<!--', '-->' or '|' (it is {brief(value)})")
+    return value
+
+
+def number(value: object, where: str, field: str, integer: bool = False) -> float:
+    """`value` when it is a finite number (an integer where `integer`); JSON's true and false are not numbers."""
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not math.isfinite(value):
+        raise HeadlineError(f"{where}: {field} must be {'an integer' if integer else 'a number'} (it is {brief(value)})")
+    return value
+
+
+def entries(source: Path) -> list[dict]:
+    """The headlines `source` lists, each checked: a non-empty list of {what, report, method}."""
+    expected = 'a non-empty JSON list of headlines {"what": ..., "report": ..., "method": ...}'
+    items = load(source, expected)
+    if not isinstance(items, list) or not items:
+        raise HeadlineError(f"{shown(source)}: expected {expected} (it is {brief(items)})")
+    for i, item in enumerate(items, 1):
+        where = f"{shown(source)}, headline {i}"
+        if not isinstance(item, dict):
+            raise HeadlineError(f"{where}: expected an object {{\"what\", \"report\", \"method\"}} (it is {brief(item)})")
+        text(item.get("what", MISSING), where, "'what'")
+        report = item.get("report", MISSING)
+        if not isinstance(report, str) or not NAME.fullmatch(report):
+            raise HeadlineError(f"{where}: 'report' must be the name of a report in docs/results/data (letters, digits, '.', '_', "
+                                f"'-'; no folder) (it is {brief(report)})")
+        method = item.get("method", MISSING)
+        if not isinstance(method, str) or not method.strip():
+            raise HeadlineError(f"{where}: 'method' must be a method of the report's rows (it is {brief(method)})")
+    return items
 
 
 def which(h: dict) -> str:
@@ -57,25 +125,63 @@ def row_of(report: dict, method: str, name: str) -> dict:
     return rows[0]
 
 
-def headlines() -> list[dict]:
-    """Each headline of SOURCE with its numbers read from its report."""
+def numbers(item: dict, path: Path) -> dict:
+    """The numbers of `item`'s row in its report at `path` (speed.py's record), each checked."""
+    name, expected = shown(path), "a report benchmarks/speed.py --json writes"
+    report = load(path, expected)
+    report = reports.raw(report) if isinstance(report, dict) else report  # the numbers speed.py wrote (the report's `data`)
+    if not isinstance(report, dict):
+        raise HeadlineError(f"{name}: expected {expected}, a JSON object (it is {brief(report)})")
+    args, rows, header = (report.get(key, MISSING) for key in ("args", "rows", "header"))
+    if not isinstance(args, dict):
+        raise HeadlineError(f"{name}: 'args' must be an object of speed.py's arguments (it is {brief(args)})")
+    prompts = number(args.get("prompts", MISSING), name, "args.prompts", integer=True)
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and isinstance(r.get("method"), str) for r in rows):
+        raise HeadlineError(f"{name}: 'rows' must be a list of speed.py's rows, each with its 'method' (it is {brief(rows)})")
+    row = row_of(report, item["method"], path.name)
+    where = f"{name}, row '{row['method']}'"
+    if prompts < MIN_PROMPTS or not row.get("speedup_interval"):
+        raise HeadlineError(f"{path.name}: a headline needs >= {MIN_PROMPTS} prompts and a bootstrap interval over them "
+                            f"(benchmarks/speed.py writes one); it has {prompts} prompts"
+                            + ("" if row.get("speedup_interval") else " and no interval"))
+    interval = row["speedup_interval"]
+    if not isinstance(interval, list) or len(interval) != 2:
+        raise HeadlineError(f"{where}: 'speedup_interval' must be [low, high], two numbers (it is {brief(interval)})")
+    low, high = (number(x, where, "'speedup_interval'") for x in interval)
+    if low > high:
+        raise HeadlineError(f"{where}: 'speedup_interval' must be [low, high] with low <= high (it is {brief(interval)})")
+    ref = next((key for key in row if key.startswith("speedup_vs_") and not key.startswith("speedup_vs_baseline")
+                and not key.endswith("_interval")), None)
+    if ref is None:
+        raise HeadlineError(f"{where}: no 'speedup_vs_<reference>' (the speedup over generate, a number; speed.py writes it)")
+    if not isinstance(header, str):
+        raise HeadlineError(f"{name}: 'header' must be speed.py's one-line header (it is {brief(header)})")
+    dataset = args.get("dataset", MISSING)
+    machine = header.split(" (")[1].split(")")[0] if " (" in header else header
+    return {"speedup": number(row[ref], where, f"'{ref}'"), "interval": [low, high], "reference": ref.removeprefix("speedup_vs_"),
+            "prompts": prompts, "offset": number(args.get("offset", MISSING), name, "args.offset", integer=True),
+            "tokens": number(args.get("tokens", MISSING), name, "args.tokens", integer=True),
+            "dataset": text(DATASETS.get(dataset, dataset) if isinstance(dataset, str) else dataset, name, "args.dataset"),
+            "machine": text(machine, name, "the machine in 'header'")}
+
+
+def headlines(source: Path | None = None, data: Path | None = None) -> list[dict]:
+    """Each headline of `source` (SOURCE) with its numbers read from its report in `data` (DATA), every input checked.
+
+    Args:
+        source: the list of headlines (docs/results/headline.json).
+        data: the folder of the reports they name.
+
+    Returns:
+        Each headline: its entry of `source` with its report's numbers (speedup, interval, prompts, machine, ...).
+    """
+    source, data = SOURCE if source is None else source, DATA if data is None else data
     out = []
-    for item in json.loads(SOURCE.read_text()):
-        path = DATA / f"{item['report']}.json"
+    for item in entries(source):
+        path = data / f"{item['report']}.json"
         if not path.is_file():
-            raise HeadlineError(f"{SOURCE.name}: no report {path.relative_to(ROOT)}")
-        report = reports.raw(json.loads(path.read_text()))  # the numbers speed.py wrote (the report's `data`)
-        args, row = report["args"], row_of(report, item["method"], path.name)
-        if args["prompts"] < MIN_PROMPTS or not row.get("speedup_interval"):
-            raise HeadlineError(f"{path.name}: a headline needs >= {MIN_PROMPTS} prompts and a bootstrap interval over them "
-                                f"(benchmarks/speed.py writes one); it has {args['prompts']} prompts"
-                                + ("" if row.get("speedup_interval") else " and no interval"))
-        ref = next(key for key in row if key.startswith("speedup_vs_") and not key.startswith("speedup_vs_baseline")
-                   and not key.endswith("_interval"))
-        out.append({**item, "speedup": row[ref], "interval": row["speedup_interval"], "reference": ref.removeprefix("speedup_vs_"),
-                    "prompts": args["prompts"], "offset": args["offset"], "tokens": args["tokens"],
-                    "dataset": DATASETS.get(args["dataset"], args["dataset"]), "machine": report["header"].split(" (")[1].split(")")[0]
-                    if " (" in report["header"] else report["header"]})
+            raise HeadlineError(f"{shown(source)}: no report {shown(path)} (its 'report' names a file of {shown(data)})")
+        out.append({**item, **numbers(item, path)})
     return out
 
 
@@ -93,30 +199,72 @@ def block(items: list[dict], link: str) -> str:
     return "\n".join(lines)
 
 
+def page_text(page: Path) -> str:
+    """The text of `page`, which must hold a headline block."""
+    try:
+        text = page.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise HeadlineError(f"cannot read {shown(page)} ({getattr(err, 'strerror', None) or 'not UTF-8 text'})") from None
+    if not BLOCK.search(text):
+        raise HeadlineError(f"{shown(page)} has no <!-- headline: begin --> ... <!-- headline: end --> block")
+    return text
+
+
+def unwritable(page: Path) -> str | None:
+    """Why `page` cannot be written, or None when it can: opened to append, nothing written (a read-only file,
+    folder or mount refuses here, before any page changes)."""
+    try:
+        with open(page, "a", encoding="utf-8"):
+            pass
+    except OSError as err:
+        return f"cannot write {shown(page)} ({err.strerror}); nothing was written"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Write (or with --check, compare) the headline block of README.md and docs/index.md.
+
+    Args:
+        argv: the command line's arguments (sys.argv[1:] when None).
+
+    Returns:
+        0: the pages are current (or were written); 1: --check found one stale; 2: an input was refused
+        (one line on stderr; no page changed).
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a page's block is not current")
+    parser.add_argument("--source", type=Path, default=SOURCE, help="the list of headlines (default: %(default)s)")
+    parser.add_argument("--data", type=Path, default=DATA, help="the folder of the reports it names (default: %(default)s)")
+    parser.add_argument("--readme", type=Path, default=README, help="the README whose block is written (default: %(default)s)")
+    parser.add_argument("--index", type=Path, default=INDEX, help="the docs' home whose block is written (default: %(default)s)")
     args = parser.parse_args(argv)
-    try:
-        items = headlines()
-    except (HeadlineError, KeyError, json.JSONDecodeError) as err:
+    pages = {args.readme: PAGES[README], args.index: PAGES[INDEX]}
+    try:  # every input read and checked before any page is written
+        items = headlines(args.source, args.data)
+        old = {page: page_text(page) for page in pages}
+    except HeadlineError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    stale = []
-    for page, link in PAGES.items():
-        text = page.read_text(encoding="utf-8")
-        if not BLOCK.search(text):
-            print(f"error: {page.relative_to(ROOT)} has no <!-- headline: begin --> ... <!-- headline: end --> block", file=sys.stderr)
+    new = {page: BLOCK.sub(lambda _, link=link: block(items, link), old[page]) for page, link in pages.items()}
+    stale = [page for page in pages if new[page] != old[page]]
+    if args.check:
+        if stale:
+            print(f"not current: {', '.join(map(shown, stale))} (python benchmarks/headline.py rewrites them)", file=sys.stderr)
+            return 1
+        print("current")
+        return 0
+    for page in stale:
+        if problem := unwritable(page):
+            print(f"error: {problem}", file=sys.stderr)
             return 2
-        new = BLOCK.sub(lambda _: block(items, link), text)
-        if new != text:
-            stale.append(str(page.relative_to(ROOT)))
-            if not args.check:
-                page.write_text(new, encoding="utf-8")
-    if args.check and stale:
-        print(f"not current: {', '.join(stale)} (python benchmarks/headline.py rewrites them)", file=sys.stderr)
-        return 1
-    print("current" if args.check else f"wrote {', '.join(stale) or 'nothing (current)'}")
+    for page in stale:
+        try:
+            with open(page, "w", encoding="utf-8") as f:
+                f.write(new[page])
+        except OSError as err:
+            print(f"error: cannot write {shown(page)} ({err.strerror})", file=sys.stderr)
+            return 2
+    print(f"wrote {', '.join(map(shown, stale)) or 'nothing (current)'}")
     return 0
 
 

@@ -24,11 +24,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from specresearch import reports
 from specresearch.data import encode, load_prompts
+from specresearch.errors import SpecResearchError, fail, report_problem
 from specresearch.kv import CachedLM
 from specresearch.models import load_model, machine_tags
 from specresearch.sampling import logits_to_probs
@@ -48,7 +52,9 @@ def laws_along(target: CachedLM, prompt: torch.Tensor, continuation: torch.Tenso
     return logits_to_probs(torch.cat(logits), sampling)  # [L, V]
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the arguments, measure, print (and write --json); a refused setting (a --json that cannot be written, a
+    --model the loader does not know) is one `error:` line and exit 2, before any model loads."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="the target (a zoo name or tiny)")
     ap.add_argument("--dtype", default="auto")
@@ -60,8 +66,20 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=156, help="the HumanEval problem (the lossless_vs_lossy study's first)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the numbers here")
-    args = ap.parse_args()
+    try:  # a bad --model or --json: one line, before anything loads
+        run(ap.parse_args(argv))
+    except SpecResearchError as err:
+        fail(str(err))
+    return 0
 
+
+def run(args: argparse.Namespace) -> None:
+    """The measurement of `main`'s arguments: --json checked first, then the model loaded (load_model refuses an
+    unknown name before it reads anything)."""
+    out = Path(args.json) if args.json else None
+    problem = None if out is None else report_problem(out, "--json")
+    if problem:
+        raise SpecResearchError(problem)
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     prompt = torch.tensor(encode(lm.tokenizer, load_prompts("humaneval", num_prompts=1, offset=args.prompt)[0]), device=lm.device)
     sampling = SamplingParams(temperature=args.temperature)
@@ -84,8 +102,9 @@ def main() -> None:
         tv = 0.5 * (pa - pb).abs().sum(-1)  # [L]
         rows.append({"a": a, "b": b, "tv": tv.tolist(), "mean": float(tv.mean()), "max": float(tv.max())})
         print(f"  {a:32} vs {b:32} mean {tv.mean():.2e}  max {tv.max():.2e}")
-    if args.json:  # one results report (specresearch.reports): the command as typed, no output path, the machine as measured
-        with open(args.json, "w") as f:
+    if out:  # one results report (specresearch.reports): the command as typed, no output path, the machine as measured
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w") as f:
             json.dump(report(rows, args, lm, machine_tags(lm)), f, indent=1)
 
 
@@ -102,5 +121,6 @@ def report(pairs: list[dict], args: argparse.Namespace, lm, machine: dict) -> di
                "the same sequence (row 0's laws)."],
         data={"pairs": pairs})
 
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,7 +17,9 @@ Methods, each decoding a fixed number of new tokens (EOS ignored) after each pro
 
 The methods are interleaved prompt by prompt, in an order that rotates every run, after one
 untimed warm-up each, so machine noise hits all alike. Tokens/s are total new tokens / total time;
-the spread is over repeats (each repeat decodes every prompt once). For our drafters the table also
+the spread is over repeats (each repeat decodes every prompt once); a speedup's 95% interval is BCa's over
+prompts (3 or more of them; fewer: none). One progress bar on stderr counts the decodes as they finish.
+For our drafters the table also
 has α, τ, the measured c and v and the Leviathan prediction. `vs_fastest` is each method's speedup
 over the fastest plain decoding it ran beside (generate, generate_torch, generate_compiled, baseline or baseline_compiled): the honest
 ratio when one of them beats the reference.
@@ -51,12 +53,14 @@ import re
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 from specresearch import reports
 from specresearch.build import build
@@ -68,7 +72,7 @@ from specresearch.drafters import NoDrafter
 from specresearch.drafters.draft_model import OPTIONS as CHEAPER
 from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
 from specresearch.engine import Engine
-from specresearch.errors import SpecResearchError, write_problem
+from specresearch.errors import SpecResearchError, report_problem
 from specresearch.kv import cost_curve
 from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.models import LoadedModel, cache_root, load_model
@@ -384,11 +388,21 @@ def load(args, texts: list[Prompt]) -> tuple[LoadedModel, Callable[[], LoadedMod
 
 
 def measure(methods: list[Method], groups: list[list[list[int]]], n: int, repeats: int, label: str = "prompt",
-            warm: bool = False) -> None:
+            warm: bool = False, desc: str = "decoding") -> None:
     """Decode every group of prompts (one batch each) with every method, `repeats` times, rotating who
-    goes first from group to group, after one untimed warm-up each on the first group (unless `warm`)."""
-    for m in [] if warm else methods:  # warm-up: one-off costs (allocator, kernels, lazy init) stay out of the timings
-        m.decode(groups[0], min(8, n))
+    goes first from group to group, after one untimed warm-up each on the first group (unless `warm`).
+    A progress bar `desc` on stderr counts the timed decodes (methods x groups x repeats) as each finishes,
+    the method decoding in its postfix (a warm-up's too, uncounted); it is closed when this returns. The
+    line per group and repeat goes to stdout as before, printed through the bar so neither garbles the other."""
+    with tqdm(total=len(methods) * len(groups) * repeats, desc=desc, unit="decode", file=sys.stderr) as bar:
+        for m in [] if warm else methods:  # warm-up: one-off costs (allocator, kernels, lazy init) stay out of the timings
+            bar.set_postfix(method=f"{m.name} (warm-up)")
+            m.decode(groups[0], min(8, n))
+        _measure_repeats(methods, groups, n, repeats, label, bar)
+
+
+def _measure_repeats(methods: list[Method], groups: list[list[list[int]]], n: int, repeats: int, label: str, bar: tqdm) -> None:
+    """measure's timed decodes, each counted on `bar` when it finishes."""
     turn = 0
     for r in range(repeats):
         for m in methods:
@@ -397,7 +411,9 @@ def measure(methods: list[Method], groups: list[list[list[int]]], n: int, repeat
         for i, group in enumerate(groups):
             took = {}
             for m in methods[turn % len(methods) :] + methods[: turn % len(methods)]:
+                bar.set_postfix(method=m.name)
                 run = m.decode(group, n)
+                bar.update()
                 took[m.name] = run.seconds
                 m.seconds[r] += run.seconds
                 if r == 0:
@@ -410,7 +426,8 @@ def measure(methods: list[Method], groups: list[list[list[int]]], n: int, repeat
                     m.outputs.extend(run.tokens)
             turn += 1
             seconds = ", ".join(f"{name} {t:.1f}s" for name, t in took.items())
-            print(f"repeat {r + 1}/{repeats}, {label} {i + 1}/{len(groups)}: {seconds}", flush=True)
+            bar.write(f"repeat {r + 1}/{repeats}, {label} {i + 1}/{len(groups)}: {seconds}", file=sys.stdout)
+            sys.stdout.flush()
 
 
 ONE_SEQUENCE = {  # methods transformers refuses to batch, and why
@@ -461,7 +478,7 @@ def measure_batches(methods: list[Method], prompts: list[list[int]], n: int, rep
         at_b, skipped = warm_batchable(methods, groups[0], min(8, n))
         for name, why in skipped.items():
             print(f"batch size {b}: skipped {name}: {why}", flush=True)
-        measure(at_b, groups, n, repeats, label=f"batch size {b}, batch", warm=True)
+        measure(at_b, groups, n, repeats, label=f"batch size {b}, batch", warm=True, desc=f"decoding at batch size {b}")
         done.append(BatchSize(b, at_b, skipped))
     return done
 
@@ -510,30 +527,58 @@ def profile_table(prof: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-INTERVAL = 0.95  # the bootstrap interval of every speedup over prompts
+INTERVAL = 0.95  # the BCa bootstrap interval of every speedup over prompts
+INTERVAL_METHOD = "BCa"  # the record says so: its results page names it (records before it: percentile bootstrap)
 BOOTSTRAP_DRAWS = 10_000
+MIN_INTERVAL_PROMPTS = 3  # with 2 prompts a draw is one of 3 mixes of them: no interval worth the name
 
 
-def speedup_interval(reference: Method, m: Method) -> list[float] | None:
-    """The INTERVAL bootstrap interval over prompts of `m`'s speedup over `reference` (the ratio of their
-    total times on the same prompts, every method decoding the same new tokens): the prompts resampled
-    with replacement, each draw's ratio of sums, the percentiles (seeded: the same numbers every time).
-    None with fewer than 2 prompts, where there is no spread to resample."""
+def _ratio_of_sums(ref, own, axis=-1):
+    """The speedup of a draw of prompts: the reference's summed time over the method's (scipy passes [..., G])."""
+    return ref.sum(axis) / own.sum(axis)
+
+
+def speedup_interval(reference: Method, m: Method) -> tuple[list[float] | None, str | None]:
+    """The INTERVAL BCa bootstrap interval over prompts of `m`'s speedup over `reference` (the ratio of their
+    total times on the same prompts, every method decoding the same new tokens), and a note when it is not one.
+
+    scipy.stats.bootstrap, paired (a draw resamples prompts, both methods' times of each), the statistic the
+    ratio of summed times, BOOTSTRAP_DRAWS draws, seeded (the same numbers every time). With fewer than
+    MIN_INTERVAL_PROMPTS prompts: None, and a note saying it is not computed. A degenerate sample (the same
+    speedup on every prompt: BCa's interval is NaN) keeps the point value as both ends, and a note says so;
+    `m` against itself is [1, 1] without one.
+
+    Returns:
+        ([low, high] or None, the note or None).
+    """
     import numpy as np
+    from scipy import stats
 
-    ref, own = np.asarray(reference.group_seconds), np.asarray(m.group_seconds)
-    if len(ref) < 2 or len(ref) != len(own):
-        return None
-    picks = np.random.default_rng(0).integers(0, len(ref), (BOOTSTRAP_DRAWS, len(ref)))  # [D, G]
-    ratios = ref[picks].sum(1) / own[picks].sum(1)  # [D]
-    return [float(x) for x in np.quantile(ratios, [(1 - INTERVAL) / 2, (1 + INTERVAL) / 2])]
+    ref, own = np.asarray(reference.group_seconds), np.asarray(m.group_seconds)  # [G] each prompt's time
+    if len(ref) < MIN_INTERVAL_PROMPTS or len(ref) != len(own):
+        return None, (f"speedup intervals not computed: {len(ref)} prompt(s), a {INTERVAL:.0%} {INTERVAL_METHOD} interval "
+                      f"over prompts needs >= {MIN_INTERVAL_PROMPTS}")
+    if m is reference:
+        return [1.0, 1.0], None
+    point = float(_ratio_of_sums(ref, own))
+    with warnings.catch_warnings():  # a degenerate sample: scipy warns and gives NaN, said below in the note instead
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        found = stats.bootstrap((ref, own), _ratio_of_sums, paired=True, vectorized=True, n_resamples=BOOTSTRAP_DRAWS,
+                                confidence_level=INTERVAL, method=INTERVAL_METHOD,
+                                random_state=np.random.default_rng(0)).confidence_interval  # random_state: scipy >= 1.11
+    if not (np.isfinite(found.low) and np.isfinite(found.high)):
+        return [point, point], (f"{m.name} over {reference.name}: no {INTERVAL_METHOD} interval (a degenerate sample, the same "
+                                f"speedup on every prompt): the point value {point:.2f}x is shown as its interval")
+    return [float(found.low), float(found.high)], None
 
 
 def summarize(methods: list[Method], v_curve: list[float] | None = None, sampled: bool = False) -> list[dict]:
-    """One row per method: tokens/s (mean and spread over repeats), ratios with their bootstrap interval
-    over prompts (`speedup_interval`), α, τ, c, v, Leviathan, and the Leviathan-optimal k (from `v_curve`,
-    the measured v(k), when given); the prompts decoded identically to the reference unless `sampled`
-    (then None: sampled continuations differ by chance)."""
+    """One row per method: tokens/s (mean and spread over repeats), ratios with their BCa interval over
+    prompts (`speedup_interval`; `interval_notes` says where there is none or it is only the point value),
+    α, τ, c, v, Leviathan, and the Leviathan-optimal k (from `v_curve`, the measured v(k), when given);
+    the prompts decoded identically to the reference unless `sampled` (then None: sampled continuations
+    differ by chance)."""
     by_name = {m.name: m for m in methods}
     reference = by_name.get("generate", methods[0])
     baseline = by_name.get("baseline")
@@ -543,12 +588,14 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None, sampled
     for m in methods:
         per_repeat = [t / s for t, s in zip(m.tokens, m.seconds)]
         ratios = [rs / s for rs, s in zip(reference.seconds, m.seconds)]  # time ratio vs the reference, per repeat
+        interval, note = speedup_interval(reference, m)
+        notes = [note]
         row = {
             "method": m.name,
             "tokens_per_s": sum(m.tokens) / sum(m.seconds),
             "tokens_per_s_std": statistics.stdev(per_repeat) if len(per_repeat) > 1 else 0.0,
             f"speedup_vs_{reference.name}": sum(reference.seconds) / sum(m.seconds),
-            "speedup_interval": speedup_interval(reference, m),
+            "speedup_interval": interval,
             "speedup_min": min(ratios),
             "speedup_max": max(ratios),
             "identical_to_reference": None if sampled else sum(first_divergence(a, b) is None
@@ -556,7 +603,9 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None, sampled
         }
         if baseline is not None:
             row["speedup_vs_baseline"] = sum(baseline.seconds) / sum(m.seconds)
-            row["speedup_vs_baseline_interval"] = speedup_interval(baseline, m)
+            row["speedup_vs_baseline_interval"], note = speedup_interval(baseline, m)
+            notes.append(note)
+        row["interval_notes"] = [n for n in dict.fromkeys(notes) if n]  # none, not computed, or only the point value
         if fastest is not None:  # the fastest plain decoding measured: tokens/s over its tokens/s
             row["fastest_plain"] = fastest.name
             row["speedup_vs_fastest_plain"] = (sum(m.tokens) / sum(m.seconds)) / (sum(fastest.tokens) / sum(fastest.seconds))
@@ -578,11 +627,11 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None, sampled
 
 
 def table(rows: list[dict], header: str) -> str:
-    ref = next((key for key in rows[0] if key.startswith("speedup_vs_") and key != "speedup_vs_baseline"), "speedup_vs_baseline")
+    ref = speed_report.reference_key(rows[0]) or "speedup_vs_reference"  # none in the rows: a column of "-"
     w = max(len(r["method"]) for r in rows) + 2
     lines = [
         header,
-        f"{'method':<{w}}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{f'({INTERVAL:.0%} CI)':>13}"
+        f"{'method':<{w}}{'tok/s':>8}{'±':>6}{ref.replace('speedup_', ''):>14}{f'({INTERVAL:.0%} {INTERVAL_METHOD})':>13}"
         f"{'vs_baseline':>12}{'vs_fastest':>11}"
         f"{'alpha':>7}{'tau':>6}{'c':>7}{'v':>7}{'Leviathan':>10}{'identical':>10}",
     ]
@@ -591,13 +640,14 @@ def table(rows: list[dict], header: str) -> str:
             return "-" if key not in r else "n/a" if r[key] != r[key] else format(r[key], fmt) + unit  # NaN: not applicable
 
         lines.append(
-            f"{r['method']:<{w}}{r['tokens_per_s']:>8.2f}{r['tokens_per_s_std']:>6.2f}{r[ref]:>13.2f}x"
+            f"{r['method']:<{w}}{r['tokens_per_s']:>8.2f}{r['tokens_per_s_std']:>6.2f}{f(ref, '.2f', 'x'):>14}"
             + (f"{r['speedup_interval'][0]:>7.2f}-{r['speedup_interval'][1]:<5.2f}" if r.get("speedup_interval") else f"{'-':>13}")
             + f"{f('speedup_vs_baseline', '.2f', 'x'):>12}"
             f"{f('speedup_vs_fastest_plain', '.2f', 'x'):>11}"
             f"{f('alpha', '.3f'):>7}{f('tau', '.2f'):>6}{f('c', '.3f'):>7}{f('v', '.2f'):>7}{f('leviathan', '.2f', 'x'):>10}"
             f"{'-' if r['identical_to_reference'] is None else r['identical_to_reference']:>10}"
         )
+    lines += list(dict.fromkeys(note for r in rows for note in r.get("interval_notes", [])))
     if "fastest_plain" in rows[0]:
         lines.append(f"vs_fastest: over the fastest plain decoding measured ({rows[0]['fastest_plain']}; plain: {', '.join(PLAIN)})")
     for r in rows:
@@ -772,9 +822,9 @@ def destinations(args) -> tuple[Path, MLflowTracker | NullTracker]:
     each checked before any model loads, as the model cache is: that folder, the MLflow store
     (--store) and the cache must be writable, else a SpecResearchError says which."""
     out = args.json or Path(__file__).parent / "results" / f"speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    problem = write_problem(out.parent) or (f"{out} is a folder" if out.is_dir() else None)
+    problem = report_problem(out, "--json")
     if problem:
-        raise SpecResearchError(f"cannot write the report {out} (--json): {problem}")
+        raise SpecResearchError(problem)
     tracker = MLflowTracker(store=args.store, experiment="benchmarks") if args.tracker == "mlflow" else NullTracker()
     tracker.check_reachable()
     cache_root()  # dequantized models, a cheaper draft's token counts
@@ -902,10 +952,17 @@ def run(args) -> None:
             v_curve = verify_costs(target, prompts[0], max(args.k or 0, 8))
             rows = summarize(methods, v_curve, sampled=args.temperature > 0)
             prof = profile(methods, prompts[0], args.tokens) if args.profile else {}
-            report.update(header=header.strip(), args=report_args(args), rows=rows, v_curve=v_curve, profile=prof,
-                          date=time.strftime("%Y-%m-%d %H:%M"))
+            report.update(header=header.strip(), args=report_args(args), rows=rows, interval_method=INTERVAL_METHOD,
+                          v_curve=v_curve, profile=prof, date=time.strftime("%Y-%m-%d %H:%M"))
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(speed_report.report(report, out.stem), indent=2))  # the docs' one results format
+        out.write_text(json.dumps(report, indent=2))  # the measurement first: a fault in its table below cannot lose it
+        try:
+            page = speed_report.report(report, out.stem)
+        except Exception:
+            print(f"error: making the results table failed; the measurement is kept in {out}, as speed.py's record",
+                  file=sys.stderr, flush=True)
+            raise
+        out.write_text(json.dumps(page, indent=2))  # the docs' one results format, the record as its data
     if args.batch:
         print(batch_table(report["batches"], report["crossover"], header))
     else:

@@ -54,17 +54,36 @@ def decoding(args: dict) -> str:
     return f"sampled at T = {args['temperature']:g}" if args.get("temperature") else "greedy"
 
 
+def reference_key(row: dict) -> str | None:
+    """The key of a speed.py row's speedup over the run's reference (the method the others' tokens and speedup
+    intervals are compared with: transformers' generate where it ran, else the first method):
+    `speedup_vs_<reference>`, `speedup_vs_baseline` when our baseline is the reference, None in a row with neither."""
+    other = [k for k in row if k.startswith("speedup_vs_") and not k.endswith("_interval")
+             and k not in ("speedup_vs_baseline", "speedup_vs_fastest_plain")]
+    return other[0] if other else "speedup_vs_baseline" if "speedup_vs_baseline" in row else None
+
+
 def speed_to_table(data: dict, name: str) -> dict:
-    """A speed.py report in the curated format: rows -> table, args -> command, header -> machine."""
+    """A speed.py report in the curated format: rows -> table, args -> command, header -> machine. The reference
+    column is the speedup over transformers' generate, else over the run's first method (our baseline, when it
+    is the reference, once: no second `vs baseline`), its header naming it; absent when the rows have neither.
+    Beside it the 95% interval over prompts (`95% BCa interval` where the record names its `interval_method`;
+    records before it: a percentile bootstrap, `95% interval`), else the repeats' min-max; the rows'
+    `interval_notes` (no interval computed, or only the point value) become notes, once each."""
     args = data.get("args", {})
     rows = data["rows"]
-    ref = next((k for k in (rows[0] if rows else {}) if k.startswith("speedup_vs_") and k != "speedup_vs_baseline"), "speedup_vs_generate")
-    interval = bool(rows) and bool(rows[0].get("speedup_interval"))  # a bootstrap interval over prompts, or the repeats' range
-    columns = ["method", "tok/s", "±", ref.replace("speedup_", "").replace("_", " "), "95% interval" if interval else "min-max",
-               "vs baseline",
-               "vs fastest plain", "α", "τ", "c", "v", "Leviathan", "identical"]
-    keys = ["method", "tokens_per_s", "tokens_per_s_std", ref, None, "speedup_vs_baseline",
-            "speedup_vs_fastest_plain", "alpha", "tau", "c", "v", "leviathan", "identical_to_reference"]
+    ref = reference_key(rows[0]) if rows else "speedup_vs_generate"
+    interval = bool(rows) and bool(rows[0].get("speedup_interval"))  # an interval over prompts, or the repeats' range
+    kind = data.get("interval_method")  # BCa since speed.py records it; before, a percentile bootstrap, unnamed
+    pairs = [("method", "method"), ("tok/s", "tokens_per_s"), ("±", "tokens_per_s_std")]  # (column, key of a row)
+    if ref is not None:
+        pairs += [(ref.replace("speedup_", "").replace("_", " "), ref),
+                  ((f"95% {kind} interval" if kind else "95% interval") if interval else "min-max", None)]
+    if ref != "speedup_vs_baseline":  # our baseline as the reference: its column once
+        pairs.append(("vs baseline", "speedup_vs_baseline"))
+    pairs += [("vs fastest plain", "speedup_vs_fastest_plain"), ("α", "alpha"), ("τ", "tau"), ("c", "c"), ("v", "v"),
+              ("Leviathan", "leviathan"), ("identical", "identical_to_reference")]
+    columns, keys = [c for c, _ in pairs], [k for _, k in pairs]
     table_rows = []
     for r in rows:
         row = []
@@ -81,6 +100,12 @@ def speed_to_table(data: dict, name: str) -> dict:
                 row.append(v if fmt is None or not isinstance(v, (int, float)) else "n/a" if v != v else format(v, fmt))
         table_rows.append(row)
     notes = []
+    if ref is None:
+        notes.append("No transformers generate row and no speedup over a reference: no reference column.")
+    elif ref != "speedup_vs_generate":
+        notes.append(f"No transformers generate row: the reference is {ref.removeprefix('speedup_vs_')} "
+                     "(the speedup column after ±, its interval and identical are over it).")
+    notes += list(dict.fromkeys(note for r in rows for note in r.get("interval_notes", [])))  # none, or only the point value
     if data.get("v_curve"):
         notes.append("Target forward of k + 1 tokens over one token, k = 0, 1, ...: "
                      + " ".join(f"{v:.2f}" for v in data["v_curve"]))

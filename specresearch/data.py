@@ -108,6 +108,9 @@ def load_prompts(
 
 
 def _mtbench(categories: list[str] | None) -> list[Prompt]:
+    if categories is not None and not categories:  # not "all": a sweep that meant some would measure every one
+        raise SpecResearchError(f"dataset.categories=[] names no category: omit it (or null) for all, or name some of "
+                                f"{', '.join(MTBENCH_CATEGORIES)}")
     unknown = sorted(set(categories or ()) - set(MTBENCH_CATEGORIES))
     if unknown:
         raise SpecResearchError(f"unknown MT-bench categories {unknown}: choose from {', '.join(MTBENCH_CATEGORIES)}")
@@ -285,7 +288,18 @@ def prompt_record(sources: list[str], prompts: list[Prompt]) -> dict:
 
 
 def encode(tokenizer, prompt: Prompt) -> list[int]:
-    """Token ids of a prompt, through the chat template for chat prompts."""
+    """Token ids of a prompt, through the chat template for chat prompts.
+
+    Raises:
+        SpecResearchError: the prompt's text holds a surrogate code point (a lone "\\ud800" in a JSON file: half
+            an emoji), which no tokenizer can encode, or encodes to no tokens.
+    """
+    try:
+        prompt.text.encode("utf-8")
+    except UnicodeEncodeError as err:  # (a str fails UTF-8 only on its surrogates, U+D800-U+DFFF)
+        raise SpecResearchError(f"prompt {prompt.id} holds the surrogate U+{ord(prompt.text[err.start]):04X} at character "
+                                f"{err.start}, which no tokenizer can encode: valid prompt text has no code point "
+                                "U+D800-U+DFFF") from None
     if prompt.chat and hasattr(tokenizer, "apply_chat_template"):
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=False)
     else:

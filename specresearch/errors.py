@@ -16,6 +16,13 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def report_problem(path: Path, option: str) -> str | None:
+    """Why a report could not be written at `path` (given as `option`, e.g. "--json"), as one line, or None when
+    it can: its folder must take files (write_problem) and `path` must not be a folder. Checked before the work."""
+    problem = write_problem(path.parent) or (f"{path} is a folder" if path.is_dir() else None)
+    return f"cannot write the report {path} ({option}): {problem}" if problem else None
+
+
 def write_problem(folder: Path) -> str | None:
     """Why files cannot be written in `folder` (made with its missing parents first), or None when
     they can: its nearest existing ancestor must be a folder in which a file can be created. Creates

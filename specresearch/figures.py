@@ -42,7 +42,7 @@ def acceptance(groups: dict[str, dict[str, Sequence[float]]], title: str, pooled
         if pooled and not math.isnan(pooled.get(name, math.nan)):
             positions = range(1, max((len(r) for r in series.values()), default=1) + 1)
             ax.plot(positions, [pooled[name] ** i for i in positions], color="grey", linestyle=":",
-                    label=f"α^i, pooled α = {pooled[name]:.3f}")
+                    label=f"α^i, α per tried token (Leviathan's) = {pooled[name]:.3f}")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("draft position i")
         ax.set_ylabel("P(accepted | proposed)")

@@ -39,6 +39,7 @@ OVERRIDES_TAG = "specresearch.overrides"  # a job's command-line overrides: what
 HASH_EXCLUDED = ("tracker", "resume", "resume_ignore_code")
 # The code a run was measured by (code_tags): resume re-runs a job whose recorded code differs (same_code).
 COMMIT_TAG = "specresearch.commit"  # the git commit of the checkout specresearch ran from; absent outside a checkout
+MLFLOW_COMMIT_TAG = "mlflow.source.git.commit"  # MLflow's own: the same commit, shown in its Source field
 DIRTY_TAG = "specresearch.dirty"  # "true" when that checkout had uncommitted changes to tracked files, else "false"
 DIFF_TAG = "specresearch.diff"  # a dirty checkout's changes: sha256 (16 hex) of `git diff HEAD`; absent when clean or unknown
 VERSION_TAGS = {"specresearch": "specresearch.version", "torch": "specresearch.torch",  # distribution -> its version's tag
@@ -48,8 +49,10 @@ GIT_TIMEOUT_S = 5.0  # per git command: a hung git (a network file system) must 
 
 def process_tags(cfg: DictConfig) -> dict[str, str]:
     """The tags of every run we open, job or sweep parent: this process (host, pid), the study and the
-    code it runs (code_tags: commit, dirty flag, library versions)."""
+    code it runs (code_tags: commit, dirty flag, library versions; the commit also as MLflow's own tag)."""
     tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), **code_tags()}
+    if COMMIT_TAG in tags:
+        tags[MLFLOW_COMMIT_TAG] = tags[COMMIT_TAG]
     if cfg.get("study") is not None:
         tags[STUDY_TAG] = str(cfg.study)
     return tags

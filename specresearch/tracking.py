@@ -34,6 +34,7 @@ from specresearch.options import tracking as options
 from specresearch.records import (
     HASH_TAG,
     HEADLINE,
+    NOTE_TAG,
     OVERRIDES_TAG,
     config_hash,
     headline,
@@ -80,6 +81,9 @@ class Tracker(Protocol):
     def end(self, status: str = "FINISHED") -> None: ...
     def browse_hint(self) -> str | None: ...
     def check_reachable(self) -> None: ...  # raise SpecResearchError when results could not be recorded (before anything runs)
+
+    def describe(self, text: str) -> None:
+        """Set the run's description (markdown; MLflow shows it first on the run's page). Default: kept nowhere."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -271,6 +275,11 @@ class MLflowTracker(Tracker):
 
         mlflow.end_run(status=status)
 
+    def describe(self, text: str) -> None:
+        import mlflow
+
+        mlflow.set_tag(NOTE_TAG, text)
+
     def browse_hint(self) -> str:
         if not self.local:
             return f"open {self.uri} (the MLflow server)"
@@ -345,21 +354,25 @@ def tracked_run(tracker: Tracker, cfg: DictConfig, name: str, report: Callable[[
         status = "FINISHED"
     finally:
         summary, files = report()
-        _record(tracker, summary, files, status)
+        _record(tracker, summary, files, status, _pair_named(name, cfg))
 
 
-def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], status: str) -> None:
-    """End a tracked run with `status` after logging its finite metrics (the HEADLINE ones first),
-    `files` (name -> text), summary.json (strict JSON: null for NaN) and a speed run's figures
-    (figures.speed_run); write the same files, and the summary with the status, to Hydra's
-    output folder."""
+def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], status: str, name: str | None = None) -> None:
+    """End a tracked run with `status` after logging its finite metrics (the HEADLINE ones first), its
+    description (`describe_run`), `files` (name -> text), summary.json (strict JSON: null for NaN), a speed
+    run's figures (figures.speed_run) and the job's log; write the same files, and the summary with the
+    status, to Hydra's output folder."""
     finite = {key: value for key, value in summary.items() if isinstance(value, (int, float)) and math.isfinite(value)}
     try:
         tracker.log_metrics({**headline(finite), **finite})  # MLflow lists a run's metrics in logging order
+        tracker.describe(describe_run(name, finite, status))
         for name, text in files.items():
             tracker.log_artifact_text(text, name)
         tracker.log_artifact_text(json_text(summary), "summary.json")
         _log_figures(tracker, summary)
+        log = job_log()
+        if log is not None and log.is_file():  # the job's own log so far (conf/hydra/job_logging), e.g. specresearch.log
+            tracker.log_artifact_text(log.read_text(errors="replace"), log.name)
     finally:
         tracker.end(status)
     out_dir = output_dir()
@@ -400,6 +413,37 @@ def output_dir() -> Path | None:
         return Path(HydraConfig.get().runtime.output_dir)
     except ValueError:
         return None
+
+
+# how a run's description names its headline metrics (records.HEADLINE), and their format
+NAMED = {"speedup": ("speedup", "{:.2f}x"), "method_tau": ("τ (tokens per target forward)", "{:.2f}"),
+         "method_alpha": ("α (accepted / drafted)", "{:.3f}"), "identity_rate": ("greedy identity", "{:.0%}"),
+         "method_pass_at_1": ("pass@1", "{:.3f}"), "delta_pass_at_1": ("Δ pass@1", "{:+.3f}")}
+
+
+def _pair_named(name: str | None, cfg: DictConfig) -> str | None:
+    """The run's name with its target (and draft model) as the config names them: "pld(k=8) x greedy, target tiny"."""
+    target, draft = OmegaConf.select(cfg, "model.name"), OmegaConf.select(cfg, "drafter.model.name")
+    pair = (f"target {target}" if target else "") + (f", draft {draft}" if target and draft else "")
+    return f"{name}, {pair}" if name and pair else name
+
+
+def describe_run(name: str | None, metrics: dict[str, float], status: str) -> str:
+    """A run's description: what ran and its headline numbers, one line (the MLflow page's first line).
+    E.g. "**pld(k=8) x greedy**: speedup 1.53x · τ (tokens per target forward) 2.10 · ... (FINISHED)"."""
+    shown = [f"{label} {fmt.format(metrics[key])}" for key, (label, fmt) in NAMED.items() if key in metrics]
+    return f"**{name or 'run'}**: " + (" · ".join(shown) or "no headline measured") + f" ({status})"
+
+
+def job_log() -> Path | None:
+    """Hydra's log file of the running job (its output folder's `<job name>.log`); None outside `@hydra.main`."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        hc = HydraConfig.get()
+    except ValueError:
+        return None
+    return Path(hc.runtime.output_dir) / f"{hc.job.name}.log"
 
 
 def browse_line(tracker: Tracker) -> None:

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specresearch.errors import fail, report_problem
 from specresearch.reports import checked
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,6 +236,28 @@ def row_cells(r: dict) -> list[str]:
     return [f"`{r['mutant']}`", r["what"], f"{r['failed']}/{r['tests']}", p, tv, verdict]
 
 
+# What a report's rows are read for (of the keys `run` gives a row): `row_cells`, the summary, the order.
+ROW_KEYS = ("mutant", "what", "tests", "failed", "killed", "min_p", "min_p_test", "max_tv", "max_tv_test", "margin", "seconds")
+
+
+def earlier(path: Path, others: set[str]) -> tuple[dict, list[str]]:
+    """The rows of mutants `others` in the report at `path` that this command keeps (by name) and its commands,
+    or a one-line refusal (exit 2) where `path` is not such a report: read before any mutant runs."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON
+        fail(f"--json {path} cannot be read as JSON ({type(err).__name__}): give the report python -m tests.mutants wrote, "
+             "or a new path")
+    data = report.get("data") if isinstance(report, dict) else None
+    rows = data.get("mutants") if isinstance(data, dict) else None
+    command = report.get("command") if isinstance(report, dict) else None
+    if not (isinstance(rows, list) and all(isinstance(r, dict) and set(ROW_KEYS) <= r.keys() for r in rows)
+            and isinstance(command, list) and all(isinstance(c, str) for c in command)):
+        fail(f"--json {path} is not a report of python -m tests.mutants (command: a list of strings; data.mutants: rows "
+             f"with {', '.join(ROW_KEYS)}): give the report it wrote, or a new path")
+    return {r["mutant"]: r for r in rows if r["mutant"] in others}, command
+
+
 COLUMNS = ["mutant", "the bug", "tests failed", "smallest p (Monte Carlo)", "largest exact TV (enumeration)", "verdict"]
 
 
@@ -255,17 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
-    earlier = {}  # with --only and an existing --json: the other mutants' rows are kept (their runs are not redone)
+    problem = None if args.json is None else report_problem(args.json, "--json")
+    if problem:  # before the mutants run (minutes each), not after them
+        fail(problem)
+    kept, commands = {}, []  # with --only and an existing --json: the other mutants' rows are kept (their runs are not redone)
     if args.only and args.json and args.json.exists():
-        names = {m.name for m in MUTANTS} - set(args.only)
-        earlier = {r["mutant"]: r for r in json.loads(args.json.read_text())["data"]["mutants"] if r["mutant"] in names}
+        kept, commands = earlier(args.json, {m.name for m in MUTANTS} - set(args.only))
     rows = []
     print(" | ".join(COLUMNS), flush=True)
     for mutant in chosen:
         rows.append(run(mutant, args.workers))
         print(" | ".join(row_cells(rows[-1])) + f" | {rows[-1]['seconds']:.0f} s", flush=True)
     order = {m.name: i for i, m in enumerate(MUTANTS)}
-    rows = sorted([*earlier.values(), *rows], key=lambda r: order.get(r["mutant"], len(order)))
+    rows = sorted([*kept.values(), *rows], key=lambda r: order.get(r["mutant"], len(order)))
     killed = sum(r["killed"] for r in rows)
     margin = sum(r["killed"] and r["margin"] for r in rows)
     print(f"{killed}/{len(rows)} killed, {margin} with margin (p < {MARGIN:g} or exact TV > {EXACT:g})")
@@ -275,10 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.date.today().isoformat(),
             "machine": machine(),
             "topic": "lossless",
-            "command": ([f"python -m tests.mutants --workers {args.workers} --json {args.json.as_posix()}"] if not earlier else
-                        json.loads(args.json.read_text())["command"]) + ([f"python -m tests.mutants --only {' '.join(args.only)} "
-                                                                              f"--workers {args.workers} --json {args.json.as_posix()}"]
-                                                                             if args.only else []),
+            "command": ([f"python -m tests.mutants --workers {args.workers} --json {args.json.as_posix()}"] if not kept else commands)
+                       + ([f"python -m tests.mutants --only {' '.join(args.only)} --workers {args.workers} --json {args.json.as_posix()}"]
+                          if args.only else []),
             "prompts": ("tests/verifiers/test_lossless.py's law tests (2,880 ragged-batch decodes at T = 1 in two settings, `landing` and "
                         "`rejecting`, per drafter mode, and at T = 0.7, top-k 20 in `rejecting` per drafter) and its exact "
                         "enumeration (T = 1, top-k 4; T = 0.7, top-k 4; T = 1.5, top-k 4, top-p 0.9), run on a scratch copy of "

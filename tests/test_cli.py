@@ -33,7 +33,7 @@ def test_real_model_end_to_end(tmp_path, new_store):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SweepCallback" not in result.stderr  # a single run is no sweep's job: the callback keeps quiet
     out = result.stdout
-    for needle in ("tokens/s", "speedup", "Leviathan prediction", "tau=", "alpha=", "greedy identity", "mlflow ui --backend-store-uri"):
+    for needle in ("tokens/s", "speedup", "Leviathan prediction", "tau=", "alpha (accepted / drafted)=", "greedy identity", "mlflow ui --backend-store-uri"):
         assert needle in out
     (record,) = mlflow_runs(tmp_path / "mlruns")
     assert record.info.status == "FINISHED"
@@ -280,8 +280,18 @@ def test_an_mlflow_run_from_the_cli_carries_its_code(tmp_path, new_store):
 
     top = git("rev-parse", "--show-toplevel")
     if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root:  # not run from a checkout: the version names the code
-        assert COMMIT_TAG not in tags and DIRTY_TAG not in tags
+        assert COMMIT_TAG not in tags and DIRTY_TAG not in tags and "mlflow.source.git.commit" not in tags
         return
     assert tags[COMMIT_TAG] == git("rev-parse", "HEAD").stdout.strip() and len(tags[COMMIT_TAG]) == 40
+    assert tags["mlflow.source.git.commit"] == tags[COMMIT_TAG]  # MLflow's own Source field shows it
     dirty = git("diff", "HEAD", "--quiet").returncode != 0  # (others may edit the tree meanwhile: a dirty tree stays dirty)
     assert tags[DIRTY_TAG] == ("true" if dirty else "false") and (DIFF_TAG in tags) == dirty
+
+
+def test_an_override_that_is_not_utf8_is_one_line_naming_it(tmp_path):
+    """A byte the shell passes that is no UTF-8 (bash's $'model=\\xff') is refused in one line that shows it, before
+    Hydra's override lexer (whose error is four lines)."""
+    result = cli(os.fsdecode(b"model=tiny\xff"), "tracker=none", cwd=tmp_path)  # as Python decodes it: a surrogate escape
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        r"error: the override 'model=tiny\xff' is not UTF-8 text: write overrides (group=option, key=value) in UTF-8"]

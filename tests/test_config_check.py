@@ -115,6 +115,15 @@ def test_verifier_and_top_level_types():
     check_config(make_cfg(*TINY, "stats.samples=auto"))
 
 
+@pytest.mark.parametrize("stop", ['[""]', '["END", ""]'])
+def test_an_empty_stop_string_is_refused(stop):
+    """An empty string is in every text: each completion stopped after one token, and the run still reported a
+    speedup (and a time split past 100%)."""
+    assert refused(f"dataset.stop={stop}") == ("dataset.stop holds an empty string, which ends every completion after one "
+                                               "token: valid are non-empty strings, or dataset.stop=[] for none")
+    check_config(make_cfg(*TINY, "dataset.stop=[]"))
+
+
 @pytest.mark.parametrize("override,needle", [
     ("sampling.temperature=-1", "sampling.temperature must be a finite number >= 0 (0 = greedy), got -1"),
     ("sampling.top_p=1.5", "sampling.top_p must lie in (0, 1] (1 = off), got 1.5"),

@@ -25,6 +25,15 @@ def test_per_category_takes_the_first_questions_of_every_category():
         assert [p.id for p in picked if p.meta["category"] == category] == of_category[1:3]
 
 
+def test_an_empty_category_list_is_refused():
+    """categories=[] read as all of them: a sweep that meant some would measure every one."""
+    with pytest.raises(SpecResearchError) as refused:
+        load_prompts("mtbench", categories=[])
+    assert str(refused.value) == ("dataset.categories=[] names no category: omit it (or null) for all, or name some of "
+                                  "writing, roleplay, reasoning, math, coding, extraction, stem, humanities")
+    assert len(load_prompts("mtbench", categories=None)) == 80
+
+
 def test_per_category_is_ignored_by_datasets_without_categories():
     """So one sweep over datasets can set it: HumanEval keeps num_prompts."""
     assert [p.id for p in load_prompts("humaneval", num_prompts=3, per_category=1)] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
@@ -108,3 +117,17 @@ def test_sharegpt_evaluates_on_its_first_prompts_only():
     assert len(load_prompts("sharegpt", num_prompts=5, offset=SHAREGPT_EVAL - 5)) == 5
     with pytest.raises(SpecResearchError, match="train.corpora: 'mtbench' is evaluation only"):
         training_prompts(["mtbench"], 0)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_prompt_with_a_lone_surrogate_is_refused_by_name_and_position(chat):
+    """A prompt holding "\\ud800" (half an emoji, from a JSON file's escape) ended in a UnicodeEncodeError from
+    deep inside the tokenizer: now one line naming the prompt and the character."""
+    from specresearch.data import Prompt, encode
+    from specresearch.models.tiny import ByteTokenizer
+
+    with pytest.raises(SpecResearchError) as refused:
+        encode(ByteTokenizer(), Prompt("mine/7", "say \ud800 hi", chat=chat))
+    assert str(refused.value) == ("prompt mine/7 holds the surrogate U+D800 at character 4, which no tokenizer can encode: "
+                                  "valid prompt text has no code point U+D800-U+DFFF")
+    assert encode(ByteTokenizer(), Prompt("mine/8", json.loads('"say \\ud83d\\ude00 hi"'), chat=chat))[4:8] == list("😀".encode())

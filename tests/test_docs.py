@@ -167,3 +167,195 @@ def test_a_headline_names_its_row_by_the_whole_label_where_the_name_is_shared():
     assert headline.row_of(report, "generate", "r.json") is report["rows"][2]
     with pytest.raises(headline.HeadlineError, match="2 rows of method 'independent'"):
         headline.row_of(report, "independent", "r.json")
+
+
+# -- issue 77: every speedup the README, the docs and the settings' reasons quote names its results page, which holds it --
+
+SPEEDUP = re.compile(r"(?<![\w.])(\d+\.\d\d)[x×](?!\w)")  # 2.37x, 1.43×: a speedup as the pages write it
+SOURCE = re.compile(r"results/(?:data/([\w.-]+)\.json|([\w.-]+)\.md)")  # a results page: its link, or its JSON's path
+ITEM = re.compile(r"\s*(?:[-*+]|\d+\.)\s")  # a list item's first line
+
+
+def _paragraphs(text: str) -> list[str]:
+    """A markdown text's paragraphs as docs/extending.md's convention reads them: blocks between blank lines (a
+    table is one), each list item on its own, each line of a fenced code block on its own."""
+    out, block, fenced = [], [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced, line = not fenced, ""  # a fence ends the block before it
+        elif fenced:
+            out.append(line)
+            continue
+        if not line.strip() or ITEM.match(line):
+            out += ["\n".join(block)] if block else []
+            block = []
+        if line.strip():
+            block.append(line)
+    return out + (["\n".join(block)] if block else [])
+
+
+_HELD: dict[str, list[float]] = {}  # a results page's numbers, read once
+
+
+def _held(name: str) -> list[float]:
+    """Every number results page `name` holds: its JSON's text (the table's cells, the notes, the writer's record)."""
+    if name not in _HELD:
+        _HELD[name] = [float(n) for n in re.findall(r"\d+(?:\.\d+)?", (DATA / f"{name}.json").read_text(encoding="utf-8"))]
+    return _HELD[name]
+
+
+def _unsourced(where: str, paragraph: str) -> list[str]:
+    """What is wrong with the speedups `paragraph` quotes: it names no results page, names one that does not exist,
+    or quotes a speedup none of the pages it names holds within its rounding (half its last digit)."""
+    claims = SPEEDUP.findall(paragraph)
+    if not claims:
+        return []
+    pages = sorted({json_name or md_name for json_name, md_name in SOURCE.findall(paragraph)} - {"index"})
+    excerpt = " ".join(paragraph.split())[:70]
+    if not pages:
+        return [f"{where}: {', '.join(c + 'x' for c in claims)} names no results page ('{excerpt}...')"]
+    missing = [p for p in pages if not (DATA / f"{p}.json").is_file()]
+    if missing:
+        return [f"{where}: names the results page {missing[0]}, which docs/results/data does not hold ('{excerpt}...')"]
+    return [f"{where}: {c}x is on none of {', '.join(pages)} ('{excerpt}...')" for c in claims
+            if not any(abs(float(c) - n) <= 0.005 + 1e-9 for p in pages for n in _held(p))]
+
+
+def _settings_texts() -> list[tuple[str, str]]:
+    """What `specresearch --settings GROUP=OPTION` (and `--help`) prints of each option, a paragraph each: its title,
+    each setting's description, each reason for a default."""
+    from specresearch.options.conf import reasons, registered, table
+
+    texts = []
+    for group, name, schema, values, title in registered():
+        where = f"--settings {group}={name}"
+        texts.append((where, title or " ".join((schema.__doc__ or "").split())))
+        texts += [(f"{where}, {key}", doc) for key, _, doc in table(schema, values)]
+        texts += [(f"{where}, why {key}", why) for key, why in reasons(schema, values).items()]
+    return texts
+
+
+def test_every_speedup_the_docs_and_the_settings_quote_is_on_the_results_page_it_names():
+    """A speedup (N.NNx) of the README, of a docs page outside docs/results/ (the pages themselves) or of a reason
+    `--settings` prints names the results page it comes from in its paragraph, and that page holds it: one number per
+    claim, from one source (docs/extending.md says how to name the page)."""
+    pages = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").rglob("*.md")) if p.relative_to(ROOT / "docs").parts[0] != "results")]
+    texts = [(str(page.relative_to(ROOT)), paragraph) for page in pages
+             for paragraph in _paragraphs(page.read_text(encoding="utf-8"))] + _settings_texts()
+    assert sum(len(SPEEDUP.findall(text)) for _, text in texts) > 100  # the scan finds the docs' and the reasons' speedups
+    assert [problem for where, text in texts for problem in _unsourced(where, text)] == []
+
+
+def test_a_speedup_without_its_page_or_off_it_is_found():
+    page = "2026-11-29-headline-humaneval"  # the default 2.37x over generate on code
+    assert _unsourced("p", f"the default runs 2.37x on code ([code](docs/results/data/{page}.json))") == []
+    assert _unsourced("p", f"the default runs **2.37x** on code ([code](../results/{page}.md))") == []
+    assert _unsourced("p", f"the default runs 2.37× on code (docs/results/data/{page}.json)") == []
+    assert _unsourced("p", "the default runs 2.37x on code") == ["p: 2.37x names no results page ('the default runs 2.37x on code...')"]
+    assert _unsourced("p", f"the default runs 2.47x on code (docs/results/data/{page}.json)")[0].startswith(f"p: 2.47x is on none of {page}")
+    assert "does not hold" in _unsourced("p", "the default runs 2.37x (docs/results/data/no-such-run.json)")[0]
+    assert _unsourced("p", "x86_64, torch 2.13.0+cpu, 100-103 x 128") == []  # no speedup quoted
+    # a list item is its own paragraph: the page the item before names does not vouch for the next one's number
+    text = f"pages:\n\n- 2.37x ([code](results/{page}.md))\n  on code\n- 1.38x\n\n```\nspeedup 0.97x\n```\nafter"
+    assert _paragraphs(text) == ["pages:", f"- 2.37x ([code](results/{page}.md))\n  on code", "- 1.38x", "speedup 0.97x", "after"]
+
+
+# -- issue 77: results you can scan: the index's summaries, tables that fit a page, the studies by their titles --
+
+
+def _tables(markdown: str) -> list[list[dict[str, str]]]:
+    """Every Markdown table of `markdown`, as its rows: header -> cell."""
+    lines, found = markdown.splitlines(), []
+
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("|") and lines[i + 1].startswith("|--") and not (i and lines[i - 1].startswith("|")):
+            body = []
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                body.append(dict(zip(cells(line), cells(row))))
+            found.append(body)
+    return found
+
+
+def test_the_results_index_opens_with_summaries_read_off_the_data():
+    """docs/hooks/results.py's index opens with a summary table per topic built from docs/results/data/: a known page's
+    fastest method with its machine's kind, its speedup over generate [95% interval] and τ as its JSON has them, the
+    A/A calibration page with its Holm verdict's rate [interval]; every page is still listed under them."""
+    hook = results_hook()
+    pages = [(p.stem, hook.load(p)) for p in sorted(DATA.glob("*.json"))]
+    glance, every = hook.render_index(pages).split("## Every page")
+    assert "## At a glance" in glance and all(f"]({stem}.md)" in every for stem, _ in pages)
+    rows = {row["page"]: row for t in _tables(glance) for row in t}  # each summary row by its page's link
+
+    stem = "2026-11-29-flagship-humaneval"
+    data = json.loads((DATA / f"{stem}.json").read_text(encoding="utf-8"))
+    at = {name: j for j, name in enumerate(data["columns"])}
+    best = max(data["rows"], key=lambda r: float(r[at["vs generate"]].rstrip("x")))
+    low, high = best[at["95% interval"]].split("-")
+    row = rows[f"[{stem}]({stem}.md)"]
+    assert (row["machine"], row["speedup [95% interval]"], row["τ"]) == (
+        "AVX-512 BF16", f"{best[at['vs generate']]} [{low}, {high}]", best[at["τ"]])
+    assert f'title="{best[0]}"' in row["method"]  # its whole spec, on hover
+
+    stem = "2026-12-02-aa-calibration"
+    data = json.loads((DATA / f"{stem}.json").read_text(encoding="utf-8"))
+    at = {name: j for j, name in enumerate(data["columns"])}
+    holm = next(r for r in data["rows"] if "Holm" in r[at["test"]])
+    low, high = holm[at["95% interval (Clopper-Pearson)"]].split()[0].split("-")
+    assert rows[f"[{stem}]({stem}.md)"]["rate [95% interval]"].startswith(f"{holm[at['rate']]} [{low}, {high}]")
+
+    kinds = {stem: hook.machine_kind(data["machine"]) for stem, data in pages}
+    assert [kinds[s] for s in ("2026-11-23-avx2-speed", "2026-11-26-humaneval-siblings", "2026-11-27-h200-gpu-check",
+                               "2026-12-02-packed-humaneval-fp32")] == ["AVX2 float32", "AMX BF16", "GPU H200", "AVX-512 float32"]
+
+
+def test_the_flagship_table_fits_a_page():
+    """The held-out flagship page (one repeat, no baseline row, specs of many overrides): no ± and no column without a
+    value, each said once above the table; each long spec a short label with its footnote number, whole in its title
+    and in the list under the table."""
+    hook = results_hook()
+    data = hook.load(DATA / "2026-11-29-flagship-humaneval.json")
+    page = hook.render(data, "2026-11-29-flagship-humaneval.json")
+    rows = _tables(page)[0]
+    assert not {"±", "vs baseline", "Leviathan"} & set(rows[0])
+    assert "One repeat: no spread over repeats (± left out)." in page and "No value in any row (left out): vs baseline" in page
+    specs = [r[0] for r in data["rows"] if len(r[0]) > hook.LONG]
+    assert specs and all(f'title="{spec}"' in page and f"`{spec}`" in page.split("Methods in full:")[1] for spec in specs)
+    assert all(len(re.sub(r"<[^>]+>", "", row["method"])) <= hook.LONG for row in rows)
+    # with repeats the spread stays; a column of one value goes, said once
+    text = hook.table(["method", "±", "T"], [["a", "0.10", 0], ["b", "0.20", 0]])
+    assert "Same in every row: T = 0." in text and _tables(text)[0] == [{"method": "a", "±": "0.10"}, {"method": "b", "±": "0.20"}]
+
+
+def test_no_table_the_hook_writes_has_a_constant_column():
+    """Every results page's table (its first: the tables of its `extra` are its writer's) and every table of the index:
+    no column with one value in every row (of two or more)."""
+    hook = results_hook()
+    pages = [(p.stem, hook.load(p)) for p in sorted(DATA.glob("*.json"))]
+    written = [_tables(hook.render(data, f"{stem}.json"))[:1] for stem, data in pages] + [_tables(hook.render_index(pages))]
+    constant = [f"{name} = {rows[0][name]!r}" for tables in written for rows in tables if len(rows) > 1
+                for name in rows[0] if len({row[name] for row in rows}) == 1]
+    assert constant == []
+
+
+def test_the_studies_navigation_names_each_study_by_its_title(tmp_path):
+    """The Studies section of the navigation: each study by its README's first `# ` heading, not its folder's name; a
+    README without one by its folder's name."""
+    hook = results_hook()
+    nav = [{"Studies": ["studies/index.md"]}, {"Results": ["results/index.md"]}]
+    hook.on_config({"docs_dir": str(ROOT / "docs"), "config_file_path": str(ROOT / "mkdocs.yml"), "nav": nav})
+    readmes = hook.study_readmes(ROOT)
+    titles = [next(line[2:].strip() for line in readme.read_text(encoding="utf-8").splitlines() if line.startswith("# "))
+              for readme in readmes.values()]
+    assert "tune_pld" in readmes and nav[0]["Studies"][1:] == [{t: f"studies/{n}.md"} for t, n in zip(titles, readmes)]
+    assert all(next(iter(entry)) not in readmes for entry in nav[0]["Studies"][1:])
+
+    (tmp_path / "experiments" / "bare").mkdir(parents=True)
+    (tmp_path / "experiments" / "bare" / "README.md").write_text("No heading.\n", encoding="utf-8")
+    nav = [{"Studies": []}]
+    hook.on_config({"docs_dir": str(tmp_path / "docs"), "config_file_path": str(tmp_path / "mkdocs.yml"), "nav": nav})
+    assert nav[0]["Studies"] == [{"bare": "studies/bare.md"}]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from specresearch.config import CONF_DIR, compose, groups, options
+from specresearch.config import CONF_DIR, compose, groups, options, study_groups
 from specresearch.errors import SpecResearchError
 
 pytestmark = pytest.mark.e2e  # runs the command line's --help
@@ -44,6 +44,12 @@ def described(help_text: str) -> dict[str, tuple[str | None, str]]:
     return {m[1]: (m[2], m[3]) for m in re.finditer(r"^([\w-]+) +(?:\[(\S+)\] +)?(.+)$", section, re.M)}
 
 
+def listed(help_text: str) -> list[str]:
+    """The groups of the help's list of options ("group: a, b, ..." lines), in order."""
+    section = help_text.split("\nOptions:\n", 1)[1].split("\n\n", 1)[0]
+    return [line.split(":", 1)[0] for line in section.splitlines()]
+
+
 def examples(help_text: str, config_name: str) -> list[list[str]]:
     """The help's example command lines, as arguments, each checked to compose (a sweep's first job)."""
     section = help_text.split("== Examples ==\n", 1)[1].split("\n\n", 1)[0]
@@ -61,6 +67,8 @@ def test_help_describes_every_group_without_importing_torch(tmp_path):
     assert lines["drafter"][0] == "pld"  # the choice of this command line
     for group in groups():
         assert f"\n{group}: {', '.join(options(group))}\n" in result.stdout
+    assert listed(result.stdout) == groups() and study_groups()  # not the studies' own (batch_synergy/arm, ...)
+    assert not any(f"{group}:" in result.stdout for group in study_groups())
     runs = examples(result.stdout, "config")
     assert any("-m" in example for example in runs)
     assert any(arg.startswith("eval=") for example in runs for arg in example)
@@ -68,6 +76,19 @@ def test_help_describes_every_group_without_importing_torch(tmp_path):
     assert re.search(r"\|\s*hydra$", result.stderr, re.M) and not re.search(r"\|\s*torch$", result.stderr, re.M)
     settings = result.stdout.split("== The settings of drafter=pld ==\n", 1)[1]  # the option it names: its settings and why
     assert settings.startswith("drafter=pld: ") and "\n  k=10 " in settings and "\nWhy these defaults:\n  k=10: " in settings
+
+
+def test_help_shows_a_study_presets_choices_and_refuses_a_bad_override_in_one_line(tmp_path):
+    """`-h` is `--help`; the brackets show the choices of the config the overrides compose, a study's preset's
+    included; an override Hydra cannot parse is one line and exit 2, as when it runs."""
+    result = run(sys.executable, "-m", "specresearch", "experiment=medusa_typical", "dataset=mtbench", "-h", cwd=tmp_path)
+    choices = {group: choice for group, (choice, _) in described(result.stdout).items() if choice}
+    assert {"drafter": "medusa", "verifier": "typical", "dataset": "mtbench"}.items() <= choices.items()  # preset's, ours
+    assert listed(result.stdout) == groups()
+    bad = subprocess.run([sys.executable, "-m", "specresearch", "drafter.k=[1", "--help"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.splitlines() == ["error: no viable alternative at input '[1'"]
 
 
 def test_train_help_lists_its_groups_and_their_options(tmp_path):

@@ -211,3 +211,28 @@ def test_every_entry_point_opens_its_run_through_tracked_run():
     users = {f"{path.parent.name}/{path.name}" for path in files if "tracked_run(" in path.read_text()} - {"specresearch/tracking.py", "specresearch/__init__.py"}
     assert {"measure/runner.py", "evaluation/runner.py", "train/__init__.py"} <= users
     assert benchmarks.is_dir() is ("benchmarks/speed.py" in users)
+
+
+def test_every_library_the_package_imports_is_declared():
+    """A module the package or its analysis imports from outside the standard library comes from a distribution
+    pyproject.toml declares (a dependency, or an extra): none arrives only because another library happens to pull it in."""
+    import importlib.metadata
+    import re
+    import sys
+
+    import tomllib
+
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *(d for extra in project["optional-dependencies"].values() for d in extra)]
+    declared = {re.split(r"[<>=!~\[; ]", d)[0].lower().replace("_", "-") for d in wanted}
+    providers = importlib.metadata.packages_distributions()
+    undeclared = set()
+    for folder in TOP:
+        for path in folder.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+                for top in {name.split(".")[0] for name in names} - set(sys.stdlib_module_names) - {PACKAGE, "experiments", "__future__"}:
+                    if not {d.lower().replace("_", "-") for d in providers.get(top, [])} & declared:
+                        undeclared.add(f"{top} ({path.relative_to(ROOT.parent)})")
+    assert not undeclared, sorted(undeclared)

@@ -21,7 +21,9 @@ In order, it:
   5. installs a seccomp filter: socket() only for IP (which the empty network namespace leaves nowhere
      to go), so no unix socket, pathname or abstract, nor vsock or netlink; socketpair() only of
      SOCK_STREAM (a datagram socketpair could sendto a host's pathname socket); no io_uring (its
-     operations would bypass the filter); any other system call ABI (i386, x32) kills the process;
+     operations would bypass the filter); no kernel keyrings: add_key, request_key and keyctl fail with EPERM
+     (every sandbox runs as the same uid, whose keyrings the kernel keeps across sandboxes and after them);
+     any other system call ABI (i386, x32) kills the process;
      without the memory cgroup, also no memfd_create, memfd_secret, shmget or msgget (EACCES): memory that
      RLIMIT_AS does not count is then unavailable instead of counted (POSIX shm_open, in /dev/shm, is
      already refused by Landlock);
@@ -78,6 +80,10 @@ IO_URING = (425, 428)  # [first, end)
 SHARED_MEMORY = {  # machine -> memfd_create, memfd_secret, shmget, msgget: refused without the memory cgroup
     "x86_64": (319, 447, 29, 68),
     "aarch64": (279, 447, 194, 186),
+}
+KEYRINGS = {  # machine -> add_key, request_key, keyctl: always refused (EPERM, as container runtimes do)
+    "x86_64": (248, 249, 250),
+    "aarch64": (217, 218, 219),
 }
 AF_INET, AF_INET6, SOCK_STREAM, SOCK_TYPE_MASK = 2, 10, 1, 0xF
 
@@ -188,6 +194,7 @@ def socket_filter(machine: str, shared_memory: bool = True) -> list[tuple[int, i
         (None, JEQ, arch, None, "kill"),
         (None, LD_W_ABS, NR, None, None),
         (None, JGE, X32_SYSCALL_BIT, "kill", None),
+        *((None, JEQ, number, "eperm", None) for number in KEYRINGS[machine]),
         *((None, JEQ, number, "deny", None) for number in refused),
         (None, JGE, IO_URING[0], None, "socket"),
         (None, JGE, IO_URING[1], "allow", "deny"),
@@ -201,6 +208,7 @@ def socket_filter(machine: str, shared_memory: bool = True) -> list[tuple[int, i
         (None, JEQ, SOCK_STREAM, "allow", "deny"),
         ("allow", RET, RET_ALLOW, None, None),
         ("deny", RET, RET_ERRNO | errno.EACCES, None, None),
+        ("eperm", RET, RET_ERRNO | errno.EPERM, None, None),
         ("kill", RET, RET_KILL_PROCESS, None, None),
     ]
     at = {label: i for i, (label, *_) in enumerate(lines) if label}

@@ -10,14 +10,17 @@ specresearch.evaluation.plugin (imported then, not before):
   - `lm_eval.models` (lm-eval's table of model names, imported by `get_model` on first use):
     `specresearch` joins lm-eval's registry as a lazy `module:class` path, and our refusals become
     one `error:` line and exit 2;
-  - `lm_eval.tasks`: every TaskManager also indexes our task folder.
+  - `lm_eval.tasks`: every TaskManager also indexes our task folder;
+  - `lm_eval.config.evaluate_config` (the settings of `lm_eval run`): a run of our model on a code task
+    without `--confirm_run_unsafe_code` is refused before any model loads.
 A process that never imports lm-eval runs nothing else of ours; tests/test_startup.py keeps the cost
 at interpreter start under 5 ms.
 """
 
 import sys
 
-AFTER = {"lm_eval.models": "register", "lm_eval.tasks": "add_tasks"}  # lm-eval module -> plugin function
+AFTER = {"lm_eval.models": "register", "lm_eval.tasks": "add_tasks",  # lm-eval module -> plugin function
+         "lm_eval.config.evaluate_config": "refuse_unsafe_early"}
 
 
 class AfterLmEval:
@@ -57,4 +60,8 @@ def install() -> None:
             getattr(plugin, hook)(sys.modules[name])
 
 
+if __name__ == "__main__":  # `python -m specresearch.evaluation.hook ...`, which ran lm-eval's command line, is gone
+    sys.stderr.write("error: `python -m specresearch.evaluation.hook` was removed: run lm-eval's own command, "
+                     "`lm_eval run --model specresearch ...` (docs/quality.md: 'The plain lm-eval command works too')\n")
+    sys.exit(2)
 install()

@@ -14,8 +14,14 @@ before lm-eval is imported):
     while the registry is empty. It also sets `one_line_refusals`;
   - `lm_eval.tasks`: `add_tasks` makes every TaskManager also index our task folder, as if given in
     `include_path` (before the caller's paths, so a task of the user's own with the same name still
-    wins), and sets `one_line_refusals` too. This is the one place we wrap an lm-eval callable, its public TaskManager's constructor:
-    lm-eval 0.4.13 has no other way to add a task folder by default.
+    wins), and sets `one_line_refusals` too. We wrap its public TaskManager's constructor: lm-eval
+    0.4.13 has no other way to add a task folder by default;
+  - `lm_eval.config.evaluate_config` (the settings of `lm_eval run`, after its arguments and `--config`
+    file are read): `refuse_unsafe_early` wraps its public `EvaluatorConfig.process_tasks`, the first
+    lm-eval code that holds both the task list and `confirm_run_unsafe_code`, so a run of our model on
+    a code task without `--confirm_run_unsafe_code` is refused in one line before the task index and the
+    model are built (lm-eval itself refuses only after both). Our model's constructor would be too late
+    and sees neither: lm-eval gives it the model arguments alone.
 Nothing of lm-eval's private modules (`lm_eval._cli`, ...) is touched.
 """
 
@@ -64,6 +70,88 @@ def add_tasks(tasks_module) -> None:
 
     __init__._specresearch = True
     cls.__init__ = __init__
+
+
+def refuse_unsafe_early(config_module) -> None:
+    """Make `lm_eval run --model specresearch` refuse a task marked `unsafe_code: true` without
+    `--confirm_run_unsafe_code` before any model loads: `EvaluatorConfig.process_tasks` of lm-eval's
+    `config_module` checks the names in a TaskManager of our and the user's task folders before it
+    indexes lm-eval's thousands (our code tasks are refused there, seconds after the start), and every task
+    it resolved once it has (lm-eval's own, groups and tags followed to their tasks). Other models are
+    left to lm-eval. Also sets `one_line_refusals`.
+
+    Raises (from the wrapped method):
+        SpecResearchError: such a task, without the flag.
+    """
+    one_line_refusals()
+    cls = getattr(config_module, "EvaluatorConfig", None)
+    process = getattr(cls, "process_tasks", None)
+    if process is None or getattr(process, "_specresearch", False):  # a future lm-eval of another shape, or done
+        return
+
+    @functools.wraps(process)
+    def process_tasks(self, *args, **kwargs):
+        check = getattr(self, "model", None) == "specresearch" and not getattr(self, "confirm_run_unsafe_code", True)
+        if check:
+            from lm_eval.tasks import TaskManager
+
+            names = [self.tasks] if isinstance(self.tasks, str) else list(self.tasks or [])
+            names = [name for spec in names for name in (spec.split(",") if isinstance(spec, str) else [spec])]  # "a,b"
+            _refuse_unsafe(TaskManager(include_path=self.include_path, include_defaults=False), names)
+        manager = process(self, *args, **kwargs)
+        if check:
+            _refuse_unsafe(manager, self.tasks)
+        return manager
+
+    process_tasks._specresearch = True
+    cls.process_tasks = process_tasks
+
+
+def _refuse_unsafe(manager, specs: list) -> None:
+    """Raise a SpecResearchError naming the tasks among `specs` that are marked `unsafe_code: true`."""
+    unsafe = unsafe_tasks(manager.task_index, specs)
+    if unsafe:
+        from specresearch.errors import SpecResearchError
+
+        which = f"tasks {', '.join(unsafe)} execute" if len(unsafe) > 1 else f"task {unsafe[0]} executes"
+        raise SpecResearchError(f"{which} model-written code (unsafe_code: true): add --confirm_run_unsafe_code to the "
+                                "lm_eval command (from Python: simple_evaluate(..., confirm_run_unsafe_code=True))")
+
+
+def unsafe_tasks(index: dict, specs: list) -> list[str]:
+    """The tasks among `specs` that lm-eval's task index `index` (`TaskManager.task_index`) marks
+    `unsafe_code: true`, groups and tags followed to their tasks.
+
+    Args:
+        index: task, group and tag name -> lm-eval's index entry (`.kind`, `.cfg`, `.tags`).
+        specs: names, or task configs as dicts (a YAML file given to `--tasks`, a group's inline task);
+            a name the index lacks is skipped (lm-eval refuses it itself).
+
+    Returns:
+        Their names, in the order found, each once.
+    """
+    found, seen, todo = [], set(), list(specs)
+    while todo:
+        spec = todo.pop(0)
+        if isinstance(spec, dict):
+            cfg, name = spec, spec.get("task")
+        elif spec in index and spec not in seen:
+            seen.add(spec)
+            entry, name = index[spec], spec
+            if entry.kind.name == "TAG":  # a tag's entry lists the tasks that carry it
+                todo += sorted(entry.tags)
+                continue
+            cfg = entry.cfg or {}
+        else:
+            continue
+        if cfg.get("unsafe_code") and name not in found:
+            found.append(name)
+        members = cfg.get("task")
+        if isinstance(members, list):  # a group's tasks
+            todo += members
+        elif isinstance(spec, dict) and isinstance(members, str) and "unsafe_code" not in cfg:
+            todo.append(members)  # an inline config of an indexed task: that task's own setting
+    return found
 
 
 def one_line_refusals() -> None:

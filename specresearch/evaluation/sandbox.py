@@ -25,6 +25,8 @@ preexec_fn so that several programs can run from threads) that, before it runs t
   - unix sockets: a seccomp filter allows socket() only for IP (nowhere to go in the empty network
     namespace), so the program cannot connect to a host's unix socket, pathname (e.g. a 0777 socket in
     /tmp) or abstract; nor use io_uring, whose operations the filter would not see;
+  - keyrings: the seccomp filter refuses add_key, request_key and keyctl (EPERM), since every sandbox runs
+    as the same uid, whose kernel keyrings are shared by all sandboxes and outlive them;
   - privileges: as root, the launcher drops to uid/gid 65534 (nobody), so file permissions apply too.
 The launcher applies the layers itself (Linux syscalls via ctypes); require_isolation=True (the
 default) refuses to run when a required layer (REQUIRED) is not available on this machine.
@@ -84,7 +86,7 @@ LAYERS = {  # what each isolation layer does; `isolation()` reports which this m
     "landlock_fs": "Landlock: writes only inside the program's temporary folder",
     "landlock_net": "Landlock (ABI >= 4): no TCP bind/connect, a second network layer",
     "landlock_scope": "Landlock (ABI >= 6): no signals or abstract unix sockets out of the sandbox",
-    "seccomp_sockets": "seccomp (x86_64, aarch64): no socket but IP ones, so no host unix socket; no io_uring",
+    "seccomp_sockets": "seccomp (x86_64, aarch64): no socket but IP ones, so no host unix socket; no io_uring; no keyrings",
     "shared_memory": "memory RLIMIT_AS misses (memfd, SysV) counted by memory_cgroup, else refused by seccomp",
 }
 

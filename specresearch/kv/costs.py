@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -81,34 +82,50 @@ def kept_cost_curve(lm: LoadedModel, sizes: list[int]) -> tuple[list[float], flo
         v.update({n: t / one for n, t in zip(missing, seconds)})
         kept = {"model": lm.name, "machine": {k: setup[k] for k in setup if k != "config"}, "one_token_s": kept.get("one_token_s", one),
                 "v": {str(n): v[n] for n in sorted(v)}, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:  # whole or not at all: a run beside this one reads either file, never half of one
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(kept, indent=1))
-            tmp.replace(path)
+            tmp.replace(path)  # over a damaged file, a FIFO or a link too; not over a folder
         except OSError:
-            pass
+            tmp.unlink(missing_ok=True)
     return [v[n] for n in sizes], float(kept["one_token_s"])
 
 
 def _read_costs(path: Path) -> tuple[dict, dict[int, float]]:
-    """A kept cost file (kept_cost_curve) and its v by size, or ({}, {}) when there is none; a file that is
-    not a mapping with a positive finite `one_token_s` and positive finite v values (damaged, edited,
-    NaN) is set aside with one line saying so, to be measured again."""
+    """A kept cost file (kept_cost_curve) and its v by size, or ({}, {}) when there is none; a file that cannot
+    be read (not a regular file, e.g. a FIFO or a folder; unreadable; over 1 MiB), is not JSON (random bytes,
+    nesting too deep to parse) or is not a mapping with a positive finite `one_token_s` and positive finite
+    numbers as v (damaged, edited, NaN) is set aside with one line saying so, to be measured again and replaced."""
     try:
-        text = path.read_text()
-    except OSError:
+        info = path.stat()
+    except FileNotFoundError:
         return {}, {}
+    except OSError as err:  # a loop of links, a folder we may not enter
+        return _unusable(path, err)
     try:
-        kept = json.loads(text)
-        v = {int(n): float(x) for n, x in kept["v"].items()}
-        one = float(kept["one_token_s"])
-        if not all(math.isfinite(x) and x > 0 for x in [one, *v.values()]):
-            raise ValueError("values must be positive and finite")
-        return kept, v
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        log.warning(f"warning: the kept cost file {path} is not usable ({type(err).__name__}: {err}): measuring again")
-        return {}, {}
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read for ever
+            raise ValueError("not a regular file")
+        if info.st_size > 2**20:  # a few hundred bytes when whole: do not read a huge file into memory
+            raise ValueError(f"{info.st_size:,} bytes")
+        kept = json.loads(path.read_bytes())
+        v = {int(n): x for n, x in kept["v"].items()}
+        one = kept["one_token_s"]
+        if not all(_positive_number(x) for x in [one, *v.values()]):
+            raise ValueError("one_token_s and v must be positive finite numbers")
+        return kept, {n: float(x) for n, x in v.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as err:  # bytes: UnicodeDecodeError
+        return _unusable(path, err)
+
+
+def _positive_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _unusable(path: Path, err: BaseException) -> tuple[dict, dict[int, float]]:
+    log.warning(f"warning: the kept cost file {path} is not usable ({type(err).__name__}: {str(err)[:200]}): "
+                "measuring again and replacing it")
+    return {}, {}
 
 
 def interpolated(sizes: Sequence[int], values: Sequence[float]) -> Callable[[int], float]:

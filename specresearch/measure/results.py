@@ -171,7 +171,7 @@ def format_table(cfg: DictConfig, label: str, r: SpeedRecord, results: Results, 
         *([f"Sequoia prediction              {r.predicted_speedup:.2f}x   (drafter.shape=auto: the tree sized for this machine, "
            f"{m.nodes_per_step:.1f} nodes per verification; measured: the speedup above)"]
           if math.isfinite(r.predicted_speedup) else []),
-        f"tau={m.tau:.2f}  alpha={m.alpha:.3f}  acceptance by draft position: {by_pos}",
+        f"tau={m.tau:.2f}  alpha (accepted / drafted)={m.alpha:.3f}  acceptance by draft position: {by_pos}",
         f"method time split: {split}",
         f"greedy identity: {identity}",
     ]

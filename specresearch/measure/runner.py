@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
@@ -57,6 +58,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     target, drafter = method.kv.lm, method.drafter
     trained_on = trained_on_tags(drafter, prompts)  # refuses heads trained on any of these prompts
     prompt_ids = [encode(target.tokenizer, p) for p in prompts]
+    # A model other than the tiny one tells its positions only now that it has loaded: before anything is measured.
+    check_positions(cfg, prompts, [len(ids) for ids in prompt_ids], method.kv.max_positions, target.name,
+                    "its config.max_position_embeddings")
     stops = list(cfg.dataset.get("stop", []) or [])
     k = int(drafter.k or drafter.depth)  # draft tokens per step; a tree's depth, as the Leviathan prediction's chain length
     label = method.label
@@ -86,6 +90,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     tags = {**machine_tags(target), **trained_on}
     with tracked_run(tracker, cfg, label, lambda: _report(results, k), tags=tags, params=claim_params(method)) as tracked:
         per_prompt = len(engines) * cfg.max_new_tokens  # at most: a row may stop early (EOS, a stop string)
+        # the bar counts the tokens that come: its total shrinks when a batch's rows stopped early (total = n at the end)
         sides = "baseline and method" if compiled is None else "baseline, method and compiled plain decoding"
         with tqdm(total=len(prompts) * per_prompt, desc=f"{label} ({sides})", unit="token") as progress:  # closed before the battery's bars
             for engine in engines:
@@ -106,7 +111,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 summary = prefixed(headline(flatten(results.record(k))), HEADLINE_SECTION)
                 for i, (b, m, record) in enumerate(zip(base, meth, records), start=first):
                     tracked.log_metrics({**summary, **_step_metrics(b, m, record)}, step=i)
-                progress.update((first + len(ids)) * per_prompt - progress.n)  # rows that stopped early: their tokens never came
+                progress.total = progress.n + (len(prompts) - first - len(ids)) * per_prompt  # what can still come
+                progress.refresh()
             for engine in engines:
                 engine.on_tokens = None
         if cfg.stats.distortion and not sampling.greedy:
@@ -114,20 +120,41 @@ def run(cfg: DictConfig) -> dict[str, float]:
         if cfg.stats.samples and not sampling.greedy:
             cache = baseline_cache(cfg, target, prompt_ids, sampling) if cfg.stats.reuse_baseline else None
             equivalence(cfg.stats, cfg.seed, target, method, prompt_ids, sampling, results, cache)
-    record = results.record(k)
-    log.info(format_table(cfg, label, record, results, sampling, target))
-    if results.equivalence is not None:
-        log.info(results.equivalence.format())
-    if record.distortion:
-        log.info(format_distortion(record.distortion))
-    elif cfg.stats.distortion and sampling.greedy:
-        log.info("exact distortion at temperature 0: every rule keeps the target's argmax path (the greedy identity above)")
-    if "rate" in record.calibration:
-        log.info(format_calibration(record.calibration, cfg.stats.alpha))
-    elif cfg.stats.samples and sampling.greedy:
-        log.info("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
+        # the results, said inside the run: its logged log (specresearch.log) holds them too
+        record = results.record(k)
+        log.info(format_table(cfg, label, record, results, sampling, target))
+        suspect = suspect_speedup(flatten(record))
+        if suspect:
+            log.warning(suspect)
+        if results.equivalence is not None:
+            log.info(results.equivalence.format())
+        if record.distortion:
+            log.info(format_distortion(record.distortion))
+        elif cfg.stats.distortion and sampling.greedy:
+            log.info("exact distortion at temperature 0: every rule keeps the target's argmax path (the greedy identity above)")
+        if "rate" in record.calibration:
+            log.info(format_calibration(record.calibration, cfg.stats.alpha))
+        elif cfg.stats.samples and sampling.greedy:
+            log.info("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
     browse_line(tracker)
     return flatten(record)
+
+
+SUSPECT = 1.15  # a speedup this far above τ is flagged (a verify forward may cost a little under one token's: v(2) ~0.9 measured)
+
+
+def suspect_speedup(metrics: dict[str, float]) -> str | None:
+    """A warning when the measured speedup exceeds what speculation can give: each target forward brings
+    τ tokens on average and costs at least about one plain step, so the speedup stays near or below τ.
+    Above it (by SUSPECT), the two sides were timed under different conditions (other work on the machine
+    during one side, frequency changes): the number says nothing about the method. None when it is plausible."""
+    speedup, tau = metrics.get("speedup", math.nan), metrics.get("method_tau", math.nan)
+    if not (math.isfinite(speedup) and math.isfinite(tau)) or speedup <= SUSPECT * tau:
+        return None
+    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs now" if hasattr(os, "getloadavg") else "the load unknown"
+    return (f"warning: the speedup {speedup:.2f}x is above τ = {tau:.2f} tokens per target forward, which speculation cannot "
+            f"produce: the sides were timed under different conditions (other work on the machine? {load}); "
+            "do not report it, measure again on a quiet machine")
 
 
 def measure_distortion(cfg: DictConfig, baseline: Engine, method: Engine, prompt_ids: list[list[int]]) -> dict[str, float]:
@@ -153,8 +180,10 @@ def check_run(cfg: DictConfig) -> list[Prompt]:
     """Everything a speed run can check without loading a model, refused in one line before the run
     waits for the speed lock (the command line calls it before sweeps.job), opens a run or loads
     anything: a local model's files, a tiny model's sizes, the prompts (never fewer than asked), whether
-    the longest prompt and max_new_tokens fit a tiny model's positions, a drafter's checkpoint files, and
-    what the equivalence battery would need (stats.prompts, stats.samples=auto). The settings themselves
+    the longest prompt and max_new_tokens, stats.length (the battery) or stats.distortion fit a tiny
+    model's positions (`check_positions`; another model's, once it loads), a drafter's checkpoint files,
+    and what the equivalence battery would need (stats.prompts, an explicit stats.samples within the cap
+    of stats.samples=auto, samples=auto's first draw within it too). The settings themselves
     were checked where the config entered (the command line, compose, build_engine: settings.check_config).
 
     Returns:
@@ -170,12 +199,8 @@ def check_run(cfg: DictConfig) -> list[Prompt]:
             tiny.append((*check_tiny_args(args, f"{path}.tiny"), path))
     prompts = load_prompts(**cfg.dataset)
     for tokenizer, limit, path in [t for t in tiny if t[2] == "model"]:  # the target's (a draft checks its own as it loads)
-        length, longest = max((len(encode(tokenizer, p)), p.id) for p in prompts)
-        if length + cfg.max_new_tokens > limit:
-            room = f"valid are max_new_tokens <= {limit - length} for these prompts" if length < limit else "the prompt alone fills them"
-            raise SpecResearchError(f"prompt {longest} ({length} tokens) and max_new_tokens={cfg.max_new_tokens} need "
-                                    f"{length + cfg.max_new_tokens} positions, but the tiny model has {limit} "
-                                    f"({path}.tiny.max_position_embeddings): {room}")
+        check_positions(cfg, prompts, [len(encode(tokenizer, p)) for p in prompts], limit, "the tiny model",
+                        f"{path}.tiny.max_position_embeddings")
     drafter = cfg.get("drafter") or {}
     schema = built_by("drafter", drafter.get("_target_")) if drafter.get("checkpoint") else None
     if schema is not None and issubclass(schema, Heads):  # medusa, eagle: the files now, not after the models load
@@ -188,6 +213,11 @@ def check_run(cfg: DictConfig) -> list[Prompt]:
         if sc.prompts > len(prompts):
             raise SpecResearchError(f"stats.prompts={sc.prompts} > the {len(prompts)} prompt(s) this run decodes (dataset.num_prompts, "
                                     f"dataset.offset): valid are stats.prompts <= {len(prompts)}")
+        if sc.samples != "auto" and sc.samples * sc.prompts > AUTO_MAX:  # a draw of days, which nothing else would stop
+            raise SpecResearchError(
+                f"stats.samples={sc.samples} draws {sc.samples * sc.prompts:,} sequences per side ({sc.prompts} prompt(s)), above the "
+                f"{AUTO_MAX:,} that stats.samples=auto draws at most: valid are stats.samples <= {AUTO_MAX // sc.prompts} "
+                f"for stats.prompts={sc.prompts}, or stats.samples=auto")
         if sc.samples == "auto":
             least = samples_for_tv(sc.tv, 1, sc.length, sc.alpha, sc.power)  # auto's first draw, per side
             if least > AUTO_MAX:
@@ -197,6 +227,36 @@ def check_run(cfg: DictConfig) -> list[Prompt]:
                     f"alpha {sc.alpha}, power {sc.power}), above the {AUTO_MAX:,} that auto draws at most: valid are stats.tv >= "
                     f"{low:.4g} with samples=auto, or an explicit stats.samples=N (sequences per prompt)")
     return prompts
+
+
+def check_positions(cfg: DictConfig, prompts: list[Prompt], lengths: list[int], limit: int | None, model: str, field: str) -> None:
+    """Refuse, in one line naming both numbers, a size the target has no positions for: max_new_tokens
+    after any prompt, stats.length after any of the battery's prompts and stats.distortion after any
+    prompt (both only where they run: at temperature > 0). Unchecked, the last two failed only after the
+    speed measurement, where the decoding reached them (the engine's refusal names max_new_tokens).
+
+    Args:
+        cfg: the run's config.
+        prompts: the run's prompts.
+        lengths: their token counts, in the target's tokenization.
+        limit: the target's positions (max_position_embeddings); None (unsaid): nothing is checked.
+        model: the target as the message names it ("the tiny model").
+        field: where `limit` comes from ("model.tiny.max_position_embeddings").
+    """
+    if limit is None:
+        return
+    sc, sampled = cfg.get("stats"), cfg.sampling.temperature > 0
+    sizes = [("max_new_tokens", cfg.max_new_tokens, len(prompts))]  # (setting, new tokens per prompt, the first prompts it decodes)
+    if sc is not None and sampled and sc.samples:
+        sizes.append(("stats.length", sc.length, sc.prompts))
+    if sc is not None and sampled and sc.distortion:
+        sizes.append(("stats.distortion", sc.distortion, len(prompts)))
+    for key, size, first in sizes:
+        length, longest = max((n, p.id) for n, p in zip(lengths[:first], prompts))
+        if length + size > limit:
+            room = f"valid are {key} <= {limit - length} for these prompts" if length < limit else "the prompt alone fills them"
+            raise SpecResearchError(f"prompt {longest} ({length} tokens) and {key}={size} need {length + size} positions, but "
+                                    f"{model} has {limit} ({field}): {room}")
 
 
 def _least_auto_tv(sc: DictConfig) -> float:

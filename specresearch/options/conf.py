@@ -20,7 +20,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from specresearch.errors import SpecResearchError
+from specresearch.errors import SpecResearchError, fail
 from specresearch.options import MISSING, chosen, target
 from specresearch.options.groups import OPTIONS, PRESETS
 
@@ -208,15 +208,39 @@ def stale(root: Path, texts: dict[str, str] | None = None) -> list[str]:
     """The generated files of the checkout at `root` that differ from the dataclasses (or are missing);
     `texts`: `files()`, if already made."""
     texts = files() if texts is None else texts
-    return [path for path, text in texts.items() if not (root / path).is_file() or (root / path).read_text() != text]
+    return [path for path, text in texts.items() if not (root / path).is_file() or _read(root / path) != text]
+
+
+def _read(path: Path) -> str | None:
+    """A generated file's text, or None where it is not UTF-8 (then it is out of date: rewriting it mends it)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def root_problem(root: Path) -> str | None:
+    """Why `root` is no checkout to check or write conf/ and docs/options.md in (missing, a file, a folder without
+    conf/config.yaml), or None."""
+    if not root.exists():
+        return "no such folder"
+    if not root.is_dir():
+        return "a file, not a folder"
+    if not (root / "conf" / "config.yaml").is_file():
+        return "no conf/config.yaml there"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m specresearch.config` (which imports the classes the options build first)."""
+    default = Path(__file__).resolve().parents[2]
     parser = argparse.ArgumentParser(prog="python -m specresearch.config", description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2], help="the checkout")
+    parser.add_argument("--root", type=Path, default=default, help="the checkout")
     parser.add_argument("--check", action="store_true", help="only name the files that are out of date (exit 1)")
     args = parser.parse_args(argv)
+    problem = root_problem(args.root)
+    if problem:  # before a check that would call every file out of date, or a write that fails on the first
+        fail(f"--root {args.root}: {problem}: valid is a checkout, the folder holding conf/config.yaml (default {default})")
     if args.check:
         out = stale(args.root)
         for path in out:
@@ -224,5 +248,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if out else 0
     texts = files()
     for path in stale(args.root, texts):  # only what changed: a sweep composing conf/ meanwhile never reads a file half written
-        (args.root / path).write_text(texts[path])
+        (args.root / path).parent.mkdir(parents=True, exist_ok=True)  # a new group's folder
+        (args.root / path).write_text(texts[path], encoding="utf-8")
     return 0

@@ -112,35 +112,49 @@ class Heads(Drafter):
     """Heads trained on the target (Medusa, EAGLE): where their file is."""
     heads: ClassVar[str] = ""  # their kind: the file layout a checkpoint is checked against (drafters.checkpoints)
     checkpoint: Optional[str] = setting(None, "the heads' safetensors file; null = the one trained for this target in the "
-                                              "model cache (python -m specresearch.train drafter=NAME)")
+                                              "model cache (python -m specresearch.train drafter=NAME), else the one the "
+                                              "package ships for it (specresearch/weights/NAME/TARGET/: Medusa's for "
+                                              "qwen2.5-coder-1.5b)")
     cache_dir: Optional[str] = setting(None, "the model cache (the target's)", follows="model.cache_dir")
 
 
 # -- the options -----------------------------------------------------------------------------------
 
 
-# Where the defaults below were chosen: interleaved benchmarks/speed.py runs on each tuning set (greedy, 2-core Intel
-# Xeon with AMX, bf16), docs/results/data/2026-11-29-tune-*.json.
-TUNED = "tuning sets HumanEval 100-103 x 128 + ShareGPT 0-3 x 64, greedy, 2-core Intel Xeon with AMX, bf16: docs/results 2026-11-29-tune-*"
+# Where the defaults below were chosen: interleaved benchmarks/speed.py runs on the tuning sets, each reason comparing
+# settings within one run and naming its results pages (docs/results/data/NAME.json, which tests/test_docs.py holds
+# each speedup to): a setting's speedup moves between runs (day, machine, kernels), so a reason quotes one run's.
+TUNED = "tuning sets HumanEval 100-103 x 128 + ShareGPT 0-3 x 64, greedy, bf16"
+FIRST = (f"{TUNED}, 2-core Intel Xeon with AMX, skinny kernels: docs/results/data/2026-11-29-tune-humaneval.json, "
+         "docs/results/data/2026-11-29-tune-sharegpt.json")
+LEVERS = (f"{TUNED}, 2-core Intel Xeon with AMX, skinny kernels: docs/results/data/2026-11-29-tune-levers-humaneval.json, "
+          "docs/results/data/2026-11-29-tune-levers-sharegpt.json")
+PACKED = (f"{TUNED}, 2-core AMD EPYC with AVX-512 BF16, packed kernels: "
+          "docs/results/data/2026-12-02-tune-packed-humaneval-bf16.json, docs/results/data/2026-12-02-tune-packed-sharegpt-bf16.json")
 
 
 @dataclass
 class Independent(Chain, defaults={"k": 16, "chain_confidence": 0.4, "lookup": 4, "siblings": 3, "sibling_confidence": 0.02}):
     """A separate, smaller draft model with the target's tokenizer proposes k tokens per step (Leviathan et al. 2023).
-    Its defaults are the fastest lossless chain measured on code and chat together (CHOSEN says where)."""
+    Its defaults are the fastest lossless chain measured on code and chat together: each reason below compares
+    settings within one run on the tuning sets and names its results pages; the held-out speedups are the README's."""
     option: ClassVar[str] = "independent"
     CHOSEN: ClassVar[dict[str, str]] = {
-        "k": f"with the stops, lookup and siblings below 2.57x over generate on code and 2.21x on chat, k=4's plain chain 1.62x "
-             f"and 1.07x; k=32 2.81x / 1.96x against 2.89x / 1.98x in a second run ({TUNED})",
-        "chain_confidence": f"not varied alone here: 0.4 was chosen with 3 siblings at 0.02 on ShareGPT 0-7 (results "
-                            f"2026-11-26-sharegpt-siblings-choice); part of the 2.57x / 2.21x setting ({TUNED})",
-        "lookup": f"with the others: 2.89x / 1.98x; 8 guesses 2.63x / 2.12x (geometric means 2.39x and 2.36x) ({TUNED})",
-        "siblings": f"3 at sibling_confidence 0.02: 2.57x / 2.21x (geometric mean 2.38x); 2 at 0.05: 2.75x / 2.02x (2.36x); "
-                    f"2 at 0.05 with a 65,536-token FR-Spec shortlist: 2.99x / 1.94x (2.41x, level within the intervals; a "
-                    f"shortlist needs a corpus per tokenizer, so it stays an option) ({TUNED})",
-        "sibling_confidence": f"see siblings ({TUNED})",
+        "k": f"16 against 32, with the stops, lookup and siblings below: 2.22x / 1.80x against 2.36x / 1.63x over generate "
+             f"on code / chat in one run, level on the two together ({PACKED})",
+        "chain_confidence": f"0.4 against 0.2: 2.22x / 1.80x against 1.95x / 1.65x over generate on code / chat in one run "
+                            f"({PACKED}); 0.4 was first chosen with 3 siblings at 0.02 on ShareGPT 0-7 "
+                            f"(docs/results/data/2026-11-26-sharegpt-siblings-choice.json)",
+        "siblings": f"3 at sibling_confidence 0.02 against 2 at 0.05: 2.22x / 1.80x against 2.21x / 1.82x over generate on "
+                    f"code / chat in one run, level ({PACKED}); a 65,536-token FR-Spec shortlist with 2 siblings at 0.05 "
+                    f"ran 2.99x / 1.94x against 2.75x / 2.02x without it, faster on code only, and a shortlist needs a "
+                    f"corpus per tokenizer, so it stays an option ({FIRST})",
+        "sibling_confidence": "see siblings",
+        "lookup": f"4 against 8 guesses: 2.89x / 1.98x over generate on code / chat against 2.63x / 2.12x in one run "
+                  f"({LEVERS})",
         "model.quantize": "int8 draft weights where the CPU has torch's int8 kernels, none elsewhere (the console says which): "
-                          f"2.89x / 1.98x against a bf16 draft's 2.00x / 1.53x on a CPU with AMX for bf16 ({TUNED})",
+                          f"2.89x / 1.98x over generate on code / chat against a bf16 draft's 2.00x / 1.53x in one run, on "
+                          f"a CPU with AMX for bf16 ({LEVERS})",
     }
     model: DraftModel = setting(doc="the draft model, as in the `model` group", factory=lambda: DraftModel(quantize="auto"))
 
@@ -215,12 +229,15 @@ class Tree(PathStop, DynamicTree):
 @dataclass
 class Medusa(TreeSize, FrequentVocab, Heads, defaults={"nodes": 16, "shape": "auto"}):
     """Medusa (Cai et al. 2024): heads on the target's last hidden state propose a tree of candidates.
-    Train the heads first: python -m specresearch.train drafter=medusa (model=... as for the run)."""
+    Heads for qwen2.5-coder-1.5b ship with the package (specresearch/weights/medusa/); for another target, train
+    them first: python -m specresearch.train drafter=medusa (model=... as for the run)."""
     option: ClassVar[str] = "medusa"
     heads: ClassVar[str] = "medusa"
     CHOSEN: ClassVar[dict[str, str]] = {
-        "lookup": "typical acceptance on code and chat together: 8 at 2.10x / 1.40x over generate, 4 at 1.63x / 1.54x, 0 at "
-                  f"1.56x / 1.45x (geometric means 1.71x, 1.58x, 1.50x); on code, 16 at 1.77x and 24 at 1.82x against 8's 2.06x ({TUNED})"}
+        "lookup": f"8 against 4 and 0 with typical acceptance: 2.10x / 1.40x over generate on code / chat, 4 1.63x / "
+                  f"1.54x, 0 1.56x / 1.45x in one run, 8 the best of the three on the two together ({FIRST}); on code, "
+                  f"16 ran 1.77x and 24 1.82x against 8's 2.06x in a second run "
+                  f"(docs/results/data/2026-11-29-tune-medusa-lookup.json)"}
     choices: Optional[List[List[int]]] = setting(
         None, "Medusa's tree of choices: per-depth ranks of each path, e.g. [[0], [1], [0, 0]], used as given; null = the "
               "likeliest paths by the heads' held-out accuracies, as many as `shape` says")

@@ -66,7 +66,9 @@ class FrequentVocab(Options):
     """FR-Spec: a draft that scores only the most frequent tokens (still lossless)."""
     vocab: Optional[int] = setting(None, "FR-Spec: the draft scores only the N most frequent tokens (e.g. 32768), a cheaper "
                                          "draft, still lossless; null = all (Medusa: the shortlist its heads were trained on)")
-    vocab_corpus: str = setting("python-stdlib", "where the frequencies come from: python-stdlib or mtbench (never the eval set)")
+    vocab_corpus: str = setting("python-stdlib", "where the frequencies come from: python-stdlib, sharegpt (the training side's "
+                                                 "chats), or several joined by '+', e.g. python-stdlib+sharegpt; mtbench (its "
+                                                 "evaluation prompts) only for tests")
 
 
 @dataclass

@@ -26,6 +26,12 @@ class Dataset(Options):
     offset: int = setting(0, "prompts skipped first")
     stop: List[str] = setting(factory=list, doc="strings that end a completion")
 
+    def check_ranges(self, path: str) -> None:
+        # "" is in every text: it would end each completion after its first token, and the run still report a speedup.
+        if given(self.stop) and "" in self.stop:
+            raise SpecResearchError(f"{path}.stop holds an empty string, which ends every completion after one token: valid are "
+                                    f"non-empty strings, or {path}.stop=[] for none")
+
 
 @dataclass
 class MTBench(Dataset):

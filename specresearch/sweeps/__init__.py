@@ -3,7 +3,8 @@
 - `job` (job.py): everything around one job: signals raise, `resume` may skip it, the speed lock.
 - `resume` (resume.py): a job whose identical config already FINISHED, measured by the same code, is
   skipped (`resume_ignore_code=true`: by any code); RUNNING runs of killed processes are marked FAILED first.
-- `signals` (signals.py): SIGTERM, SIGHUP and SIGINT end the run FAILED with what it measured.
+- `signals` (signals.py): SIGTERM, SIGHUP and SIGINT end the run FAILED with what it measured; a job in a
+  sweep's worker process (joblib's) dies with the sweep's driver, one killed by SIGKILL included.
 - `destinations` (destinations.py): Hydra's output folder and the tracker's store are checked before
   anything runs; a refused run leaves no empty output folder behind; each run claims its own folder.
 - `lock` (lock.py): the machine's speed lock, one timing at a time (`exclusive: true`).

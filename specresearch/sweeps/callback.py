@@ -25,6 +25,19 @@ except ImportError:  # pragma: no cover
     Callback = object
 
 
+def sweep_name(config: DictConfig) -> str:
+    """A sweep's parent run name: what it sweeps, as on the command line ("sweep drafter=pld,independent
+    verifier=greedy,rejection"): the sweeper's grid (a preset's) and the command line's lists; the output
+    folder's name when neither sweeps anything."""
+    grid = {str(k): str(v) for k, v in (OmegaConf.select(config, "hydra.sweeper.params") or {}).items()}
+    for override in OmegaConf.select(config, "hydra.overrides.task") or []:
+        key, _, value = str(override).partition("=")
+        if "," in value or value.startswith(("range(", "choice(", "glob(")):
+            grid[key.lstrip("+~")] = value
+    swept = " ".join(f"{k}={v}" for k, v in grid.items())
+    return f"sweep {swept}"[:250] if swept else f"sweep {Path(config.hydra.sweep.dir).name}"  # (MLflow: names up to 250 chars)
+
+
 class SweepCallback(Callback):
     """Opens one MLflow parent run per multirun sweep and closes it at the end: FINISHED when every
     job finished or was skipped (`resume`), FAILED (and exit code 2) when any failed. The other jobs
@@ -59,7 +72,7 @@ class SweepCallback(Callback):
         if isinstance(tracker, MLflowTracker):
             self.tracker = tracker
             tags = {SWEEP_TAG: "true", **process_tags(config)}
-            tracker.start_parent(name=f"sweep {Path(config.hydra.sweep.dir).name}", tags=tags)
+            tracker.start_parent(name=sweep_name(config), tags=tags)
             forward_env_to_ray(config, {key: os.environ[key] for key in (PARENT_RUN_ENV, PARENT_URI_ENV)})
         recorded = "the sweep's parent run is recorded as FAILED" if self.tracker is not None else "nothing recorded (tracker=none)"
         # so that atexit closes the parent run on SIGTERM too

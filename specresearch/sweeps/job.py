@@ -4,6 +4,7 @@ a speed job holds the machine's speed lock; and the value it returns to an optim
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,14 +15,15 @@ from specresearch.records import config_hash
 from specresearch.sweeps.lock import speed_lock
 from specresearch.sweeps.outcomes import JobSkipped
 from specresearch.sweeps.resume import finished_run, ignore_code, resume_on, store_tracker
-from specresearch.sweeps.signals import Interrupted, exit_on_signals, restore_signals
+from specresearch.sweeps.signals import Interrupted, driver_gone, exit_on_signals, follow_driver, restore_signals
 from specresearch.tracking import runs_opened
 
 
 @contextmanager
 def job(cfg: DictConfig, multirun: bool, timed: bool = True) -> Iterator[JobSkipped | None]:
     """Everything around one job (speed, eval or training): signals raise, `resume` may skip it, a
-    speed job holds the machine's speed lock.
+    speed job holds the machine's speed lock, a job in a sweep's worker process dies with the sweep's
+    driver (`signals.follow_driver`: its run recorded FAILED, then the worker exits).
 
     Args:
         cfg: the job's composed config.
@@ -36,6 +38,7 @@ def job(cfg: DictConfig, multirun: bool, timed: bool = True) -> Iterator[JobSkip
     previous = exit_on_signals()
     before = len(runs_opened())
     try:
+        follow_driver()  # a sweep's worker process (joblib's) dies with its driver, SIGKILL included
         reuse_any = ignore_code(cfg)
         tracker = store_tracker(cfg) if resume_on(cfg, multirun) else None
         digest = config_hash(cfg) if tracker is not None else ""
@@ -53,6 +56,9 @@ def job(cfg: DictConfig, multirun: bool, timed: bool = True) -> Iterator[JobSkip
     except Interrupted as stop:
         run = next(iter(runs_opened()[before:]), None)  # this job's run, if it opened one
         print(stop.report(run), file=sys.stderr, flush=True)  # once recorded: the last line, after the progress bar's
+        if driver_gone():  # no driver to return to: joblib's worker would wait minutes for more work
+            sys.stdout.flush()
+            os._exit(stop.code)
         raise
     finally:
         restore_signals(previous)

@@ -1,17 +1,22 @@
 """During a job SIGTERM, SIGHUP and SIGINT (Ctrl-C) raise SystemExit(128 + signal) in the main thread,
 so the run ends FAILED with what it had measured (specresearch.tracking.tracked_run records on any
 BaseException), or nothing is recorded when no run had opened yet (`Interrupted.report` says which);
-the sweep's parent run is then closed FAILED by the callback's atexit."""
+the sweep's parent run is then closed FAILED by the callback's atexit. A job in a worker process of a
+sweep's driver (joblib's) dies with the driver, even one killed by SIGKILL (`follow_driver`)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+DRIVER_POLL_S = 1.0  # how often a worker looks whether its driver is still there
+DRIVER_GRACE_S = 60.0  # after its SIGTERM, how long a worker whose driver is gone may take to record its run FAILED
 
 
 class Interrupted(SystemExit):
@@ -77,3 +82,37 @@ def restore_signals(previous: dict | None) -> None:
     for sig, old in (previous or {}).items():
         signal.signal(sig, old if old is not None else signal.SIG_DFL)
 
+
+def driver_gone() -> bool:
+    """Whether this process is a worker whose driver (the process that started it: joblib's launcher
+    in a sweep's `python -m specresearch -m`) has died: the worker was handed to another parent."""
+    driver = multiprocessing.parent_process()
+    return driver is not None and os.getppid() != driver.pid
+
+
+_following: list[threading.Thread] = []  # the watch thread, once per process
+
+
+def follow_driver() -> None:
+    """In a worker process of a sweep's driver (joblib's launcher starts them), end this process when
+    the driver dies, killed by SIGKILL included: nothing else would (joblib's workers wait minutes
+    for more work, a running job measures on, their files stay in /dev/shm until the workers go).
+    A thread looks every DRIVER_POLL_S seconds; once the driver is gone it sends this process SIGTERM,
+    which ends a running job FAILED with what it measured (`exit_on_signals`) or an idle worker at
+    once, and after DRIVER_GRACE_S more it exits. Nothing happens in the driver's own process (the
+    basic launcher's jobs, a single run) nor on a second call.
+    """
+    driver = multiprocessing.parent_process()
+    if driver is None or _following:
+        return
+    watch = threading.Thread(target=_watch_driver, args=(driver.pid,), name="specresearch-follow-driver", daemon=True)
+    _following.append(watch)
+    watch.start()
+
+
+def _watch_driver(driver: int) -> None:
+    while os.getppid() == driver:  # (a worker whose driver died belongs to another parent: init or a subreaper)
+        time.sleep(DRIVER_POLL_S)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(DRIVER_GRACE_S)  # a job that swallowed its SystemExit, or hangs while recording
+    os._exit(128 + signal.SIGTERM)

@@ -89,7 +89,8 @@ def describe(table: list[dict[str, Any]], best: dict[str, Any] | None, objective
     """The parent run's description: the best job and the table of jobs, in markdown."""
     if not table:
         return "No job of this sweep recorded a run."
-    head = (f"**Best {objective}: {best[objective]:.3f}**, run `{best['run']}` "
+    slower = " (every job was slower than its baseline)" if best and objective == "speedup" and best[objective] < 1 else ""
+    head = (f"**Best {objective}: {best[objective]:.3f}**{slower}, run `{best['run']}` "
             f"({overrides_text(best) or 'no overrides'})\n\n" if best else "")
     cells = [[_cell(v) for v in row.values()] for row in table]
     lines = ["| " + " | ".join(table[0]) + " |", "|" + "---|" * len(table[0]), *("| " + " | ".join(c) + " |" for c in cells)]

@@ -279,7 +279,7 @@ def test_cli_prints_writes_and_logs_to_the_sweep_parent(leviathan_store, tmp_pat
 
     out = tmp_path / "cli"
     result = subprocess.run([sys.executable, "-m", "specresearch.analysis", "experiment=leviathan", f"tracker.store={leviathan_store}",
-                             f"out={out}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                             f"out={out}", "log=true"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "MPLBACKEND": "Agg"})  # from any folder: the studies are in the package
     assert result.returncode == 0, result.stderr[-3000:]
     assert "### Leviathan: acceptance rate, cost and best draft length" in result.stdout
@@ -641,3 +641,47 @@ def test_merge_adds_a_stores_runs_to_the_committed_ones():
     assert parse(["experiment=lossless_vs_lossy", "merge=true"])[5] is True
     with pytest.raises(AnalysisError, match="merge must be true or false"):
         parse(["experiment=lossless_vs_lossy", "merge=yes"])
+
+
+@pytest.mark.parametrize("case", ["random bytes", "not JSON", "a JSON list", "runs of another shape"])
+def test_a_data_file_that_is_no_committed_runs_is_one_line(tmp_path, capsys, monkeypatch, case):
+    """data=<a file of random bytes> ended in a UnicodeDecodeError traceback (not JSON, a JSON list or runs without
+    their fields in others): now one line, exit 2, before any table is built or written."""
+    from specresearch.analysis import tables
+
+    monkeypatch.setattr(tables, "load_study", lambda *a, **k: pytest.fail("MLflow was read"))
+    data = tmp_path / "data.json"
+    data.write_bytes({"random bytes": bytes(range(128, 256)) * 4, "not JSON": b"leviathan: 12 runs\n", "a JSON list": b"[1, 2]",
+                      "runs of another shape": json.dumps({"data": {"study": "leviathan", "runs": [{"id": "r1"}]}}).encode()}[case])
+    assert tables.main(["experiment=leviathan", f"tracker.store={tmp_path}/mlruns", f"data={data}", f"out={tmp_path}/out"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    valid = "valid is a study's committed runs (save=true writes them: docs/results/data/study-leviathan.json)"
+    assert line == f"error: {data}" + {
+        "random bytes": f" is not JSON (UnicodeDecodeError): {valid}",
+        "not JSON": f" is not JSON (JSONDecodeError): {valid}",
+        "a JSON list": f" holds no runs of study 'leviathan' (data.study, data.runs): {valid}",
+        "runs of another shape": f": data.runs and data.parent must be runs with fields id, status, start, params, metrics, tags: {valid}",
+    }[case]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json"]
+
+
+def _files(folder) -> dict[str, str]:
+    """Every file under `folder`: its path there -> the SHA-256 of its bytes."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_analysis_only_reads_the_store_unless_told_to_log(leviathan_store, tmp_path, monkeypatch, capsys):
+    """The analysis logged its tables into the store it reads, unasked: by default the store (its database and
+    artifacts) is now left byte for byte as it was; `log=true` logs the folder to the study's sweep parent."""
+    from specresearch.analysis.tables import main
+
+    monkeypatch.chdir(tmp_path)
+    before = _files(leviathan_store)
+    assert main(["experiment=leviathan", f"tracker.store={leviathan_store}", f"out={tmp_path}/out"]) == 0
+    assert "the store was only read (log=true logs this folder to the study's latest sweep parent run)" in capsys.readouterr().out
+    assert _files(leviathan_store) == before
+    assert parse(["experiment=leviathan", "log=true"])[6] is True and parse(["experiment=leviathan"])[6] is False
+    with pytest.raises(AnalysisError, match="log must be true or false, got 'yes'"):
+        parse(["experiment=leviathan", "log=yes"])

@@ -91,3 +91,21 @@ def test_aa_calibration_sizes_auto_n_runs_aa_alone_and_measures_a_lossy_control(
             aa.main([*argv, "--out", str(tmp_path / "x.json")])
         assert says in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--method", "drafter=nope"], "error: --method 'drafter=nope': unknown drafter 'nope': valid are cross_vocab, eagle, independent,"),
+    (["--lossy", "verifier=nope"], "error: --lossy 'verifier=nope': unknown verifier 'nope': valid are "),
+    (["--out", "/proc/specresearch-x"],
+     "error: cannot write the report /proc/specresearch-x (--out): cannot create a file in /proc (No such file or directory)"),
+])
+def test_a_bad_method_or_out_is_one_line_before_anything_runs(argv, says, tmp_path, monkeypatch, capsys):
+    """An unknown option in --method or --lossy (a traceback from the engine's build) and an --out that cannot be
+    written (a traceback after every repeat) are refused in one line, exit 2, before calibrate runs."""
+    aa = script("benchmarks/aa_calibration.py")
+    monkeypatch.setattr(aa, "calibrate", lambda *a, **k: pytest.fail("the repeats ran"))
+    with pytest.raises(SystemExit) as exit_:
+        aa.main(["--repeats", "2", "--out", str(tmp_path / "x.json"), *argv])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and line.startswith(says), line
+    assert not any(tmp_path.iterdir())

@@ -40,3 +40,20 @@ def test_engine_laws_writes_a_results_report(tmp_path):
     data = json.loads((tmp_path / "laws.json").read_text())
     assert reports.validate(data) == []
     assert data["rows"][0][0] == "all steps" and float(data["rows"][0][-1]) < 1e-4 and str(tmp_path) not in json.dumps(data)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--model", "nope"], "error: unknown model 'nope': valid are qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m, tiny"),
+    (["--drafter", "nope"], "error: unknown drafter 'nope': valid are cross_vocab, eagle, independent,"),
+    (["--model", "tiny", "--json", "/proc/specresearch-x"],
+     "error: cannot write the report /proc/specresearch-x (--json): cannot create a file in /proc (No such file or directory)"),
+])
+def test_a_bad_model_or_json_is_one_line_before_the_engine_is_built(argv, says, monkeypatch, capsys):
+    """--model nope (a traceback from compose) and --json /proc/x (a traceback after the whole audit) are refused in
+    one line, exit 2, before any model loads."""
+    laws = script("benchmarks/engine_laws.py")
+    monkeypatch.setattr(laws, "build_engine", lambda cfg: pytest.fail("the engine was built"))
+    with pytest.raises(SystemExit) as exit_:
+        laws.main(argv)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and line.startswith(says), line

@@ -4,10 +4,13 @@ a bad argument or an unusable destination in one line before any model loads."""
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+import warnings
 
 import mlflow
+import numpy as np
 import pytest
 
 from specresearch import reports
@@ -107,6 +110,139 @@ def test_table_without_generate_refers_to_the_first_method():
     ]
     text = speed.table(rows, "header")
     assert "vs_baseline" in text and "1.50x" in text
+
+
+def test_speed_quick_without_a_transformers_row_refers_to_the_baseline(tmp_path):
+    """--methods baseline,pld measured, then lost the whole measurement to a TypeError in the results table (its
+    reference column fell on speedup_vs_baseline_interval, a list): now the baseline is the reference, once."""
+    result, report = quick(tmp_path, "--methods", "baseline,pld", "--prompts", "2")
+    assert [r["method"] for r in report["rows"]] == ["baseline", "pld(k=10)"] and all(r["tokens_per_s"] > 0 for r in report["rows"])
+    data = json.loads((tmp_path / "speed.json").read_text())
+    # --quick decodes 2 prompts: no BCa interval over them (it needs 3), the repeats' min-max instead, and a note says so
+    assert data["columns"][:5] == ["method", "tok/s", "±", "vs baseline", "min-max"] and data["columns"].count("vs baseline") == 1
+    assert data["rows"][0][3] == "1.00x" and any(n.startswith("No transformers generate row: the reference is baseline") for n in data["notes"])
+    assert "speedup intervals not computed: 2 prompt(s), a 95% BCa interval over prompts needs >= 3" in data["notes"]
+    assert "| pld(k=10) |" in results_hook().render(results_hook().load(tmp_path / "speed.json"), "speed.json")
+    assert "vs_baseline" in result.stdout and "pld(k=10)" in result.stdout  # the terminal's table too
+
+
+def test_a_results_table_without_a_reference_row_names_its_reference_or_has_none():
+    """speed_to_table on rows of every kind speed.py writes without transformers' generate: the baseline as the reference
+    (its interval key beside it), the run's first method as the reference, and rows with no speedup at all."""
+    row = {"method": "baseline", "tokens_per_s": 2.0, "tokens_per_s_std": 0.1, "speedup_vs_baseline": 1.0,
+           "speedup_interval": [1.0, 1.0], "speedup_min": 1.0, "speedup_max": 1.0, "identical_to_reference": 2,
+           "speedup_vs_baseline_interval": [1.0, 1.0], "fastest_plain": "baseline", "speedup_vs_fastest_plain": 1.0}
+    pld = {**row, "method": "pld(k=10)", "tokens_per_s": 3.0, "speedup_vs_baseline": 1.5, "speedup_interval": [1.4, 1.6],
+           "speedup_vs_baseline_interval": [1.4, 1.6], "speedup_vs_fastest_plain": 1.5}
+    record = {"header": "tiny <- tiny", "args": {"prompts": 2, "tokens": 16, "methods": "baseline,pld"}, "rows": [row, pld]}
+    data = speed_report().speed_to_table(record, "speed-20261127-120000")
+    assert data["columns"] == ["method", "tok/s", "±", "vs baseline", "95% interval", "vs fastest plain", "α", "τ", "c", "v", "Leviathan", "identical"]
+    assert data["rows"][1][:6] == ["pld(k=10)", "3.00", "0.10", "1.50x", "1.40-1.60", "1.50x"]
+    assert "the reference is baseline" in " ".join(data["notes"])
+
+    first = [{k.replace("speedup_vs_baseline", "speedup_vs_pld(k=10)"): v for k, v in r.items()} for r in (pld, row)]  # pld,baseline
+    data = speed_report().speed_to_table({**record, "rows": first}, "speed-20261127-120000")
+    assert data["columns"][3:6] == ["vs pld(k=10)", "95% interval", "vs baseline"] and "the reference is pld(k=10)" in " ".join(data["notes"])
+
+    bare = [{k: v for k, v in r.items() if not k.startswith("speedup")} for r in (row, pld)]
+    data = speed_report().speed_to_table({**record, "rows": bare}, "speed-20261127-120000")
+    assert data["columns"][:4] == ["method", "tok/s", "±", "vs baseline"] and all(len(r) == len(data["columns"]) for r in data["rows"])
+    assert "no reference column" in " ".join(data["notes"])
+    text = speed_module().table(bare, "header")  # the terminal's table: the reference's column empty
+    assert "pld(k=10)" in text and "vs_reference" in text
+
+
+def test_a_fault_in_the_results_table_keeps_the_measurement(tmp_path, monkeypatch, capsys):
+    """speed.py writes its record before it makes the table of it: a fault there is raised, and the record is kept."""
+    speed = speed_module()
+    out = tmp_path / "speed.json"
+
+    def broken(record, name):
+        raise RuntimeError("a fault in the table")
+
+    monkeypatch.setattr(speed.speed_report, "report", broken)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [SPEED, "--quick", "--methods", "baseline,pld", "--tracker", "none", "--json", str(out)])
+    with pytest.raises(RuntimeError, match="a fault in the table"):
+        speed.main()
+    record = json.loads(out.read_text())
+    assert [r["method"] for r in record["rows"]] == ["baseline", "pld(k=10)"] and all(r["tokens_per_s"] > 0 for r in record["rows"])
+    assert speed_report().is_speed_report(record)  # the record speed_report.report (and the docs) read
+    assert f"the measurement is kept in {out}" in capsys.readouterr().err
+
+
+# speed.py's bar on stderr: "decoding:  50%|█████     | 4/8 [00:01<00:01, 2.0decode/s, method=pld(k=10)]"
+DECODING_BAR = re.compile(r"decoding: +\d+%\|[^|]*\| *(?P<n>\d+)/(?P<total>\d+) \[[^\]]*, method=(?P<method>[^\]]*)\]")
+
+
+def test_speed_shows_one_progress_bar_over_its_decodes_closed_before_the_results(tmp_path):
+    """A bar on stderr counts the decodes (methods x prompts x repeats) as each finishes, the method in its postfix,
+    and is closed (at its total) before the table; stdout's lines per prompt and its table stay as they were."""
+    out = tmp_path / "speed.json"
+    result = subprocess.run([sys.executable, SPEED, "--quick", "--methods", "baseline,pld", "--json", str(out), "--tracker", "none"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, timeout=600,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # both streams in the order they were written
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = re.split(r"[\r\n]", result.stdout)
+    bars = [(i, DECODING_BAR.search(line)) for i, line in enumerate(lines) if DECODING_BAR.search(line)]
+    assert bars, result.stdout[-3000:]
+    last, bar = bars[-1]
+    assert int(bar["n"]) == int(bar["total"]) == 2 * 2 * 2  # 2 methods x 2 prompts x 2 repeats
+    assert {b["method"] for _, b in bars} >= {"baseline", "pld(k=10)"}
+    table = next(i for i, line in enumerate(lines) if line.startswith("method "))
+    assert last < table and not any(DECODING_BAR.search(line) for line in lines[table:])
+    assert "repeat 2/2, prompt 2/2: " in result.stdout and "pld(k=10)" in lines[table + 2]
+
+
+def timed(name: str, seconds: list[float]):
+    """A speed.py Method that measured `seconds` on each prompt (nothing to decode)."""
+    return speed_module().Method(name, decode=None, group_seconds=seconds)
+
+
+def test_the_speedup_interval_is_bca_over_prompts_as_scipy_gives_it():
+    """Paired over prompts (a draw resamples prompts, both methods' times of each), the statistic the ratio of summed
+    times, BCa: what scipy.stats.bootstrap gives called directly, not the percentile interval it replaced."""
+    from scipy import stats
+
+    reference, pld = timed("generate", [10.0, 12.0, 9.0, 30.0, 11.0, 10.0]), timed("pld", [5.0, 6.0, 5.0, 6.0, 5.5, 5.0])
+    interval, note = speed_module().speedup_interval(reference, pld)
+
+    def ratio(ref, own, axis=-1):
+        return ref.sum(axis) / own.sum(axis)
+
+    sample = (np.array(reference.group_seconds), np.array(pld.group_seconds))
+    bca, percentile = (stats.bootstrap(sample, ratio, paired=True, vectorized=True, n_resamples=10_000, method=method,
+                                       random_state=np.random.default_rng(1)).confidence_interval for method in ("BCa", "percentile"))
+    assert note is None and interval == pytest.approx([bca.low, bca.high], rel=1e-3)
+    assert interval[1] > percentile.high + 0.3  # the skewed sample: BCa's upper end well above the percentile one
+    assert interval[0] < 63 / 32.5 < interval[1]  # around the point value, the ratio of the sums
+    assert speed_module().speedup_interval(reference, reference) == ([1.0, 1.0], None)  # the reference against itself
+
+
+def test_a_speedup_interval_of_too_few_prompts_is_not_computed_and_of_a_degenerate_sample_is_the_point():
+    """Fewer than 3 prompts: no interval, and a note says so. The same speedup on every prompt (BCa's NaN): no crash, no
+    warning, the point value as both ends, and a note says so; the table and the rows carry each note once."""
+    speed = speed_module()
+    interval, note = speed.speedup_interval(timed("generate", [2.0, 3.0]), timed("pld", [1.0, 2.0]))
+    assert interval is None and note == "speedup intervals not computed: 2 prompt(s), a 95% BCa interval over prompts needs >= 3"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy's DegenerateDataWarning and its division by zero stay inside
+        interval, note = speed.speedup_interval(timed("generate", [2.0, 4.0, 6.0]), timed("pld", [1.0, 2.0, 3.0]))
+    assert interval == [2.0, 2.0]
+    assert note == ("pld over generate: no BCa interval (a degenerate sample, the same speedup on every prompt): "
+                    "the point value 2.00x is shown as its interval")
+
+    def method(name, seconds):
+        m = timed(name, seconds)
+        m.seconds, m.tokens, m.outputs = [sum(seconds)], [48], [[1] * 16] * 3
+        return m
+
+    rows = speed.summarize([method("generate", [2.0, 4.0, 6.0]), method("baseline", [2.0, 4.0, 6.0]), method("pld", [1.0, 2.0, 3.0])])
+    assert rows[2]["speedup_interval"] == rows[2]["speedup_vs_baseline_interval"] == [2.0, 2.0]
+    assert rows[2]["interval_notes"] == [note, note.replace("over generate", "over baseline")]
+    assert rows[1]["interval_notes"] == [note.replace("pld", "baseline").replace("2.00x", "1.00x")]  # over generate; over itself: none
+    text = speed.table(rows, "header")
+    assert "(95% BCa)" in text and text.count(note) == 1 and "pld over baseline: no BCa interval" in text
 
 
 def test_speed_quick_on_mtbench_chat(tmp_path):

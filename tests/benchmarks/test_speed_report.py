@@ -22,3 +22,26 @@ def test_a_speed_record_becomes_a_report_that_keeps_it():
     assert speed_report().report(report, "again") is report  # a report is one already
     with pytest.raises(SpecResearchError, match="^x: not a record a benchmark writes"):
         speed_report().report({"rows": []}, "x")
+
+
+def test_a_record_of_bca_intervals_names_them_and_says_where_there_is_only_the_point():
+    """speed.py's records name their interval (BCa over prompts): its column says so, and each row's interval note
+    (only the point value, or none computed) is a note of the page, once; a record from before keeps `95% interval`."""
+    degenerate = ("pld(k=4) over generate: no BCa interval (a degenerate sample, the same speedup on every prompt): "
+                  "the point value 1.20x is shown as its interval")
+    record = {"header": "tiny <- tiny (cpu)", "date": "2026-11-28 10:00", "interval_method": "BCa",
+              "args": {"dataset": "humaneval", "prompts": 3, "offset": 0, "tokens": 8, "repeats": 1, "methods": "generate,pld"},
+              "rows": [{"method": "generate", "tokens_per_s": 10.0, "speedup_vs_generate": 1.0, "speedup_interval": [1.0, 1.0],
+                        "interval_notes": []},
+                       {"method": "pld(k=4)", "tokens_per_s": 12.0, "speedup_vs_generate": 1.2, "speedup_interval": [1.2, 1.2],
+                        "interval_notes": [degenerate]},
+                       {"method": "pld(k=8)", "tokens_per_s": 12.0, "speedup_vs_generate": 1.2, "speedup_interval": [1.1, 1.3],
+                        "interval_notes": [degenerate]}],
+              "v_curve": [], "profile": {}}
+    report = speed_report().report(record, "speed")
+    assert reports.validate(report) == [] and report["columns"][3:5] == ["vs generate", "95% BCa interval"]
+    assert report["rows"][1][3:5] == ["1.20x", "1.20-1.20"] and report["notes"].count(degenerate) == 1
+    before = {k: v for k, v in record.items() if k != "interval_method"}  # a percentile bootstrap's record, before BCa
+    before["rows"] = [{k: v for k, v in r.items() if k != "interval_notes"} for r in record["rows"]]
+    page = speed_report().report(before, "speed")
+    assert page["columns"][4] == "95% interval" and degenerate not in page["notes"]

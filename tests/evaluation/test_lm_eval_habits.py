@@ -1,6 +1,7 @@
 """What a user who knows lm-eval expects of `--model specresearch`: `pretrained=NAME`, the
 `--confirm_run_unsafe_code` opt-in, our tasks found by name without `--include_path` (and listed by
-`lm-eval ls tasks`), the plain `lm_eval` command working after our install, and refusals in one line."""
+`lm-eval ls tasks`), the plain `lm_eval` command working after our install, refusals in one line (a code
+task without the flag before any model loads), and lm-eval's own route (`--include_path`, `@register_model`)."""
 
 import json
 import logging
@@ -8,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 from lm_eval.api.model import LM
@@ -19,6 +21,7 @@ from specresearch.evaluation import sandbox
 from specresearch.evaluation.lm import SpecResearchLM
 from specresearch.evaluation.runner import TASKS, TASKS_DIR
 from specresearch.evaluation.sandbox import ALLOW_ENV, CodeExecutionNotAllowed
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.e2e  # runs lm-eval's own command
 
@@ -145,6 +148,25 @@ def test_our_switch_still_forbids_even_with_the_flag(monkeypatch, value, message
     with pytest.raises(CodeExecutionNotAllowed, match=message):
         _simple_evaluate(lm, "stdlib_doctest", confirm_run_unsafe_code=True)
     assert lm.outputs == []
+
+
+def test_groups_and_tags_are_followed_to_their_code_tasks(tmp_path):
+    """What the early refusal of a code task without `--confirm_run_unsafe_code` (plugin.refuse_unsafe_early)
+    counts as one: a task marked `unsafe_code: true`, found by name, through a group (its inline configs
+    too) or a tag, or given as a config."""
+    from lm_eval.tasks import TaskManager
+
+    from specresearch.evaluation.plugin import unsafe_tasks
+
+    task = "dataset_path: json\noutput_type: generate_until\ntag: mixed\n"
+    (tmp_path / "safe.yaml").write_text("task: safe\n" + task)
+    (tmp_path / "risky.yaml").write_text("task: risky\nunsafe_code: true\n" + task)
+    (tmp_path / "suite.yaml").write_text("group: suite\ntask:\n  - safe\n  - task: stdlib_doctest\n    num_fewshot: 0\n  - mixed\n")
+    index = TaskManager(include_path=tmp_path, include_defaults=False).task_index
+    assert unsafe_tasks(index, ["safe"]) == []
+    assert unsafe_tasks(index, ["mixed"]) == ["risky"]
+    assert unsafe_tasks(index, ["suite"]) == ["stdlib_doctest", "risky"]
+    assert unsafe_tasks(index, ["no_such_task", {"task": "inline", "unsafe_code": True}]) == ["inline"]
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
@@ -274,8 +296,6 @@ LM_EVALS_OWN = {  # lm-eval's own refusals of its arguments, with our model: (ar
     "unknown task": (["--tasks", "nope_task"], "error: lm-eval: Tasks not found: nope_task"),
     "no docs": (["--tasks", "stdlib_doctest", "--limit", "0", "--confirm_run_unsafe_code"],
                 "error: lm-eval: task.build_requests() did not find any docs!"),
-    "unsafe without the flag": (["--tasks", "stdlib_doctest", "--limit", "1"],
-                                "error: lm-eval: Attempted to run task: stdlib_doctest which is marked as unsafe"),
 }
 
 
@@ -289,11 +309,58 @@ def test_lm_evals_own_refusals_of_a_run_of_our_model_are_one_line_too(case, tmp_
     _assert_one_error_line(*_ended(caught, monkeypatch, capsys), start)
 
 
+UNSAFE = ("error: task {} executes model-written code (unsafe_code: true): add --confirm_run_unsafe_code to the lm_eval "
+          "command (from Python: simple_evaluate(..., confirm_run_unsafe_code=True))")  # the line, of task {}
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building our model fails the test: what is refused must be refused before it loads."""
+    import specresearch.evaluation.lm
+
+    monkeypatch.setattr(specresearch.evaluation.lm, "build_engine", lambda *args, **kwargs: pytest.fail("the model was built"))
+
+
+def test_a_code_task_without_the_flag_is_refused_before_lm_evals_index_and_the_model(tmp_path, monkeypatch, capsys,
+                                                                                     lm_eval_here, no_model):
+    """Our code task without `--confirm_run_unsafe_code`: one line naming the flag (and the keyword of Python's
+    simple_evaluate), exit 2, before lm-eval indexes its own tasks (only the small index of our and the user's
+    task folders was built) and before our model is built; lm-eval alone refuses after both."""
+    from lm_eval.tasks import TaskManager
+
+    defaults = []  # include_defaults of each TaskManager built
+    init = TaskManager.__init__
+    monkeypatch.setattr(TaskManager, "__init__", lambda self, *args, include_defaults=True, **kwargs:
+                        defaults.append(include_defaults) or init(self, *args, include_defaults=include_defaults, **kwargs))
+    caught = _cli(["lm_eval", "run", "--model", "specresearch", "--model_args", "pretrained=tiny", "--tasks",
+                   "humaneval_offline", "--output_path", str(tmp_path / "out")], monkeypatch)
+    assert isinstance(caught.value, SpecResearchError)
+    _assert_one_error_line(*_ended(caught, monkeypatch, capsys), UNSAFE.format("humaneval_offline"))
+    assert defaults == [False]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_code_task_only_lm_eval_resolves_is_refused_before_the_model(tmp_path, monkeypatch, capsys, lm_eval_here,
+                                                                       no_model):
+    """A task no index holds (a YAML file given to --tasks) is checked once lm-eval has read it, still
+    before the model."""
+    (tmp_path / "mine.yaml").write_text("task: mine\ndataset_path: json\noutput_type: generate_until\nunsafe_code: true\n")
+    caught = _cli(["lm_eval", "run", "--model", "specresearch", "--model_args", "pretrained=tiny", "--tasks",
+                   str(tmp_path / "mine.yaml"), "--output_path", str(tmp_path / "out")], monkeypatch)
+    assert isinstance(caught.value, SpecResearchError)
+    _assert_one_error_line(*_ended(caught, monkeypatch, capsys), UNSAFE.format("mine"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_installed_command_refuses_in_one_line_with_exit_2(tmp_path):
-    """The same, as a user starts it: the `lm_eval` script, a process of its own (our refusal and lm-eval's)."""
-    for args, start in [(REFUSALS["unknown option"][0] + ["--tasks", "stdlib_doctest"], REFUSALS["unknown option"][2]),
+    """The same, as a user starts it: the `lm_eval` script, a process of its own (our refusals and lm-eval's),
+    code tasks without the flag included: ours and lm-eval's own (`humaneval`, which it indexes)."""
+    for args, start in [(REFUSALS["unknown option"][0] + ["--tasks", "stdlib_doctest", "--confirm_run_unsafe_code"],
+                         REFUSALS["unknown option"][2]),
                         (["--model_args", "pretrained=tiny,drafter=pld", *LM_EVALS_OWN["unknown task"][0]],
-                         LM_EVALS_OWN["unknown task"][1])]:
+                         LM_EVALS_OWN["unknown task"][1]),
+                        (["--model_args", "pretrained=tiny", "--tasks", "humaneval_offline"], UNSAFE.format("humaneval_offline")),
+                        (["--model_args", "pretrained=tiny", "--tasks", "humaneval"], UNSAFE.format("humaneval"))]:
         run = _lm_eval("run", "--model", "specresearch", *args, "--output_path", str(tmp_path / "out"), cwd=tmp_path)
         _assert_one_error_line(run.returncode, run.stderr, start)
         assert not (tmp_path / "out").exists()
@@ -306,3 +373,19 @@ def test_other_models_errors_stay_lm_evals(tmp_path, monkeypatch, capsys, lm_eva
     assert caught.type is ValueError and "no_such_model" in str(caught.value)
     code, err = _ended(caught, monkeypatch, capsys)
     assert code is None and "Traceback" in err
+
+
+# -- 6. lm-eval's own route, without our .pth --------------------------------------------------------
+
+def test_lm_evals_own_route_in_the_docs_runs_as_written_without_our_pth(tmp_path, isolated):
+    """docs/quality.md's command for lm-eval's own route (our model registered by `@register_model` on
+    import, our tasks by `--include_path`), as written, but in interpreters that read no .pth file
+    (`python -S`, site-packages and the checkout on PYTHONPATH instead): our hook never runs."""
+    text = (ROOT / "docs" / "quality.md").read_text(encoding="utf-8")
+    (command,) = re.findall(r"```bash\n(HF_DATASETS_OFFLINE=1 python -c .*?)\n```", text, re.S)
+    paths = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], str(ROOT)])
+    run = subprocess.run(["bash", "-c", command.replace("python -c", f"{sys.executable} -S -c")], cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)}, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = [line.split("|") for line in run.stdout.splitlines() if line.startswith("|stdlib_doctest")]
+    assert [cell.strip() for cell in table[0][4:6]] == ["0", "pass@1"], run.stdout  # lm-eval's table: n-shot, metric

@@ -225,6 +225,33 @@ def test_socket_filter_in_the_sandbox(allowed):
         assert x32.status == "failed" and "SIGSYS" in x32.detail, x32.detail
 
 
+def test_no_kernel_keyrings(allowed):
+    """Every sandbox runs as one uid, whose keyrings the kernel shares between sandboxes and keeps after them:
+    add_key (a secret for a later sandbox), request_key and a keyctl read of the user keyring all fail with EPERM."""
+    add_key, request_key, keyctl = child.KEYRINGS[os.uname().machine]
+    program = (
+        "import ctypes, errno, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\n"
+        "USER_KEYRING, KEYCTL_READ, KEYCTL_INVALIDATE = -4, 11, 21\n"
+        "def call(name, nr, *args):\n"
+        "    result = libc.syscall(ctypes.c_long(nr), *args)\n"
+        "    print(name, errno.errorcode[ctypes.get_errno()] if result < 0 else 'allowed', file=sys.stderr)\n"
+        "    return result\n"
+        f"key = call('add_key', {add_key}, b'user', b'specresearch-secret', b'secret', ctypes.c_size_t(6),\n"
+        "           ctypes.c_long(USER_KEYRING))\n"
+        "if key >= 0:  # this test leaves no key behind on the host\n"
+        f"    libc.syscall(ctypes.c_long({keyctl}), ctypes.c_long(KEYCTL_INVALIDATE), ctypes.c_long(key))\n"
+        f"call('request_key', {request_key}, b'user', b'specresearch-secret', None, ctypes.c_long(0))\n"
+        "buffer = ctypes.create_string_buffer(256)\n"
+        f"call('keyctl', {keyctl}, ctypes.c_long(KEYCTL_READ), ctypes.c_long(USER_KEYRING), buffer,\n"
+        "     ctypes.c_size_t(256))\n"
+    )
+    outcome = run_program(program)
+    assert outcome.passed, outcome.detail
+    assert outcome.detail.splitlines() == ["add_key EPERM", "request_key EPERM", "keyctl EPERM"], outcome.detail
+
+
 def _run_filter(lines, nr: int, arch: int, args=(0, 0)) -> int:
     """Classic BPF, as the kernel runs our filter on one system call: the action it returns."""
     data, acc, pc = {child.NR: nr, child.ARCH: arch, child.ARG0: args[0], child.ARG1: args[1]}, 0, 0
@@ -262,6 +289,9 @@ def test_socket_filter_decisions(machine):
     for nr in child.SHARED_MEMORY[machine]:  # memfd_create, memfd_secret, shmget, msgget: refused without a cgroup
         assert _run_filter(lines, nr, arch) == child.RET_ALLOW
         assert _run_filter(child.socket_filter(machine, shared_memory=False), nr, arch) == deny
+    for nr in child.KEYRINGS[machine]:  # add_key, request_key, keyctl: always refused, with EPERM
+        for filtered in (lines, child.socket_filter(machine, shared_memory=False)):
+            assert _run_filter(filtered, nr, arch) == child.RET_ERRNO | 1, nr  # EPERM
     assert _run_filter(lines, sys_socket, 0x40000003, (child.AF_INET, 1)) == child.RET_KILL_PROCESS  # i386
     with pytest.raises(OSError, match="no seccomp filter for riscv64"):
         child.socket_filter("riscv64")

@@ -30,6 +30,16 @@ def test_headline_picks_the_finite_headline_metrics_in_order():
     assert list(headline(summary).items()) == [("speedup", 1.7), ("method_tau", 2.5), ("method_pass@1", 0.5)]
 
 
+def test_a_sweep_that_never_beat_its_baseline_says_so():
+    from specresearch.sweeps.summary import describe
+
+    table = [{"drafter.k": "1", "status": "FINISHED", "speedup": 0.7}, {"drafter.k": "3", "status": "FINISHED", "speedup": 0.6}]
+    best = {**table[0], "run": "a", "_overrides": {"drafter.k": "1"}}
+    assert "(every job was slower than its baseline)" in describe(table, best, "speedup")
+    assert "slower" not in describe(table, {**best, "speedup": 1.2}, "speedup")
+    assert "slower" not in describe(table, {**best, "method_tau": 0.9}, "method_tau")
+
+
 def test_swept_keys_are_those_that_differ_between_jobs():
     jobs = [{"model": "tiny", "drafter.k": "2", "verifier": "greedy"}, {"model": "tiny", "drafter.k": "4", "verifier": "typical"},
             {"model": "tiny", "drafter.k": "4"}]
@@ -55,6 +65,7 @@ def test_a_sweeps_parent_run_summarizes_its_jobs_and_each_job_has_its_figures(tm
     assert metrics["speedup"] == best.data.metrics["speedup"] and metrics["method_tau"] == best.data.metrics["method_tau"]
     assert metrics["jobs"] == 3 and metrics["jobs_failed"] == 1
     assert params["swept.drafter.k"] == "1,3" and params["best.run"] == best.info.run_name
+    assert parent.info.run_name == "sweep drafter.k=1,3,-1"  # named after what it sweeps, as typed
     assert f"drafter.k={best.data.params['drafter.k']}" in params["best.overrides"]
     table = strict(artifact(client, parent, "jobs.json").decode())
     assert table["columns"][:2] == ["drafter.k", "status"] and "speedup" in table["columns"]
@@ -76,6 +87,11 @@ def test_a_sweeps_parent_run_summarizes_its_jobs_and_each_job_has_its_figures(tm
         assert summary["speedup"] == pytest.approx(job.data.metrics["speedup"]) and summary["predicted_speedup"] is None
         for line in artifact(client, job, "records.jsonl").decode().splitlines():
             strict(line)
+        log = artifact(client, job, "specresearch.log").decode()  # the job's own log (conf/hydra/job_logging), stamped
+        assert "][INFO] - " in log and "speedup" in log
+        described = job.data.tags[NOTE_TAG]  # the run page's first line: what ran, on what, its headline numbers
+        assert ", target tiny**: speedup " in described and "τ (tokens per target forward)" in described
+        assert described.endswith("(FINISHED)") and f"{job.data.metrics['speedup']:.2f}x" in described
         # MLflow lists metrics (and picks the compare page's default axis) in logging order: the headline first,
         # as it stands after each prompt (a chart section of its own, first in the chart view), then per prompt
         metrics = list(client.get_run(job.info.run_id).data.metrics)

@@ -367,3 +367,76 @@ def test_tune_pld_returns_finite_objectives(tmp_path, new_store):
     assert max(r.data.metrics["speedup"] for r in jobs) == pytest.approx(best["best_value"])
     assert parents[0].data.tags["specresearch.study"] == "tune_pld"
     assert all(r.data.tags["specresearch.study"] == "tune_pld" for r in jobs)
+
+
+
+# --- a killed driver ---------------------------------------------------------------------------------
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, ppid, ...); None for a process gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in "ZX" else fields
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The live child processes of `pid`: pid -> start time (/proc/PID/stat's 22nd field: a reused pid is another process)."""
+    return {int(p): stat[19] for p in os.listdir("/proc") if p.isdigit() and (stat := _stat(int(p))) and stat[1] == str(pid)}
+
+
+def _alive(processes: dict[int, str]) -> list[int]:
+    return [pid for pid, start in processes.items() if (stat := _stat(pid)) and stat[19] == start]
+
+
+def _shm_of(pids) -> list[str]:
+    """/dev/shm entries named after these processes (loky's semaphores, joblib's memmapping folders)."""
+    return sorted(n for n in os.listdir("/dev/shm") for p in pids if n.startswith((f"sem.loky-{p}-", f"joblib_memmapping_folder_{p}_")))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and /dev/shm")
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None, reason='pip install -e ".[sweeps]"')
+def test_joblib_workers_die_with_a_driver_killed_by_sigkill(tmp_path, new_store):
+    """kill -9 of a joblib sweep's driver left its workers measuring on (then idle for loky's 5 minutes) and their
+    files in /dev/shm: now each worker follows its driver (sweeps.signals.follow_driver): a running job ends FAILED
+    with what it measured, the workers exit, and with them go the resource trackers and their files."""
+    import shutil
+
+    from tests.helpers import wait_for_a_measured_prompt
+
+    new_store(tmp_path / "mlruns")
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "model=tiny", "drafter=pld", "drafter.k=1,2",
+            "dataset.num_prompts=8", "max_new_tokens=48", "exclusive=false"]
+    log = tmp_path / "driver.log"  # a file, not a pipe: the workers hold the driver's stdout and stderr
+    with open(log, "w") as out:
+        driver = subprocess.Popen(command(tmp_path, *args), cwd=tmp_path, env=env_for(tmp_path), stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    children = {}
+    try:
+        wait_for_a_measured_prompt(tmp_path / "mlruns" / "mlflow.db", driver)  # a job runs, in a worker
+        children = _children(driver.pid)  # joblib's workers and the resource trackers
+        assert len(children) >= 2
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 120  # a bounded wait for the event, not a measure of speed
+        while _alive(children) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _alive(children), f"the driver's workers outlived it: {_alive(children)}\n{log.read_text()[-2000:]}"
+        assert _shm_of([driver.pid, *children]) == []
+        statuses = {r.info.status for r in runs(tmp_path)[0]}
+        assert "FAILED" in statuses and "RUNNING" not in statuses
+        assert "interrupted by SIGTERM: the run is recorded as FAILED with what it measured" in log.read_text()
+    finally:
+        for pid in _alive(children):
+            os.kill(pid, signal.SIGKILL)
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        for name in _shm_of([driver.pid, *children]):  # what workers killed here could not clean
+            path = f"/dev/shm/{name}"
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.remove(path)

@@ -1,0 +1,127 @@
+"""kv/costs.py: the cost curve shape=auto sizes trees with, kept once per machine and model in the model cache
+(<cache>/costs/<model>/<key>.json): whatever lies there instead of a whole file (bytes, JSON of another shape, a
+FIFO, a folder, a loop of links) is measured again, said once and never raised, blocked on or used."""
+
+import json
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from specresearch.kv import kept_cost_curve
+
+
+def kept_file(tmp_path: Path, monkeypatch, target, caplog) -> Path:
+    """The tiny target's cost file, measured once into a model cache under tmp_path (a first measure says nothing)."""
+    monkeypatch.setenv("SPECRESEARCH_CACHE", str(tmp_path / "cache"))
+    with caplog.at_level(logging.WARNING, logger="specresearch.kv"):
+        kept_cost_curve(target, [2])
+    assert "cost file" not in caplog.text
+    (path,) = (tmp_path / "cache" / "costs" / "tiny").glob("*.json")
+    return path
+
+
+def measured_again(path: Path, target, caplog, call: Callable = kept_cost_curve) -> None:
+    """kept_cost_curve after `path` was damaged: one warning naming it, costs measured anew and the file
+    written whole in its place."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="specresearch.kv"):
+        v, one = call(target, [2, 3])
+    said = [r.getMessage() for r in caplog.records if "cost file" in r.getMessage()]
+    assert len(said) == 1 and str(path) in said[0] and "measuring again" in said[0], caplog.text
+    assert one > 0 and len(v) == 2 and all(math.isfinite(x) and x > 0 for x in v)
+    again = json.loads(path.read_text())
+    assert set(again["v"]) == {"2", "3"} and again["one_token_s"] > 0
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_random_bytes_are_measured_again_not_a_unicode_error(tmp_path, monkeypatch, target, caplog):
+    path = kept_file(tmp_path, monkeypatch, target, caplog)
+    path.write_bytes(bytes(range(128, 256)) * 8)  # not UTF-8: UnicodeDecodeError before the fix
+    measured_again(path, target, caplog)
+
+
+def test_deep_nesting_is_measured_again_not_a_recursion_error(tmp_path, monkeypatch, target, caplog):
+    path = kept_file(tmp_path, monkeypatch, target, caplog)
+    path.write_text("[" * 100_000 + "]" * 100_000)  # JSON too deep for the parser: RecursionError before the fix
+    measured_again(path, target, caplog)
+
+
+def test_a_fifo_in_its_place_is_measured_again_without_blocking(tmp_path, monkeypatch, target, caplog):
+    """Reading a FIFO no one writes blocks for ever: the file is not read, and the FIFO is replaced by a file."""
+    path = kept_file(tmp_path, monkeypatch, target, caplog)
+    path.unlink()
+    os.mkfifo(path)
+    failed = []
+
+    def call(lm, sizes):  # in a thread, so that a blocked read fails the test instead of hanging it
+        done: list = []
+        worker = threading.Thread(target=lambda: done.append(kept_cost_curve(lm, sizes)), daemon=True)
+        worker.start()
+        worker.join(timeout=300)  # a guard against hanging, not a measure of speed
+        if worker.is_alive():
+            failed.append("blocked on the FIFO")
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # a writer that closes at once: the read ends
+            worker.join()
+        return done[0]
+
+    measured_again(path, target, caplog, call)
+    assert not failed and path.is_file()
+
+
+def test_a_folder_in_its_place_is_measured_but_not_raised(tmp_path, monkeypatch, target, caplog):
+    """A folder cannot be replaced by the file (nor is it deleted): measured every run, with one line saying why."""
+    path = kept_file(tmp_path, monkeypatch, target, caplog)
+    path.unlink()
+    path.mkdir()
+    with caplog.at_level(logging.WARNING, logger="specresearch.kv"):
+        v, one = kept_cost_curve(target, [2, 3])
+    said = [r.getMessage() for r in caplog.records if "cost file" in r.getMessage()]
+    assert len(said) == 1 and str(path) in said[0] and "not a regular file" in said[0]
+    assert one > 0 and all(math.isfinite(x) and x > 0 for x in v)
+    assert path.is_dir() and not list(path.parent.glob("*.tmp"))  # the measurement not kept, nothing left behind
+
+
+def test_an_unreadable_file_a_loop_of_links_is_measured_again(tmp_path, monkeypatch, target, caplog):
+    path = kept_file(tmp_path, monkeypatch, target, caplog)
+    path.unlink()
+    path.symlink_to(path)  # reading it fails with "too many levels of symbolic links" (an OSError, not a missing file)
+    measured_again(path, target, caplog)
+    assert not path.is_symlink()
+
+
+def test_a_file_over_a_mebibyte_is_not_read(tmp_path, monkeypatch, target, caplog):
+    """A whole file is a few hundred bytes: one of gigabytes would be read into memory whole."""
+    path = kept_file(tmp_path, monkeypatch, target, caplog)
+    path.write_text(path.read_text() + " " * 2**20)  # still valid JSON, but no file kept_cost_curve writes
+    measured_again(path, target, caplog)
+
+
+@pytest.mark.parametrize("content", [
+    "[]",  # a list
+    '"costs"',  # a string
+    '{"one_token_s": 0.01}',  # no v
+    '{"v": {"2": 1.1}}',  # no one_token_s
+    '{"v": [1.1], "one_token_s": 0.01}',  # v a list
+    '{"v": {"two": 1.1}, "one_token_s": 0.01}',  # a size that is no number
+    '{"v": {"2": "x"}, "one_token_s": 0.01}',  # a cost that is no number
+    '{"v": {"2": "1.1"}, "one_token_s": 0.01}',  # a number as a string
+    '{"v": {"2": true}, "one_token_s": 0.01}',  # a bool
+    '{"v": {"2": null}, "one_token_s": 0.01}',
+    '{"v": {"2": 1.1}, "one_token_s": -1}',  # a negative time
+    '{"v": {"2": -1.1}, "one_token_s": 0.01}',  # a negative cost
+    '{"v": {"2": 0}, "one_token_s": 0.01}',  # a zero cost
+    '{"v": {"2": NaN}, "one_token_s": 0.01}',
+    '{"v": {"2": Infinity}, "one_token_s": 0.01}',
+    pytest.param('{"v": {"2": 1.1}, "one_token_s": 1' + "0" * 400 + "}", id="an int too large for a float"),  # OverflowError
+    "{cut",  # cut short
+    "",  # empty
+])
+def test_a_file_of_the_wrong_shape_is_measured_again(content, tmp_path, monkeypatch, target, caplog):
+    path = kept_file(tmp_path, monkeypatch, target, caplog)
+    path.write_text(content)
+    measured_again(path, target, caplog)
