@@ -357,7 +357,7 @@ def tracked_run(tracker: Tracker, cfg: DictConfig, name: str, report: Callable[[
         _record(tracker, summary, files, status, _pair_named(name, cfg))
 
 
-def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], status: str, name: str | None = None) -> None:
+def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], status: str, title: str | None = None) -> None:
     """End a tracked run with `status` after logging its finite metrics (the HEADLINE ones first), its
     description (`describe_run`), `files` (name -> text), summary.json (strict JSON: null for NaN), a speed
     run's figures (figures.speed_run) and the job's log; write the same files, and the summary with the
@@ -365,7 +365,7 @@ def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], 
     finite = {key: value for key, value in summary.items() if isinstance(value, (int, float)) and math.isfinite(value)}
     try:
         tracker.log_metrics({**headline(finite), **finite})  # MLflow lists a run's metrics in logging order
-        tracker.describe(describe_run(name, finite, status))
+        tracker.describe(describe_run(title, finite, status))
         for name, text in files.items():
             tracker.log_artifact_text(text, name)
         tracker.log_artifact_text(json_text(summary), "summary.json")
@@ -439,11 +439,8 @@ def job_log() -> Path | None:
     """Hydra's log file of the running job (its output folder's `<job name>.log`); None outside `@hydra.main`."""
     from hydra.core.hydra_config import HydraConfig
 
-    try:
-        hc = HydraConfig.get()
-    except ValueError:
-        return None
-    return Path(hc.runtime.output_dir) / f"{hc.job.name}.log"
+    out = output_dir()
+    return None if out is None else out / f"{HydraConfig.get().job.name}.log"
 
 
 def browse_line(tracker: Tracker) -> None:
