@@ -21,12 +21,18 @@ from specresearch.models import LoadedModel, default_cache_dir, machine_tags
 log = logging.getLogger(__name__)
 
 COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65, 129)  # tokens per verification forward measured for a tree's sizing (shape=auto)
+KEPT_REPEATS = 5  # timings of each size in a kept cost curve (measured once per machine and model)
+KEPT_MEASURE = "interleaved"  # how kept curves are measured (part of their key: a file measured otherwise is measured again)
 
 
 @torch.inference_mode()
 def forward_seconds(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: int = 3) -> list[float]:
     """The model's measured seconds for a forward of n tokens after `ids`, for each n in `sizes` (the
     fastest of `repeats`: noise only adds).
+
+    Each size is run once untimed first (a kernel's first call may lay out its weights or warm its caches),
+    then the sizes are timed interleaved, one round of all of them per repeat: a machine whose speed drifts
+    during the measurement (another process, frequency) moves every size alike, not the ratios v(n).
 
     Args:
         lm: the model, as it will run (device, dtype, kernels).
@@ -37,8 +43,11 @@ def forward_seconds(lm: LoadedModel, ids: list[int], sizes: list[int], repeats: 
     model = CachedLM(lm)
     model.reset()
     model.prefill_rows([torch.tensor(ids[:-1])])
-    times = {n: timed_forwards(model, [torch.tensor(ids[-1:] * n)], repeats) for n in sorted(set(sizes))}
-    return [times[n] for n in sizes]
+    fed = {n: [torch.tensor(ids[-1:] * n)] for n in sorted(set(sizes))}
+    for chain in fed.values():  # untimed: first calls
+        timed_forwards(model, chain, 1)
+    rounds = [{n: timed_forwards(model, chain, 1) for n, chain in fed.items()} for _ in range(repeats)]
+    return [min(r[n] for r in rounds) for n in sizes]
 
 
 def timed_forwards(model: CachedLM, fed: list[torch.Tensor], repeats: int) -> float:
@@ -72,13 +81,14 @@ def kept_cost_curve(lm: LoadedModel, sizes: list[int]) -> tuple[list[float], flo
     yet are measured and added; delete the file to measure again (e.g. after a driver update). A
     cache that cannot be written only costs the measurement again."""
     setup = {**machine_tags(lm), "config": lm.model.config.to_json_string(use_diff=False), "cache": lm.cache,
-             "compile": lm.compile, "linears": sorted({type(m).__name__ for m in lm.model.modules() if isinstance(m, torch.nn.Linear)})}
+             "compile": lm.compile, "linears": sorted({type(m).__name__ for m in lm.model.modules() if isinstance(m, torch.nn.Linear)}),
+             "measure": KEPT_MEASURE}
     key = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(lm.cache_dir or default_cache_dir()) / "costs" / lm.name.replace("/", "--") / f"{key}.json"
     kept, v = _read_costs(path)
     missing = [n for n in sizes if n not in v]
     if missing or "one_token_s" not in kept:
-        one, *seconds = forward_seconds(lm, list(range(2, 131)), [1, *missing])  # any 129 tokens: costs, not content
+        one, *seconds = forward_seconds(lm, list(range(2, 131)), [1, *missing], KEPT_REPEATS)  # any 129 tokens: costs, not content
         v.update({n: t / one for n, t in zip(missing, seconds)})
         kept = {"model": lm.name, "machine": {k: setup[k] for k in setup if k != "config"}, "one_token_s": kept.get("one_token_s", one),
                 "v": {str(n): v[n] for n in sorted(v)}, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -4,7 +4,9 @@ model.kernels=invariant (InvariantLinear)."""
 
 from __future__ import annotations
 
+import functools
 import weakref
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -53,9 +55,10 @@ class PackedLinear(SkinnyLinear):
     so a forward of a few tokens streams the weights several times. Measured on a 2-core AMD EPYC with
     AVX-512 BF16 (Qwen2.5-Coder-1.5B, 2 threads; docs/concepts/measured.md, "Kernels"): one token's
     forward 87-109 ms instead of SkinnyLinear's 191 in bfloat16 and 116-184 ms instead of 330 in float32,
-    17 tokens 129-168 and 262-266 ms (benchmarks/kernel_costs.py). The product of every shape measured is
-    faster (1 to 550 rows), so it takes every input on the CPU in float32 and bfloat16 for weights of
-    PACK_MIN entries or more; smaller weights (a tiny test model's) take SkinnyLinear's product, other
+    17 tokens 129-168 and 262-266 ms (benchmarks/kernel_costs.py). The product of every shape measured
+    there is faster (1 to 550 rows), so it takes every input on the CPU in float32 and bfloat16 for weights
+    of PACK_MIN entries or more, but float32 products of up to MKL_ROWS rows on an Intel CPU
+    (`mkl_takes_few_rows`: MKL's F.linear is faster there); smaller weights (a tiny test model's) take SkinnyLinear's product, other
     devices and dtypes, and inputs that need a gradient, F.linear.
 
     The layout is made at the first such call and again when the weight changes (another tensor,
@@ -71,6 +74,8 @@ class PackedLinear(SkinnyLinear):
         if w.numel() < PACK_MIN:
             return super().forward(x)
         rows = x.numel() // x.shape[-1]
+        if rows <= MKL_ROWS and w.dtype == torch.float32 and mkl_takes_few_rows():
+            return F.linear(x, w, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), self.packed(), self.bias, "none", [None], "")
         return y.reshape(*x.shape[:-1], -1)  # [..., out]
 
@@ -85,6 +90,23 @@ class PackedLinear(SkinnyLinear):
 
     def __getstate__(self) -> dict:  # copies and pickles carry the weight, not its layout (made again on use)
         return {k: v for k, v in super().__getstate__().items() if k not in ("_pack", "_pack_key")}
+
+
+MKL_ROWS = 3  # PackedLinear: float32 products of up to this many rows take MKL's F.linear on Intel CPUs
+
+
+@functools.cache
+def mkl_takes_few_rows() -> bool:
+    """Whether float32 products of up to MKL_ROWS rows run faster on MKL (F.linear) than on oneDNN's packed
+    kernel here: on Intel CPUs, where MKL takes its own fast paths. Measured on a 2-core Intel Xeon with AMX
+    (Qwen2.5-Coder-1.5B, float32, 2 threads, docs/results/data/2026-12-02-kernel-costs-fp32-amx.json): a
+    forward of 1, 2 and 3 tokens took 288-323, 356-370 and 335-403 ms on F.linear against 412-429, 426-534
+    and 417-573 on the packed kernel, which is ahead from 5 tokens on (9 tokens 534-598 ms against
+    1,036-1,069); on a 2-core AMD EPYC MKL took 328 ms for one token and the packed kernel 116
+    (docs/concepts/measured.md, "Kernels")."""
+    cpuinfo = Path("/proc/cpuinfo")
+    vendor = cpuinfo.read_text(errors="replace") if cpuinfo.is_file() else ""
+    return torch.backends.mkl.is_available() and "GenuineIntel" in vendor
 
 
 def packed_linear_available() -> bool:

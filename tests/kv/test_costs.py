@@ -125,3 +125,22 @@ def test_a_file_of_the_wrong_shape_is_measured_again(content, tmp_path, monkeypa
     path = kept_file(tmp_path, monkeypatch, target, caplog)
     path.write_text(content)
     measured_again(path, target, caplog)
+
+
+def test_sizes_are_warmed_then_timed_interleaved(monkeypatch, target):
+    """forward_seconds runs each size once untimed (a kernel's first call may lay out its weights), then times
+    one round of every size per repeat: a machine that slows down mid-measurement moves every size alike, and
+    no size is timed in a stretch of its own (a cost curve read at a run's start once gave v(2) 0.90, v(17) 2.24)."""
+    from specresearch.kv import CachedLM, forward_seconds
+
+    fed = []
+    forward_rows = CachedLM.forward_rows
+
+    def logged(self, chains, *args, **kwargs):
+        fed.append(len(chains[0]))
+        return forward_rows(self, chains, *args, **kwargs)
+
+    monkeypatch.setattr(CachedLM, "forward_rows", logged)
+    seconds = forward_seconds(target, list(range(2, 20)), [3, 1, 2, 1], repeats=2)
+    assert fed == [1, 2, 3] + [1, 2, 3] * 2
+    assert len(seconds) == 4 and seconds[1] == seconds[3] and all(s > 0 for s in seconds)

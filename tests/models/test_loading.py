@@ -6,6 +6,7 @@ temporary cache and read back from it."""
 import copy
 import hashlib
 import json
+import math
 import os
 import pickle
 import random
@@ -145,11 +146,16 @@ needs_packed = pytest.mark.skipif(not packed_linear_available(), reason="this to
 
 
 @needs_packed
+@pytest.mark.parametrize("few_rows_mkl", [False, True], ids=["few-rows-packed", "few-rows-mkl"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_computes_what_nn_linear_does(bias):
+def test_packed_linear_computes_what_nn_linear_does(bias, few_rows_mkl, monkeypatch):
     """PackedLinear against nn.Linear on the same weights: every row count of a forward (1 to 64, a batch's
     ragged rows folded as [B, T, in], and long inputs), float32 and bf16 within their rounding; an input
-    that needs a gradient, another dtype, a weight written in place or replaced, a copy and a pickle."""
+    that needs a gradient, another dtype, a weight written in place or replaced, a copy and a pickle. Both
+    ways of a few float32 rows: the packed kernel (AMD) and MKL's F.linear, bit for bit (Intel)."""
+    from specresearch.models import kernels
+
+    monkeypatch.setattr(kernels, "mkl_takes_few_rows", lambda: few_rows_mkl)
     torch.manual_seed(0)
     plain = torch.nn.Linear(256, 320, bias=bias)  # PACK_MIN entries or more: packed (smaller: SkinnyLinear's product)
     packed = use_linear(torch.nn.Sequential(copy.deepcopy(plain)), PackedLinear)[0]
@@ -161,6 +167,8 @@ def test_packed_linear_computes_what_nn_linear_does(bias):
             got, want = packed(x), plain(x)
             assert got.shape == want.shape
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            if few_rows_mkl and math.prod(shape[:-1]) <= kernels.MKL_ROWS:  # a few rows: F.linear itself
+                assert torch.equal(got, want)
         half, plain_half = copy.deepcopy(packed).bfloat16(), copy.deepcopy(plain).bfloat16()
         for shape in [(1, 1, 256), (1, 9, 256), (2, 17, 256), (1, 65, 256)]:
             x = torch.randn(shape, dtype=torch.bfloat16)
