@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import functools
 import weakref
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from specresearch.models.machine import cpuinfo
 
 
 class SkinnyLinear(torch.nn.Linear):
@@ -100,13 +101,11 @@ def mkl_takes_few_rows() -> bool:
     """Whether float32 products of up to MKL_ROWS rows run faster on MKL (F.linear) than on oneDNN's packed
     kernel here: on Intel CPUs, where MKL takes its own fast paths. Measured on a 2-core Intel Xeon with AMX
     (Qwen2.5-Coder-1.5B, float32, 2 threads, docs/results/data/2026-12-02-kernel-costs-fp32-amx.json): a
-    forward of 1, 2 and 3 tokens took 288-323, 356-370 and 335-403 ms on F.linear against 412-429, 426-534
-    and 417-573 on the packed kernel, which is ahead from 5 tokens on (9 tokens 534-598 ms against
-    1,036-1,069); on a 2-core AMD EPYC MKL took 328 ms for one token and the packed kernel 116
+    forward of 1, 2 and 3 tokens took 288-323, 356-370 and 335-415 ms on F.linear against 412, 426-534
+    and 417-573 on the packed kernel, which is ahead from 5 tokens on (9 tokens 533-598 ms against
+    881-1,069); on a 2-core AMD EPYC MKL took 328 ms for one token and the packed kernel 116
     (docs/concepts/measured.md, "Kernels")."""
-    cpuinfo = Path("/proc/cpuinfo")
-    vendor = cpuinfo.read_text(errors="replace") if cpuinfo.is_file() else ""
-    return torch.backends.mkl.is_available() and "GenuineIntel" in vendor
+    return torch.backends.mkl.is_available() and cpuinfo("vendor_id") == "GenuineIntel"
 
 
 def packed_linear_available() -> bool:

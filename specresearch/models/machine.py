@@ -94,11 +94,16 @@ def machine_tags(lm: LoadedModel) -> dict[str, str]:
     if lm.device.type == "cuda":
         processor = torch.cuda.get_device_name(lm.device)
     else:
-        processor = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                          if line.startswith("model name")), platform.processor() or platform.machine())
+        processor = cpuinfo("model name") or platform.processor() or platform.machine()
     return {"specresearch.dtype": str(lm.dtype).removeprefix("torch."), "specresearch.device": str(lm.device),
             "specresearch.processor": processor, "specresearch.threads": str(torch.get_num_threads()),
             "specresearch.torch": torch.__version__}
+
+
+def cpuinfo(field: str) -> str:
+    """The first value of `field` ("model name", "vendor_id") in /proc/cpuinfo, or "" where there is none."""
+    return next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                 if line.split(":", 1)[0].strip() == field), "")
 
 
 def _read(path: str) -> str:
