@@ -5,8 +5,9 @@ speculative decoding lives on (a verification of m tokens against one token's fo
 After the same prompt (prefilled, shared by the rows), each kernels choice times forwards of the
 shapes below: one row of 1 to 17 query tokens (plain decoding's step and a chain's or a tree's
 verification), ragged rows (the batch engine's steps: rows of different lengths in one forward) and
-the equivalence battery's, 110 x 1 and 110 x 5. The kernels are timed interleaved shape by shape, in
-one process, each figure the fastest of `--repeats`. The linear kinds (torch, skinny, packed, auto)
+the equivalence battery's, 110 x 1 and 110 x 5. Each of `--repeats` rounds times every kernel at every
+shape (two forwards each), in one process, and each figure is the fastest: a machine whose speed drifts
+during the run moves every kernel and shape alike, not the ratios. The linear kinds (torch, skinny, packed, auto)
 share one loaded model whose layers change class between timings; `invariant` loads its own.
 
     python benchmarks/kernel_costs.py --json docs/results/data/DATE-kernel-costs-bf16.json
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import torch
 
@@ -76,11 +78,14 @@ def main() -> None:
         return shared
 
     prompt = encode(shared.tokenizer, load_prompts("humaneval", num_prompts=1, offset=args.prompt)[0])
-    times: dict[str, dict[str, float]] = {}
-    for shape in shapes:
-        tokens = row_tokens(shape)
-        times[shape] = {k: seconds(model(k), prompt, tokens, args.repeats) for k in kernels}
-        print(f"  {shape:>9}: " + "  ".join(f"{k} {t * 1e3:8.1f} ms" for k, t in times[shape].items()), flush=True)
+    times = {shape: dict.fromkeys(kernels, math.inf) for shape in shapes}
+    for r in range(args.repeats):  # rounds of every kernel at every shape: a machine whose speed drifts moves them alike
+        for k in kernels:
+            lm = model(k)
+            for shape in shapes:
+                times[shape][k] = min(times[shape][k], seconds(lm, prompt, row_tokens(shape), 2))  # (the first partly warms)
+        print(f"  round {r + 1}/{args.repeats}, fastest so far (ms): " + "  ".join(
+            f"{shape} " + "/".join(f"{times[shape][k] * 1e3:.0f}" for k in kernels) for shape in shapes), flush=True)
     one = times.get("1x1")
     ref = kernels[0]
     rows = [[shape, *(f"{times[shape][k] * 1e3:.1f}" for k in kernels),
@@ -96,7 +101,8 @@ def main() -> None:
                 f"The forward's cost per model.kernels: {shared.name}, {str(shared.dtype).removeprefix('torch.')}", topic="speed",
                 columns=columns, rows=rows,
                 prompts=f"HumanEval {args.prompt} prefilled ({len(prompt)} tokens), held once and shared by the rows",
-                notes=["Each figure the fastest of the repeats; the kernels timed interleaved shape by shape, one process. "
+                notes=["Each figure the fastest of the rounds (two forwards each); a round times every kernel at every shape, one "
+                       "process, so a drift of the machine's speed moves the kernels and shapes alike. "
                        "1 x 1 is plain decoding's step, 1 x m a verification of m tokens, a+b+c ragged rows of the batch engine, "
                        "110 x 1 and 110 x 5 the equivalence battery's baseline and method steps (stats.batch=auto for this "
                        "vocabulary). v: the forward over the same kernels' 1 x 1 (the cost curve shape=auto reads); "

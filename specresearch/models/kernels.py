@@ -59,7 +59,8 @@ class PackedLinear(SkinnyLinear):
     17 tokens 129-168 and 262-266 ms (benchmarks/kernel_costs.py). The product of every shape measured
     there is faster (1 to 550 rows), so it takes every input on the CPU in float32 and bfloat16 for weights
     of PACK_MIN entries or more, but float32 products of up to MKL_ROWS rows on an Intel CPU
-    (`mkl_takes_few_rows`: MKL's F.linear is faster there); smaller weights (a tiny test model's) take SkinnyLinear's product, other
+    (`mkl_takes_few_rows`: MKL's F.linear is faster there) and bfloat16 products of one row on a CPU with
+    AMX (`gemv_takes_one_row`: torch.mv is faster there); smaller weights (a tiny test model's) take SkinnyLinear's product, other
     devices and dtypes, and inputs that need a gradient, F.linear.
 
     The layout is made at the first such call and again when the weight changes (another tensor,
@@ -77,6 +78,9 @@ class PackedLinear(SkinnyLinear):
         rows = x.numel() // x.shape[-1]
         if rows <= MKL_ROWS and w.dtype == torch.float32 and mkl_takes_few_rows():
             return F.linear(x, w, self.bias)
+        if rows == 1 and w.dtype == torch.bfloat16 and gemv_takes_one_row():
+            x1 = x.reshape(-1)  # [in]
+            return (torch.mv(w, x1) if self.bias is None else torch.addmv(self.bias, w, x1)).reshape(*x.shape[:-1], -1)
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), self.packed(), self.bias, "none", [None], "")
         return y.reshape(*x.shape[:-1], -1)  # [..., out]
 
@@ -106,6 +110,16 @@ def mkl_takes_few_rows() -> bool:
     881-1,069); on a 2-core AMD EPYC MKL took 328 ms for one token and the packed kernel 116
     (docs/concepts/measured.md, "Kernels")."""
     return torch.backends.mkl.is_available() and cpuinfo("vendor_id") == "GenuineIntel"
+
+
+@functools.cache
+def gemv_takes_one_row() -> bool:
+    """Whether bfloat16 products of one row run faster on torch's own matrix-vector kernel (torch.mv) than on
+    oneDNN's packed kernel here: on CPUs with AMX. Measured on a 2-core Intel Xeon with AMX (2 threads, one
+    token's forward after HumanEval 156, the two ways interleaved, 4 rounds): Qwen2.5-Coder-1.5B in 291-337 ms
+    against 384-414, the 0.5B in 140-162 against 169-184; the outputs are the same bits on the 1.5B's layer
+    shapes (float32 sums, rounded once)."""
+    return "amx_bf16" in cpuinfo("flags").split()
 
 
 def packed_linear_available() -> bool:

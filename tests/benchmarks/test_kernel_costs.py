@@ -19,10 +19,11 @@ def test_kernel_costs_times_each_kernels_choice_per_shape_and_writes_a_page(tmp_
     refused naming the valid ones."""
     script = str(ROOT / "benchmarks" / "kernel_costs.py")
     out = tmp_path / "costs.json"
-    result = subprocess.run([sys.executable, script, "--model", "tiny", "--repeats", "1", "--kernels", "torch,packed,invariant",
+    result = subprocess.run([sys.executable, script, "--model", "tiny", "--repeats", "2", "--kernels", "torch,packed,invariant",
                              "--shapes", "1x1,1x3,2+1", "--json", str(out)], capture_output=True, text=True, cwd=tmp_path,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
+    assert [line.split(",")[0].strip() for line in result.stdout.splitlines() if "round" in line] == ["round 1/2", "round 2/2"]
     data = json.loads(out.read_text())
     assert reports.validate(data) == []
     assert [row[0] for row in data["rows"]] == ["1x1", "1x3", "2+1"]
