@@ -17,6 +17,7 @@ import torch
 
 from specresearch.kv.cached import CachedLM
 from specresearch.models import LoadedModel, default_cache_dir, machine_tags
+from specresearch.models.kernels import routes
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +78,12 @@ def kept_cost_curve(lm: LoadedModel, sizes: list[int]) -> tuple[list[float], flo
     """`cost_curve` at `sizes` (after 129 tokens) and the seconds of one token's forward, measured once
     per machine and model and kept in the model cache: <cache>/costs/<model>/<key>.json, the key
     hashing what the costs depend on (models.machine_tags: processor or GPU, threads, torch, dtype,
-    device; the model's config, KV cache kind, compile and kernels), not its weights. Sizes not kept
+    device; the model's config, KV cache kind, compile and kernels with their few-row routes), not its weights. Sizes not kept
     yet are measured and added; delete the file to measure again (e.g. after a driver update). A
     cache that cannot be written only costs the measurement again."""
     setup = {**machine_tags(lm), "config": lm.model.config.to_json_string(use_diff=False), "cache": lm.cache,
              "compile": lm.compile, "linears": sorted({type(m).__name__ for m in lm.model.modules() if isinstance(m, torch.nn.Linear)}),
-             "measure": KEPT_MEASURE}
+             "routes": routes(), "measure": KEPT_MEASURE}
     key = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(lm.cache_dir or default_cache_dir()) / "costs" / lm.name.replace("/", "--") / f"{key}.json"
     kept, v = _read_costs(path)

@@ -59,9 +59,10 @@ class PackedLinear(SkinnyLinear):
     17 tokens 129-168 and 262-266 ms (benchmarks/kernel_costs.py). The product of every shape measured
     there is faster (1 to 550 rows), so it takes every input on the CPU in float32 and bfloat16 for weights
     of PACK_MIN entries or more, but float32 products of up to MKL_ROWS rows on an Intel CPU
-    (`mkl_takes_few_rows`: MKL's F.linear is faster there) and bfloat16 products of one row on a CPU with
-    AMX (`gemv_takes_one_row`: torch.mv is faster there); smaller weights (a tiny test model's) take SkinnyLinear's product, other
-    devices and dtypes, and inputs that need a gradient, F.linear.
+    (`mkl_takes_few_rows`: MKL's F.linear is faster there) and bfloat16 products of up to SKINNY_ROWS rows on
+    a CPU with AMX (`few_bf16_rows_unpacked`: torch.mv for one row, W @ xᵀ for more); smaller weights (a tiny
+    test model's) take SkinnyLinear's product, other devices and dtypes, and inputs that need a gradient,
+    F.linear (`routes` says which few-row paths run here).
 
     The layout is made at the first such call and again when the weight changes (another tensor,
     dtype or shape, or a write in place; not seen on a weight made under inference_mode, which keeps no
@@ -78,7 +79,9 @@ class PackedLinear(SkinnyLinear):
         rows = x.numel() // x.shape[-1]
         if rows <= MKL_ROWS and w.dtype == torch.float32 and mkl_takes_few_rows():
             return F.linear(x, w, self.bias)
-        if rows == 1 and w.dtype == torch.bfloat16 and gemv_takes_one_row():
+        if w.dtype == torch.bfloat16 and rows <= SKINNY_ROWS and few_bf16_rows_unpacked():
+            if rows > 1:
+                return super().forward(x)
             x1 = x.reshape(-1)  # [in]
             return (torch.mv(w, x1) if self.bias is None else torch.addmv(self.bias, w, x1)).reshape(*x.shape[:-1], -1)
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), self.packed(), self.bias, "none", [None], "")
@@ -97,6 +100,7 @@ class PackedLinear(SkinnyLinear):
         return {k: v for k, v in super().__getstate__().items() if k not in ("_pack", "_pack_key")}
 
 
+SKINNY_ROWS = 13  # PackedLinear: bfloat16 products of 2 to this many rows take SkinnyLinear's W @ xᵀ on CPUs with AMX
 MKL_ROWS = 3  # PackedLinear: float32 products of up to this many rows take MKL's F.linear on Intel CPUs
 
 
@@ -113,13 +117,22 @@ def mkl_takes_few_rows() -> bool:
 
 
 @functools.cache
-def gemv_takes_one_row() -> bool:
-    """Whether bfloat16 products of one row run faster on torch's own matrix-vector kernel (torch.mv) than on
-    oneDNN's packed kernel here: on CPUs with AMX. Measured on a 2-core Intel Xeon with AMX (2 threads, one
-    token's forward after HumanEval 156, the two ways interleaved, 4 rounds): Qwen2.5-Coder-1.5B in 291-337 ms
-    against 384-414, the 0.5B in 140-162 against 169-184; the outputs are the same bits on the 1.5B's layer
-    shapes (float32 sums, rounded once)."""
+def few_bf16_rows_unpacked() -> bool:
+    """Whether bfloat16 products of up to SKINNY_ROWS rows run faster here off oneDNN's packed kernel: one row on
+    torch's own matrix-vector kernel (torch.mv), 2 to SKINNY_ROWS rows as SkinnyLinear's W @ xᵀ. On CPUs with
+    AMX, measured on a 2-core Intel Xeon with AMX (2 threads, the ways interleaved): a one-token forward of
+    Qwen2.5-Coder-1.5B took 291-337 ms on torch.mv against 384-414 on the packed kernel (4 rounds), and
+    transformers' `generate` of 48 tokens on 3 HumanEval prompts 0.81x the time; with 2 to 13 rows as W @ xᵀ
+    as well, Medusa (typical) decoded 3 HumanEval prompts in 0.93x the time and the default drafter in 0.95x.
+    The outputs are within bfloat16's rounding of the packed kernel's (float32 sums, rounded once)."""
     return "amx_bf16" in cpuinfo("flags").split()
+
+
+def routes() -> dict[str, int]:
+    """The few-row paths PackedLinear takes on this machine, as the most rows each takes (0: not taken): what a
+    forward's cost depends on beyond its layers' class (part of a kept cost curve's key)."""
+    return {"float32_mkl_rows": MKL_ROWS if mkl_takes_few_rows() else 0,
+            "bfloat16_unpacked_rows": SKINNY_ROWS if few_bf16_rows_unpacked() else 0}
 
 
 def packed_linear_available() -> bool:

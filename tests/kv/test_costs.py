@@ -144,3 +144,15 @@ def test_sizes_are_warmed_then_timed_interleaved(monkeypatch, target):
     seconds = forward_seconds(target, list(range(2, 20)), [3, 1, 2, 1], repeats=2)
     assert fed == [1, 2, 3] + [1, 2, 3] * 2
     assert len(seconds) == 4 and seconds[1] == seconds[3] and all(s > 0 for s in seconds)
+
+
+def test_other_few_row_routes_key_another_curve(tmp_path, monkeypatch, target, caplog):
+    """A machine whose PackedLinear takes other few-row paths (models.kernels.routes: MKL's rows, bf16's unpacked
+    rows) keeps another cost file: a curve measured with the old paths is not read for the new ones."""
+    from specresearch.kv import costs
+
+    first = kept_file(tmp_path, monkeypatch, target, caplog)
+    monkeypatch.setattr(costs, "routes", lambda: {"float32_mkl_rows": 0, "bfloat16_unpacked_rows": 99})
+    kept_cost_curve(target, [2])
+    files = set((tmp_path / "cache" / "costs" / "tiny").glob("*.json"))
+    assert len(files) == 2 and first in files

@@ -146,18 +146,18 @@ needs_packed = pytest.mark.skipif(not packed_linear_available(), reason="this to
 
 
 @needs_packed
-@pytest.mark.parametrize("few_rows_mkl", [False, True], ids=["few-rows-packed", "few-rows-mkl-one-row-mv"])
+@pytest.mark.parametrize("few_rows_mkl", [False, True], ids=["few-rows-packed", "few-rows-mkl-or-unpacked"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_computes_what_nn_linear_does(bias, few_rows_mkl, monkeypatch):
     """PackedLinear against nn.Linear on the same weights: every row count of a forward (1 to 64, a batch's
     ragged rows folded as [B, T, in], and long inputs), float32 and bf16 within their rounding; an input
     that needs a gradient, another dtype, a weight written in place or replaced, a copy and a pickle. Both
-    ways of a few float32 rows and of one bf16 row: the packed kernel (AMD), and MKL's F.linear, bit for bit,
-    and torch.mv (Intel with AMX)."""
+    ways of a few float32 rows and of a few bf16 rows: the packed kernel (AMD), and MKL's F.linear, bit for bit,
+    and torch.mv or W @ xᵀ (Intel with AMX)."""
     from specresearch.models import kernels
 
     monkeypatch.setattr(kernels, "mkl_takes_few_rows", lambda: few_rows_mkl)
-    monkeypatch.setattr(kernels, "gemv_takes_one_row", lambda: few_rows_mkl)
+    monkeypatch.setattr(kernels, "few_bf16_rows_unpacked", lambda: few_rows_mkl)
     torch.manual_seed(0)
     plain = torch.nn.Linear(256, 320, bias=bias)  # PACK_MIN entries or more: packed (smaller: SkinnyLinear's product)
     packed = use_linear(torch.nn.Sequential(copy.deepcopy(plain)), PackedLinear)[0]
@@ -172,7 +172,7 @@ def test_packed_linear_computes_what_nn_linear_does(bias, few_rows_mkl, monkeypa
             if few_rows_mkl and math.prod(shape[:-1]) <= kernels.MKL_ROWS:  # a few rows: F.linear itself
                 assert torch.equal(got, want)
         half, plain_half = copy.deepcopy(packed).bfloat16(), copy.deepcopy(plain).bfloat16()
-        for shape in [(1, 1, 256), (1, 256), (1, 2, 256), (1, 9, 256), (2, 17, 256), (1, 65, 256)]:
+        for shape in [(1, 1, 256), (1, 256), (1, 2, 256), (1, 9, 256), (13, 256), (1, 14, 256), (2, 17, 256), (1, 65, 256)]:
             x = torch.randn(shape, dtype=torch.bfloat16)
             torch.testing.assert_close(half(x), plain_half(x), atol=0.05, rtol=0.02)
         assert "_pack" in packed.__dict__ and "_pack" in half.__dict__  # these took oneDNN's product
