@@ -3,8 +3,8 @@
 the method's sequences per second on one prompt, the same draws a run's `stats.samples` makes
 (`specresearch.measure.baseline_samples` / `method_samples`, `stats.batch=auto` rows a call).
 
-One engine is built from the run's overrides; the target's linear layers change class between timings
-(the draft keeps its own, e.g. its int8 layers). Each of `--rounds` rounds draws both sides once with
+One engine is built from the run's overrides; the linear layers of the target and of a draft model change
+class between timings (a draft's int8 layers stay). Each of `--rounds` rounds draws both sides once with
 every kernels choice, in one process, so a drift of the machine's speed moves the choices alike; each
 figure is the best round's rate.
 
@@ -26,12 +26,13 @@ from specresearch.models import machine_tags, use_linear
 from specresearch.models.loading import linear_kind
 from specresearch.options.models import KERNELS
 
-OVERRIDES = ("drafter=independent verifier=rejection sampling=random sampling.temperature=0.7 dataset=humaneval "
-             "dataset.offset=156")  # the real pair's lossless cell of the study (its default target and draft)
+OVERRIDES = ("drafter=plain_chain verifier=rejection sampling=random sampling.temperature=0.7 dataset=humaneval "
+             "dataset.offset=156")  # the lossless cell of the study's independent arm (the 1.5B and its 0.5B sibling, a chain of 4)
 
 
 def rates(overrides: list[str], kernels: list[str], samples: int, length: int, rounds: int, seed: int = 0) -> dict:
-    """The best of `rounds` rates (sequences per second) of each side's draws per kernels choice.
+    """The best of `rounds` rates (sequences per second) of each side's draws per kernels choice (of the target
+    and the draft model, where the drafter has one).
 
     Returns:
         {"label": the method, "target": the target's LoadedModel, "rows": rows a call,
@@ -48,6 +49,7 @@ def rates(overrides: list[str], kernels: list[str], samples: int, length: int, r
     cfg = compose([*overrides, f"seed={seed}"])
     engine = build_engine(cfg)
     target, sampling = engine.kv.lm, SamplingParams(**cfg.sampling)
+    models = [target, *([draft.lm] if (draft := getattr(engine.drafter, "draft", None)) is not None else [])]
     if sampling.greedy:
         raise SpecResearchError("the battery draws at temperature > 0: set sampling=random (and sampling.temperature)")
     prompts = [encode(target.tokenizer, load_prompts(**cfg.dataset)[0])]
@@ -55,7 +57,8 @@ def rates(overrides: list[str], kernels: list[str], samples: int, length: int, r
     best = {k: {"baseline": 0.0, "method": 0.0} for k in kernels}
     for r in range(rounds):
         for k in kernels:
-            use_linear(target.model, linear_kind(k, target))
+            for lm in models:
+                use_linear(lm.model, linear_kind(k, lm))
             baseline_samples(target, prompts, 1, length, sampling, seed, rows)  # untimed: the layout, first calls
             for side, draw in (("baseline", lambda: baseline_samples(target, prompts, samples, length, sampling, seed + r, rows)),
                                ("method", lambda: method_samples(engine, prompts, samples, length, seed + r, rows))):
@@ -70,7 +73,8 @@ def rates(overrides: list[str], kernels: list[str], samples: int, length: int, r
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--overrides", default=OVERRIDES, help="the run's overrides (the method, the pair, the prompt)")
-    ap.add_argument("--kernels", default="skinny,auto", help="the target's model.kernels to compare, the first the reference")
+    ap.add_argument("--kernels", default="skinny,auto", help="model.kernels to compare (the target's and the draft's), the first "
+                    "the reference")
     ap.add_argument("--samples", type=int, default=64, help="sequences per side per round")
     ap.add_argument("--length", type=int, default=8, help="tokens per sequence (stats.length)")
     ap.add_argument("--rounds", type=int, default=2)
@@ -81,7 +85,7 @@ def main() -> None:
         ap.error(problem)
     result = rates(shlex.split(args.overrides), kernels, args.samples, args.length, args.rounds)
     ref, got = kernels[0], result["rates"]
-    columns = ["target kernels", "baseline (samples/s)", "method (samples/s)", f"baseline / {ref}", f"method / {ref}"]
+    columns = ["kernels", "baseline (samples/s)", "method (samples/s)", f"baseline / {ref}", f"method / {ref}"]
     rows = [[k, f"{got[k]['baseline']:.2f}", f"{got[k]['method']:.2f}", f"{got[k]['baseline'] / got[ref]['baseline']:.2f}x",
              f"{got[k]['method'] / got[ref]['method']:.2f}x"] for k in kernels]
     print("\n" + "\n".join("  ".join(r) for r in [columns, *rows]))
@@ -90,12 +94,12 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(reports.of_script(
                 "battery_rates.py", vars(args), machine_tags(target),
-                f"The battery's draws per second per the target's kernels: {result['label']}, {target.name}, "
+                f"The battery's draws per second per model.kernels: {result['label']}, {target.name}, "
                 f"{str(target.dtype).removeprefix('torch.')}", topic="speed", columns=columns, rows=rows,
                 prompts=f"the first prompt of the run's dataset ({args.overrides}), {args.length} tokens a sequence",
                 notes=[f"{args.samples} sequences a side per round, {result['rows']} rows a call (stats.batch=auto); each rate the "
                        f"best of {args.rounds} rounds, a round drawing both sides with every kernels choice in one process. "
-                       "The draft keeps its own layers (the independent drafter's int8 on a CPU)."]), f, indent=1)
+                       "The draft model's linear layers take the same kernels (int8 ones stay)."]), f, indent=1)
 
 
 if __name__ == "__main__":

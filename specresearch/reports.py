@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ def of_script(script: str, args: dict[str, Any], machine: dict[str, str], title:
     """The report a benchmark script writes of one run: `title` and `fields` (topic, columns, rows, prompts,
     notes, data) with today's date, the machine in one line (`machine`: specresearch.models.machine_tags) and
     the command that reproduces it (benchmarks/`script` with every argument of `args` but the output, `json`)."""
-    command = " ".join([f"python benchmarks/{script}", *(f"--{k} {v}" for k, v in args.items() if k != "json")])
+    command = " ".join([f"python benchmarks/{script}", *(f"--{k} {shlex.quote(str(v))}" for k, v in args.items() if k != "json")])
     return {"title": title, "date": datetime.date.today().isoformat(),
             "machine": ", ".join(f"{k.removeprefix('specresearch.')} {v}" for k, v in machine.items()),
             "command": [command], **fields}

@@ -2,13 +2,16 @@
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from specresearch import reports
-from tests.helpers import ROOT, results_hook
+from specresearch.models import PackedLinear, SkinnyLinear
+from tests.helpers import ROOT, results_hook, script
 
 pytestmark = pytest.mark.e2e  # runs benchmarks/battery_rates.py as its users do
 
@@ -28,6 +31,8 @@ def test_battery_rates_draw_both_sides_per_kernels_and_write_a_page(tmp_path):
     data = json.loads(out.read_text())
     assert reports.validate(data) == []
     assert [row[0] for row in data["rows"]] == ["torch", "packed"]
+    command = shlex.split(data["command"][0])  # it reproduces the run: the overrides one argument
+    assert command[command.index("--overrides") + 1] == TINY
     assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in data["rows"])
     assert data["rows"][0][3:] == ["1.00x", "1.00x"]
     assert "| packed |" in results_hook().render(results_hook().load(out), "rates.json")
@@ -41,3 +46,24 @@ def test_battery_rates_refuse_bad_inputs_in_one_line(tmp_path, args, message):
     result = subprocess.run([sys.executable, SCRIPT, "--overrides", TINY, *args], capture_output=True, text=True, cwd=tmp_path,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_draft_model_takes_each_kernels_choice_too(monkeypatch):
+    """A drafter with a draft model (plain_chain): its linear layers take each choice with the target's, so a
+    choice's rate is the pair's on those kernels; the last choice is left in place."""
+    from specresearch.measure import equivalence
+
+    seen = []
+    real = equivalence.method_samples
+
+    def method_samples(engine, *args):
+        seen.append({type(m) for lm in (engine.kv.lm, engine.drafter.draft.lm) for m in lm.model.modules()
+                     if isinstance(m, torch.nn.Linear)})
+        return real(engine, *args)
+
+    monkeypatch.setattr(equivalence, "method_samples", method_samples)
+    monkeypatch.setattr("specresearch.measure.method_samples", method_samples)
+    got = script("benchmarks/battery_rates.py").rates(["model=tiny", "drafter=plain_chain", "verifier=rejection", "sampling=random"],
+                                                      ["skinny", "packed"], samples=4, length=3, rounds=1)
+    assert seen == [{SkinnyLinear}, {PackedLinear}]
+    assert all(r["baseline"] > 0 and r["method"] > 0 for r in got["rates"].values())
