@@ -51,18 +51,17 @@ def test_battery_rates_refuse_bad_inputs_in_one_line(tmp_path, args, message):
 def test_the_draft_model_takes_each_kernels_choice_too(monkeypatch):
     """A drafter with a draft model (plain_chain): its linear layers take each choice with the target's, so a
     choice's rate is the pair's on those kernels; the last choice is left in place."""
-    from specresearch.measure import equivalence
+    from specresearch import measure
 
     seen = []
-    real = equivalence.method_samples
+    real = measure.method_samples
 
     def method_samples(engine, *args):
         seen.append({type(m) for lm in (engine.kv.lm, engine.drafter.draft.lm) for m in lm.model.modules()
                      if isinstance(m, torch.nn.Linear)})
         return real(engine, *args)
 
-    monkeypatch.setattr(equivalence, "method_samples", method_samples)
-    monkeypatch.setattr("specresearch.measure.method_samples", method_samples)
+    monkeypatch.setattr(measure, "method_samples", method_samples)
     got = script("benchmarks/battery_rates.py").rates(["model=tiny", "drafter=plain_chain", "verifier=rejection", "sampling=random"],
                                                       ["skinny", "packed"], samples=4, length=3, rounds=1)
     assert seen == [{SkinnyLinear}, {PackedLinear}]
