@@ -294,12 +294,7 @@ def encode(tokenizer, prompt: Prompt) -> list[int]:
         SpecResearchError: the prompt's text holds a surrogate code point (a lone "\\ud800" in a JSON file: half
             an emoji), which no tokenizer can encode, or encodes to no tokens.
     """
-    try:
-        prompt.text.encode("utf-8")
-    except UnicodeEncodeError as err:  # (a str fails UTF-8 only on its surrogates, U+D800-U+DFFF)
-        raise SpecResearchError(f"prompt {prompt.id} holds the surrogate U+{ord(prompt.text[err.start]):04X} at character "
-                                f"{err.start}, which no tokenizer can encode: valid prompt text has no code point "
-                                "U+D800-U+DFFF") from None
+    _refuse_surrogates(prompt.id, prompt.text)
     if prompt.chat and hasattr(tokenizer, "apply_chat_template"):
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=False)
     else:
@@ -310,13 +305,30 @@ def encode(tokenizer, prompt: Prompt) -> list[int]:
     return list(ids)
 
 
+def _refuse_surrogates(name: str, text: str, part: str = "") -> None:
+    """Raise a SpecResearchError naming prompt `name` (its `part`, e.g. " (its reply)") and the character where
+    `text` holds a surrogate code point: no tokenizer can encode one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # (a str fails UTF-8 only on its surrogates, U+D800-U+DFFF)
+        raise SpecResearchError(f"prompt {name}{part} holds the surrogate U+{ord(text[err.start]):04X} at character "
+                                f"{err.start}, which no tokenizer can encode: valid prompt text has no code point "
+                                "U+D800-U+DFFF") from None
+
+
 def encode_text(tokenizer, prompt: Prompt) -> list[int]:
     """Token ids of a prompt as text to read (train.data=text): a chat prompt with the answer it got
     (`meta["reply"]`, ShareGPT's) is the whole exchange through the chat template, so the reader sees
-    an assistant's turn, as at decode time; any other prompt, its text."""
+    an assistant's turn, as at decode time; any other prompt, its text.
+
+    Raises:
+        SpecResearchError: the text or the reply holds a surrogate code point (see `encode`).
+    """
     reply = prompt.meta.get("reply")
+    _refuse_surrogates(prompt.id, prompt.text)
     if not (prompt.chat and reply and hasattr(tokenizer, "apply_chat_template")):
         return list(tokenizer.encode(prompt.text, add_special_tokens=False))
+    _refuse_surrogates(prompt.id, reply, " (its reply)")
     turns = [{"role": "user", "content": prompt.text}, {"role": "assistant", "content": reply}]
     return list(tokenizer.encode(tokenizer.apply_chat_template(turns, tokenize=False), add_special_tokens=False))
 
