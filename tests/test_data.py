@@ -133,19 +133,19 @@ def test_a_prompt_with_a_lone_surrogate_is_refused_by_name_and_position(chat):
     assert encode(ByteTokenizer(), Prompt("mine/8", json.loads('"say \\ud83d\\ude00 hi"'), chat=chat))[4:8] == list("😀".encode())
 
 
-@pytest.mark.parametrize("where", ["text", "reply"])
-def test_a_text_to_read_with_a_lone_surrogate_is_refused_by_name_and_position(where):
+@pytest.mark.parametrize("text, reply, part, code, at", [
+    ("say \ud800 hi", "fine", "", "U+D800", 4),
+    ("say hi", "ok \udc00", " (its reply)", "U+DC00", 3),
+], ids=["text", "reply"])
+def test_a_text_to_read_with_a_lone_surrogate_is_refused_by_name_and_position(text, reply, part, code, at):
     """train.data=text reads a chat prompt with its reply (data.encode_text): a surrogate in either is one line
     naming the prompt, the part and the character, not a UnicodeEncodeError from the tokenizer."""
     from specresearch.data import Prompt, encode_text
     from specresearch.models.tiny import ByteTokenizer
 
-    text, reply = ("say \ud800 hi", "fine") if where == "text" else ("say hi", "ok \udc00")
     with pytest.raises(SpecResearchError) as refused:
         encode_text(ByteTokenizer(), Prompt("mine/9", text, chat=True, meta={"reply": reply}))
-    part = " (its reply)" if where == "reply" else ""
-    at = 4 if where == "text" else 3
-    assert str(refused.value).startswith(f"prompt mine/9{part} holds the surrogate U+{ord((text if where == 'text' else reply)[at]):04X} "
-                                         f"at character {at}, which no tokenizer can encode")
+    assert str(refused.value).startswith(f"prompt mine/9{part} holds the surrogate {code} at character {at}, "
+                                         "which no tokenizer can encode")
     assert encode_text(ByteTokenizer(), Prompt("mine/10", "say hi", chat=True, meta={"reply": "fine"}))
     assert encode_text(ByteTokenizer(), Prompt("mine/11", "say hi", meta={"reply": reply}))  # not chat: the reply is not read

@@ -146,9 +146,9 @@ needs_packed = pytest.mark.skipif(not packed_linear_available(), reason="this to
 
 
 @needs_packed
-@pytest.mark.parametrize("few_rows_mkl", [False, True], ids=["few-rows-packed", "few-rows-mkl-or-unpacked"])
+@pytest.mark.parametrize("intel_routes", [False, True], ids=["few-rows-packed", "few-rows-mkl-or-unpacked"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_computes_what_nn_linear_does(bias, few_rows_mkl, monkeypatch):
+def test_packed_linear_computes_what_nn_linear_does(bias, intel_routes, monkeypatch):
     """PackedLinear against nn.Linear on the same weights: every row count of a forward (1 to 64, a batch's
     ragged rows folded as [B, T, in], and long inputs), float32 and bf16 within their rounding; an input
     that needs a gradient, another dtype, a weight written in place or replaced, a copy and a pickle. Both
@@ -156,8 +156,8 @@ def test_packed_linear_computes_what_nn_linear_does(bias, few_rows_mkl, monkeypa
     and torch.mv or W @ xᵀ (Intel with AMX)."""
     from specresearch.models import kernels
 
-    monkeypatch.setattr(kernels, "mkl_takes_few_rows", lambda: few_rows_mkl)
-    monkeypatch.setattr(kernels, "few_bf16_rows_unpacked", lambda: few_rows_mkl)
+    monkeypatch.setattr(kernels, "mkl_takes_few_rows", lambda: intel_routes)
+    monkeypatch.setattr(kernels, "few_bf16_rows_unpacked", lambda: intel_routes)
     torch.manual_seed(0)
     plain = torch.nn.Linear(256, 320, bias=bias)  # PACK_MIN entries or more: packed (smaller: SkinnyLinear's product)
     packed = use_linear(torch.nn.Sequential(copy.deepcopy(plain)), PackedLinear)[0]
@@ -169,7 +169,7 @@ def test_packed_linear_computes_what_nn_linear_does(bias, few_rows_mkl, monkeypa
             got, want = packed(x), plain(x)
             assert got.shape == want.shape
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-            if few_rows_mkl and math.prod(shape[:-1]) <= kernels.MKL_ROWS:  # a few rows: F.linear itself
+            if intel_routes and math.prod(shape[:-1]) <= kernels.MKL_ROWS:  # a few rows: F.linear itself
                 assert torch.equal(got, want)
         half, plain_half = copy.deepcopy(packed).bfloat16(), copy.deepcopy(plain).bfloat16()
         for shape in [(1, 1, 256), (1, 256), (1, 2, 256), (1, 9, 256), (13, 256), (1, 14, 256), (2, 17, 256), (1, 65, 256)]:
