@@ -3,15 +3,19 @@ here from committed speed reports (docs/results/data/, as benchmarks/speed.py --
 the two pages cannot disagree and every number carries its interval, its prompts and its machine.
 
 docs/results/headline.json names each headline: a report, a method of it (its row's whole label, or
-its name up to the first space or parenthesis where that is one row's) and what it is. Each must rest
-on at least MIN_PROMPTS prompts with a bootstrap interval over them (speed.py writes one for every row).
-The block between
+its name up to the first space or parenthesis where that is one row's), what it is, and the kind of CPU
+it was measured on (`specresearch.models.machine.cpu_kind`: speed ratios differ by kind), and whether
+a run on that kind says it as what to expect there ("expect": true). Each must rest on at least
+MIN_PROMPTS prompts with a bootstrap interval over them (speed.py writes one for every row). The
+tables come one per CPU kind, a kind without headlines said so. The block between
 
     <!-- headline: begin ... -->
     <!-- headline: end -->
 
-in README.md and docs/index.md is replaced by the table. `--check` changes nothing and exits 1 when a
-page's block is not what the data gives (the tests run it). Every input is checked before a page is
+in README.md and docs/index.md is replaced by the tables, and specresearch/assets/held_out.json (what
+a speed run reads to say what to expect on its machine: specresearch.measure.runner) is written with the
+headlines marked "expect". `--check` changes nothing and exits 1 when a page's block or that file is
+not what the data gives (the tests run it). Every input is checked before a page is
 written: a bad one is refused in one line (exit 2) and leaves both pages as they were; a text that
 reaches the table is one line without a marker comment or a '|', so it cannot end the block early or
 split a row.
@@ -31,11 +35,13 @@ from pathlib import Path
 
 from specresearch import reports
 from specresearch.errors import SpecResearchError
+from specresearch.models.machine import CPU_KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "docs" / "results" / "headline.json"
 DATA = ROOT / "docs" / "results" / "data"
 README, INDEX = ROOT / "README.md", ROOT / "docs" / "index.md"
+EXPECT = ROOT / "specresearch" / "assets" / "held_out.json"
 PAGES = {README: "docs/results/data/{}.json", INDEX: "results/{}.md"}  # page -> its link to a report
 MIN_PROMPTS = 8
 BLOCK = re.compile(r"<!-- headline: begin[^\n]*-->\n.*?<!-- headline: end -->", re.S)
@@ -106,6 +112,12 @@ def entries(source: Path) -> list[dict]:
         method = item.get("method", MISSING)
         if not isinstance(method, str) or not method.strip():
             raise HeadlineError(f"{where}: 'method' must be a method of the report's rows (it is {brief(method)})")
+        kind = item.get("kind", MISSING)
+        if kind not in CPU_KINDS:
+            raise HeadlineError(f"{where}: 'kind' must be the kind of CPU the report was measured on, one of "
+                                f"{', '.join(CPU_KINDS)} (it is {brief(kind)})")
+        if not isinstance(item.get("expect", False), bool):
+            raise HeadlineError(f"{where}: 'expect' must be true or false (it is {brief(item['expect'])})")
     return items
 
 
@@ -158,11 +170,14 @@ def numbers(item: dict, path: Path) -> dict:
         raise HeadlineError(f"{name}: 'header' must be speed.py's one-line header (it is {brief(header)})")
     dataset = args.get("dataset", MISSING)
     machine = header.split(" (")[1].split(")")[0] if " (" in header else header
+    stated = next((kind for kind in CPU_KINDS if machine.endswith(" " + kind)), None)  # speed.py names the kind since 2026-12-03
+    if stated is not None and stated != item["kind"]:
+        raise HeadlineError(f"{name}: its header says it ran on an {stated} CPU; the headline names {item['kind']}")
     return {"speedup": number(row[ref], where, f"'{ref}'"), "interval": [low, high], "reference": ref.removeprefix("speedup_vs_"),
             "prompts": prompts, "offset": number(args.get("offset", MISSING), name, "args.offset", integer=True),
             "tokens": number(args.get("tokens", MISSING), name, "args.tokens", integer=True),
             "dataset": text(DATASETS.get(dataset, dataset) if isinstance(dataset, str) else dataset, name, "args.dataset"),
-            "machine": text(machine, name, "the machine in 'header'")}
+            "machine": text(machine, name, "the machine in 'header'"), "model": header.split(" <- ")[0].split(" (")[0]}
 
 
 def headlines(source: Path | None = None, data: Path | None = None) -> list[dict]:
@@ -186,17 +201,37 @@ def headlines(source: Path | None = None, data: Path | None = None) -> list[dict
 
 
 def block(items: list[dict], link: str) -> str:
-    """The markdown block of the headlines (a table), with a link to each report's page."""
-    lines = [BEGIN, "", "| setting | speedup over transformers' `generate` | 95% interval (bootstrap over prompts) | prompts | data |",
-             "|---|---|---|---|---|"]
-    for h in items:
-        lines.append(f"| {h['what']} | **{h['speedup']:.2f}x** | {h['interval'][0]:.2f}-{h['interval'][1]:.2f}x | "
-                     f"{h['prompts']} {h['dataset']} {which(h)}, {h['tokens']} tokens | "
-                     f"[{h['report']}]({link.format(h['report'])}) |")
-    machines = sorted({h["machine"] for h in items})
-    lines += ["", f"Measured by `benchmarks/speed.py` ({'; '.join(machines)}), every method on the same prompts in one "
-              "interleaved run; settings chosen on other prompts (ShareGPT, HumanEval 100-103).", "", "<!-- headline: end -->"]
+    """The markdown block of the headlines: a table per CPU kind (a kind without headlines says so), with a link
+    to each report's page."""
+    lines = [BEGIN, ""]
+    for kind, dtype in CPU_KINDS.items():
+        mine = [h for h in items if h["kind"] == kind]
+        lines.append(f"**CPUs with {kind}** (`dtype=auto` runs {dtype} there)" + ("" if mine else
+                     ": not measured on held-out prompts at today's settings yet; `python benchmarks/speed.py` measures "
+                     "every method on yours."))
+        if not mine:
+            lines.append("")
+            continue
+        lines += ["", "| setting | speedup over transformers' `generate` | 95% interval (bootstrap over prompts) | prompts | data |",
+                  "|---|---|---|---|---|"]
+        for h in mine:
+            lines.append(f"| {h['what']} | **{h['speedup']:.2f}x** | {h['interval'][0]:.2f}-{h['interval'][1]:.2f}x | "
+                         f"{h['prompts']} {h['dataset']} {which(h)}, {h['tokens']} tokens | "
+                         f"[{h['report']}]({link.format(h['report'])}) |")
+        lines += ["", f"Measured by `benchmarks/speed.py` ({'; '.join(sorted({h['machine'] for h in mine}))}).", ""]
+    lines += ["Each report ran every method on the same prompts in one interleaved run; settings were chosen on other prompts "
+              "(ShareGPT, HumanEval 100-103). Compare rows of one report: the ratios of two reports come from different days "
+              "and code. A speed run on the default target prints its CPU kind's numbers as what to expect.", "",
+              "<!-- headline: end -->"]
     return "\n".join(lines)
+
+
+def expected(items: list[dict]) -> str:
+    """specresearch/assets/held_out.json's text: the headlines marked "expect" (what a speed run on their model and
+    CPU kind says to expect), and the kinds measured."""
+    keep = ("what", "model", "kind", "speedup", "interval", "prompts", "dataset", "offset", "tokens", "report")
+    return json.dumps({"written by": "python benchmarks/headline.py, from docs/results/headline.json: edit that",
+                       "headlines": [{key: h[key] for key in keep} for h in items if h.get("expect")]}, indent=1) + "\n"
 
 
 def page_text(page: Path) -> str:
@@ -237,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DATA, help="the folder of the reports it names (default: %(default)s)")
     parser.add_argument("--readme", type=Path, default=README, help="the README whose block is written (default: %(default)s)")
     parser.add_argument("--index", type=Path, default=INDEX, help="the docs' home whose block is written (default: %(default)s)")
+    parser.add_argument("--expect", type=Path, default=EXPECT, help="what a run says to expect, written (default: %(default)s)")
     args = parser.parse_args(argv)
     pages = {args.readme: PAGES[README], args.index: PAGES[INDEX]}
     try:  # every input read and checked before any page is written
@@ -246,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     new = {page: BLOCK.sub(lambda _, link=link: block(items, link), old[page]) for page, link in pages.items()}
-    stale = [page for page in pages if new[page] != old[page]]
+    old[args.expect] = args.expect.read_text(encoding="utf-8", errors="replace") if args.expect.is_file() else None
+    new[args.expect] = expected(items)
+    stale = [page for page in new if new[page] != old[page]]
     if args.check:
         if stale:
             print(f"not current: {', '.join(map(shown, stale))} (python benchmarks/headline.py rewrites them)", file=sys.stderr)

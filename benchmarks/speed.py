@@ -76,6 +76,7 @@ from specresearch.errors import SpecResearchError, report_problem
 from specresearch.kv import cost_curve
 from specresearch.metrics import SpecStats, first_divergence, predict
 from specresearch.models import LoadedModel, cache_root, load_model
+from specresearch.models.machine import cpu_kind
 from specresearch.sweeps.lock import busy
 from specresearch.tracking import MLflowTracker, NullTracker, browse_line, tracked_run
 from specresearch.types import SamplingParams
@@ -936,7 +937,7 @@ def run(args) -> None:
         header = (
             f"\n{args.model} <- {args.draft}{cross_note} ({target.dtype}, {target.device}, kernels {args.kernels}; "
             f"torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, {platform.machine()} {torch.backends.cpu.get_cpu_capability()}): "
+            f"{torch.get_num_threads()} threads, {platform.machine()} {cpu_kind()}): "
             f"{len(prompts)} {DATASETS[args.dataset]} x {args.tokens} tokens x {args.repeats} repeats, "
             + ("greedy" if args.temperature == 0 else f"sampled at T = {args.temperature:g}")
         )

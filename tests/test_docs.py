@@ -136,14 +136,20 @@ def test_every_key_the_docs_name_is_one_the_config_has():
 
 
 def test_the_headline_numbers_come_from_the_data_and_agree_between_readme_and_docs():
-    """README and the docs' home show the same headline table, written from committed speed reports with
-    their bootstrap intervals (benchmarks/headline.py): `--check` finds both current."""
+    """README and the docs' home show the same headline tables, one per CPU kind, written from committed speed reports
+    with their bootstrap intervals (benchmarks/headline.py): `--check` finds both, and what a run says to expect
+    (specresearch/assets/held_out.json), current; every CPU kind is named, a kind without a table says so."""
     headline = script("benchmarks/headline.py")
     assert headline.main(["--check"]) == 0
     blocks = [headline.BLOCK.search(page.read_text(encoding="utf-8")).group(0) for page in headline.PAGES]
     rows = [[line.rsplit("|", 2)[0] for line in block.splitlines() if line.startswith("| ")] for block in blocks]
-    assert rows[0] == rows[1] and len(rows[0]) == 1 + len(headline.headlines())  # the same numbers (links differ)
-    for h in headline.headlines():
+    items = headline.headlines()
+    kinds = {h["kind"] for h in items}
+    assert rows[0] == rows[1] and len(rows[0]) == len(kinds) + len(items)  # the same numbers (links differ); a header per table
+    for kind in headline.CPU_KINDS:
+        assert f"**CPUs with {kind}**" in blocks[0] and (kind in kinds) != (f"**CPUs with {kind}** (`dtype=auto` runs "
+                                                                              f"{headline.CPU_KINDS[kind]} there): not measured" in blocks[0])
+    for h in items:
         assert h["prompts"] >= headline.MIN_PROMPTS and h["interval"][0] <= h["speedup"] <= h["interval"][1]
 
 
@@ -151,7 +157,7 @@ def test_a_headline_without_enough_prompts_or_an_interval_is_refused(tmp_path, m
     headline = script("benchmarks/headline.py")
     report = json.loads((DATA / "2026-11-28-flagship-humaneval.json").read_text())  # 3 prompts, before intervals
     (tmp_path / "old.json").write_text(json.dumps(report))
-    (tmp_path / "headline.json").write_text(json.dumps([{"what": "x", "report": "old", "method": "independent"}]))
+    (tmp_path / "headline.json").write_text(json.dumps([{"what": "x", "report": "old", "method": "independent", "kind": "AMX"}]))
     monkeypatch.setattr(headline, "DATA", tmp_path)
     monkeypatch.setattr(headline, "SOURCE", tmp_path / "headline.json")
     with pytest.raises(headline.HeadlineError, match="needs >= 8 prompts and a bootstrap interval.*it has 3 prompts and no interval"):

@@ -5,10 +5,12 @@ what a run checks before it waits for the speed lock or loads a model (`check_ru
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
 import time
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -24,6 +26,7 @@ from specresearch.measure.equivalence import AUTO_MAX, baseline_cache, equivalen
 from specresearch.measure.results import Results, format_table
 from specresearch.metrics import first_divergence
 from specresearch.models import check_model_files, check_tiny_args, machine_tags
+from specresearch.models.machine import CPU_KINDS, cpu_kind
 from specresearch.options.drafters import Heads
 from specresearch.records import HEADLINE_SECTION, PromptStep, flatten, headline, json_text, prefixed
 from specresearch.seeding import stream_seed
@@ -57,6 +60,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     compiled = compiled_reference(cfg, baseline)
     target, drafter = method.kv.lm, method.drafter
     trained_on = trained_on_tags(drafter, prompts)  # refuses heads trained on any of these prompts
+    expect = what_to_expect(target.name, target.device, target.dtype)
+    if expect:
+        log.info(expect)
     prompt_ids = [encode(target.tokenizer, p) for p in prompts]
     # A model other than the tiny one tells its positions only now that it has loaded: before anything is measured.
     check_positions(cfg, prompts, [len(ids) for ids in prompt_ids], method.kv.max_positions, target.name,
@@ -138,6 +144,28 @@ def run(cfg: DictConfig) -> dict[str, float]:
             log.info("equivalence at temperature 0: the outputs are deterministic, so it is the greedy identity above")
     browse_line(tracker)
     return flatten(record)
+
+
+def what_to_expect(model: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """What the README's headline measured for `model` on this CPU's kind (`cpu_kind`), as one line a speed run says
+    before it measures: the headlines marked "expect" (specresearch/assets/held_out.json, which benchmarks/headline.py
+    writes from the committed reports), or that this kind has none yet. None on a GPU or for a model without any."""
+    headlines = json.loads(resources.files("specresearch.assets").joinpath("held_out.json").read_text("utf-8"))["headlines"]
+    if device.type != "cpu" or not any(h["model"] == model for h in headlines):
+        return None
+    kind = cpu_kind()
+    mine = [h for h in headlines if h["model"] == model and h["kind"] == kind]
+    auto = CPU_KINDS.get(kind)
+    if not mine:
+        measured = sorted({h["kind"] for h in headlines if h["model"] == model})
+        return (f"what to expect here: {model} has no held-out speed measurement on a CPU of this kind ({kind}) yet, only on "
+                f"{', '.join(measured)} (the README's headline); python benchmarks/speed.py measures every method on this machine")
+    said = "; ".join(f"{h['what'].split(':')[0].replace('`', '')} {h['speedup']:.2f}x [{h['interval'][0]:.2f}-{h['interval'][1]:.2f}] "
+                     f"({h['prompts']} {h['dataset']} prompts x {h['tokens']} tokens, docs/results/data/{h['report']}.json)"
+                     for h in mine)
+    other = f"; they ran {auto}, this run {str(dtype).removeprefix('torch.')}" if str(dtype) != f"torch.{auto}" else ""
+    return (f"what to expect here: held out on a CPU with {kind} (the README's headline{other}), over transformers' generate: "
+            f"{said}. A run of a few prompts, other settings or a busy machine lands elsewhere")
 
 
 SUSPECT = 1.15  # a speedup this far above τ is flagged (a verify forward may cost a little under one token's: v(2) ~0.9 measured)

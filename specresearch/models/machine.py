@@ -75,6 +75,21 @@ def cpu_has_fast_bf16() -> bool:
     return bool(check()) if check is not None else torch.backends.cpu.get_cpu_capability() != "AVX2"
 
 
+CPU_KINDS = {"AMX": "bfloat16", "AVX-512 BF16": "bfloat16", "AVX2": "float32"}  # the CPU kinds speed is measured per, and dtype=auto's pick
+
+
+def cpu_kind() -> str:
+    """The kind of CPU speed ratios differ by (they do: docs/concepts/measured.md): "AMX" (Intel's matrix tiles,
+    bf16), "AVX-512 BF16" (native bf16 vector kernels, no AMX), "AVX2" (neither, so dtype=auto picks float32),
+    or else torch's name for the CPU's vector capability ("AVX512" without bf16, "DEFAULT", an Arm one...)."""
+    flags = set(cpuinfo("flags").split())
+    if "amx_bf16" in flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX-512 BF16"
+    return torch.backends.cpu.get_cpu_capability()
+
+
 _SAID: set[str] = set()
 
 
@@ -88,7 +103,8 @@ def say_once(message: str) -> None:
 
 def machine_tags(lm: LoadedModel) -> dict[str, str]:
     """What a measurement ran on, as the config cannot say (`dtype=auto`, `device=auto`): the
-    resolved dtype and device, the processor or GPU, the cores torch uses, torch's version."""
+    resolved dtype and device, the processor or GPU, the CPU's kind (`cpu_kind`), the cores torch uses,
+    torch's version."""
     import platform
 
     if lm.device.type == "cuda":
@@ -96,7 +112,7 @@ def machine_tags(lm: LoadedModel) -> dict[str, str]:
     else:
         processor = cpuinfo("model name") or platform.processor() or platform.machine()
     return {"specresearch.dtype": str(lm.dtype).removeprefix("torch."), "specresearch.device": str(lm.device),
-            "specresearch.processor": processor, "specresearch.threads": str(torch.get_num_threads()),
+            "specresearch.processor": processor, "specresearch.cpu_kind": cpu_kind(), "specresearch.threads": str(torch.get_num_threads()),
             "specresearch.torch": torch.__version__}
 
 

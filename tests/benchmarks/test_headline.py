@@ -24,12 +24,12 @@ ROW = "| prompt lookup, code | **1.50x** | 1.25-1.75x | 8 HumanEval from #0, 16 
 
 def run(tmp: Path, *more: str) -> int:
     """headline.py on the inputs and pages under `tmp`."""
-    return headline.main(["--source", str(tmp / "headline.json"), "--data", str(tmp / "data"),
-                          "--readme", str(tmp / "README.md"), "--index", str(tmp / "index.md"), *more])
+    return headline.main(["--source", str(tmp / "headline.json"), "--data", str(tmp / "data"), "--readme", str(tmp / "README.md"),
+                          "--index", str(tmp / "index.md"), "--expect", str(tmp / "held_out.json"), *more])
 
 
 def pages(tmp: Path) -> dict[str, bytes]:
-    return {name: (tmp / name).read_bytes() for name in ("README.md", "index.md")}
+    return {name: (tmp / name).read_bytes() for name in ("README.md", "index.md", "held_out.json")}
 
 
 def edit(path: Path, change) -> None:
@@ -44,7 +44,7 @@ def checkout(tmp_path, capsys):
     """Copies of README.md and docs/index.md whose blocks are current for one report of a tiny run (written once)."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "r.json").write_text(json.dumps(RECORD))
-    (tmp_path / "headline.json").write_text(json.dumps([{"what": "prompt lookup, code", "report": "r", "method": "pld"}]))
+    (tmp_path / "headline.json").write_text(json.dumps([{"what": "prompt lookup, code", "report": "r", "method": "pld", "kind": "AVX2", "expect": True}]))
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
     shutil.copy(ROOT / "docs" / "index.md", tmp_path / "index.md")
     assert run(tmp_path) == 0 and run(tmp_path, "--check") == 0
@@ -56,6 +56,11 @@ def test_the_table_is_written_from_the_report_into_both_pages(checkout, capsys):
     readme, index = ((checkout / name).read_text(encoding="utf-8") for name in ("README.md", "index.md"))
     assert f"{ROW} [r](docs/results/data/r.json) |" in readme and f"{ROW} [r](results/r.md) |" in index
     assert "Measured by `benchmarks/speed.py` (cpu, 1 thread)" in readme
+    for kind, dtype in headline.CPU_KINDS.items():  # a table for the kind measured, the others said to be not measured
+        said = f"**CPUs with {kind}** (`dtype=auto` runs {dtype} there)"
+        assert said + ("\n\n| setting" if kind == "AVX2" else ": not measured on held-out prompts") in readme, kind
+    expect = json.loads((checkout / "held_out.json").read_text())["headlines"]  # what a run of tiny on an AVX2 CPU says
+    assert [(h["model"], h["kind"], h["speedup"], h["interval"], h["report"]) for h in expect] == [("tiny", "AVX2", 1.5, [1.25, 1.75], "r")]
     outside = headline.BLOCK.sub("", (ROOT / "README.md").read_text(encoding="utf-8"))
     assert headline.BLOCK.sub("", readme) == outside  # only the block changed
     assert run(checkout) == 0 and capsys.readouterr().out == "wrote nothing (current)\n"
@@ -66,11 +71,12 @@ def _source(value):
 
 
 def _headline(**fields):
-    return _source([{"what": "prompt lookup, code", "report": "r", "method": "pld", **fields}])
+    return _source([{"what": "prompt lookup, code", "report": "r", "method": "pld", "kind": "AVX2", **fields}])
 
 
 def _without(key):
-    return _source([{k: v for k, v in {"what": "prompt lookup, code", "report": "r", "method": "pld"}.items() if k != key}])
+    return _source([{k: v for k, v in {"what": "prompt lookup, code", "report": "r", "method": "pld", "kind": "AVX2"}.items()
+                    if k != key}])
 
 
 def _report(change):
@@ -117,6 +123,13 @@ BAD = {  # case -> (what it does to the inputs, the refusal: file, field and wha
     "a reversed interval": (_row(speedup_interval=[1.75, 1.25]), "'speedup_interval' must be [low, high] with low <= high (it is [1.75, 1.25])"),
     "a non-numeric speedup": (_row(speedup_vs_generate="fast"), "{tmp}/data/r.json, row 'pld(k=4)': 'speedup_vs_generate' must be a number (it is 'fast')"),
     "a boolean speedup": (_row(speedup_vs_generate=True), "'speedup_vs_generate' must be a number (it is True)"),
+    "a missing key: 'kind'": (_without("kind"), "{tmp}/headline.json, headline 1: 'kind' must be the kind of CPU the report was "
+                                                "measured on, one of AMX, AVX-512 BF16, AVX2 (it is missing)"),
+    "torch's capability as the 'kind'": (_headline(kind="AVX512"), "headline 1: 'kind' must be the kind of CPU the report was "
+                                                                   "measured on, one of AMX, AVX-512 BF16, AVX2 (it is 'AVX512')"),
+    "a text as 'expect'": (_headline(expect="yes"), "{tmp}/headline.json, headline 1: 'expect' must be true or false (it is 'yes')"),
+    "another kind in the report's header": (_report(lambda r: r.update(header="tiny <- tiny (cpu, 1 thread, x86_64 AMX): 8 x")),
+                                            "{tmp}/data/r.json: its header says it ran on an AMX CPU; the headline names AVX2"),
 }
 
 

@@ -89,3 +89,30 @@ def test_a_speedup_above_tau_is_flagged():
     assert runner.suspect_speedup({"speedup": 1.9, "method_tau": 3.2}) is None
     assert runner.suspect_speedup({"speedup": 1.1, "method_tau": 1.0}) is None  # within SUSPECT
     assert runner.suspect_speedup({"speedup": 2.0, "method_tau": math.nan}) is None  # nothing to hold it to
+
+
+@pytest.mark.parametrize("kind", ["AMX", "AVX-512 BF16", "AVX2"])
+def test_a_run_of_the_default_target_says_what_its_cpu_kind_measured(kind, monkeypatch):
+    """The README's headlines marked "expect" (specresearch/assets/held_out.json) for this CPU kind, each with its
+    report; another kind's numbers never; a kind without any says so and names the kinds measured; nothing on a GPU
+    or for a model the headline has not measured."""
+    import json
+    from importlib import resources
+
+    import torch
+
+    shipped = json.loads(resources.files("specresearch.assets").joinpath("held_out.json").read_text("utf-8"))["headlines"]
+    monkeypatch.setattr(runner, "cpu_kind", lambda: kind)
+    said = runner.what_to_expect("qwen2.5-coder-1.5b", torch.device("cpu"), torch.bfloat16)
+    mine = [h for h in shipped if h["kind"] == kind]
+    for h in shipped:  # each of this kind's numbers with its report; no other kind's report
+        assert (f"{h['speedup']:.2f}x [{h['interval'][0]:.2f}-{h['interval'][1]:.2f}]" in said
+                and f"docs/results/data/{h['report']}.json" in said) == (h in mine), (h, said)
+    if kind == "AVX2":  # none measured there (yet): said, naming where they were
+        assert not mine and said.startswith("what to expect here: qwen2.5-coder-1.5b has no held-out speed measurement on a CPU "
+                                            "of this kind (AVX2) yet, only on AMX, AVX-512 BF16")
+    else:
+        assert mine and said.startswith(f"what to expect here: held out on a CPU with {kind} (the README's headline), over")
+        assert "they ran bfloat16, this run float32" in runner.what_to_expect("qwen2.5-coder-1.5b", torch.device("cpu"), torch.float32)
+    assert runner.what_to_expect("tiny", torch.device("cpu"), torch.float32) is None
+    assert runner.what_to_expect("qwen2.5-coder-1.5b", torch.device("cuda"), torch.bfloat16) is None
