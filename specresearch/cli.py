@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from specresearch.config import CONF_DIR, groups, options, register_options, unknown_option
-from specresearch.errors import SpecResearchError, fail
+from specresearch.errors import SpecResearchError, fail, first_surrogate
 
 
 class OwnMessages(logging.Filter):
@@ -37,8 +37,9 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
     or in a sweep, is checked (settings.check_config) before a run opens, then runs `work(cfg)` inside
     sweeps.job (signals end its run FAILED, `resume` may skip it, a timed speed job holds the speed lock).
     A SpecResearchError is one `error:` line and exit 2 for a single run (which leaves no empty output
-    folder); in a sweep the other jobs go on and the sweep's callback counts the failed one. `--help` with
-    overrides only is answered here (_print_help), in a fraction of the time Hydra's takes.
+    folder); in a sweep the other jobs go on and the sweep's callback counts the failed one. `--help` (-h) is
+    answered here (_print_help), in a fraction of the time Hydra's takes, whatever other Hydra flags come with it
+    (-m, --cfg job, ...; a sweep's first value), but --config-name/-path/-dir, whose help Hydra's answers.
 
     Args:
         config_name: the primary config of conf/ ("config" or "train").
@@ -48,9 +49,11 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
             before sweeps.job: a job it refuses neither waits for the speed lock nor opens a run.
     """
     for arg in sys.argv[1:]:  # an undecodable byte of the shell (surrogate-escaped): Hydra's lexer would say 4 lines
-        if not _is_utf8(arg):
+        at = first_surrogate(arg)
+        if at is not None:
             shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
-            fail(f"the override '{shown}' is not UTF-8 text: write overrides (group=option, key=value) in UTF-8")
+            fail(f"the override '{shown}' is not UTF-8 text (it holds the surrogate U+{ord(arg[at]):04X} at character "
+                 f"{at}): write overrides (group=option, key=value) in UTF-8")
     if "--version" in sys.argv[1:] or "-V" in sys.argv[1:]:  # ours, not Hydra's ("Hydra 1.3.8")
         from specresearch import __version__
 
@@ -66,14 +69,15 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
     if problem:
         fail(problem)
     helping = {"--help", "-h"} & set(sys.argv[1:])
-    if helping and all(arg in helping or not arg.startswith("-") for arg in sys.argv[1:]):  # Hydra's other flags: below
-        _print_help(config_name, [arg for arg in sys.argv[1:] if arg not in helping])
+    overrides = _help_overrides(sys.argv[1:]) if helping else None
+    if overrides is not None:
+        _print_help(config_name, overrides)
         _print_settings(sys.argv[1:], listing=False)
         return
     try:
         hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(_job(work, timed, ready))()
     except SystemExit as done:  # Hydra's --help (with its other flags) exits here; then the settings of the options it names (drafter=pld)
-        if "--help" in sys.argv[1:] and not done.code:
+        if helping and not done.code:
             _print_settings(sys.argv[1:], listing=False)
         raise
     except KeyboardInterrupt:  # Ctrl-C outside a job (during a job sweeps.exit_on_signals turns it into SystemExit(130))
@@ -81,25 +85,34 @@ def cli(config_name: str, work: Callable[[DictConfig], dict[str, float] | None],
         sys.exit(128 + signal.SIGINT)
 
 
-def _is_utf8(arg: str) -> bool:
-    try:
-        arg.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+def _help_overrides(args: list[str]) -> list[str] | None:
+    """The overrides of a `--help` that _print_help answers, read by Hydra's own parser (hydra/_internal/utils.py
+    get_args_parser): its other flags (-m, --cfg job, --package, --info, --resolve, ...) change nothing the help
+    prints (Hydra answers --help before them); None with --config-name, --config-path or --config-dir (Hydra's)."""
+    from hydra._internal.utils import get_args_parser
+
+    parsed = get_args_parser().parse_intermixed_args(args)  # a bad flag: argparse's usage line, as Hydra's
+    return None if parsed.config_name or parsed.config_path or parsed.config_dir else parsed.overrides
 
 
 def _print_help(config_name: str, overrides: list[str]) -> None:
-    """`--help` with overrides only: Hydra's help (the template of conf/hydra/help/, its ${...} resolved in the
-    config these overrides compose), with $APP_CONFIG_GROUPS the groups a user sets and their options
-    (specresearch.config.groups). Hydra's own listing builds a config repository for each of its ~130 groups
-    and options (seconds on a 2-core CPU) and names the study presets' own groups (batch_synergy/arm) too."""
+    """`--help`: Hydra's help (the template of conf/hydra/help/, its ${...} resolved in the config these overrides
+    compose, a sweep's with its first value: a,b, choice(...), range(...); glob(...), interval(...) left out), with
+    $APP_CONFIG_GROUPS the groups a user sets and their options (specresearch.config.groups). Hydra's own listing
+    builds a config repository for each of its ~130 groups and options (seconds on a 2-core CPU) and names the study
+    presets' own groups (batch_synergy/arm) too."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Transformer, ValueType
     from hydra.errors import HydraException
 
     try:
+        unlisted = (ValueType.GLOB_CHOICE_SWEEP, ValueType.INTERVAL_SWEEP)  # sweeps without a first value here
+        chosen = [f"{o.get_key_element()}={next(o.sweep_iterator(Transformer.encode))}" if o.is_sweep_override()
+                  else o.input_line for o in OverridesParser.create().parse_overrides(overrides)
+                  if o.value_type not in unlisted]
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+            cfg = compose(config_name=config_name, overrides=chosen, return_hydra_config=True)
     except HydraException as err:
         fail(str(err).splitlines()[0])
     listing = "".join(f"{group}: {', '.join(options(group))}\n" for group in groups())  # as Hydra writes its list

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from specresearch.errors import SpecResearchError
+from specresearch.errors import SpecResearchError, first_surrogate
 
 DATASETS = ("humaneval", "mtbench", "sharegpt")  # dataset=...: the evaluation side of each
 TRAIN_SOURCES = ("python-stdlib", "sharegpt")  # train.corpora: the training side of each
@@ -308,12 +308,10 @@ def encode(tokenizer, prompt: Prompt) -> list[int]:
 def _refuse_surrogates(name: str, text: str, part: str = "") -> None:
     """Raise a SpecResearchError naming prompt `name` (its `part`, e.g. " (its reply)") and the character where
     `text` holds a surrogate code point: no tokenizer can encode one."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:  # (a str fails UTF-8 only on its surrogates, U+D800-U+DFFF)
-        raise SpecResearchError(f"prompt {name}{part} holds the surrogate U+{ord(text[err.start]):04X} at character "
-                                f"{err.start}, which no tokenizer can encode: valid prompt text has no code point "
-                                "U+D800-U+DFFF") from None
+    at = first_surrogate(text)
+    if at is not None:
+        raise SpecResearchError(f"prompt {name}{part} holds the surrogate U+{ord(text[at]):04X} at character {at}, "
+                                "which no tokenizer can encode: valid prompt text has no code point U+D800-U+DFFF")
 
 
 def encode_text(tokenizer, prompt: Prompt) -> list[int]:

@@ -1,5 +1,6 @@
 """One exception type for every user-facing error, `fail`: how every command prints it (one line, exit 2), and
-`write_problem`: why a folder cannot take files (the check before a run writes anywhere). Stdlib only."""
+`write_problem`: why a folder cannot take files (the check before a run writes anywhere), `first_surrogate`: where a
+text holds what UTF-8 cannot encode (an override, a prompt). Stdlib only."""
 
 import sys
 import tempfile
@@ -14,6 +15,16 @@ def fail(message: str) -> None:
     """Print a one-line error and exit 2 (how every command reports a SpecResearchError)."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def first_surrogate(text: str) -> int | None:
+    """The index of `text`'s first surrogate code point (U+D800-U+DFFF: half of a JSON escape's UTF-16 pair, or a byte
+    Python could not decode, surrogate-escaped), which UTF-8 cannot encode; None when it holds none."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # (a str fails UTF-8 only on its surrogates)
+        return err.start
+    return None
 
 
 def report_problem(path: Path, option: str) -> str | None:

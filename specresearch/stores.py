@@ -4,7 +4,6 @@ creating a store; and the runs whose process died, marked FAILED (`mark_dead_run
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import socket
@@ -126,14 +125,23 @@ def mark_dead_runs(client: Any) -> list[str]:
 
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `path` (created if missing; another user's read-only file serves
-    too), waiting for it; released when the block ends or the process dies."""
+    """Hold an exclusive lock on `path` (filelock's FileLock: an flock; the file is created if missing
+    and stays; another user's read-only file serves too), waiting for it; released when the block ends
+    or the process dies."""
+    from filelock import FileLock, lock_descriptor  # 50 ms to import: only where a store is opened
+
+    lock = FileLock(path, fallback_to_soft=False)  # the kernel's flock alone, which a process's death releases
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:
+        lock.acquire()
+    except PermissionError:  # a lock file this user cannot write: FileLock refuses it, flock needs no write access
         fd = os.open(path, os.O_RDONLY)
+        try:
+            lock_descriptor(fd)  # FileLock's own flock, on this descriptor
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # releases the flock
+        lock.release()

@@ -12,6 +12,7 @@ import pytest
 from specresearch.config import options
 from specresearch.errors import SpecResearchError
 from specresearch.measure import run
+from specresearch.models.machine import cpu_kind
 from tests.helpers import HAS_SMOLLM2, ROOT, make_cfg, mlflow_runs, run_specresearch
 from tests.tiny import TINY
 
@@ -45,6 +46,7 @@ def test_real_model_end_to_end(tmp_path, new_store):
     tags = record.data.tags  # what `dtype=auto device=auto` resolved to, and the machine
     assert tags["specresearch.dtype"] in ("bfloat16", "float32", "float16") and tags["specresearch.device"] == "cpu"
     assert tags["specresearch.processor"] and int(tags["specresearch.threads"]) >= 1 and len(tags["specresearch.config_hash"]) == 64
+    assert tags["specresearch.cpu_kind"] == cpu_kind()  # the kind the README's headline tables are per
     assert (tmp_path / "out" / "records.jsonl").read_text().count("\n") == 2
     job_log = (tmp_path / "out" / "specresearch.log").read_text()  # what the run said, kept with its results
     assert "speedup (tokens/s ratio)" in job_log and "[specresearch.measure.runner][INFO]" in job_log
@@ -294,4 +296,19 @@ def test_an_override_that_is_not_utf8_is_one_line_naming_it(tmp_path):
     result = cli(os.fsdecode(b"model=tiny\xff"), "tracker=none", cwd=tmp_path)  # as Python decodes it: a surrogate escape
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [
-        r"error: the override 'model=tiny\xff' is not UTF-8 text: write overrides (group=option, key=value) in UTF-8"]
+        r"error: the override 'model=tiny\xff' is not UTF-8 text (it holds the surrogate U+DCFF at character 10): "
+        "write overrides (group=option, key=value) in UTF-8"]
+
+
+@pytest.mark.parametrize("args, choice", [(("-m", "drafter=pld,medusa", "--help"), "pld"),  # a sweep: its first value
+                                          (("--cfg", "job", "--help"), None)])
+def test_help_with_hydras_other_flags_is_ours(args, choice, tmp_path):
+    """`--help` with Hydra's other flags (-m and a sweep, --cfg job) is answered as with overrides only: no
+    "Ambiguous value" traceback, the groups a user sets and not the study presets' own (batch_synergy/arm)."""
+    result = cli(*args, cwd=tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("drafter "))
+    shown = line.split()[1].strip("[]")  # the command line's choice: the sweep's first value, or the default's
+    assert shown in options("drafter") and choice in (None, shown) and "proposes draft tokens" in line
+    assert f"\ndrafter: {', '.join(options('drafter'))}\n" in result.stdout
+    assert "batch_synergy/arm" not in result.stdout

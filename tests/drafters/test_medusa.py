@@ -636,30 +636,6 @@ def test_a_batchs_rows_are_drafted_by_one_heads_forward_each_as_alone(target, ch
             torch.testing.assert_close(got.q, want.q)
 
 
-@pytest.mark.parametrize("content", ["[]", '{"v": {"2": "x"}, "one_token_s": 0.01}', '{"v": {"2": 1.1}}',
-                                     '{"v": {"2": NaN}, "one_token_s": 0.01}', '{"v": {"2": 1.1}, "one_token_s": -1}', "{cut"])
-def test_a_damaged_cost_file_is_measured_again_with_one_line(content, tmp_path, caplog):
-    """shape=auto's per-machine costs (<cache>/costs/): a file of `[]`, non-numbers, no one_token_s, NaN or a
-    negative time is neither a traceback nor used: one warning naming it, then measured and written anew."""
-    import logging
-
-    from specresearch.kv import kept_cost_curve
-    from specresearch.models import load_model
-
-    lm = load_model("tiny", cache_dir=str(tmp_path), dtype="float32", device="cpu")
-    kept_cost_curve(lm, [2])
-    (path,) = (tmp_path / "costs").rglob("*.json")
-    path.write_text(content)
-    with caplog.at_level(logging.WARNING, logger="specresearch.kv"):
-        v, one = kept_cost_curve(lm, [2, 3])
-    assert [r.getMessage() for r in caplog.records if "cost file" in r.getMessage()] == [
-        next(r.getMessage() for r in caplog.records if "cost file" in r.getMessage())]
-    assert str(path) in caplog.text and "measuring again" in caplog.text
-    assert one > 0 and all(math.isfinite(x) and x > 0 for x in v)
-    again = json.loads(path.read_text())
-    assert set(again["v"]) == {"2", "3"} and again["one_token_s"] > 0  # rewritten whole
-
-
 @pytest.mark.parametrize("drafter", ["medusa", "tree"])
 def test_a_tree_the_machine_cannot_hold_is_refused_before_anything_is_allocated(drafter, monkeypatch):
     """drafter.nodes=100000 on the tiny model died after 44 s allocating 40 GB (the tree's attention mask, 100,001² float32):

@@ -127,6 +127,20 @@ def test_a_file_of_the_wrong_shape_is_measured_again(content, tmp_path, monkeypa
     measured_again(path, target, caplog)
 
 
+def test_a_model_loaded_with_a_cache_of_its_own_keeps_its_costs_there(tmp_path, monkeypatch, caplog):
+    """load_model(cache_dir=...): the cost file lies in that cache, not in $SPECRESEARCH_CACHE, and damaged
+    there it is measured again as anywhere else."""
+    from specresearch.models import load_model
+
+    monkeypatch.setenv("SPECRESEARCH_CACHE", str(tmp_path / "elsewhere"))
+    lm = load_model("tiny", cache_dir=str(tmp_path / "own"), dtype="float32", device="cpu")
+    kept_cost_curve(lm, [2])
+    (path,) = (tmp_path / "own" / "costs" / "tiny").glob("*.json")
+    assert not (tmp_path / "elsewhere" / "costs").exists()
+    path.write_text("{cut")
+    measured_again(path, lm, caplog)
+
+
 def test_sizes_are_warmed_then_timed_interleaved(monkeypatch, target):
     """forward_seconds runs each size once untimed (a kernel's first call may lay out its weights), then times
     one round of every size per repeat: a machine that slows down mid-measurement moves every size alike, and
