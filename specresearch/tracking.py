@@ -121,17 +121,42 @@ class NullTracker(Tracker):
         pass
 
 
-# How MLflow 3's UI shows our experiments: as model development (it opens on the runs table, not the GenAI
-# traces view with its assistant panel), with a description on the experiment's page. The runs table's
-# columns cannot be preset from here (the UI keeps that choice in the browser): the description says which.
+# How MLflow 3's UI shows our experiments. MLflow 3.17 opens an experiment on its GenAI overview whatever its
+# `mlflow.experimentKind`: its switch (GenAI / Model training, kept in the browser) decides, and a page's
+# `workflowType=machine_learning` sets it. Its runs table shows no metric column until a user picks some, and
+# keeps that choice in the browser, except for a shared view: an experiment tag `mlflow.sharedViewState.KEY`
+# holding the view (JSON), which a page's `viewStateShareKey=KEY` opens. So the page every run names
+# (`runs_page`) opens the runs table with the headline as columns; the kind tag serves older 3.x UIs.
+VIEW = "specresearch"
+COLUMNS = ("speedup", "method_tau", "method_alpha")  # the runs table's metric columns (MLflow orders them by name)
 EXPERIMENT_TAGS = {
     "mlflow.experimentKind": "custom_model_development",
+    f"mlflow.sharedViewState.{VIEW}": json.dumps({"selectedColumns": [f"metrics.`{name}`" for name in COLUMNS],
+                                                  "orderByKey": "attributes.start_time", "orderByAsc": False}),
     "mlflow.note.content": (
         "Runs of specresearch (speculative decoding): one run per job (`python -m specresearch`, a "
         "sweep's jobs under their parent run). The headline metrics, logged first: " + ", ".join(f"`{name}`" for name in HEADLINE)
         + ". Add them as columns in the runs table (Columns), and open a run for its prompts (`prompt/*`), its "
         "`headline/*` charts over the prompts, its records (`records.jsonl`) and its log (`specresearch.log`)."),
 }
+
+
+def without_mlflow_git() -> None:
+    """Take MLflow's git lookup out of its run context providers: at every start_run it runs git through GitPython
+    (`git version` at its import, `git check-ignore`, ...) with no timeout, so a hung git (a network file system)
+    holds the run for as long as it hangs. Our own tags carry the commit, MLflow's `mlflow.source.git.commit`
+    included (records.process_tags, each git call within GIT_TIMEOUT_S)."""
+    from mlflow.tracking.context import registry
+    from mlflow.tracking.context.git_context import GitRunContext
+
+    providers = registry._run_context_provider_registry._registry  # no public way to unregister one
+    providers[:] = [p for p in providers if not isinstance(p, GitRunContext)]
+
+
+def runs_page(server: str, experiment: str) -> str:
+    """The address of `experiment`'s runs table on the MLflow UI at `server`, in its Model training view (not
+    the GenAI overview MLflow 3.17 opens on) with the headline metrics as columns (EXPERIMENT_TAGS' shared view)."""
+    return f"{server}/#/experiments/{experiment}/runs?viewStateShareKey={VIEW}&workflowType=machine_learning"
 
 
 class MLflowTracker(Tracker):
@@ -194,6 +219,7 @@ class MLflowTracker(Tracker):
         import mlflow  # ~2 s: only when a run is really tracked
 
         quiet_mlflow()
+        without_mlflow_git()
         mlflow.set_tracking_uri(self.uri)
         if self.uri in _OPENED:
             return mlflow
@@ -281,9 +307,12 @@ class MLflowTracker(Tracker):
         mlflow.set_tag(NOTE_TAG, text)
 
     def browse_hint(self) -> str:
+        """How to open the runs: `mlflow ui` on the store (or the server) and the page of the runs table (runs_page)."""
+        experiment = self.experiment_id()
         if not self.local:
-            return f"open {self.uri} (the MLflow server)"
-        return f"mlflow ui --backend-store-uri {self.uri}"
+            return f"open {self.uri if experiment is None else runs_page(self.uri.rstrip('/'), experiment)} (the MLflow server)"
+        page = "" if experiment is None else f" and open {runs_page('http://127.0.0.1:5000', experiment)}"
+        return f"mlflow ui --backend-store-uri {self.uri}{page}"
 
     def start_parent(self, name: str, tags: dict[str, str] | None = None) -> str:
         """Open a sweep's parent run (it also creates the database, before any job touches it); jobs

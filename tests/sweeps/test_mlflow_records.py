@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -155,7 +157,7 @@ def test_a_store_path_with_a_hash_round_trips_to_the_browse_line_and_the_analysi
     with tracked_run(tracker, make_cfg(*FAST), "run", lambda: ({"speedup": 1.0}, {})):
         pass
     assert (store / "mlflow.db").is_file() and not (tmp_path / "a").exists()
-    uri = tracker.browse_hint().split()[-1]
+    uri = tracker.browse_hint().split("--backend-store-uri ")[1].split()[0]
     assert uri == f"sqlite:///{store}/mlflow.db" == tracker_target("leviathan", {"store": str(store)})[0]
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("specresearch").experiment_id])
@@ -230,12 +232,14 @@ def test_runs_of_dead_processes_on_this_host_are_marked_failed_when_a_store_open
 
 def test_the_experiment_opens_on_the_runs_table_and_describes_itself(tmp_path):
     """MLflow 3 opens an experiment of kind custom_model_development on its runs table (not the GenAI traces view):
-    ours is made so, with a description naming the headline metrics; one made before (or by hand) gets both."""
+    ours is made so, with a description naming the headline metrics and a shared view of the runs table with the
+    headline as columns, which the page a run names opens (in MLflow 3.17 only a page's workflowType and
+    viewStateShareKey do it); one made before (or by hand) gets all three."""
     import mlflow
     from mlflow import MlflowClient
 
     from specresearch.records import HEADLINE
-    from specresearch.tracking import MLflowTracker, tracked_run
+    from specresearch.tracking import VIEW, MLflowTracker, runs_page, tracked_run
     from tests.helpers import make_cfg
 
     for made_before in (False, True):
@@ -250,6 +254,41 @@ def test_the_experiment_opens_on_the_runs_table_and_describes_itself(tmp_path):
         tags = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db").get_experiment_by_name("specresearch").tags
         assert tags["mlflow.experimentKind"] == "custom_model_development", made_before
         assert all(f"`{name}`" in tags[NOTE_TAG] for name in HEADLINE)
+        view = json.loads(tags[f"mlflow.sharedViewState.{VIEW}"])  # the runs table's columns: the headline's first metrics
+        assert view["selectedColumns"] == [f"metrics.`{name}`" for name in ("speedup", "method_tau", "method_alpha")]
+        assert set(view["selectedColumns"]) <= {f"metrics.`{name}`" for name in HEADLINE}
+        experiment = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db").get_experiment_by_name("specresearch").experiment_id
+        page = runs_page("http://127.0.0.1:5000", experiment)
+        assert tracker.browse_hint() == f"mlflow ui --backend-store-uri sqlite:///{store}/mlflow.db and open {page}"
+        assert page.endswith(f"/#/experiments/{experiment}/runs?viewStateShareKey={VIEW}&workflowType=machine_learning")
+
+
+def test_the_page_a_sweep_names_opens_on_its_runs_with_the_headline_as_columns(tmp_path):
+    """In a real browser (Chromium, 1400 x 900), the page a sweep's last line names shows MLflow's runs table
+    (its Model training view, not the GenAI overview it opens an experiment on) with speedup, method_tau and
+    method_alpha as columns and the sweep's parent run as a row, without a click."""
+    pytest.importorskip("playwright")
+    from tests.ui import mlflow_screenshots as ui
+
+    if not Path(ui.CHROMIUM).is_file():
+        pytest.skip(f"no Chromium at {ui.CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    said = ui.sweep(tmp_path)
+    server, url = ui.serve(tmp_path)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=ui.CHROMIUM, args=ui.FLAGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            ui.first_screen(page, said.replace("http://127.0.0.1:5000", url))  # waits for the speedup column
+            for column in ("speedup", "method_tau", "method_alpha"):
+                assert ui.column(page, column).is_visible(), column
+            assert page.get_by_text("sweep drafter.k=2,4,8", exact=True).is_visible()  # the parent run, named after its sweep
+            assert not page.get_by_text("Overview", exact=True).count() and "workflowType=machine_learning" in page.url
+            page.screenshot(path=tmp_path / "first_screen.png")
+            browser.close()
+    finally:
+        server.terminate()
 
 
 # --- the code a run was measured by (issue 59) ------------------------------------------------------
@@ -296,6 +335,31 @@ def test_code_tags_never_fail_a_run_where_git_is_missing_hangs_or_is_no_checkout
     monkeypatch.undo()
     monkeypatch.setattr(records, "__file__", str(tmp_path / "site-packages" / "specresearch" / "records.py"))
     assert COMMIT_TAG not in fresh() and DIRTY_TAG not in fresh()  # a folder that is no checkout of its own
+
+
+def test_a_hung_git_does_not_hold_a_tracked_run(tmp_path):
+    """A `git` that never answers (a network file system): MLflow's own git lookup (GitPython, no timeout) held every
+    run for as long as git hung; with it out of MLflow's context providers the run records FINISHED, our tags
+    without a commit (our git call gave up after GIT_TIMEOUT_S). In a process of its own, with a deadline."""
+    import sys
+
+    from mlflow import MlflowClient
+
+    from specresearch.records import COMMIT_TAG, MLFLOW_COMMIT_TAG
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "git").write_text("#!/bin/sh\nexec sleep 900\n")
+    (tmp_path / "bin" / "git").chmod(0o755)
+    store = tmp_path / "store"
+    script = ("from specresearch.tracking import MLflowTracker, tracked_run\nfrom tests.helpers import make_cfg\n"
+              "from tests.sweeps.jobs import FAST\n"
+              f"tracker = MLflowTracker(store={str(store)!r})\n"
+              "with tracked_run(tracker, make_cfg(*FAST), 'run', lambda: ({'speedup': 1.0}, {})):\n    pass\n")
+    env = {**env_for(tmp_path), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True, timeout=600)  # git alone hangs 900 s
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("specresearch").experiment_id])
+    assert run.info.status == "FINISHED" and COMMIT_TAG not in run.data.tags and MLFLOW_COMMIT_TAG not in run.data.tags
 
 
 def test_every_run_opened_goes_through_the_tracker_that_tags_the_code():

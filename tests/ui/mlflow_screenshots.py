@@ -5,7 +5,8 @@ into a fresh store, serves it with `mlflow ui`, and takes screenshots with headl
     apt-get install chromium && pip install playwright
     python tests/ui/mlflow_screenshots.py [OUT_DIR]     # default: docs/mlflow
 
-Screenshots: the runs table (the sweep's parent expanded, the headline metrics as columns), the
+Screenshots: the first screen of the page a run names (first_screen.png: the runs table, the headline metrics as columns,
+1400 x 900), the runs table with the sweep's parent expanded, the
 chart view, the parent run's page (description = table of jobs), the compare page of the jobs (its
 default axis is the first metric logged: speedup), the parent's sweep figure, and a job's
 acceptance-by-position and time-split figures.
@@ -29,10 +30,26 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--
          "--no-first-run", "--disable-quic"]  # this machine's closed network refuses Chromium's own connections
 
 
-def sweep(store: Path) -> None:
-    """A three-job sweep of prompt lookup's k on the tiny model, recorded in `store`."""
-    subprocess.run([sys.executable, "-m", "specresearch", "-m", "model=tiny", "drafter=pld", "drafter.k=2,4,8", "verifier=greedy",
-                    "dataset.num_prompts=3", f"tracker.store={store}", f"hydra.sweep.dir={store}/outputs/pld-k"], check=True, cwd=store)
+def sweep(store: Path) -> str:
+    """A three-job sweep of prompt lookup's k on the tiny model, recorded in `store`; the page its last line says to
+    open (the runs table on `mlflow ui`'s default address, http://127.0.0.1:5000)."""
+    done = subprocess.run([sys.executable, "-m", "specresearch", "-m", "model=tiny", "drafter=pld", "drafter.k=2,4,8",
+                           "verifier=greedy", "dataset.num_prompts=3", f"tracker.store={store}", f"hydra.sweep.dir={store}/outputs/pld-k"],
+                          check=True, cwd=store, capture_output=True, text=True)
+    said = done.stdout.strip().splitlines()[-1]  # "sweep recorded as one parent run (...); browse it with: mlflow ui ... and open PAGE"
+    return said.rsplit(" and open ", 1)[1]
+
+
+def first_screen(page, address: str) -> None:
+    """Open `address` (a runs page) in `page` and wait until its table shows the headline's columns."""
+    page.goto(address)
+    column(page, "speedup").wait_for(timeout=120_000)
+    page.wait_for_timeout(1000)
+
+
+def column(page, metric: str):
+    """The runs table's header cell of `metric`."""
+    return page.locator(f'[role="columnheader"][col-id="metrics.`{metric}`"]')
 
 
 def serve(store: Path) -> tuple[subprocess.Popen, str]:
@@ -53,8 +70,9 @@ def serve(store: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("mlflow ui did not answer in 60 s")
 
 
-def screenshots(url: str, store: Path, out: Path) -> list[Path]:
-    """Take the screenshots of the sweep in `store`, served at `url`, into `out`."""
+def screenshots(url: str, store: Path, out: Path, said: str) -> list[Path]:
+    """Take the screenshots of the sweep in `store`, served at `url`, into `out`: first the page the sweep `said` to open
+    as a 1400 x 900 browser shows it (first_screen.png)."""
     from mlflow import MlflowClient
     from playwright.sync_api import sync_playwright
 
@@ -89,23 +107,14 @@ def screenshots(url: str, store: Path, out: Path) -> list[Path]:
             page.screenshot(path=out / name, full_page=full)
             taken.append(out / name)
 
-        page.goto(f"{base}/runs")
-        page.wait_for_timeout(3000)
-        if page.get_by_text("Model training", exact=True).count():  # MLflow 3 opens on its GenAI view
-            page.get_by_text("Model training", exact=True).first.click()
-            page.wait_for_timeout(1000)
+        first = browser.new_page(viewport={"width": 1400, "height": 900})
+        first_screen(first, said.replace("http://127.0.0.1:5000", url))
+        first.screenshot(path=out / "first_screen.png")
+        taken.append(out / "first_screen.png")
+        first_screen(page, said.replace("http://127.0.0.1:5000", url))
         close = page.locator("[aria-label='Close assistant'], [aria-label='Close']")
         if close.count():
             close.first.click()
-        page.goto(f"{base}/runs")
-        page.wait_for_timeout(3000)
-        page.get_by_role("button", name="Columns").click()  # the list view shows no metric column until chosen
-        page.wait_for_timeout(800)
-        for metric in ("speedup", "method_tau", "method_alpha", "method_tokens_per_s"):
-            click(metric)
-        page.keyboard.press("Escape")
-        page.goto(f"{base}/runs")
-        page.wait_for_timeout(3000)
         name = page.get_by_text(parent.info.run_name, exact=True)
         if name.count():  # the parent's row opens on its jobs: its expander is left of its name
             box = name.first.bounding_box()
@@ -128,10 +137,10 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0] if argv else Path(__file__).resolve().parents[2] / "docs" / "mlflow").resolve()
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp)
-        sweep(store)
+        said = sweep(store)
         server, url = serve(store)
         try:
-            for path in screenshots(url, store, out):
+            for path in screenshots(url, store, out, said):
                 print(path)
         finally:
             server.terminate()
