@@ -227,8 +227,8 @@ def block(items: list[dict], link: str) -> str:
 
 
 def expected(items: list[dict]) -> str:
-    """specresearch/assets/held_out.json's text: the headlines marked "expect" (what a speed run on their model and
-    CPU kind says to expect), and the kinds measured."""
+    """specresearch/assets/held_out.json's text: the headlines marked "expect", each with its model and CPU kind (what a
+    speed run of that model on a CPU of that kind says to expect: specresearch.measure.runner.what_to_expect)."""
     keep = ("what", "model", "kind", "speedup", "interval", "prompts", "dataset", "offset", "tokens", "report")
     return json.dumps({"written by": "python benchmarks/headline.py, from docs/results/headline.json: edit that",
                        "headlines": [{key: h[key] for key in keep} for h in items if h.get("expect")]}, indent=1) + "\n"
