@@ -15,7 +15,7 @@ from specresearch.records import JOB_TAG, SWEEP_TAG, process_tags
 from specresearch.sweeps.destinations import check_destinations
 from specresearch.sweeps.outcomes import job_outcome
 from specresearch.sweeps.resume import stop_local_jobs
-from specresearch.sweeps.signals import exit_on_signals, restore_signals
+from specresearch.sweeps.signals import exit_on_signals, restore_signals, workers_follow_driver
 from specresearch.sweeps.summary import summarize
 from specresearch.tracking import PARENT_RUN_ENV, PARENT_URI_ENV, MLflowTracker
 
@@ -68,6 +68,7 @@ class SweepCallback(Callback):
 
 
         check_destinations(config, multirun=True)
+        workers_follow_driver()  # joblib's workers, a worker that never gets a job included, die with this driver
         tracker = instantiate(config.tracker)
         if isinstance(tracker, MLflowTracker):
             self.tracker = tracker

@@ -2,10 +2,12 @@
 so the run ends FAILED with what it had measured (specresearch.tracking.tracked_run records on any
 BaseException), or nothing is recorded when no run had opened yet (`Interrupted.report` says which);
 the sweep's parent run is then closed FAILED by the callback's atexit. A job in a worker process of a
-sweep's driver (joblib's) dies with the driver, even one killed by SIGKILL (`follow_driver`)."""
+sweep's driver (joblib's) dies with the driver, even one killed by SIGKILL (`follow_driver`; an idle
+worker too: `workers_follow_driver`)."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import signal
@@ -108,6 +110,19 @@ def follow_driver() -> None:
     watch = threading.Thread(target=_watch_driver, args=(driver.pid,), name="specresearch-follow-driver", daemon=True)
     _following.append(watch)
     watch.start()
+
+
+def workers_follow_driver() -> None:
+    """In a sweep's driver: joblib's workers start following it (`follow_driver`) as they start, as loky's
+    initializer, so a worker that never got a job ends with a killed driver too (it waited out loky's
+    5-minute idle timeout). Hydra's joblib launcher asks for the backend "loky" by name: joblib's
+    register_parallel_backend gives that name a LokyBackend with the initializer. Nothing without joblib."""
+    try:
+        from joblib import register_parallel_backend
+        from joblib._parallel_backends import LokyBackend
+    except ImportError:
+        return
+    register_parallel_backend("loky", functools.partial(LokyBackend, initializer=follow_driver))
 
 
 def _watch_driver(driver: int) -> None:

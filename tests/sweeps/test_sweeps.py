@@ -400,14 +400,15 @@ def _shm_of(pids) -> list[str]:
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None, reason='pip install -e ".[sweeps]"')
 def test_joblib_workers_die_with_a_driver_killed_by_sigkill(tmp_path, new_store):
     """kill -9 of a joblib sweep's driver left its workers measuring on (then idle for loky's 5 minutes) and their
-    files in /dev/shm: now each worker follows its driver (sweeps.signals.follow_driver): a running job ends FAILED
-    with what it measured, the workers exit, and with them go the resource trackers and their files."""
+    files in /dev/shm: now each worker follows its driver from its start (sweeps.signals.follow_driver, loky's
+    initializer): a running job ends FAILED with what it measured, the workers exit (the third of 3 workers for 2
+    jobs, which never gets one, too), and with them go the resource trackers and their files."""
     import shutil
 
     from tests.helpers import wait_for_a_measured_prompt
 
     new_store(tmp_path / "mlruns")
-    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "model=tiny", "drafter=pld", "drafter.k=1,2",
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=3", "model=tiny", "drafter=pld", "drafter.k=1,2",
             "dataset.num_prompts=8", "max_new_tokens=48", "exclusive=false"]
     log = tmp_path / "driver.log"  # a file, not a pipe: the workers hold the driver's stdout and stderr
     with open(log, "w") as out:
