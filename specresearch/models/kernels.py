@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specresearch.models.machine import cpuinfo
+from specresearch.models.machine import cpu_kind, cpuinfo
 
 
 class SkinnyLinear(torch.nn.Linear):
@@ -125,7 +125,7 @@ def few_bf16_rows_unpacked() -> bool:
     transformers' `generate` of 48 tokens on HumanEval 100-102 81 s against 100; with 2 to 13 rows as W @ xᵀ
     as well, Medusa (typical) decoded 64 tokens of them in 71 s against 77 and the default drafter in 39 against 41.
     The outputs are within bfloat16's rounding of the packed kernel's (float32 sums, rounded once)."""
-    return "amx_bf16" in cpuinfo("flags").split()
+    return cpu_kind() == "AMX"
 
 
 def routes() -> dict[str, int]:
