@@ -85,6 +85,9 @@ class Tracker(Protocol):
     def describe(self, text: str) -> None:
         """Set the run's description (markdown; MLflow shows it first on the run's page). Default: kept nowhere."""
 
+    def tag(self, tags: dict[str, str]) -> None:
+        """Add tags to the open run (facts known only once it measured). Default: kept nowhere."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         implements(cls)  # its Settings' option builds it (tracker=NAME)
@@ -308,6 +311,11 @@ class MLflowTracker(Tracker):
         import mlflow
 
         mlflow.set_tag(NOTE_TAG, text)
+
+    def tag(self, tags: dict[str, str]) -> None:
+        import mlflow
+
+        mlflow.set_tags(tags)
 
     def browse_hint(self) -> str:
         """How to open the runs: `mlflow ui` on the store (or the server) and the page of the runs table (runs_page)."""

@@ -24,7 +24,7 @@ from specresearch.errors import SpecResearchError
 from specresearch.evaluation.plugin import TASKS_DIR
 from specresearch.metrics import SpecStats
 from specresearch.models import cache_root, machine_tags
-from specresearch.records import EvalRecord, EvalSide, flatten, json_text
+from specresearch.records import SOLVED_TAG, EvalRecord, EvalSide, flatten, json_text
 from specresearch.tracking import browse_line, tracked_run
 from specresearch.types import GenerationOutput
 
@@ -100,7 +100,7 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
     sides: dict[str, Side] = {}
     layer_metrics = {f"sandbox_{layer}": float(on) for layer, on in layers.items()}  # the isolation the code ran under
     with tracked_run(tracker, cfg, label, lambda: _report(sides, layer_metrics, batch), tags=machine_tags(method.kv.lm),
-                     params=claim_params(method)):
+                     params=claim_params(method)) as run:
         if baseline is not None:
             cache = baseline_cache(cfg, method.kv.lm) if ec.reuse_baseline else None
             if cache is not None and cache.is_file():
@@ -114,6 +114,7 @@ def run_eval(cfg: DictConfig) -> dict[str, float]:
                     cache.write_text(sides["baseline"].to_json())
         lm = SpecResearchLM(engine=method, seed=cfg.seed, first_index=first, batch_size=batch)
         sides["method"] = evaluate(lm, ec, chosen)
+        run.tag(solved_tags(sides))
     record = summarise(sides, batch)
     log.info(format_summary(cfg, label, record))
     browse_line(tracker)
@@ -232,6 +233,22 @@ def summarise(sides: dict[str, Side], batch: int = 1) -> EvalRecord:
             record.speedup = meth_speed / base_speed
         record.baseline_reused = float(base.cached is not None)
     return record
+
+
+def solved_tags(sides: dict[str, Side]) -> dict[str, str]:
+    """Each side's per-problem outcomes as one tag (SOLVED_TAG + side): the first problem's index, then a "1" for each
+    problem its primary score solved (1) and a "0" for each it failed (0), in problem order ("156:0110"). What the
+    analysis pairs seeds and settings by, problem by problem; none for a side whose problems are not consecutive or
+    whose scores are not 0 or 1."""
+    tags = {}
+    for name, side in sides.items():
+        if not side.samples:
+            continue
+        metric = _primary(side)
+        docs, scores = [s["doc_id"] for s in side.samples], [s.get(metric) for s in side.samples]
+        if docs == list(range(docs[0], docs[0] + len(docs))) and all(v in (0, 1) for v in scores):
+            tags[SOLVED_TAG + name] = f"{docs[0]}:" + "".join(str(int(v)) for v in scores)
+    return tags
 
 
 def _primary(side: Side) -> str:

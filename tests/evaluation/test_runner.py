@@ -77,6 +77,7 @@ def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch, new_store):
     assert run.info.status == "FINISHED"
     assert run.data.metrics["method_pass_at_1"] == 0.0 and run.data.metrics["problems"] == 2
     assert run.data.params["eval.task"] == "humaneval_offline" and run.data.params["verifier.lossless"] == "true"
+    assert run.data.tags["specresearch.solved.method"] == run.data.tags["specresearch.solved.baseline"] == "0:00"
     records = [json.loads(line) for line in _artifact(store, run, "samples.jsonl").splitlines()]
     assert [r["id"] for r in records] == ["HumanEval/0", "HumanEval/1"]
     for r in records:
@@ -96,6 +97,7 @@ def test_eval_logs_scores_delta_and_samples(tmp_path, monkeypatch, new_store):
     (sliced,) = [r for r in mlflow_runs(store) if r.data.params.get("eval.offset") == "1"]
     (one,) = [json.loads(line) for line in _artifact(store, sliced, "samples.jsonl").splitlines()]
     assert one["id"] == "HumanEval/1" and one["method"]["completion"] == records[1]["method"]["completion"]
+    assert sliced.data.tags["specresearch.solved.method"] == "1:0"  # the problem's own index, whatever the slice
 
     # batch_size=2: both problems in one engine call per side; the same completions (fp32, T = 0), a
     # baseline of its own (keyed by the batch), no speedup (the rows share their times)
@@ -217,3 +219,19 @@ def test_eval_runs_without_any_network(tmp_path):
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "pass@1" in run.stdout and json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "FINISHED"
+
+
+def test_solved_tags_hold_each_sides_outcomes_in_problem_order():
+    """What the analysis pairs seeds by: a side's 0/1 outcomes after its first problem's index; no tag where the problems
+    are not consecutive or a score is not 0 or 1 (pass@k of several samples)."""
+    from specresearch.evaluation.runner import Side, solved_tags
+
+    def side(docs, scores):
+        return Side(scores={"pass@1": 0.5, "pass@1_stderr": 0.1},
+                    samples=[{"doc_id": d, "pass@1": v} for d, v in zip(docs, scores)])
+
+    assert solved_tags({"baseline": side([156, 157, 158], [1.0, 0.0, 1.0]), "method": side([156, 157, 158], [0, 0, 1])}) == {
+        "specresearch.solved.baseline": "156:101", "specresearch.solved.method": "156:001"}
+    assert solved_tags({"method": side([3, 5], [1, 0])}) == {}
+    assert solved_tags({"method": side([0, 1], [1.0, 0.5])}) == {}
+    assert solved_tags({"method": Side()}) == {}
