@@ -34,6 +34,7 @@ JOB_TAG = "specresearch.job."  # + job number, on the parent run: "finished", "s
 INTERRUPTED_TAG = "specresearch.interrupted"  # "true" on a RUNNING run that resume found with its process gone
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: a sweep's job run names its parent
 NOTE_TAG = "mlflow.note.content"  # MLflow's own: the run's description (markdown), shown first on its page
+PER_PROMPT_TAG = "specresearch.per_prompt"  # a speed run's per-prompt tokens and seconds (JSON): what cells are paired by
 SOLVED_TAG = "specresearch.solved."  # + side, on a quality run: its per-problem outcomes ("156:0110"), what seeds are paired by
 OVERRIDES_TAG = "specresearch.overrides"  # a job's command-line overrides: what a sweep's summary tabulates it by
 # where a run is recorded, and whether to skip it, do not change what it measures

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from matplotlib.figure import Figure
-from specresearch.analysis import published
+from specresearch.analysis import intervals, published, seeds
 from specresearch.analysis.format import DASH, Col, Table, missing, num, num3, pvalue, signed, speed, temperature, text
 from specresearch.analysis.report import Report, caption, latest_by, lossless, verdict
 from specresearch.analysis.runs import Run, Study
@@ -52,8 +52,9 @@ def report(study: Study) -> Report:
     `quality`: pass@1 of method and target with McNemar's p; the published trade-offs; figure: speedup against
     distortion (and against pass@1 where measured), lossless points on the zero line, the frontier drawn."""
     report = Report(study.name)
-    cells = latest_by(study.speed, _cell, report.notes)
-    quality = latest_by(study.quality, _cell, report.notes)
+    cells = latest_by([run for run in study.speed if _frontier(run)], _cell, report.notes)
+    once = [run for run in study.quality if seeds.solved(run.tags, METHOD) is None]  # the one-seed pass: no per-problem tag
+    quality = latest_by(once, _cell, report.notes)
     records = []
     for key in sorted(cells, key=_order):
         run = cells[key]
@@ -122,6 +123,42 @@ def report(study: Study) -> Report:
              Col("Δ [95% CI] (McNemar p)", lambda r: r["quality"], _delta_cell),
              Col("speedup", "speedup", speed), Col("TV mean", lambda r: r["tv"][0], _small)],
             scored))
+    timed = speed_over_prompts([run for run in study.speed if intervals.per_prompt(run.tags) is not None and not _frontier(run)],
+                               {(r["drafter"], r["verifier"], r["setting"], r["T"], r["target"]): r["tv"][0] for r in records})
+    if timed:
+        report.tables.append(Table(
+            "speed_intervals", "Speed with intervals over prompts, and what each rule buys over rejection sampling",
+            caption("Speed cells measured for their intervals (stats.distortion=0, each prompt's tokens and seconds kept): per "
+                    "prompt set and cell, the speedup over the baseline (pooled over prompts, interleaved prompt by prompt) and "
+                    "τ, each with its 95% BCa bootstrap interval over prompts; the difference of the speedup to rejection "
+                    "sampling's with the same drafter, T and prompts (same seeds), paired by prompt, with its 95% BCa interval; "
+                    "and the cell's exact distortion from the frontier table (its prompts: HumanEval 156-159).",
+                    [r["run"] for r in timed], study),
+            [Col("prompts", "dataset", text, "l"), Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"),
+             Col("setting", "setting", text, "l"), Col("T", "T", temperature), Col("n", "n", lambda x: f"{x:.0f}"),
+             Col("speedup [95% CI]", "speedup", _interval_cell), Col("τ [95% CI]", "tau", _interval_cell),
+             Col("Δ speedup vs rejection [95% CI]", "vs_rejection", lambda v: _interval_cell(v, signed)),
+             Col("TV mean", "tv", _small)],
+            timed))
+    over_seeds = quality_over_seeds([run for run in study.quality if seeds.solved(run.tags, METHOD) is not None])
+    if over_seeds:
+        report.tables.append(Table(
+            "quality_seeds", "pass@1 over seeds, paired by problem",
+            caption("Quality runs at several seeds (`seed=1,2,...`, each its own streams; lossless_vs_lossy/quality=NAME): per "
+                    "task and setting, pass@1 as the mean over problems of each problem's pass rate over the seeds, with a 95% "
+                    "t interval over problems; the difference to the target alone at the same T and seeds (each run's own "
+                    "baseline side), paired by problem, with its 95% interval and the paired t test's p; the smallest "
+                    "difference this comparison detects with 80% power at the 5% level; and the difference to the target "
+                    "alone at the next lower T measured (the reference a rule that sharpens the law is read against). The "
+                    "target alone's rows are its baseline sides (and drafter none's runs).",
+                    [run for group in over_seeds for run in group["runs"]], study),
+            [Col("task", "task", text, "l"), Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"),
+             Col("setting", "setting", text, "l"), Col("T", "T", temperature),
+             Col("seeds", "seeds", text), Col("problems", "problems", lambda x: f"{x:.0f}"),
+             Col("pass@1 [95% CI]", "rate", _rate_cell), Col("Δ vs the target [95% CI] (p)", "vs_target", _paired_cell),
+             Col("detectable Δ", lambda r: r["vs_target"].detectable if r["vs_target"] else math.nan, num3),
+             Col("Δ vs the target at a lower T [95% CI] (p)", "vs_lower", _lower_cell)],
+            over_seeds))
     for name, table in published.load(study.name).items():
         report.tables.append(published.published_table(f"published_{name}", _TITLES.get(name, name), table.rows, what=table.about))
     report.figures["lossless_vs_lossy_frontier.png"] = frontier(records)
@@ -193,6 +230,104 @@ def _delta_cell(q) -> str:
     ci = "" if None in (q.method_only, q.baseline_only, q.problems) else " [{}, {}]".format(
         *(signed(x) for x in paired_interval(q.method_only, q.baseline_only, q.problems)))
     return signed(delta) + ci + ("" if p is None or missing(p) else f" (p {pvalue(p)})")
+
+
+TARGET = "the target alone"
+
+
+def _frontier(run: Run) -> bool:
+    """A cell of the frontier: its run measured the exact distortion or ran the battery (stats.distortion or stats.samples
+    set), where the cells timed for their intervals (speed_over_prompts) set neither."""
+    return any(run.param(key) not in (None, "0", "0.0") for key in ("stats.distortion", "stats.samples"))
+
+
+def _prompt_set(run: Run) -> str:
+    """The prompts a speed run decoded, as a reader names them: "humaneval 128-143", "mtbench 2+2 a category"."""
+    name, offset = run.dataset, int(run.number("dataset.offset") or 0)
+    per = run.param("dataset.per_category")
+    if per not in (None, "None", "null"):
+        return f"{name} questions {offset + 1}-{offset + int(per)} of each category"
+    n = run.number("dataset.num_prompts")
+    return f"{name} {offset}-{offset + int(n) - 1}" if not missing(n) else f"{name} from {offset}"
+
+
+def speed_over_prompts(runs: list[Run], distortion: dict[tuple, float]) -> list[dict]:
+    """One record per prompt set and cell timed with per-prompt data (the latest run of each): speedup and τ with their
+    intervals over prompts, the paired difference to rejection sampling's speedup (same prompt set, drafter, T and
+    target numerics), and the cell's exact distortion where the frontier has it."""
+    cells = latest_by(runs, lambda run: (_prompt_set(run), *_cell(run)))
+    records = []
+    for key in sorted(cells, key=lambda k: (k[0], _order(k[1:]))):
+        run, prompts = cells[key], intervals.per_prompt(cells[key].tags)
+        reference = cells.get((key[0], key[1], "rejection", DASH, *key[4:]))
+        records.append(dict(dataset=key[0], drafter=key[1], verifier=key[2], setting=key[3], T=key[4], target=key[5], run=run,
+                            n=len(prompts), speedup=intervals.speedup(prompts), tau=intervals.tau(prompts),
+                            vs_rejection=None if reference is None or reference is run else
+                            intervals.difference(prompts, intervals.per_prompt(reference.tags)),
+                            tv=distortion.get(key[1:], math.nan)))
+    return records
+
+
+def _interval_cell(v: intervals.Interval | None, fmt=num) -> str:
+    if v is None or missing(v.value):
+        return DASH
+    return fmt(v.value) + ("" if missing(v.low) else f" [{fmt(v.low)}, {fmt(v.high)}]")
+
+
+def quality_over_seeds(runs: list[Run]) -> list[dict]:
+    """One record per task and setting scored with per-problem outcomes (quality runs tagged records.SOLVED_TAG): the
+    setting's seeds (of several runs at one seed, the latest), its pass@1 over seeds, its paired difference to the target
+    alone at the same T and seeds and to the target alone at the next lower T measured; the target alone's own rows
+    (its baseline sides, or drafter none's method side) first at each task and T."""
+    settings: dict[tuple, dict[int, Run]] = {}  # (task, cell) -> seed -> its latest run
+    for run in sorted(runs, key=lambda r: r.start):
+        settings.setdefault((run.param("eval.task"), _cell(run)), {})[int(run.number("seed"))] = run
+    targets: dict[tuple, seeds.Outcomes] = {}  # (task, T, numerics) -> the target alone's outcomes per seed
+    target_runs: dict[tuple, list[Run]] = {}
+    for (task, cell), by_seed in settings.items():
+        for seed, run in by_seed.items():
+            got = seeds.solved(run.tags, METHOD if cell[0] == "none" else BASELINE)
+            if got is not None and seed not in targets.setdefault((task, cell[3], cell[4]), {}):
+                targets[(task, cell[3], cell[4])][seed] = got
+                target_runs.setdefault((task, cell[3], cell[4]), []).append(run)
+
+    def lower(task: str, t: float, numerics: str, outcomes: seeds.Outcomes) -> tuple[float, seeds.Paired] | None:
+        below = sorted(T for (k, T, n) in targets if k == task and n == numerics and T < t)
+        return (below[-1], seeds.paired(outcomes, targets[(task, below[-1], numerics)])) if below else None
+
+    records = []
+    for (task, t, numerics), outcomes in sorted(targets.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        records.append(dict(task=task, drafter=DASH, verifier=TARGET, setting=DASH, T=t, target=numerics,
+                            seeds=_seeds(outcomes), problems=seeds.rate(outcomes).problems, rate=seeds.rate(outcomes),
+                            vs_target=None, vs_lower=lower(task, t, numerics, outcomes), runs=target_runs[(task, t, numerics)]))
+    for (task, cell), by_seed in sorted(settings.items(), key=lambda kv: (kv[0][0], _order(kv[0][1]))):
+        if cell[0] == "none":
+            continue
+        method = {seed: seeds.solved(run.tags, METHOD) for seed, run in by_seed.items()}
+        own = {seed: got for seed, run in by_seed.items() if (got := seeds.solved(run.tags, BASELINE)) is not None}
+        records.append(dict(task=task, drafter=cell[0], verifier=cell[1], setting=cell[2], T=cell[3], target=cell[4],
+                            seeds=_seeds(method), problems=seeds.rate(method).problems, rate=seeds.rate(method),
+                            vs_target=seeds.paired(method, own) if own else None,
+                            vs_lower=lower(task, cell[3], cell[4], method), runs=list(by_seed.values())))
+    return records
+
+
+def _seeds(outcomes: seeds.Outcomes) -> str:
+    return f"{len(outcomes)} ({', '.join(str(s) for s in sorted(outcomes))})"
+
+
+def _rate_cell(r: seeds.Rate) -> str:
+    return DASH if missing(r.value) else f"{num3(r.value)} [{num3(r.low)}, {num3(r.high)}]"
+
+
+def _paired_cell(d: seeds.Paired | None) -> str:
+    if d is None or missing(d.delta):
+        return DASH
+    return f"{signed(d.delta)} [{signed(d.low)}, {signed(d.high)}] (p {pvalue(d.p)})"
+
+
+def _lower_cell(v: tuple[float, seeds.Paired] | None) -> str:
+    return DASH if v is None else f"T {v[0]:g}: {_paired_cell(v[1])}"
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

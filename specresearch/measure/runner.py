@@ -28,7 +28,7 @@ from specresearch.metrics import first_divergence
 from specresearch.models import check_model_files, check_tiny_args, machine_tags
 from specresearch.models.machine import CPU_KINDS, cpu_kind
 from specresearch.options.drafters import Heads
-from specresearch.records import HEADLINE_SECTION, PromptStep, flatten, headline, json_text, prefixed
+from specresearch.records import HEADLINE_SECTION, PER_PROMPT_TAG, PromptStep, flatten, headline, json_text, prefixed
 from specresearch.seeding import stream_seed
 from specresearch.settings import built_by
 from specresearch.stats import samples_for_tv
@@ -121,6 +121,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 progress.refresh()
             for engine in engines:
                 engine.on_tokens = None
+        tracked.tag(per_prompt_tag(results.records, batch))
         if cfg.stats.distortion and not sampling.greedy:
             results.distortion = measure_distortion(cfg, baseline, method, prompt_ids)
         if cfg.stats.samples and not sampling.greedy:
@@ -342,6 +343,23 @@ def divergence_gap(lm, prompt: list[int], a: list[int], b: list[int]) -> float |
     fresh.reset()
     logits = fresh.prefill_rows([torch.tensor(prompt + a[:d])])[0].float()  # [V]
     return abs(logits[a[d]] - logits[b[d]]).item()
+
+
+TAG_LENGTH = 8000  # MLflow's longest tag value
+
+
+def per_prompt_tag(records: list[dict], batch: int = 1) -> dict[str, str]:
+    """Each prompt's new tokens and seconds on both sides and the method's target forwards, as one tag (PER_PROMPT_TAG,
+    JSON: {"ids": [...], "baseline": [[tokens, s], ...], "method": [[tokens, s, steps], ...]}): what an analysis resamples
+    prompts of (a speedup's interval) and pairs two cells' prompts by. None for batches (a batch's rows share their
+    times) or past MLflow's tag length (records.jsonl holds them all)."""
+    if batch != 1 or not records:
+        return {}
+    value = json.dumps({"ids": [r["id"] for r in records],
+                        "baseline": [[r["baseline"]["new_tokens"], round(r["baseline"]["time_total"], 4)] for r in records],
+                        "method": [[r["method"]["new_tokens"], round(r["method"]["time_total"], 4), r["method"]["steps"]]
+                                   for r in records]}, separators=(",", ":"))
+    return {PER_PROMPT_TAG: value} if len(value) <= TAG_LENGTH else {}
 
 
 def _step_metrics(base: GenerationOutput, meth: GenerationOutput, record: dict) -> dict[str, float]:

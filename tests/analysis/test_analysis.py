@@ -346,6 +346,11 @@ def test_lossless_vs_lossy_rows_distortion_and_verdicts(lossless_store, tmp_path
         assert rec["verdict"] == ("different" if m["eq_reject"] else "not distinguishable")
     assert any(t.published for t in report.tables)  # the published trade-offs beside
     assert_pngs(out, ["lossless_vs_lossy_frontier.png"])
+    from specresearch.analysis import intervals
+
+    for job in mlflow_jobs(lossless_store, "lossless_vs_lossy"):  # each prompt's tokens and seconds, for the intervals
+        ((tokens, seconds, *_),) = intervals.per_prompt(job.data.tags).values()
+        assert tokens == job.data.metrics["method_new_tokens"] and seconds > 0
 
 
 def test_the_quality_table_s_intervals():
