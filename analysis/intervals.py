@@ -1,8 +1,8 @@
 """A speed cell's intervals over its prompts, and the paired difference of two cells on the same prompts.
 
-A speed run tags each prompt's new tokens and seconds on both sides and the method's target forwards
-(records.PER_PROMPT_TAG). The speedup is the pooled ratio (the method's tokens over its seconds, over the baseline's),
-τ the method's tokens over its forwards; their 95% intervals are BCa bootstraps over prompts (scipy.stats.bootstrap,
+A speed run tags each prompt's new tokens and seconds on both sides and the method's target forwards and accepted
+draft tokens (records.PER_PROMPT_TAG). The speedup is the pooled ratio (the method's tokens over its seconds, over the
+baseline's), τ the method's tokens per forward (SpecStats.tau); their 95% intervals are BCa bootstraps over prompts (scipy.stats.bootstrap,
 a draw resamples prompts with every number of each), and two cells on the same prompts (say a lossy rule and
 rejection sampling, same drafter, seeds and prompts) are compared by the difference of their speedups, the draw
 resampling the prompts of both together.
@@ -32,22 +32,22 @@ class Interval:
     prompts: int
 
 
-def per_prompt(tags: dict[str, str]) -> dict[str, tuple[float, float, float, float, float]] | None:
-    """A speed run's prompts: id -> (baseline tokens, baseline seconds, method tokens, method seconds, method forwards);
-    None without the tag (runs from before it, batches)."""
+def per_prompt(tags: dict[str, str]) -> dict[str, tuple[float, ...]] | None:
+    """A speed run's prompts: id -> (baseline tokens, baseline seconds, method tokens, method seconds, method forwards,
+    accepted draft tokens: NaN in the tags of 2026-12-03 that lacked them); None without the tag (older runs, batches)."""
     value = tags.get(PER_PROMPT_TAG)
     if not value:
         return None
     data = json.loads(value)
-    return {i: (*b, *m) for i, b, m in zip(data["ids"], data["baseline"], data["method"])}
+    return {i: (*b, *m, *[math.nan] * (4 - len(m))) for i, b, m in zip(data["ids"], data["baseline"], data["method"])}
 
 
 def _speedup(bt, bs, mt, ms, axis=-1):
     return (mt.sum(axis) / ms.sum(axis)) / (bt.sum(axis) / bs.sum(axis))
 
 
-def _tau(mt, steps, axis=-1):
-    return mt.sum(axis) / steps.sum(axis)
+def _tau(steps, accepted, axis=-1):
+    return (accepted.sum(axis) + steps.sum(axis)) / steps.sum(axis)
 
 
 def _difference(*columns, axis=-1):
@@ -68,19 +68,18 @@ def _bootstrap(columns: list[np.ndarray], statistic) -> Interval:
 
 
 def _columns(prompts: dict, ids: list[str]) -> list[np.ndarray]:
-    return [np.array([prompts[i][c] for i in ids], dtype=float) for c in range(5)]
+    return [np.array([prompts[i][c] for i in ids], dtype=float) for c in range(6)]
 
 
 def speedup(prompts: dict) -> Interval:
     """The cell's speedup over its baseline (pooled over prompts) with its 95% BCa interval over prompts."""
-    bt, bs, mt, ms, _ = _columns(prompts, sorted(prompts))
-    return _bootstrap([bt, bs, mt, ms], _speedup)
+    return _bootstrap(_columns(prompts, sorted(prompts))[:4], _speedup)
 
 
 def tau(prompts: dict) -> Interval:
-    """The method's tokens per target forward (pooled) with its 95% BCa interval over prompts."""
-    _, _, mt, _, steps = _columns(prompts, sorted(prompts))
-    return _bootstrap([mt, steps], _tau)
+    """τ: the method's tokens per target forward, its bonus token included, before a stop's truncation (SpecStats.tau),
+    pooled, with its 95% BCa interval over prompts."""
+    return _bootstrap(_columns(prompts, sorted(prompts))[4:], _tau)
 
 
 def difference(a: dict, b: dict) -> Interval:

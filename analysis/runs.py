@@ -26,7 +26,9 @@ from specresearch.records import (
     JOB_TAG,
     OVERRIDES_TAG,
     PARENT_TAG,
+    PER_PROMPT_TAG,
     PID_TAG,
+    SOLVED_TAG,
     STUDY_TAG,
     SWEEP_TAG,
     EvalRecord,
@@ -35,7 +37,8 @@ from specresearch.records import (
 from specresearch.tracking import database_problem, mark_dead_runs, server_problem
 
 CONTRACT_TAGS = {STUDY_TAG, SWEEP_TAG, HASH_TAG}
-NOT_FACTS = (PID_TAG, JOB_TAG, INTERRUPTED_TAG, OVERRIDES_TAG)  # bookkeeping tags, not the setting (the overrides: one per job)
+NOT_FACTS = (PID_TAG, JOB_TAG, INTERRUPTED_TAG, OVERRIDES_TAG,  # bookkeeping tags, not the setting (the overrides: one per job)
+             PER_PROMPT_TAG, SOLVED_TAG)  # and a run's per-prompt and per-problem measurements
 
 
 class AnalysisError(Exception):

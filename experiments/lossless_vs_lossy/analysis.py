@@ -140,6 +140,7 @@ def report(study: Study) -> Report:
              Col("Δ speedup vs rejection [95% CI]", "vs_rejection", lambda v: _interval_cell(v, signed)),
              Col("TV mean", "tv", _small)],
             timed))
+        report.figures["lossless_vs_lossy_speed_intervals.png"] = speed_figure(timed)
     over_seeds = quality_over_seeds([run for run in study.quality if seeds.solved(run.tags, METHOD) is not None])
     if over_seeds:
         report.tables.append(Table(
@@ -159,6 +160,26 @@ def report(study: Study) -> Report:
              Col("detectable Δ", lambda r: r["vs_target"].detectable if r["vs_target"] else math.nan, num3),
              Col("Δ vs the target at a lower T [95% CI] (p)", "vs_lower", _lower_cell)],
             over_seeds))
+    rows = verdict_rows(records, timed, over_seeds)
+    if rows:
+        report.tables.append(Table(
+            "verdicts", "Per setting: what it buys, what it costs, how sure we are",
+            caption("One row per drafter and verifier setting measured with intervals: the speedup on held-out code and chat "
+                    "prompts and its difference to rejection sampling's on the same code prompts (95% BCa intervals over "
+                    "prompts: speed_intervals), τ on code; each step's exact distortion (mean TV of its first token to p: "
+                    "frontier) and the battery's verdict with its surprisal deficit (nats/token) where it ran at this T (and where it "
+                    "ran with the target's other numerics: invariant kernels, float32); pass@1's "
+                    "difference to the target alone at the same T and seeds per task (95% t interval over problems: "
+                    "quality_seeds).", [r["run"] for r in timed] + [run for g in over_seeds for run in g["runs"]], study),
+            [Col("drafter", "drafter", text, "l"), Col("verifier", lambda r: r["verifier"] + (" (lossless)" if r["lossless"] else ""),
+                                                       text, "l"),
+             Col("setting", "setting", text, "l"), Col("T", "T", temperature),
+             Col("speedup, code [95% CI]", "code", _interval_cell), Col("speedup, chat [95% CI]", "chat", _interval_cell),
+             Col("Δ vs rejection, code [95% CI]", "vs_rejection", lambda v: _interval_cell(v, signed)),
+             Col("τ, code", "tau", num), Col("exact TV", "tv", _small), Col("battery (surprisal deficit)", "battery", text, "l"),
+             Col("Δ pass@1, HumanEval [95% CI]", "humaneval_offline", _paired_cell),
+             Col("Δ pass@1, stdlib doctests [95% CI]", "stdlib_doctest", _paired_cell)],
+            rows))
     for name, table in published.load(study.name).items():
         report.tables.append(published.published_table(f"published_{name}", _TITLES.get(name, name), table.rows, what=table.about))
     report.figures["lossless_vs_lossy_frontier.png"] = frontier(records)
@@ -268,6 +289,32 @@ def speed_over_prompts(runs: list[Run], distortion: dict[tuple, float]) -> list[
     return records
 
 
+def verdict_rows(frontier: list[dict], timed: list[dict], over_seeds: list[dict]) -> list[dict]:
+    """The verdict table's rows: every setting (drafter, verifier, its setting, T, the target's numerics) that was timed
+    with intervals or scored over seeds, with its speed cells per prompt set, its frontier cell and its quality rows."""
+    def key(r: dict) -> tuple:
+        return (r["drafter"], r["verifier"], r["setting"], r["T"], r["target"])
+
+    cells = {key(r): r for r in frontier}
+    settings = sorted({key(r) for r in timed} | {key(r) for r in over_seeds if r["verifier"] != TARGET}, key=_order)
+    rows = []
+    for k in settings:
+        speed = {r["dataset"].split()[0]: r for r in timed if key(r) == k}
+        code, chat, cell = speed.get("humaneval"), speed.get("mtbench"), cells.get(k, {})
+        eq = cell.get("eq") or {}
+        battery = DASH if not cell.get("verdict") else cell["verdict"] + (
+            f" ({signed(eq['surprisal_deficit'])})" if not missing(eq.get("surprisal_deficit", math.nan)) else "")
+        others = [c for c in frontier if key(c)[:4] == k[:4] and key(c)[4] != k[4] and c.get("verdict")]  # other numerics
+        battery += "".join(f"; {c['verdict']} with {c['target']}" for c in others)
+        quality = {r["task"]: r["vs_target"] for r in over_seeds if key(r) == k}
+        rows.append(dict(drafter=k[0], verifier=k[1], setting=k[2], T=k[3], target=k[4],
+                         lossless=cell.get("lossless", k[1] == "rejection"),
+                         code=code["speedup"] if code else None, chat=chat["speedup"] if chat else None,
+                         vs_rejection=code["vs_rejection"] if code else None, tau=code["tau"].value if code else math.nan,
+                         tv=cell.get("tv", (math.nan,))[0], battery=battery, **quality))
+    return rows
+
+
 def _interval_cell(v: intervals.Interval | None, fmt=num) -> str:
     if v is None or missing(v.value):
         return DASH
@@ -328,6 +375,34 @@ def _paired_cell(d: seeds.Paired | None) -> str:
 
 def _lower_cell(v: tuple[float, seeds.Paired] | None) -> str:
     return DASH if v is None else f"T {v[0]:g}: {_paired_cell(v[1])}"
+
+
+def speed_figure(timed: list[dict]) -> Figure:
+    """A panel per prompt set: each timed cell's speedup with its 95% interval over prompts (error bar) against its exact
+    distortion from the frontier (lossless at 0; a cell without one drawn at its own place on the right, at "no TV"),
+    colour: verifier, marker: drafter."""
+    sets = sorted({r["dataset"] for r in timed})
+    fig, axes = figures.panels(len(sets), width=5.0, height=3.6)
+    for ax, name in zip(axes, sets):
+        here = [r for r in timed if r["dataset"] == name]
+        right = max([r["tv"] for r in here if not missing(r["tv"])] + [0.05]) * 1.15
+        for r in here:
+            s = r["speedup"]
+            x = max(r["tv"], 0.0) if not missing(r["tv"]) else right
+            low, high = (s.value, s.value) if missing(s.low) else (s.low, s.high)
+            ax.errorbar(x, s.value, yerr=[[s.value - low], [high - s.value]], fmt=MARKERS.get(r["drafter"], "^"), capsize=3,
+                        color=COLORS.get(r["verifier"], "C7"), label=f"{r['drafter']} × {r['verifier']}")
+            ax.annotate(r["setting"] if r["setting"] != DASH else r["verifier"], (x, s.value), textcoords="offset points",
+                        xytext=(4, 3), fontsize=6)
+        ax.axvline(0.0, color="grey", linewidth=0.6)
+        ax.set_xlabel("exact distortion: mean TV of the first token to p (frontier)")
+        ax.set_ylabel("speedup (×), 95% interval over prompts")
+        ax.set_title(f"{name}, T = {', '.join(f'{t:g}' for t in sorted({r['T'] for r in here}))}", fontsize=10)
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        ax.legend(unique.values(), unique.keys(), fontsize=6)
+    fig.tight_layout()
+    return fig
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

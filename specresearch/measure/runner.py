@@ -349,15 +349,16 @@ TAG_LENGTH = 8000  # MLflow's longest tag value
 
 
 def per_prompt_tag(records: list[dict], batch: int = 1) -> dict[str, str]:
-    """Each prompt's new tokens and seconds on both sides and the method's target forwards, as one tag (PER_PROMPT_TAG,
-    JSON: {"ids": [...], "baseline": [[tokens, s], ...], "method": [[tokens, s, steps], ...]}): what an analysis resamples
-    prompts of (a speedup's interval) and pairs two cells' prompts by. None for batches (a batch's rows share their
-    times) or past MLflow's tag length (records.jsonl holds them all)."""
+    """Each prompt's new tokens and seconds on both sides, and the method's target forwards and accepted draft tokens, as
+    one tag (PER_PROMPT_TAG, JSON: {"ids": [...], "baseline": [[tokens, s], ...], "method": [[tokens, s, steps, accepted],
+    ...]}): what an analysis resamples prompts of (a speedup's interval) and pairs two cells' prompts by. None for
+    batches (a batch's rows share their times) or past MLflow's tag length (records.jsonl holds them all)."""
     if batch != 1 or not records:
         return {}
     value = json.dumps({"ids": [r["id"] for r in records],
                         "baseline": [[r["baseline"]["new_tokens"], round(r["baseline"]["time_total"], 4)] for r in records],
-                        "method": [[r["method"]["new_tokens"], round(r["method"]["time_total"], 4), r["method"]["steps"]]
+                        "method": [[r["method"]["new_tokens"], round(r["method"]["time_total"], 4), r["method"]["steps"],
+                                    r["method"]["accepted"]]
                                    for r in records]}, separators=(",", ":"))
     return {PER_PROMPT_TAG: value} if len(value) <= TAG_LENGTH else {}
 
