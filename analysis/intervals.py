@@ -26,6 +26,8 @@ LEVEL = 0.95
 
 @dataclass
 class Interval:
+    """A statistic over prompts with its 95% BCa interval (NaN ends under 3 prompts or for a degenerate sample)."""
+
     value: float
     low: float
     high: float

@@ -41,6 +41,11 @@ def _cell(run: Run) -> tuple[str, str, str, float, str]:
     return (run.method, run.verifier, rule(run), run.temperature, numerics(run))
 
 
+def _key(record: dict) -> tuple[str, str, str, float, str]:
+    """A table record's cell, as _cell names a run's."""
+    return (record["drafter"], record["verifier"], record["setting"], record["T"], record["target"])
+
+
 def _order(key: tuple[str, str, str, float, str]) -> tuple:
     drafter, verifier, setting, t, target = key
     return (drafter, t, list(COLORS).index(verifier) if verifier in COLORS else 9, setting, target)
@@ -53,8 +58,8 @@ def report(study: Study) -> Report:
     distortion (and against pass@1 where measured), lossless points on the zero line, the frontier drawn."""
     report = Report(study.name)
     cells = latest_by([run for run in study.speed if _frontier(run)], _cell, report.notes)
-    once = [run for run in study.quality if seeds.solved(run.tags, METHOD) is None]  # the one-seed pass: no per-problem tag
-    quality = latest_by(once, _cell, report.notes)
+    tagged = [run for run in study.quality if seeds.solved(run.tags, METHOD) is not None]  # scored over seeds
+    quality = latest_by([run for run in study.quality if run not in tagged], _cell, report.notes)  # the one-seed pass
     records = []
     for key in sorted(cells, key=_order):
         run = cells[key]
@@ -96,7 +101,7 @@ def report(study: Study) -> Report:
                     + (" Drafter none is the control: plain decoding through the engine's batched steps against the same "
                        "target side, so a verdict there is the target's own numerics, not a rule."
                        if any(r["drafter"] == "none" for r in tested) else ""),
-                    [cells[(r["drafter"], r["verifier"], r["setting"], r["T"], r["target"])] for r in tested], study),
+                    [cells[_key(r)] for r in tested], study),
             [Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"), Col("setting", "setting", text, "l"),
              Col("T", "T", temperature), Col("target", "target", text, "l"),
              Col("N per side", lambda r: r["eq"].get("samples_method", math.nan),
@@ -115,7 +120,7 @@ def report(study: Study) -> Report:
             caption("Quality runs (eval=humaneval) joined with the speed cells: pass@1 of the method and of the target alone at "
                     "the same T with their 95% Wilson intervals, the difference with its 95% interval (paired by problem: from the "
                     "problems only one side solves) and McNemar's exact p.",
-                    [quality[(r["drafter"], r["verifier"], r["setting"], r["T"], r["target"])] for r in scored], study),
+                    [quality[_key(r)] for r in scored], study),
             [Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"), Col("setting", "setting", text, "l"),
              Col("T", "T", temperature), Col("problems", lambda r: r["quality"].problems, lambda x: DASH if missing(x) else f"{x:.0f}"),
              Col("method pass@1 [95% CI]", lambda r: _score(r, METHOD), _with_ci),
@@ -124,7 +129,7 @@ def report(study: Study) -> Report:
              Col("speedup", "speedup", speed), Col("TV mean", lambda r: r["tv"][0], _small)],
             scored))
     timed = speed_over_prompts([run for run in study.speed if intervals.per_prompt(run.tags) is not None and not _frontier(run)],
-                               {(r["drafter"], r["verifier"], r["setting"], r["T"], r["target"]): r["tv"][0] for r in records})
+                               {_key(r): r["tv"][0] for r in records})
     if timed:
         report.tables.append(Table(
             "speed_intervals", "Speed with intervals over prompts, and what each rule buys over rejection sampling",
@@ -141,7 +146,7 @@ def report(study: Study) -> Report:
              Col("TV mean", "tv", _small)],
             timed))
         report.figures["lossless_vs_lossy_speed_intervals.png"] = speed_figure(timed)
-    over_seeds = quality_over_seeds([run for run in study.quality if seeds.solved(run.tags, METHOD) is not None])
+    over_seeds = quality_over_seeds(tagged)
     if over_seeds:
         report.tables.append(Table(
             "quality_seeds", "pass@1 over seeds, paired by problem",
@@ -263,7 +268,7 @@ def _frontier(run: Run) -> bool:
 
 
 def _prompt_set(run: Run) -> str:
-    """The prompts a speed run decoded, as a reader names them: "humaneval 128-143", "mtbench 2+2 a category"."""
+    """The prompts a speed run decoded, as a reader names them: "humaneval 128-143", "mtbench questions 3-4 of each category"."""
     name, offset = run.dataset, int(run.number("dataset.offset") or 0)
     per = run.param("dataset.per_category")
     if per not in (None, "None", "null"):
@@ -296,21 +301,18 @@ def _distinct_runs(runs: list[Run]) -> list[Run]:
 def verdict_rows(frontier: list[dict], timed: list[dict], over_seeds: list[dict]) -> list[dict]:
     """The verdict table's rows: every setting (drafter, verifier, its setting, T, the target's numerics) that was timed
     with intervals or scored over seeds, with its speed cells per prompt set, its frontier cell and its quality rows."""
-    def key(r: dict) -> tuple:
-        return (r["drafter"], r["verifier"], r["setting"], r["T"], r["target"])
-
-    cells = {key(r): r for r in frontier}
-    settings = sorted({key(r) for r in timed} | {key(r) for r in over_seeds if r["verifier"] != TARGET}, key=_order)
+    cells = {_key(r): r for r in frontier}
+    settings = sorted({_key(r) for r in timed} | {_key(r) for r in over_seeds if r["verifier"] != TARGET}, key=_order)
     rows = []
     for k in settings:
-        speed = {r["dataset"].split()[0]: r for r in timed if key(r) == k}
+        speed = {r["dataset"].split()[0]: r for r in timed if _key(r) == k}
         code, chat, cell = speed.get("humaneval"), speed.get("mtbench"), cells.get(k, {})
         eq = cell.get("eq") or {}
         battery = DASH if not cell.get("verdict") else cell["verdict"] + (
             f" ({signed(eq['surprisal_deficit'])})" if not missing(eq.get("surprisal_deficit", math.nan)) else "")
-        others = [c for c in frontier if key(c)[:4] == k[:4] and key(c)[4] != k[4] and c.get("verdict")]  # other numerics
+        others = [c for c in frontier if _key(c)[:4] == k[:4] and _key(c)[4] != k[4] and c.get("verdict")]  # other numerics
         battery += "".join(f"; {c['verdict']} with {c['target']}" for c in others)
-        quality = {r["task"]: r["vs_target"] for r in over_seeds if key(r) == k}
+        quality = {r["task"]: r["vs_target"] for r in over_seeds if _key(r) == k}
         rows.append(dict(drafter=k[0], verifier=k[1], setting=k[2], T=k[3], target=k[4],
                          lossless=cell.get("lossless", k[1] == "rejection"),
                          code=code["speedup"] if code else None, chat=chat["speedup"] if chat else None,

@@ -25,6 +25,19 @@ def _prompts(rng, n: int, speedup: float = 1.5, first: int = 0) -> dict:
     return out
 
 
+def _study():
+    """The lossless_vs_lossy study's analysis module."""
+    from specresearch.analysis.studies import builder
+
+    builder("lossless_vs_lossy")
+    return sys.modules["experiments.lossless_vs_lossy.analysis"]
+
+
+def _faster(prompts: dict, factor: float) -> dict:
+    """The same prompts with the method's seconds divided by `factor`: `factor` times faster on every prompt."""
+    return {i: (bt, bs, mt, ms / factor, *rest) for i, (bt, bs, mt, ms, *rest) in prompts.items()}
+
+
 def test_the_tag_holds_each_prompts_tokens_seconds_and_forwards():
     records = [{"id": f"HumanEval/{i}", "baseline": {"new_tokens": 64, "time_total": 18.123456, "steps": 64},
                 "method": {"new_tokens": 60, "time_total": 11.5, "steps": 14, "accepted": 47}} for i in (128, 129)]
@@ -57,7 +70,7 @@ def test_speedup_and_tau_are_pooled_with_an_interval_that_narrows_with_prompts()
 def test_the_difference_pairs_prompts_and_finds_what_one_cell_buys():
     rng = np.random.default_rng(1)
     reference = _prompts(rng, 16)
-    faster = {i: (bt, bs, mt, ms / 1.08, *rest) for i, (bt, bs, mt, ms, *rest) in reference.items()}  # 1.08x on every prompt
+    faster = _faster(reference, 1.08)
     d = intervals.difference(faster, reference)
     assert d.value == pytest.approx(intervals.speedup(faster).value - intervals.speedup(reference).value) and d.prompts == 16
     assert 0 < d.low < d.value < d.high  # paired: the prompts' own spread cancels, the 0.12x gain is found
@@ -82,13 +95,10 @@ def _speed_run(i: int, verifier: str, prompts: dict, drafter: str = "plain_chain
 
 
 def test_the_study_pairs_each_rule_with_rejection_on_the_same_prompts():
-    from specresearch.analysis.studies import builder
-
-    builder("lossless_vs_lossy")
-    module = sys.modules["experiments.lossless_vs_lossy.analysis"]
+    module = _study()
     rng = np.random.default_rng(2)
     rejection = _prompts(rng, 16, first=128)
-    topk = {i: (bt, bs, mt, ms / 1.3, *rest) for i, (bt, bs, mt, ms, *rest) in rejection.items()}
+    topk = _faster(rejection, 1.3)
     runs = [_speed_run(1, "rejection", rejection), _speed_run(2, "topk", topk, **{"verifier.k": "10"}),
             _speed_run(3, "topk", topk, drafter="medusa", **{"verifier.k": "10"}),  # no rejection cell of its drafter
             _speed_run(4, "topk", topk, distortion="32")]  # a frontier cell: not one of these
@@ -104,13 +114,10 @@ def test_the_study_pairs_each_rule_with_rejection_on_the_same_prompts():
 
 
 def test_the_verdict_row_joins_a_settings_speed_distortion_battery_and_quality():
-    from specresearch.analysis.studies import builder
-
-    builder("lossless_vs_lossy")
-    module = sys.modules["experiments.lossless_vs_lossy.analysis"]
+    module = _study()
     rng = np.random.default_rng(3)
     rejection = _prompts(rng, 16, first=128)
-    topk = {i: (bt, bs, mt, ms / 1.3, *rest) for i, (bt, bs, mt, ms, *rest) in rejection.items()}
+    topk = _faster(rejection, 1.3)
     chat = _prompts(rng, 16, speedup=1.2)
     timed = module.speed_over_prompts([
         _speed_run(1, "rejection", rejection), _speed_run(2, "topk", topk, **{"verifier.k": "10"}),
