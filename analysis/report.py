@@ -123,6 +123,9 @@ def facts(runs: list[Run]) -> str:
 
 
 def caption(what: str, runs: list[Run], study: Study) -> str:
+    """A table's caption: what it shows, how many runs it is built from (a run that feeds several rows counted once)
+    and the setting they record."""
+    runs = list({run.id: run for run in runs}.values())
     n = len(runs)
     return (f"{what} From {n} FINISHED run{'s' if n != 1 else ''} of study '{study.name}' in MLflow "
             f"(re-runs of one config counted once, the latest). {facts(runs)}.")

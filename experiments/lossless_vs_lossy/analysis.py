@@ -157,7 +157,7 @@ def report(study: Study) -> Report:
                     "difference this comparison detects with 80% power at the 5% level; and the difference to the target "
                     "alone at the next lower T measured (the reference a rule that sharpens the law is read against). The "
                     "target alone's rows are its baseline sides (and drafter none's runs).",
-                    _distinct_runs([run for group in over_seeds for run in group["runs"]]), study),
+                    [run for group in over_seeds for run in group["runs"]], study),
             [Col("task", "task", text, "l"), Col("drafter", "drafter", text, "l"), Col("verifier", "verifier", text, "l"),
              Col("setting", "setting", text, "l"), Col("T", "T", temperature),
              Col("seeds", "seeds", text), Col("problems", "problems", lambda x: f"{x:.0f}"),
@@ -175,7 +175,7 @@ def report(study: Study) -> Report:
                     "frontier) and the battery's verdict with its surprisal deficit (nats/token) where it ran at this T (and where it "
                     "ran with the target's other numerics: invariant kernels, float32); pass@1's "
                     "difference to the target alone at the same T and seeds per task (95% t interval over problems: "
-                    "quality_seeds).", _distinct_runs([r["run"] for r in timed] + [run for g in over_seeds for run in g["runs"]]), study),
+                    "quality_seeds).", [r["run"] for r in timed] + [run for g in over_seeds for run in g["runs"]], study),
             [Col("drafter", "drafter", text, "l"), Col("verifier", lambda r: r["verifier"] + (" (lossless)" if r["lossless"] else ""),
                                                        text, "l"),
              Col("setting", "setting", text, "l"), Col("T", "T", temperature),
@@ -292,10 +292,6 @@ def speed_over_prompts(runs: list[Run], distortion: dict[tuple, float]) -> list[
                             intervals.difference(prompts, intervals.per_prompt(reference.tags)),
                             tv=distortion.get(key[1:], math.nan)))
     return records
-
-
-def _distinct_runs(runs: list[Run]) -> list[Run]:
-    return list({run.id: run for run in runs}.values())
 
 
 def verdict_rows(frontier: list[dict], timed: list[dict], over_seeds: list[dict]) -> list[dict]:

@@ -94,6 +94,17 @@ def _speed_run(i: int, verifier: str, prompts: dict, drafter: str = "plain_chain
                "stats.samples": "0", **params}, {}, {"specresearch.per_prompt": tag})
 
 
+def test_a_caption_counts_a_run_that_feeds_several_rows_once():
+    from specresearch.analysis.report import caption
+    from specresearch.analysis.runs import Study
+
+    rng = np.random.default_rng(4)
+    one, two = _speed_run(1, "rejection", _prompts(rng, 4)), _speed_run(2, "topk", _prompts(rng, 4))
+    study = Study("s", "sqlite://", "s", [one, two])
+    assert "From 2 FINISHED runs" in caption("Rows.", [one, two, one], study)
+    assert "From 1 FINISHED run " in caption("Rows.", [one, one], study)
+
+
 def test_the_study_pairs_each_rule_with_rejection_on_the_same_prompts():
     module = _study()
     rng = np.random.default_rng(2)
