@@ -245,8 +245,8 @@ def runs_record(study: Study) -> dict:
 def merged(kept: Study, store: Study) -> Study:
     """A study resumed on another machine (the analysis' merge=true): its committed runs with the store's added. A
     config that ran in both keeps its latest run (the other is superseded); the store's sweep parent, unfinished runs
-    and place stand."""
-    both = [*kept.runs, *store.runs]
+    and place stand. A run in both (saved from this store before) is one run: the store's copy."""
+    both = list({run.id: run for run in [*kept.runs, *store.runs]}.values())
     latest: dict[str, Run] = {}
     for run in sorted(both, key=lambda r: r.start):  # oldest first: a later run of a config replaces it
         latest[run.config_hash] = run

@@ -643,6 +643,8 @@ def test_merge_adds_a_stores_runs_to_the_committed_ones():
     both = merged(kept, store)
     assert [r.id for r in both.runs] == [r.id for r in kept.runs[1:]] + ["again", "new"]
     assert kept.runs[0] in both.superseded and both.parent is new and both.uri == store.uri
+    saved = merged(kept, Study("lossless_vs_lossy", "sqlite:///store.db", "specresearch", [kept.runs[0], again]))
+    assert saved.superseded == [kept.runs[0]]  # a run saved from this store and read from it again is not its own rerun
     assert parse(["experiment=lossless_vs_lossy", "merge=true"])[5] is True
     with pytest.raises(AnalysisError, match="merge must be true or false"):
         parse(["experiment=lossless_vs_lossy", "merge=yes"])
