@@ -170,7 +170,7 @@ def report(study: Study) -> Report:
         report.tables.append(Table(
             "verdicts", "Per setting: what it buys, what it costs, how sure we are",
             caption("One row per drafter and verifier setting measured with intervals: the speedup on held-out code and chat "
-                    "prompts and its difference to rejection sampling's on the same code prompts (95% BCa intervals over "
+                    "prompts, each with its difference to rejection sampling's on the same prompts (95% BCa intervals over "
                     "prompts: speed_intervals), τ on code; each step's exact distortion (mean TV of its first token to p: "
                     "frontier) and the battery's verdict with its surprisal deficit (nats/token) where it ran at this T (and where it "
                     "ran with the target's other numerics: invariant kernels, float32); pass@1's "
@@ -179,8 +179,10 @@ def report(study: Study) -> Report:
             [Col("drafter", "drafter", text, "l"), Col("verifier", lambda r: r["verifier"] + (" (lossless)" if r["lossless"] else ""),
                                                        text, "l"),
              Col("setting", "setting", text, "l"), Col("T", "T", temperature),
-             Col("speedup, code [95% CI]", "code", _interval_cell), Col("speedup, chat [95% CI]", "chat", _interval_cell),
+             Col("speedup, code [95% CI]", "code", _interval_cell),
              Col("Δ vs rejection, code [95% CI]", "vs_rejection", lambda v: _interval_cell(v, signed)),
+             Col("speedup, chat [95% CI]", "chat", _interval_cell),
+             Col("Δ vs rejection, chat [95% CI]", "chat_vs_rejection", lambda v: _interval_cell(v, signed)),
              Col("τ, code", "tau", num), Col("exact TV", "tv", _small), Col("battery (surprisal deficit)", "battery", text, "l"),
              Col("Δ pass@1, HumanEval [95% CI]", "humaneval_offline", _paired_cell),
              Col("Δ pass@1, stdlib doctests [95% CI]", "stdlib_doctest", _paired_cell)],
@@ -312,7 +314,8 @@ def verdict_rows(frontier: list[dict], timed: list[dict], over_seeds: list[dict]
         rows.append(dict(drafter=k[0], verifier=k[1], setting=k[2], T=k[3], target=k[4],
                          lossless=cell.get("lossless", k[1] == "rejection"),
                          code=code["speedup"] if code else None, chat=chat["speedup"] if chat else None,
-                         vs_rejection=code["vs_rejection"] if code else None, tau=code["tau"].value if code else math.nan,
+                         vs_rejection=code["vs_rejection"] if code else None,
+                         chat_vs_rejection=chat["vs_rejection"] if chat else None, tau=code["tau"].value if code else math.nan,
                          tv=cell.get("tv", (math.nan,))[0], battery=battery, **quality))
     return rows
 

@@ -129,12 +129,14 @@ def test_the_verdict_row_joins_a_settings_speed_distortion_battery_and_quality()
     rng = np.random.default_rng(3)
     rejection = _prompts(rng, 16, first=128)
     topk = _faster(rejection, 1.3)
-    chat = _prompts(rng, 16, speedup=1.2)
+    chat = {f"mt/{i}": v for i, v in enumerate(_prompts(rng, 16, speedup=1.2).values())}
+    mtbench = {"dataset.name": "mtbench", "dataset.offset": "2", "dataset.per_category": "2"}
     timed = module.speed_over_prompts([
         _speed_run(1, "rejection", rejection), _speed_run(2, "topk", topk, **{"verifier.k": "10"}),
-        _speed_run(3, "topk", {f"mt/{i}": v for i, v in enumerate(chat.values())},
-                   **{"verifier.k": "10", "dataset.name": "mtbench", "dataset.offset": "2", "dataset.per_category": "2"})], {})
-    assert [r["dataset"] for r in timed] == ["humaneval 128-143", "humaneval 128-143", "mtbench questions 3-4 of each category"]
+        _speed_run(3, "topk", _faster(chat, 1.25), **{"verifier.k": "10"}, **mtbench),
+        _speed_run(4, "rejection", chat, **mtbench)], {})
+    assert [r["dataset"] for r in timed] == ["humaneval 128-143", "humaneval 128-143", "mtbench questions 3-4 of each category",
+                                             "mtbench questions 3-4 of each category"]
     cell = ("independent", "topk", "k 10", 0.7, "bf16")
     frontier = [dict(zip(("drafter", "verifier", "setting", "T", "target"), cell), lossless=False, tv=(0.29, 0.2, 0.4),
                      verdict="different", eq={"surprisal_deficit": 0.087}),
@@ -147,7 +149,8 @@ def test_the_verdict_row_joins_a_settings_speed_distortion_battery_and_quality()
     rows = module.verdict_rows(frontier, timed, quality)
     assert [(r["verifier"], r["lossless"]) for r in rows] == [("rejection", True), ("topk", False)]
     rule = rows[1]
-    assert rule["code"] is timed[1]["speedup"] and rule["chat"] is timed[2]["speedup"] and rule["vs_rejection"] is timed[1]["vs_rejection"]
+    assert rule["code"] is timed[1]["speedup"] and rule["chat"] is timed[3]["speedup"] and rule["vs_rejection"] is timed[1]["vs_rejection"]
+    assert rule["chat_vs_rejection"] is timed[3]["vs_rejection"] and rule["chat_vs_rejection"].low > 0  # each set against its own
     assert rule["tv"] == 0.29 and rule["battery"] == "different (+0.087)" and rule["humaneval_offline"] == "Δ"
-    assert "stdlib_doctest" not in rule and rows[0]["chat"] is None
+    assert "stdlib_doctest" not in rule and rows[0]["chat"] is timed[2]["speedup"] and rows[0]["chat_vs_rejection"] is None
     assert rows[0]["battery"] == "different (+0.001); not distinguishable with fp32"  # the target's other numerics beside
