@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from matplotlib.figure import Figure
 from specresearch.analysis.format import DASH, Table, missing, with_ci
-from specresearch.analysis.runs import CONTRACT_TAGS, NOT_FACTS, Run, Study
+from specresearch.analysis.runs import CONTRACT_TAGS, NOT_FACTS, Run, Study, distinct
 
 from specresearch.data import DATASETS
 from specresearch.records import COMMIT_TAG, DIFF_TAG
@@ -125,7 +125,7 @@ def facts(runs: list[Run]) -> str:
 def caption(what: str, runs: list[Run], study: Study) -> str:
     """A table's caption: what it shows, how many runs it is built from (a run that feeds several rows counted once)
     and the setting they record."""
-    runs = list({run.id: run for run in runs}.values())
+    runs = distinct(runs)
     n = len(runs)
     return (f"{what} From {n} FINISHED run{'s' if n != 1 else ''} of study '{study.name}' in MLflow "
             f"(re-runs of one config counted once, the latest). {facts(runs)}.")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from functools import cache, cached_property
 from pathlib import Path
@@ -242,11 +243,16 @@ def runs_record(study: Study) -> dict:
             "unfinished": [r.id for r in study.unfinished], "parent": plain(study.parent) if study.parent else None}
 
 
+def distinct(runs: Iterable[Run]) -> list[Run]:
+    """One run per run id, in first-seen order; of several copies of one run (read from two places), the last."""
+    return list({run.id: run for run in runs}.values())
+
+
 def merged(kept: Study, store: Study) -> Study:
     """A study resumed on another machine (the analysis' merge=true): its committed runs with the store's added. A
     config that ran in both keeps its latest run (the other is superseded); the store's sweep parent, unfinished runs
     and place stand. A run in both (saved from this store before) is one run: the store's copy."""
-    both = list({run.id: run for run in [*kept.runs, *store.runs]}.values())
+    both = distinct([*kept.runs, *store.runs])
     latest: dict[str, Run] = {}
     for run in sorted(both, key=lambda r: r.start):  # oldest first: a later run of a config replaces it
         latest[run.config_hash] = run

@@ -180,7 +180,7 @@ def report(study: Study) -> Report:
                                                        text, "l"),
              Col("setting", "setting", text, "l"), Col("T", "T", temperature),
              Col("speedup, code [95% CI]", "code", _interval_cell),
-             Col("Δ vs rejection, code [95% CI]", "vs_rejection", lambda v: _interval_cell(v, signed)),
+             Col("Δ vs rejection, code [95% CI]", "code_vs_rejection", lambda v: _interval_cell(v, signed)),
              Col("speedup, chat [95% CI]", "chat", _interval_cell),
              Col("Δ vs rejection, chat [95% CI]", "chat_vs_rejection", lambda v: _interval_cell(v, signed)),
              Col("τ, code", "tau", num), Col("exact TV", "tv", _small), Col("battery (surprisal deficit)", "battery", text, "l"),
@@ -314,7 +314,7 @@ def verdict_rows(frontier: list[dict], timed: list[dict], over_seeds: list[dict]
         rows.append(dict(drafter=k[0], verifier=k[1], setting=k[2], T=k[3], target=k[4],
                          lossless=cell.get("lossless", k[1] == "rejection"),
                          code=code["speedup"] if code else None, chat=chat["speedup"] if chat else None,
-                         vs_rejection=code["vs_rejection"] if code else None,
+                         code_vs_rejection=code["vs_rejection"] if code else None,
                          chat_vs_rejection=chat["vs_rejection"] if chat else None, tau=code["tau"].value if code else math.nan,
                          tv=cell.get("tv", (math.nan,))[0], battery=battery, **quality))
     return rows

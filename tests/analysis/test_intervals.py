@@ -149,7 +149,7 @@ def test_the_verdict_row_joins_a_settings_speed_distortion_battery_and_quality()
     rows = module.verdict_rows(frontier, timed, quality)
     assert [(r["verifier"], r["lossless"]) for r in rows] == [("rejection", True), ("topk", False)]
     rule = rows[1]
-    assert rule["code"] is timed[1]["speedup"] and rule["chat"] is timed[3]["speedup"] and rule["vs_rejection"] is timed[1]["vs_rejection"]
+    assert rule["code"] is timed[1]["speedup"] and rule["chat"] is timed[3]["speedup"] and rule["code_vs_rejection"] is timed[1]["vs_rejection"]
     assert rule["chat_vs_rejection"] is timed[3]["vs_rejection"] and rule["chat_vs_rejection"].low > 0  # each set against its own
     assert rule["tv"] == 0.29 and rule["battery"] == "different (+0.087)" and rule["humaneval_offline"] == "Δ"
     assert "stdlib_doctest" not in rule and rows[0]["chat"] is timed[2]["speedup"] and rows[0]["chat_vs_rejection"] is None
