@@ -21,6 +21,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -386,15 +388,46 @@ def tracked_run(tracker: Tracker, cfg: DictConfig, name: str, report: Callable[[
     """
     overrides = hydra_overrides()
     tags = {**(tags or {}), **({OVERRIDES_TAG: json.dumps(overrides)} if overrides is not None else {})}
-    tracker.start(cfg, run_name=name, tags=tags, params=params)
-    _TRACKED.append(getattr(tracker, "run_id", None) or "")
-    status = "FAILED"
+    status, opened = "FAILED", False
     try:
+        with held_signals():  # a signal while the run opens comes once it has, so that it is closed FAILED
+            tracker.start(cfg, run_name=name, tags=tags, params=params)
+            opened = True
+            _TRACKED.append(getattr(tracker, "run_id", None) or "")
         yield tracker
         status = "FINISHED"
     finally:
-        summary, files = report()
-        _record(tracker, summary, files, status, _pair_named(name, cfg))
+        if opened:
+            try:
+                with held_signals():  # a run is recorded whole: a signal inside MLflow's end of it left it RUNNING
+                    summary, files = report()
+                    _record(tracker, summary, files, status, _pair_named(name, cfg))
+            except SystemExit as stop:  # one held back (sweeps.Interrupted): the run is recorded with its own status
+                stop.recorded = status
+                raise
+
+
+HELD_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@contextmanager
+def held_signals() -> Iterator[None]:
+    """SIGTERM, SIGHUP and SIGINT wait while the block runs: the first of them is delivered after it, to the handler
+    that was in place (sweeps.exit_on_signals' raises SystemExit). What opens or records a run is not cut in two by
+    a stop. Nothing off the main thread, where Python cannot set handlers, nor for a signal that is ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+                for sig in HELD_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        if held:
+            signal.raise_signal(held[0])
 
 
 def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], status: str, title: str | None = None) -> None:

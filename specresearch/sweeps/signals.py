@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+from specresearch.tracking import HELD_SIGNALS as STOP_SIGNALS  # the signals a run's record holds back
+
 DRIVER_POLL_S = 1.0  # how often a worker looks whether its driver is still there
 DRIVER_GRACE_S = 60.0  # after its SIGTERM, how long a worker whose driver is gone may take to record its run FAILED
 
@@ -24,18 +25,22 @@ DRIVER_GRACE_S = 60.0  # after its SIGTERM, how long a worker whose driver is go
 class Interrupted(SystemExit):
     """SystemExit(128 + signal), raised by `exit_on_signals`' handler."""
 
+    recorded = "FAILED"  # its run's status: FINISHED when it came while a finished run was being recorded (held back)
+
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
         self.signal_name = signal.Signals(signum).name
 
     def report(self, run: str | None) -> str:
         """The line that says what the interruption left, given the job's run: its MLflow id (recorded
-        FAILED by tracking.tracked_run), "" for a run that records nothing (tracker=none), None when
+        FAILED by tracking.tracked_run, or FINISHED: `recorded`), "" for a run that records nothing (tracker=none), None when
         no run had opened yet (a model loading, the speed lock awaited)."""
         if run is None:
             return f"interrupted by {self.signal_name} before a run opened: nothing recorded"
         if not run:
             return f"interrupted by {self.signal_name}: nothing recorded (tracker=none)"
+        if self.recorded == "FINISHED":
+            return f"interrupted by {self.signal_name} as its run ended: the run is recorded as FINISHED"
         return f"interrupted by {self.signal_name}: the run is recorded as FAILED with what it measured"
 
 

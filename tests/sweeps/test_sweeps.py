@@ -173,6 +173,41 @@ def test_an_interrupted_job_says_whether_its_run_was_recorded(tmp_path, capsys, 
         assert job.info.status == "FAILED" and job.data.metrics["prompts"] == 1
 
 
+@pytest.mark.parametrize("when", ["opening", "recording"])
+def test_a_signal_while_a_run_opens_or_is_recorded_waits_for_the_record(tmp_path, capsys, when):
+    """A SIGTERM inside MLflow's start of a run, or while a finished run's summary was computed or its end written, left
+    the run RUNNING for ever (a joblib worker whose driver was killed, once in CI): the signal now waits until the run
+    is open (then it ends FAILED with what it measured) or recorded (FINISHED), and then stops the job."""
+    from hydra.utils import instantiate
+
+    from specresearch.tracking import tracked_run
+
+    cfg = make_cfg(*FAST, "exclusive=false", f"tracker.store={tmp_path}/mlruns")
+    tracker = instantiate(cfg.tracker)
+    start = tracker.start
+
+    def start_then_signal(*args, **kwargs):
+        start(*args, **kwargs)  # MLflow has created the run
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def report():
+        if when == "recording":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return {"prompts": 1.0}, {}
+
+    if when == "opening":
+        tracker.start = start_then_signal
+    with pytest.raises(sweeps.Interrupted):
+        with sweeps.job(cfg, multirun=False):
+            with tracked_run(tracker, cfg, "run", report):
+                pass
+    (job,), _ = runs(tmp_path)
+    assert job.info.status == {"opening": "FAILED", "recording": "FINISHED"}[when] and job.data.metrics["prompts"] == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == {
+        "opening": "interrupted by SIGTERM: the run is recorded as FAILED with what it measured",
+        "recording": "interrupted by SIGTERM as its run ended: the run is recorded as FINISHED"}[when]
+
+
 # --- resume ------------------------------------------------------------------------------------------
 
 def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path, new_store):
@@ -409,7 +444,7 @@ def test_joblib_workers_die_with_a_driver_killed_by_sigkill(tmp_path, new_store)
 
     new_store(tmp_path / "mlruns")
     args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=3", "model=tiny", "drafter=pld", "drafter.k=1,2",
-            "dataset.num_prompts=8", "max_new_tokens=48", "exclusive=false"]
+            "dataset.num_prompts=32", "max_new_tokens=48", "exclusive=false"]  # jobs that are still measuring at the kill
     log = tmp_path / "driver.log"  # a file, not a pipe: the workers hold the driver's stdout and stderr
     with open(log, "w") as out:
         driver = subprocess.Popen(command(tmp_path, *args), cwd=tmp_path, env=env_for(tmp_path), stdout=out,
@@ -427,7 +462,7 @@ def test_joblib_workers_die_with_a_driver_killed_by_sigkill(tmp_path, new_store)
         assert not _alive(children), f"the driver's workers outlived it: {_alive(children)}\n{log.read_text()[-2000:]}"
         assert _shm_of([driver.pid, *children]) == []
         statuses = {r.info.status for r in runs(tmp_path)[0]}
-        assert "FAILED" in statuses and "RUNNING" not in statuses
+        assert "FAILED" in statuses and "RUNNING" not in statuses, f"{statuses}\n{log.read_text()[-3000:]}"
         assert "interrupted by SIGTERM: the run is recorded as FAILED with what it measured" in log.read_text()
     finally:
         for pid in _alive(children):
