@@ -208,6 +208,28 @@ def test_a_signal_while_a_run_opens_or_is_recorded_waits_for_the_record(tmp_path
         "recording": "interrupted by SIGTERM as its run ended: the run is recorded as FINISHED"}[when]
 
 
+def test_held_signals_deliver_the_first_after_the_block_and_a_second_at_once():
+    """What tracked_run opens and records under: a stop waits for the block's end; asked twice, it stops at once
+    (a record that hangs can still be interrupted)."""
+    from specresearch.tracking import held_signals
+
+    steps, before = [], signal.getsignal(signal.SIGTERM)
+    for twice in (False, True):
+        previous = sweeps.exit_on_signals()
+        try:
+            with pytest.raises(sweeps.Interrupted):
+                with held_signals():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    steps.append(f"held ({twice})")
+                    if twice:
+                        os.kill(os.getpid(), signal.SIGTERM)
+                        steps.append("not reached")
+        finally:
+            sweeps.restore_signals(previous)
+    assert steps == ["held (False)", "held (True)"]
+    assert signal.getsignal(signal.SIGTERM) is before  # every handler put back
+
+
 # --- resume ------------------------------------------------------------------------------------------
 
 def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path, new_store):
