@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from specresearch.config import CONF_DIR
 from specresearch.records import (
+    COMMITTED,
     HASH_EXCLUDED,
     HASH_TAG,
     INTERRUPTED_TAG,
@@ -34,6 +35,7 @@ from specresearch.records import (
     SWEEP_TAG,
     EvalRecord,
     SpeedRecord,
+    committed_study,
 )
 from specresearch.tracking import database_problem, mark_dead_runs, server_problem
 
@@ -215,14 +217,13 @@ def load_study(name: str, uri: str, experiment: str) -> Study:
                  [r for r in jobs if r.status != "FINISHED"], parent)
 
 
-COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "results" / "data"  # a checkout's committed results
 KEPT_TAGS = ("specresearch.", "mlflow.parentRunId")  # what a committed run keeps of its tags (the rest: MLflow's bookkeeping)
 
 
 def committed(name: str) -> Path:
     """Where study `name`'s measured runs are committed (`save=`): docs/results/data/study-NAME.json of the checkout
     (its table renders as a results page; the analysis rebuilds from its `data` without the MLflow store)."""
-    return COMMITTED / f"study-{name.replace('_', '-')}.json"
+    return committed_study(name, COMMITTED)
 
 
 def runs_record(study: Study) -> dict:

@@ -19,6 +19,7 @@ import sys
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -39,6 +40,14 @@ SOLVED_TAG = "specresearch.solved."  # + side, on a quality run: its per-problem
 OVERRIDES_TAG = "specresearch.overrides"  # a job's command-line overrides: what a sweep's summary tabulates it by
 # where a run is recorded, and whether to skip it, do not change what it measures
 HASH_EXCLUDED = ("tracker", "resume", "resume_ignore_code")
+COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "results" / "data"  # a checkout's committed results
+
+
+def committed_study(name: str, folder: Path | None = None) -> Path:
+    """Where study `name`'s measured runs are committed (the analysis' `save=true`): docs/results/data/study-NAME.json
+    of the checkout (`folder`, default COMMITTED); its `data.runs` are the runs with their tags, what the analysis
+    rebuilds from without the MLflow store and what resume skips on a machine whose store lacks them."""
+    return (folder or COMMITTED) / f"study-{name.replace('_', '-')}.json"
 # The code a run was measured by (code_tags): resume re-runs a job whose recorded code differs (same_code).
 COMMIT_TAG = "specresearch.commit"  # the git commit of the checkout specresearch ran from; absent outside a checkout
 MLFLOW_COMMIT_TAG = "mlflow.source.git.commit"  # MLflow's own: the same commit, shown in its Source field

@@ -42,12 +42,13 @@ def job(cfg: DictConfig, multirun: bool, timed: bool = True) -> Iterator[JobSkip
         reuse_any = ignore_code(cfg)
         tracker = store_tracker(cfg) if resume_on(cfg, multirun) else None
         digest = config_hash(cfg) if tracker is not None else ""
-        if tracker is not None and (done := finished_run(tracker, digest, cfg.get("objective"), reuse_any)) is not None:
+        lookup = (digest, cfg.get("objective"), reuse_any, cfg.get("study"))
+        if tracker is not None and (done := finished_run(tracker, *lookup)) is not None:
             yield done
             return
         if timed and cfg.get("eval") is None and cfg.get("exclusive", True):
             with speed_lock() as waited:
-                if waited and tracker is not None and (done := finished_run(tracker, digest, cfg.get("objective"), reuse_any)) is not None:
+                if waited and tracker is not None and (done := finished_run(tracker, *lookup)) is not None:
                     yield done  # measured by someone else while this job waited
                     return
                 yield None

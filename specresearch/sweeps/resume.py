@@ -1,13 +1,15 @@
 """resume (`resume: auto`, on in sweeps): before a job runs, MLflow is asked for a FINISHED run of the
 same config (`records.config_hash`) in the same experiment, measured by the same code
-(`records.same_code`: commit and dirty flag, or the package version outside a checkout); if there is
-one the job is skipped. A run of the same config measured by other code is re-run, with one line
+(`records.same_code`: commit and dirty flag, or the package version outside a checkout), and then the
+study's committed runs (`committed_run`: a study goes on on another machine); if there is one the job
+is skipped. A run of the same config measured by other code is re-run, with one line
 saying so, unless `resume_ignore_code=true`. RUNNING runs left by a killed process (same host, pid
 gone) are marked FAILED first (specresearch.stores.mark_dead_runs), so a sweep started again
 re-runs exactly what did not finish."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -15,7 +17,7 @@ import time
 from omegaconf import DictConfig
 
 from specresearch.errors import SpecResearchError
-from specresearch.records import HASH_TAG, HOST_TAG, PARENT_TAG, PID_TAG, code_of, code_tags, same_code
+from specresearch.records import HASH_TAG, HOST_TAG, PARENT_TAG, PID_TAG, code_of, code_tags, committed_study, same_code
 from specresearch.stores import local_pid, mark_dead_runs, pid_alive
 from specresearch.sweeps.outcomes import JobSkipped
 from specresearch.tracking import MLflowTracker
@@ -53,13 +55,14 @@ def store_tracker(cfg: DictConfig) -> MLflowTracker | None:
 
 
 def finished_run(tracker: MLflowTracker, digest: str, objective: str | None = None,
-                 any_code: bool = False) -> JobSkipped | None:
+                 any_code: bool = False, study: str | None = None) -> JobSkipped | None:
     """The latest FINISHED run with config hash `digest` in the tracker's experiment measured by this
     process's code (records.same_code; by any code with `any_code`), as the job's return value (with
-    the run's `objective` metric); None if there is none, with one line naming the latest such run
-    when only other code measured the config. First, RUNNING runs whose process is gone (this host,
-    pid dead: a SIGKILL, a power cut) are marked FAILED with the tag `specresearch.interrupted`
-    (stores.mark_dead_runs: also done once when a process opens a store).
+    the run's `objective` metric); else such a run among `study`'s committed runs (`committed_run`: a
+    study resumed on a machine whose store lacks them); None if there is none, with one line naming the
+    latest such run of the store when only other code measured the config. First, RUNNING runs whose
+    process is gone (this host, pid dead: a SIGKILL, a power cut) are marked FAILED with the tag
+    `specresearch.interrupted` (stores.mark_dead_runs: also done once when a process opens a store).
 
     Same code means the same commit and dirty flag (and, dirty, the same digest of the uncommitted
     changes), or the same specresearch version outside a checkout: a dirty tree cannot be proven equal
@@ -67,7 +70,7 @@ def finished_run(tracker: MLflowTracker, digest: str, objective: str | None = No
     recorded none."""
     experiment = tracker.experiment_id()
     if experiment is None:  # nothing was ever recorded there
-        return None
+        return committed_run(study, digest, objective, any_code)
     client = tracker.client()
     mark_dead_runs(client)  # again: a job of this sweep may have died since the store was opened
     runs = client.search_runs([experiment], filter_string=f"tags.`{HASH_TAG}` = '{digest}'",
@@ -79,9 +82,11 @@ def finished_run(tracker: MLflowTracker, digest: str, objective: str | None = No
                      f"pid {tags.get(PID_TAG, '?')}); measuring it here too")
     finished = [run for run in runs if run.info.status == "FINISHED"]
     if not finished:
-        return None
+        return committed_run(study, digest, objective, any_code)
     current = code_tags()
     done = finished[0] if any_code else next((run for run in finished if same_code(run.data.tags, current)), None)
+    if done is None and (kept := committed_run(study, digest, objective, any_code)) is not None:
+        return kept
     if done is None:
         latest = finished[0]
         line = (f"re-running: run {latest.info.run_id} of this config was measured by code {code_of(latest.data.tags)} "
@@ -93,6 +98,32 @@ def finished_run(tracker: MLflowTracker, digest: str, objective: str | None = No
     log.info(f"skipped: identical config already finished as run {done.info.run_id} (resume=false to measure again)")
     value = done.data.metrics.get(objective.replace("@", "_at_")) if objective else None  # MLflow's names (tracking.log_metrics)
     return JobSkipped(done.info.run_id, value)
+
+
+def committed_run(study: str | None, digest: str, objective: str | None = None, any_code: bool = False) -> JobSkipped | None:
+    """The latest FINISHED run with config hash `digest` among study `study`'s committed runs (records.committed_study:
+    what the analysis' save=true wrote from another machine's store), measured by this process's code (by any code with
+    `any_code`), as the job's return value; None where there is none, no study or no readable committed file."""
+    if not study:
+        return None
+    path = committed_study(study)
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))["data"]["runs"]
+        found = sorted((r for r in runs if r["status"] == "FINISHED" and r["tags"].get(HASH_TAG) == digest),
+                       key=lambda r: r["start"], reverse=True)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        log.info(f"note: the committed runs in {path} are not readable ({type(err).__name__}): resume looks in the store only")
+        return None
+    current = code_tags()
+    done = next((r for r in found if any_code or same_code(r["tags"], current)), None)
+    if done is None:
+        return None
+    log.info(f"skipped: identical config already finished as run {done['id']}, committed in {path.name} (resume=false to "
+             "measure again)")
+    value = done["metrics"].get(objective.replace("@", "_at_")) if objective else None
+    return JobSkipped(done["id"], value)
 
 
 def stop_local_jobs(tracker: MLflowTracker, parent: str, signum: int, grace_s: float = 60.0) -> None:

@@ -232,6 +232,41 @@ def test_held_signals_deliver_the_first_after_the_block_and_a_second_at_once():
 
 # --- resume ------------------------------------------------------------------------------------------
 
+def test_resume_skips_a_config_its_study_committed_from_another_store(tmp_path, monkeypatch):
+    """A study goes on over sittings on fresh machines (an empty store each time): resume skips a config the study's
+    committed runs hold (what the analysis' save=true wrote from the other machine's store), with its objective, and
+    runs every other one; an unreadable committed file leaves resume to the store."""
+    import json
+
+    from hydra.utils import instantiate
+
+    from analysis.runs import load_study, runs_record
+    from specresearch.records import committed_study
+    from specresearch.tracking import tracked_run
+
+    monkeypatch.setattr("specresearch.records.COMMITTED", tmp_path / "data")
+    cfg = {store: make_cfg(*FAST, "exclusive=false", "study=demo", "objective=speedup", f"tracker.store={tmp_path}/{store}")
+           for store in ("there", "here")}
+    with sweeps.job(cfg["there"], multirun=True) as skipped:
+        assert skipped is None
+        with tracked_run(instantiate(cfg["there"].tracker), cfg["there"], "run", lambda: ({"speedup": 1.5}, {})):
+            pass
+    (tmp_path / "data").mkdir()
+    path = committed_study("demo")
+    for committed in (None, "{not json", json.dumps({"data": runs_record(load_study("demo", f"sqlite:///{tmp_path}/there/mlflow.db", "specresearch"))})):
+        if committed is not None:
+            path.write_text(committed)
+        with sweeps.job(cfg["here"], multirun=True) as skipped:
+            if committed is None or committed.startswith("{not"):
+                assert skipped is None  # nothing (readable) committed: the empty store decides
+            else:
+                (run,) = json.loads(committed)["data"]["runs"]
+                assert skipped == JobSkipped(run["id"], 1.5)
+    other = make_cfg(*FAST, "exclusive=false", "study=demo", "drafter.k=3", f"tracker.store={tmp_path}/here")
+    with sweeps.job(other, multirun=True) as skipped:
+        assert skipped is None
+
+
 def test_resume_skips_finished_jobs_and_runs_only_new_ones(tmp_path, new_store):
     """The first sweep runs on the joblib launcher (two processes): its jobs nest under one parent too."""
     new_store(tmp_path / "mlruns")  # empty, migrated once per test run
