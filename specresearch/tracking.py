@@ -21,8 +21,6 @@ import json
 import logging
 import math
 import os
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -31,6 +29,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from specresearch.errors import SpecResearchError, write_problem
+from specresearch.interrupts import held_signals
 from specresearch.options import implements, make
 from specresearch.options import tracking as options
 from specresearch.records import (
@@ -405,41 +404,6 @@ def tracked_run(tracker: Tracker, cfg: DictConfig, name: str, report: Callable[[
             except SystemExit as stop:  # one held back (sweeps.Interrupted): the run is recorded with its own status
                 stop.recorded = status
                 raise
-
-
-HELD_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-
-
-@contextmanager
-def held_signals() -> Iterator[None]:
-    """SIGTERM, SIGHUP and SIGINT wait while the block runs: the first of them is delivered after it, to the handler
-    that was in place (sweeps.exit_on_signals' raises SystemExit). What opens or records a run is not cut in two by
-    a stop; a second signal is delivered at once (a record that hangs can still be stopped). Nothing off the main
-    thread, where Python cannot set handlers, nor for a signal that is ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []  # the signals that came
-    delivered = False
-
-    def deliver() -> None:
-        nonlocal delivered
-        for sig, old in previous.items():
-            signal.signal(sig, old if old is not None else signal.SIG_DFL)
-        if held and not delivered:
-            delivered = True
-            signal.raise_signal(held[0])
-
-    def hold(signum: int, frame: Any) -> None:
-        held.append(signum)
-        if len(held) > 1:
-            deliver()
-
-    previous = {sig: signal.signal(sig, hold) for sig in HELD_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
-    try:
-        yield
-    finally:
-        deliver()
 
 
 def _record(tracker: Tracker, summary: dict[str, float], files: dict[str, str], status: str, title: str | None = None) -> None:

@@ -32,7 +32,7 @@ FLOORS = {
     "core": ["specresearch.engine", "specresearch.kv", "specresearch.drafters", "specresearch.verifiers"],
     "services": ["specresearch.models", "specresearch.stores", "specresearch.attention", "specresearch.data", "specresearch.vocab", "specresearch.tracking",
                  "specresearch.records", "specresearch.figures", "specresearch.assets"],
-    "ground": ["specresearch.types", "specresearch.metrics", "specresearch.sampling", "specresearch.seeding", "specresearch.errors",
+    "ground": ["specresearch.types", "specresearch.metrics", "specresearch.sampling", "specresearch.seeding", "specresearch.errors", "specresearch.interrupts",
                "specresearch.options"],
 }
 CORE = "core"

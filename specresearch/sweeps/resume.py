@@ -69,25 +69,25 @@ def finished_run(tracker: MLflowTracker, digest: str, objective: str | None = No
     to another beyond that, so any other difference counts as other code, as does a run that
     recorded none."""
     experiment = tracker.experiment_id()
-    if experiment is None:  # nothing was ever recorded there
-        return committed_run(study, digest, objective, any_code)
-    client = tracker.client()
-    mark_dead_runs(client)  # again: a job of this sweep may have died since the store was opened
-    runs = client.search_runs([experiment], filter_string=f"tags.`{HASH_TAG}` = '{digest}'",
-                              order_by=["attributes.start_time DESC"], max_results=1000)
+    runs = []  # none where nothing was ever recorded (no experiment)
+    if experiment is not None:
+        client = tracker.client()
+        mark_dead_runs(client)  # again: a job of this sweep may have died since the store was opened
+        runs = client.search_runs([experiment], filter_string=f"tags.`{HASH_TAG}` = '{digest}'",
+                                  order_by=["attributes.start_time DESC"], max_results=1000)
     for run in runs:
         if run.info.status == "RUNNING":
             tags = run.data.tags
             log.info(f"note: run {run.info.run_id} of this config is RUNNING (host {tags.get(HOST_TAG, '?')}, "
                      f"pid {tags.get(PID_TAG, '?')}); measuring it here too")
     finished = [run for run in runs if run.info.status == "FINISHED"]
-    if not finished:
-        return committed_run(study, digest, objective, any_code)
     current = code_tags()
-    done = finished[0] if any_code else next((run for run in finished if same_code(run.data.tags, current)), None)
+    done = next((run for run in finished if any_code or same_code(run.data.tags, current)), None)
     if done is None and (kept := committed_run(study, digest, objective, any_code)) is not None:
         return kept
     if done is None:
+        if not finished:
+            return None
         latest = finished[0]
         line = (f"re-running: run {latest.info.run_id} of this config was measured by code {code_of(latest.data.tags)} "
                 f"(now {code_of(current)}); resume_ignore_code=true to reuse it")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from specresearch.tracking import HELD_SIGNALS as STOP_SIGNALS  # the signals a run's record holds back
+from specresearch.interrupts import STOP_SIGNALS
 
 DRIVER_POLL_S = 1.0  # how often a worker looks whether its driver is still there
 DRIVER_GRACE_S = 60.0  # after its SIGTERM, how long a worker whose driver is gone may take to record its run FAILED

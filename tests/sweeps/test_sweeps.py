@@ -211,7 +211,7 @@ def test_a_signal_while_a_run_opens_or_is_recorded_waits_for_the_record(tmp_path
 def test_held_signals_deliver_the_first_after_the_block_and_a_second_at_once():
     """What tracked_run opens and records under: a stop waits for the block's end; asked twice, it stops at once
     (a record that hangs can still be interrupted)."""
-    from specresearch.tracking import held_signals
+    from specresearch.interrupts import held_signals
 
     steps, before = [], signal.getsignal(signal.SIGTERM)
     for twice in (False, True):
