@@ -31,7 +31,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,7 +38,7 @@ from tqdm import tqdm
 
 from specresearch import build_engine, compose, reports
 from specresearch.data import encode, load_prompts
-from specresearch.errors import SpecResearchError, fail, report_problem
+from specresearch.errors import SpecResearchError, fail, report_path
 from specresearch.models import machine_tags
 from specresearch.sampling import logits_to_probs
 from specresearch.stats.samples import SharedPrompt, Stream, sample_seeds
@@ -168,10 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> None:
     """The audit of `main`'s arguments: the settings and --json checked first, then the engine built and decoded."""
-    out = Path(args.json) if args.json else None
-    problem = None if out is None else report_problem(out, "--json")
-    if problem:
-        raise SpecResearchError(problem)
+    out = report_path(args.json, "--json")
     cfg = compose([f"model={args.model}", f"drafter={args.drafter}", f"verifier={args.verifier}", "sampling=random",
                    f"sampling.temperature={args.temperature}", f"model.dtype={args.dtype}", f"model.kernels={args.kernels}"])
     engine = build_engine(cfg)

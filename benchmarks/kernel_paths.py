@@ -26,13 +26,12 @@ import itertools
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
 from specresearch import reports
 from specresearch.data import encode, load_prompts
-from specresearch.errors import SpecResearchError, fail, report_problem
+from specresearch.errors import SpecResearchError, fail, report_path
 from specresearch.kv import CachedLM
 from specresearch.models import load_model, machine_tags
 from specresearch.sampling import logits_to_probs
@@ -76,10 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> None:
     """The measurement of `main`'s arguments: --json checked first, then the model loaded (load_model refuses an
     unknown name before it reads anything)."""
-    out = Path(args.json) if args.json else None
-    problem = None if out is None else report_problem(out, "--json")
-    if problem:
-        raise SpecResearchError(problem)
+    out = report_path(args.json, "--json")
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     prompt = torch.tensor(encode(lm.tokenizer, load_prompts("humaneval", num_prompts=1, offset=args.prompt)[0]), device=lm.device)
     sampling = SamplingParams(temperature=args.temperature)

@@ -34,6 +34,15 @@ def report_problem(path: Path, option: str) -> str | None:
     return f"cannot write the report {path} ({option}): {problem}" if problem else None
 
 
+def report_path(value: str | None, option: str) -> Path | None:
+    """The path a report is to be written at (`value` as given to `option`; None: no report), checked before the work:
+    a SpecResearchError naming why it cannot be written (report_problem)."""
+    path = Path(value) if value else None
+    if path is not None and (problem := report_problem(path, option)):
+        raise SpecResearchError(problem)
+    return path
+
+
 def write_problem(folder: Path) -> str | None:
     """Why files cannot be written in `folder` (made with its missing parents first), or None when
     they can: its nearest existing ancestor must be a folder in which a file can be created. Creates

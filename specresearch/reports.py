@@ -82,11 +82,17 @@ def of(fields: dict, topic: str, data: dict) -> dict:
     return {**{k: v for k, v in fields.items() if v not in (None, "")}, "topic": topic, "data": data}
 
 
+def _argument(value: Any) -> str:
+    """An argument's value as the shell takes it back: a list (an nargs="+" option) as its items, each quoted."""
+    items = value if isinstance(value, list | tuple) else [value]
+    return " ".join(shlex.quote(str(v)) for v in items)
+
+
 def of_script(script: str, args: dict[str, Any], machine: dict[str, str], title: str, **fields: Any) -> dict:
     """The report a benchmark script writes of one run: `title` and `fields` (topic, columns, rows, prompts,
     notes, data) with today's date, the machine in one line (`machine`: specresearch.models.machine_tags) and
     the command that reproduces it (benchmarks/`script` with every argument of `args` but the output, `json`)."""
-    command = " ".join([f"python benchmarks/{script}", *(f"--{k} {shlex.quote(str(v))}" for k, v in args.items() if k != "json")])
+    command = " ".join([f"python benchmarks/{script}", *(f"--{k} {_argument(v)}" for k, v in args.items() if k != "json")])
     return {"title": title, "date": datetime.date.today().isoformat(),
             "machine": ", ".join(f"{k.removeprefix('specresearch.')} {v}" for k, v in machine.items()),
             "command": [command], **fields}

@@ -48,3 +48,13 @@ def test_a_report_that_strays_is_refused_in_one_line_naming_the_problem(changed,
     with pytest.raises(SpecResearchError) as err:
         reports.checked(_report(**changed), "x.json")
     assert str(err.value) == f"x.json is not a results report: {problem}"
+
+
+def test_a_scripts_command_gives_its_arguments_back_to_the_shell():
+    """A page's command reruns its script: a list argument (nargs="+") as its items, a value with a space quoted."""
+    import shlex
+
+    report = reports.of_script("x.py", {"arms": ["independent", "medusa"], "grid": (0.3, 0.5), "what": "a b", "json": "out.json"},
+                               {"processor": "cpu"}, "t")
+    assert shlex.split(report["command"][0]) == ["python", "benchmarks/x.py", "--arms", "independent", "medusa", "--grid", "0.3", "0.5",
+                                                 "--what", "a b"]

@@ -165,6 +165,9 @@ def report(study: Study) -> Report:
              Col("detectable Δ", lambda r: r["vs_target"].detectable if r["vs_target"] else math.nan, num3),
              Col("Δ vs the target at a lower T [95% CI] (p)", "vs_lower", _lower_cell)],
             over_seeds))
+    sharper = temperature_table({run.param("model.name") for run in cells.values()})
+    if sharper:
+        report.tables.append(sharper)
     rows = verdict_rows(records, timed, over_seeds)
     if rows:
         report.tables.append(Table(
@@ -210,6 +213,29 @@ def numerics_records(models: set[str]) -> list[dict]:
                  T=c["temperature"], target=", ".join(kernels), lossless=False, speedup=math.nan, tau=math.nan, prompts=c["prompts"],
                  tv=(c["numerics_tv_mean"], math.nan, math.nan), tv90=c["numerics_tv_q90"], kl=math.nan, kept=math.nan,
                  positions=c["positions"], verdict=None, eq=None, quality=None) for c in page["data"]["cells"]]
+
+
+def temperature_table(models: set[str]) -> Table | None:
+    """Table `effective_temperature`: per rule, its exact step law against the target's at other temperatures (the TV to p
+    at the run's T and at 0.5, the nearest T' and the TV there), from the newest committed page of
+    benchmarks/effective_temperature.py whose target is one of the study's `models`; None where there is none."""
+    pages = [json.loads(p.read_text()) for p in sorted(NUMERICS.glob("*-effective-temperature.json"))]
+    pages = [p for p in pages if p["data"].get("model") in models]
+    if not pages:
+        return None
+    page, t = pages[-1], pages[-1]["data"]["temperature"]
+
+    def ci(key: str):
+        return lambda c: f"{c[key]:.4f} [{c[key + '_ci_low']:.4f}, {c[key + '_ci_high']:.4f}]"
+
+    return Table(
+        "effective_temperature", "Is a lossy rule a lower temperature? Each step's law against the target's at T'",
+        f"{page['notes'][0]} From benchmarks/effective_temperature.py's page of {page['date']} ({page['prompts']}; {page['machine']}).",
+        [Col("rule", "label", text, "l"), Col(f"TV to p at T = {t:g} [95% CI]", ci("tv_mean"), text),
+         Col("TV to p at T' = 0.5", lambda c: c.get("tv_mean_at_0.5", math.nan), _small),
+         Col("nearest T'", "nearest_temperature", temperature), Col("TV there [95% CI]", ci("nearest_tv_mean"), text),
+         Col("positions nearer there", "nearest_closer", num3)],
+        page["data"]["cells"])
 
 
 _TITLES = {"medusa_typical": "Medusa's typical acceptance (Cai et al. 2024)", "bild": "BiLD (Kim et al. 2023)",

@@ -14,6 +14,10 @@ Beside it, the numerics: at every position the TV between the target's p as the 
 read it (k + 1 or a tree's query tokens) and as plain decoding reads it (one query token a forward after the
 same text): what the target's own kernels alone move each step's law by, on the same axis as a rule's
 distortion (0 in fp32 to ~1e-6, and exactly 0 with model.kernels=invariant).
+
+And, where asked (`temperatures`), the TV of each step's law to the target's law at other temperatures T'
+(p_T' ∝ p_T ** (T / T'), the same logits at another T): is a lossy rule the target at a lower temperature, and
+which one (`Distortion.nearest`)?
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class Distortion:
     kl: np.ndarray  # [P, L]
     kept: np.ndarray  # [P, L]
     numerics: np.ndarray | None = None  # [P, L] TV(p as the verification forward read it, p after one query a forward)
+    tv_at: np.ndarray | None = None  # [P, L, S] TV to the target's law at temperatures[s] (`distortion(temperatures=...)`)
+    temperatures: tuple[float, ...] = ()  # [S]
 
     def summary(self, resamples: int = 2000, seed: int = 0) -> dict[str, float]:
         """Mean, quantiles and maximum of the per-position TV, mean and 90% quantile of the KL, the mean
@@ -64,6 +70,24 @@ class Distortion:
             numerics = self.numerics.ravel()
             out.update(numerics_tv_mean=float(numerics.mean()), numerics_tv_q90=float(np.quantile(numerics, 0.9)),
                        numerics_tv_max=float(numerics.max()))
+        if self.tv_at is not None:
+            out.update(self.nearest(resamples, seed))
+        return out
+
+    def nearest(self, resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+        """Against the target's law at each T' of `temperatures`: the mean TV (`tv_mean_at_<T'>`), the T' whose law is
+        nearest on average (`nearest_temperature`), the mean TV there with a 95% bootstrap interval over prompts
+        (`nearest_tv_mean`, `_ci_low`, `_ci_high`), and the share of positions whose law is nearer (beyond float error)
+        the target's at that T' than the p it was verified against (`nearest_closer`)."""
+        means = self.tv_at.mean((0, 1))  # [S]
+        best = int(np.argmin(means))
+        out = {f"tv_mean_at_{t:g}": float(m) for t, m in zip(self.temperatures, means)}
+        per_prompt = self.tv_at[:, :, best].mean(1)  # [P]
+        rng = np.random.default_rng(seed)
+        boot = per_prompt[rng.integers(0, len(per_prompt), (resamples, len(per_prompt)))].mean(1)
+        out.update(nearest_temperature=self.temperatures[best], nearest_tv_mean=float(means[best]),
+                   nearest_tv_mean_ci_low=float(np.quantile(boot, 0.025)), nearest_tv_mean_ci_high=float(np.quantile(boot, 0.975)),
+                   nearest_closer=float((self.tv_at[:, :, best] < self.tv - 1e-9).mean()))
         return out
 
 
@@ -72,8 +96,10 @@ class Recorder(Verifier):
     (`step_first_token_law`, from the step's draft and p) and records its distance to p; then emits the
     continuation's next token for each row (no draft token kept), so the decode follows the continuations."""
 
-    def __init__(self, inner: Verifier, continuations: Sequence[Sequence[int]], siblings: Siblings | None = None):
+    def __init__(self, inner: Verifier, continuations: Sequence[Sequence[int]], siblings: Siblings | None = None,
+                 powers: Sequence[float] = ()):
         self.inner, self.lossless, self.name = inner, inner.lossless, inner.name
+        self.powers = list(powers)  # T / T' for each other temperature T' (p_T' ∝ p ** (T / T'))
         self.siblings = siblings  # the drafter's sibling rule (step_first_token_law), None = no siblings
         self.continuations = [list(c) for c in continuations]
         self.t = 0  # the step: every row emits one token per step, so it is the position in each continuation
@@ -81,6 +107,7 @@ class Recorder(Verifier):
         self.kl: list[list[float]] = [[] for _ in continuations]
         self.kept: list[list[float]] = [[] for _ in continuations]
         self.p: list[list[Tensor]] = [[] for _ in continuations]  # each step's p at its first position, as the verification read it
+        self.tv_at: list[list[list[float]]] = [[] for _ in continuations]  # [P][L][S] TV to the target's law at each T'
 
     def check_sampling(self, sampling: SamplingParams) -> None:
         self.inner.check_sampling(sampling)
@@ -108,10 +135,19 @@ class Recorder(Verifier):
             self.kl[b].append(float(kl_divergence(law.to(target.device), target)))
             self.kept[b].append(kept)
             self.p[b].append(target.float().cpu())
+            if self.powers:
+                self.tv_at[b].append(tv_to_powers(law.to(target.device), target, self.powers))
             verdicts.append(Verdict(tokens=torch.tensor([self.continuations[b][self.t]]), num_accepted=0,
                                     path=None if draft.parents is None else []))
         self.t += 1
         return verdicts
+
+
+def tv_to_powers(law: Tensor, p: Tensor, powers: Sequence[float]) -> list[float]:
+    """TV(law, p ** a / Σ p ** a) for each power a in `powers` ([V] laws): the target's law at T' = T / a from its law p
+    at T, where p is softmax(logits / T) (tokens p excludes stay excluded)."""
+    logp = torch.log(p.double())  # [V], -inf where p is 0
+    return [total_variation(law, torch.softmax(logp * a, -1)) for a in powers]
 
 
 def check_distortion(method: Engine) -> None:
@@ -140,7 +176,8 @@ def continuations(baseline: Engine, prompts: list[list[int]], length: int, seed:
     return [o.tokens for o in outs]
 
 
-def distortion(method: Engine, prompts: list[list[int]], texts: list[list[int]], seed: int = 0) -> Distortion:
+def distortion(method: Engine, prompts: list[list[int]], texts: list[list[int]], seed: int = 0,
+               temperatures: Sequence[float] = ()) -> Distortion:
     """The method's exact first-token distortion along `texts` (one continuation per prompt, equal
     lengths): its drafter proposes at every position, the target verifies, `Recorder` records.
 
@@ -149,9 +186,11 @@ def distortion(method: Engine, prompts: list[list[int]], texts: list[list[int]],
         prompts: token ids of each prompt (at least 2 tokens: the last one is fed with the first draft).
         texts: each prompt's continuation (e.g. `continuations`), all of one length.
         seed: the drafter's draws of row b come from stream (seed, FORCED, b) (they do not change the laws).
+        temperatures: other temperatures T' (> 0) to measure each step's law against the target's at (`tv_at`); the
+            run's sampling must not truncate (top-k, top-p), so that p_T' ∝ p_T ** (T / T') is the target's law at T'.
 
     Returns:
-        The per-position TV, KL and kept probability.
+        The per-position TV, KL and kept probability (and the TV at each of `temperatures`).
     """
     if method.sampling.greedy:
         raise SpecResearchError("exact distortion is for sampling at temperature > 0: at temperature 0 every rule here keeps "
@@ -159,17 +198,22 @@ def distortion(method: Engine, prompts: list[list[int]], texts: list[list[int]],
     if method.verifier.p_sampling(method.sampling) != method.sampling:
         raise SpecResearchError("exact distortion compares the first token's law with the p the verifier reads; "
                                 "verifier.rule_temperature reads another one: set it to null")
+    sampling = method.verifier.p_sampling(method.sampling)
+    if temperatures and (min(temperatures) <= 0 or sampling.top_k or sampling.top_p < 1):
+        raise SpecResearchError(f"distortion against the target at other temperatures needs T' > 0 (got {list(temperatures)}) "
+                                "and sampling without top-k or top-p (the target's law at T' is then p ** (T / T'))")
     length = len(texts[0])
     if any(len(t) != length for t in texts) or length < 1:
         raise SpecResearchError(f"distortion needs continuations of one length >= 1, got {sorted({len(t) for t in texts})}")
     siblings = method.drafter.siblings
-    recorder = Recorder(method.verifier, texts, siblings if siblings.n else None)
+    recorder = Recorder(method.verifier, texts, siblings if siblings.n else None,
+                        [sampling.temperature / t for t in temperatures])
     forced = Engine(method.kv.lm, method.drafter, recorder, method.sampling, time_split=False)
     forced.generate(prompts, length, eos_token_ids=[], sample_first=False,
                     seed=[stream_seed(seed, Stream.FORCED, b) for b in range(len(prompts))])
-    sampling = method.verifier.p_sampling(method.sampling)
     numerics = []  # [P, L]
     for b, (prompt, text) in enumerate(zip(prompts, texts)):
         plain = one_query_laws(method.kv.lm, prompt, text, sampling).cpu()  # [L, V]
         numerics.append([total_variation(read, one) for read, one in zip(recorder.p[b], plain)])
-    return Distortion(np.array(recorder.tv), np.array(recorder.kl), np.array(recorder.kept), np.array(numerics))
+    return Distortion(np.array(recorder.tv), np.array(recorder.kl), np.array(recorder.kept), np.array(numerics),
+                      np.array(recorder.tv_at) if temperatures else None, tuple(temperatures))

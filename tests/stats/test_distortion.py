@@ -13,8 +13,9 @@ from specresearch.drafters.independent import plain_chain
 from specresearch.errors import SpecResearchError
 from specresearch.measure.equivalence import baseline_samples, method_samples, score
 from specresearch.stats import Samples, battery
-from specresearch.stats.distortion import continuations, distortion
+from specresearch.stats.distortion import Distortion, continuations, distortion, tv_to_powers
 from specresearch.stats.exact import chain_first_token_laws, first_token_law, kl_divergence, step_first_token_law
+from specresearch.stats.floor import one_query_laws
 from specresearch.types import Draft, SamplingParams, Siblings
 from specresearch.verifiers import MarginVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier
 from tests.cases import cases
@@ -193,3 +194,41 @@ def test_exact_tv_agrees_with_the_batterys_estimate(tmp_path):
     plug_in, noise = report.effects["tv_position"], report.effects["tv_position_null_q95"]
     assert exact > 0.05, exact  # a visible effect: margin 0.5 keeps draft tokens the target finds less likely
     assert abs(plug_in - exact) <= noise, (plug_in, exact, noise)
+
+
+def test_the_law_at_other_temperatures_is_the_targets_own(tmp_path):
+    """`temperatures`: a lossless pair's step law is the target's at T = 1 (TV 0 there, so T' = 1 is the nearest), and its
+    TV to the target at T' = 0.5 and 2 is the TV between the target's own laws at 1 and at T', as plain decoding
+    computes them at T' (softmax(logits / T'), not the power family the measure uses)."""
+    method, baseline = _engine("independent", plain_chain(), "rejection", tmp_path)
+    texts = continuations(baseline, PROMPTS, LENGTH, seed=3)
+    d = distortion(method, PROMPTS, texts, seed=3, temperatures=(0.5, 1.0, 2.0))
+    assert d.tv_at.shape == (len(PROMPTS), LENGTH, 3)
+    for b, (prompt, text) in enumerate(zip(PROMPTS, texts)):
+        at = {t: one_query_laws(method.kv.lm, prompt, text, SamplingParams(temperature=t)).double() for t in (0.5, 1.0, 2.0)}
+        for s, t in enumerate((0.5, 1.0, 2.0)):
+            expected = 0.5 * (at[1.0] - at[t]).abs().sum(-1)  # [L]
+            assert np.allclose(d.tv_at[b, :, s], expected.numpy(), atol=1e-5), (t, d.tv_at[b, :, s], expected)
+    s = d.summary()
+    assert s["nearest_temperature"] == 1.0 and s["nearest_tv_mean"] < 1e-9 and s["nearest_closer"] == 0.0
+    assert s["tv_mean_at_0.5"] > 1e-3 and s["tv_mean_at_2"] > 1e-3
+
+
+def test_a_sharpened_law_is_found_at_its_temperature():
+    """The law softmax(2 z) of logits z is the target's at T / 2: TV 0 to the power 2 and positive to the others; the
+    nearest temperature over positions is the one every position is nearest to, with the share of positions nearer."""
+    z = torch.randn(50, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2
+    p, sharp = torch.softmax(z, -1), torch.softmax(2 * z, -1)
+    tv = tv_to_powers(sharp, p, [1.0, 2.0, 4.0])
+    assert tv[1] < 1e-12 and tv[0] > 0.05 and tv[2] > 0.01
+    d = Distortion(tv=np.full((2, 3), tv[0]), kl=np.zeros((2, 3)), kept=np.zeros((2, 3)),
+                   tv_at=np.tile(np.array(tv), (2, 3, 1)), temperatures=(0.7, 0.35, 0.175))
+    s = d.summary()
+    assert s["nearest_temperature"] == 0.35 and s["nearest_tv_mean"] < 1e-12 and s["nearest_closer"] == 1.0
+    assert s["tv_mean_at_0.7"] == pytest.approx(tv[0])
+
+
+def test_other_temperatures_are_refused_under_truncation(tmp_path):
+    method, baseline = _engine("pld", (), "typical", tmp_path, "sampling.top_k=5")
+    with pytest.raises(SpecResearchError, match="without top-k or top-p"):
+        distortion(method, PROMPTS, [[1] * LENGTH, [1] * LENGTH], temperatures=(0.5,))
