@@ -11,6 +11,7 @@ import functools
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,16 +21,18 @@ from specresearch.interrupts import STOP_SIGNALS
 
 DRIVER_POLL_S = 1.0  # how often a worker looks whether its driver is still there
 DRIVER_GRACE_S = 60.0  # after its SIGTERM, how long a worker whose driver is gone may take to record its run FAILED
+REDELIVER_S = 0.05  # after Python dropped the handler's exception (raised inside a finalizer), when the signal comes again
 
 
 class Interrupted(SystemExit):
     """SystemExit(128 + signal), raised by `exit_on_signals`' handler."""
 
     recorded = "FAILED"  # its run's status: FINISHED when it came while a finished run was being recorded (held back)
+    rearm: Callable[[], None] | None = None  # what `redeliver_dropped` calls when Python dropped it (exit_on_signals' handler)
 
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
-        self.signal_name = signal.Signals(signum).name
+        self.signum, self.signal_name = signum, signal.Signals(signum).name
 
     def report(self, run: str | None) -> str:
         """The line that says what the interruption left, given the job's run: its MLflow id (recorded
@@ -74,13 +77,38 @@ def exit_on_signals(before_exit: Callable[[int], None] | None = None, announce: 
             return
         stopping = True
         stop = Interrupted(signum)
+        stop.rearm = rearm
         if announce is not None:
             os.write(2, f"\ninterrupted by {name}: {announce}\n".encode())  # not print: reentrancy
         if before_exit is not None:
             before_exit(signum)
         raise stop
 
+    def rearm() -> None:
+        nonlocal stopping
+        stopping = False
+
+    if not isinstance(sys.unraisablehook, _Redeliver):
+        sys.unraisablehook = _Redeliver(sys.unraisablehook)
     return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
+
+
+class _Redeliver:
+    """sys.unraisablehook: an `Interrupted` that Python dropped (raised by exit_on_signals' handler inside a finalizer,
+    e.g. a weakref callback of the collector) re-arms its handler and is sent again REDELIVER_S later from a thread, so
+    that it is raised where the main thread is next; anything else goes to the hook there was."""
+
+    def __init__(self, hook: Callable[[Any], None]) -> None:
+        self.hook = hook
+
+    def __call__(self, unraisable: Any) -> None:
+        stop = unraisable.exc_value
+        if not (isinstance(stop, Interrupted) and stop.rearm is not None):
+            self.hook(unraisable)
+            return
+        stop.rearm()
+        os.write(2, f"\n{stop.signal_name} came inside a finalizer, which drops exceptions: sent again\n".encode())
+        threading.Timer(REDELIVER_S, os.kill, (os.getpid(), stop.signum)).start()
 
 
 

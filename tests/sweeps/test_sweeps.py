@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import yaml
@@ -228,6 +229,44 @@ def test_held_signals_deliver_the_first_after_the_block_and_a_second_at_once():
             sweeps.restore_signals(previous)
     assert steps == ["held (False)", "held (True)"]
     assert signal.getsignal(signal.SIGTERM) is before  # every handler put back
+
+
+def test_a_stop_that_comes_inside_a_finalizer_is_sent_again(capfd):
+    """Python runs a signal's handler wherever the main thread is, a collector's weakref callback included, and drops
+    what it raises there ("Exception ignored in ..."): a SIGTERM at a job's start was lost that way and every later one
+    refused as "again" (the job decoded on, SIGKILL the only stop). Now the dropped stop is sent again and raised where
+    the main thread goes next; the hook there was still gets anything else."""
+    import weakref
+
+    class Thing:
+        pass
+
+    def in_a_finalizer(_):
+        signal.raise_signal(signal.SIGTERM)
+        for _ in range(1000):  # the handler runs at a loop's jump here; its SystemExit is dropped
+            pass
+
+    previous, steps = sweeps.exit_on_signals(), []
+    try:
+        with pytest.raises(sweeps.Interrupted) as stop:
+            thing = Thing()
+            ref = weakref.ref(thing, in_a_finalizer)
+            del thing  # its last reference: the callback runs now
+            steps.append("the finalizer ran" if ref() is None else "not collected")
+            time.sleep(5)  # the signal comes again from a thread within REDELIVER_S
+            steps.append("not reached")
+    finally:
+        sweeps.restore_signals(previous)
+    assert steps == ["the finalizer ran"] and stop.value.code == 128 + signal.SIGTERM
+    err = capfd.readouterr().err
+    assert "SIGTERM came inside a finalizer, which drops exceptions: sent again" in err and "again: still recording" not in err
+    seen = []
+    sys.unraisablehook.hook, hook = seen.append, sys.unraisablehook.hook
+    try:
+        sys.unraisablehook(types.SimpleNamespace(exc_value=ValueError("x")))
+    finally:
+        sys.unraisablehook.hook = hook
+    assert [type(u.exc_value) for u in seen] == [ValueError]
 
 
 # --- resume ------------------------------------------------------------------------------------------
