@@ -199,15 +199,20 @@ def report(study: Study) -> Report:
 NUMERICS = Path(__file__).resolve().parents[2] / "docs" / "results" / "data"  # *-numerics-distortion.json: numerics_distortion.py
 
 
+def _newest_page(kind: str, models: set[str]) -> dict | None:
+    """The newest committed page DATE-`kind`.json (a benchmark script's) whose target is one of `models`; None: none."""
+    pages = [json.loads(p.read_text()) for p in sorted(NUMERICS.glob(f"*-{kind}.json"))]
+    pages = [p for p in pages if p["data"].get("model") in models]
+    return pages[-1] if pages else None
+
+
 def numerics_records(models: set[str]) -> list[dict]:
     """The frontier's numerics rows: per drafter arm and T, the TV by which the target's own kernels move each step's law
     (the p a verification forward reads against one query a forward), from the newest committed page of
     benchmarks/numerics_distortion.py whose target is one of the study's `models`; none where there is none."""
-    pages = [json.loads(p.read_text()) for p in sorted(NUMERICS.glob("*-numerics-distortion.json"))]
-    pages = [p for p in pages if p["data"].get("model") in models]
-    if not pages:
+    page = _newest_page("numerics-distortion", models)
+    if page is None:
         return []
-    page = pages[-1]
     kernels = page["title"].rsplit(", ", 2)[-2:]  # dtype, kernels
     return [dict(drafter=c["arm"], verifier=f"the target's numerics ({', '.join(kernels)}: verification vs 1 query)", setting=DASH,
                  T=c["temperature"], target=", ".join(kernels), lossless=False, speedup=math.nan, tau=math.nan, prompts=c["prompts"],
@@ -219,11 +224,10 @@ def temperature_table(models: set[str]) -> Table | None:
     """Table `effective_temperature`: per rule, its exact step law against the target's at other temperatures (the TV to p
     at the run's T and at 0.5, the nearest T' and the TV there), from the newest committed page of
     benchmarks/effective_temperature.py whose target is one of the study's `models`; None where there is none."""
-    pages = [json.loads(p.read_text()) for p in sorted(NUMERICS.glob("*-effective-temperature.json"))]
-    pages = [p for p in pages if p["data"].get("model") in models]
-    if not pages:
+    page = _newest_page("effective-temperature", models)
+    if page is None:
         return None
-    page, t = pages[-1], pages[-1]["data"]["temperature"]
+    t = page["data"]["temperature"]
 
     def ci(key: str):
         return lambda c: f"{c[key]:.4f} [{c[key + '_ci_low']:.4f}, {c[key + '_ci_high']:.4f}]"

@@ -62,10 +62,7 @@ class Distortion:
                "kl_q90": float(np.quantile(kl, 0.9)), "kept_mean": float(self.kept.mean()),
                "positions": float(tv.size), "prompts": float(self.tv.shape[0])}
         out.update({f"tv_q{round(q * 100)}": float(np.quantile(tv, q)) for q in QUANTILES})
-        rng = np.random.default_rng(seed)
-        per_prompt = self.tv.mean(1)  # [P]
-        means = per_prompt[rng.integers(0, len(per_prompt), (resamples, len(per_prompt)))].mean(1)
-        out["tv_mean_ci_low"], out["tv_mean_ci_high"] = (float(v) for v in np.quantile(means, [0.025, 0.975]))
+        out["tv_mean_ci_low"], out["tv_mean_ci_high"] = _over_prompts(self.tv.mean(1), resamples, seed)
         if self.numerics is not None:
             numerics = self.numerics.ravel()
             out.update(numerics_tv_mean=float(numerics.mean()), numerics_tv_q90=float(np.quantile(numerics, 0.9)),
@@ -82,13 +79,20 @@ class Distortion:
         means = self.tv_at.mean((0, 1))  # [S]
         best = int(np.argmin(means))
         out = {f"tv_mean_at_{t:g}": float(m) for t, m in zip(self.temperatures, means)}
-        per_prompt = self.tv_at[:, :, best].mean(1)  # [P]
-        rng = np.random.default_rng(seed)
-        boot = per_prompt[rng.integers(0, len(per_prompt), (resamples, len(per_prompt)))].mean(1)
+        low, high = _over_prompts(self.tv_at[:, :, best].mean(1), resamples, seed)
         out.update(nearest_temperature=self.temperatures[best], nearest_tv_mean=float(means[best]),
-                   nearest_tv_mean_ci_low=float(np.quantile(boot, 0.025)), nearest_tv_mean_ci_high=float(np.quantile(boot, 0.975)),
+                   nearest_tv_mean_ci_low=low, nearest_tv_mean_ci_high=high,
                    nearest_closer=float((self.tv_at[:, :, best] < self.tv - 1e-9).mean()))
         return out
+
+
+def _over_prompts(per_prompt: np.ndarray, resamples: int, seed: int) -> tuple[float, float]:
+    """The 95% percentile bootstrap interval of the mean of `per_prompt` ([P]: one value a prompt, as the positions of one
+    continuation are not independent)."""
+    rng = np.random.default_rng(seed)
+    means = per_prompt[rng.integers(0, len(per_prompt), (resamples, len(per_prompt)))].mean(1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    return float(low), float(high)
 
 
 class Recorder(Verifier):
@@ -195,10 +199,10 @@ def distortion(method: Engine, prompts: list[list[int]], texts: list[list[int]],
     if method.sampling.greedy:
         raise SpecResearchError("exact distortion is for sampling at temperature > 0: at temperature 0 every rule here keeps "
                                 "the target's argmax path (the greedy identity checks it)")
-    if method.verifier.p_sampling(method.sampling) != method.sampling:
+    sampling = method.verifier.p_sampling(method.sampling)
+    if sampling != method.sampling:
         raise SpecResearchError("exact distortion compares the first token's law with the p the verifier reads; "
                                 "verifier.rule_temperature reads another one: set it to null")
-    sampling = method.verifier.p_sampling(method.sampling)
     if temperatures and (min(temperatures) <= 0 or sampling.top_k or sampling.top_p < 1):
         raise SpecResearchError(f"distortion against the target at other temperatures needs T' > 0 (got {list(temperatures)}) "
                                 "and sampling without top-k or top-p (the target's law at T' is then p ** (T / T'))")

@@ -28,7 +28,7 @@ class Interrupted(SystemExit):
     """SystemExit(128 + signal), raised by `exit_on_signals`' handler."""
 
     recorded = "FAILED"  # its run's status: FINISHED when it came while a finished run was being recorded (held back)
-    rearm: Callable[[], None] | None = None  # what `redeliver_dropped` calls when Python dropped it (exit_on_signals' handler)
+    rearm: Callable[[], None] | None = None  # what `_Redeliver` calls when Python dropped it (exit_on_signals' handler)
 
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
