@@ -111,7 +111,6 @@ class _Redeliver:
         threading.Timer(REDELIVER_S, os.kill, (os.getpid(), stop.signum)).start()
 
 
-
 def restore_signals(previous: dict | None) -> None:
     """Put back the handlers `exit_on_signals` replaced."""
     for sig, old in (previous or {}).items():
