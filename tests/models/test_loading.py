@@ -146,18 +146,21 @@ needs_packed = pytest.mark.skipif(not packed_linear_available(), reason="this to
 
 
 @needs_packed
-@pytest.mark.parametrize("intel_routes", [False, True], ids=["few-rows-packed", "few-rows-mkl-or-unpacked"])
+@pytest.mark.parametrize("intel_routes", [False, True], ids=["few-rows-packed-or-padded", "few-rows-mkl-or-unpacked"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_computes_what_nn_linear_does(bias, intel_routes, monkeypatch):
     """PackedLinear against nn.Linear on the same weights: every row count of a forward (1 to 64, a batch's
     ragged rows folded as [B, T, in], and long inputs), float32 and bf16 within their rounding; an input
     that needs a gradient, another dtype, a weight written in place or replaced, a copy and a pickle. Both
-    ways of a few float32 rows and of a few bf16 rows: the packed kernel (AMD), and MKL's F.linear, bit for bit,
-    and torch.mv or W @ xᵀ (Intel with AMX)."""
+    ways of a few float32 rows and of a few bf16 rows: the packed kernel (AMD; bf16's 1 to 3 rows padded to 4 with
+    zero rows, as on AVX-512 BF16 without AMX), and MKL's F.linear, bit for bit, and torch.mv or W @ xᵀ (Intel with AMX)."""
     from specresearch.models import kernels
 
     monkeypatch.setattr(kernels, "mkl_takes_few_rows", lambda: intel_routes)
     monkeypatch.setattr(kernels, "few_bf16_rows_unpacked", lambda: intel_routes)
+    monkeypatch.setattr(kernels, "few_bf16_rows_padded", lambda: not intel_routes)
+    rows_seen, product = [], torch.ops.mkldnn._linear_pointwise  # the rows oneDNN's packed kernel is given
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: rows_seen.append(x.shape[0]) or product(x, *a))
     torch.manual_seed(0)
     plain = torch.nn.Linear(256, 320, bias=bias)  # PACK_MIN entries or more: packed (smaller: SkinnyLinear's product)
     packed = use_linear(torch.nn.Sequential(copy.deepcopy(plain)), PackedLinear)[0]
@@ -172,9 +175,16 @@ def test_packed_linear_computes_what_nn_linear_does(bias, intel_routes, monkeypa
             if intel_routes and math.prod(shape[:-1]) <= kernels.MKL_ROWS:  # a few rows: F.linear itself
                 assert torch.equal(got, want)
         half, plain_half = copy.deepcopy(packed).bfloat16(), copy.deepcopy(plain).bfloat16()
-        for shape in [(1, 1, 256), (1, 256), (1, 2, 256), (1, 9, 256), (13, 256), (1, 14, 256), (2, 17, 256), (1, 65, 256)]:
+        for shape in [(1, 1, 256), (1, 256), (1, 2, 256), (3, 256), (1, 4, 256), (1, 9, 256), (13, 256), (1, 14, 256),
+                      (2, 17, 256), (1, 65, 256)]:
             x = torch.randn(shape, dtype=torch.bfloat16)
-            torch.testing.assert_close(half(x), plain_half(x), atol=0.05, rtol=0.02)
+            got = half(x)
+            assert got.shape == x.shape[:-1] + (320,)
+            torch.testing.assert_close(got, plain_half(x), atol=0.05, rtol=0.02)
+            if not intel_routes and math.prod(shape[:-1]) < kernels.PADDED_ROWS:  # padded: the rows as computed among 4
+                x4 = torch.cat([x.reshape(-1, 256), torch.randn(kernels.PADDED_ROWS - math.prod(shape[:-1]), 256, dtype=torch.bfloat16)])
+                assert torch.equal(got.reshape(-1, 320), half(x4)[: math.prod(shape[:-1])])
+                assert rows_seen[-2:] == [kernels.PADDED_ROWS] * 2  # the kernel took 4 rows both times
         assert "_pack" in packed.__dict__ and "_pack" in half.__dict__  # these took oneDNN's product
         x = torch.randn(1, 4, 256, dtype=torch.float64)  # other dtypes take F.linear
         assert torch.equal(copy.deepcopy(packed).double()(x), copy.deepcopy(plain).double()(x))
