@@ -60,9 +60,9 @@ class PackedLinear(SkinnyLinear):
     there is faster (1 to 550 rows), so it takes every input on the CPU in float32 and bfloat16 for weights
     of PACK_MIN entries or more, but float32 products of up to MKL_ROWS rows on an Intel CPU
     (`mkl_takes_few_rows`: MKL's F.linear is faster there) and bfloat16 products of up to SKINNY_ROWS rows on
-    a CPU with AMX (`few_bf16_rows_unpacked`: torch.mv for one row, W @ xᵀ for more), whose bfloat16 products of fewer
-    than PADDED_ROWS rows are padded to that many with zero rows on a CPU with AVX-512 BF16 but no AMX
-    (`few_bf16_rows_padded`: one or two rows are slower there than four); smaller weights (a tiny
+    a CPU with AMX (`few_bf16_rows_unpacked`: torch.mv for one row, W @ xᵀ for more); products of fewer than
+    PADDED_ROWS rows are padded to that many with zero rows on a CPU with AVX-512 BF16 but no AMX
+    (`few_rows_padded`: one or two rows are slower there than four); smaller weights (a tiny
     test model's) take SkinnyLinear's product, other devices and dtypes, and inputs that need a gradient,
     F.linear (`routes` says which few-row paths run here).
 
@@ -87,7 +87,7 @@ class PackedLinear(SkinnyLinear):
             x1 = x.reshape(-1)  # [in]
             return (torch.mv(w, x1) if self.bias is None else torch.addmv(self.bias, w, x1)).reshape(*x.shape[:-1], -1)
         x2 = x.reshape(rows, x.shape[-1])  # [rows, in]
-        if rows < PADDED_ROWS and w.dtype == torch.bfloat16 and few_bf16_rows_padded():
+        if rows < PADDED_ROWS and few_rows_padded():
             x2 = torch.cat([x2, x2.new_zeros(PADDED_ROWS - rows, x2.shape[1])])  # [PADDED_ROWS, in]: zero rows, dropped below
         y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(), self.bias, "none", [None], "")  # [rows or PADDED_ROWS, out]
         return y[:rows].reshape(*x.shape[:-1], -1)  # [..., out]
@@ -106,7 +106,7 @@ class PackedLinear(SkinnyLinear):
 
 
 SKINNY_ROWS = 13  # PackedLinear: bfloat16 products of 2 to this many rows take SkinnyLinear's W @ xᵀ on CPUs with AMX
-PADDED_ROWS = 4  # PackedLinear: bfloat16 products of fewer rows are padded to this many with zero rows on CPUs with AVX-512 BF16 but no AMX
+PADDED_ROWS = 4  # PackedLinear: products of fewer rows are padded to this many with zero rows on CPUs with AVX-512 BF16 but no AMX
 MKL_ROWS = 3  # PackedLinear: float32 products of up to this many rows take MKL's F.linear on Intel CPUs
 
 
@@ -135,15 +135,17 @@ def few_bf16_rows_unpacked() -> bool:
 
 
 @functools.cache
-def few_bf16_rows_padded() -> bool:
-    """Whether bfloat16 products of fewer than PADDED_ROWS rows run faster here padded to PADDED_ROWS rows with
-    zeros on oneDNN's packed kernel: on CPUs with AVX-512 BF16 but no AMX, where the kernel computes one or two
-    rows slower than four. Measured on a 2-core AMD EPYC with AVX-512 BF16 (Qwen2.5-Coder-1.5B, 2 threads, HumanEval
-    156 prefilled, the ways interleaved, fastest of 5 rounds): a forward of one token 113 ms unpadded against
-    101 padded to 4 rows, of two tokens 140 against 100; three and five tokens 105 and 103 either way (padded to 2,
-    one token took 145 ms; to 3, 110; to 5, 102). Restricted to AVX2 code, float32 gained nothing by padding.
+def few_rows_padded() -> bool:
+    """Whether products of fewer than PADDED_ROWS rows (bfloat16 and float32) run faster here padded to PADDED_ROWS
+    rows with zeros on oneDNN's packed kernel: on CPUs with AVX-512 BF16 but no AMX, where the kernel computes one
+    or two rows slower than four. Measured on a 2-core AMD EPYC with AVX-512 BF16 (Qwen2.5-Coder-1.5B, 2 threads,
+    HumanEval 156 prefilled, the ways interleaved, fastest of 5 rounds): in bfloat16 a forward of one token 113 ms
+    unpadded against 101 padded to 4 rows, of two tokens 140 against 100, three and five tokens 105 and 103 either
+    way (padded to 2, one token took 145 ms; to 3, 110; to 5, 102); in float32 one token 240 against 189, two 294
+    against 184, three 193 against 187 (to 8 rows: 240). Restricted to AVX2 code (ONEDNN_MAX_CPU_ISA=AVX2), float32
+    gained nothing by padding, so other CPUs keep their paths (on Intel CPUs MKL or torch.mv take these rows).
     A row's result does not depend on the zero rows beside it; its sums may round as those of another
-    number of rows do, within bfloat16's rounding of nn.Linear's."""
+    number of rows do, within the dtype's rounding of nn.Linear's."""
     return cpu_kind() == "AVX-512 BF16"
 
 
@@ -152,7 +154,7 @@ def routes() -> dict[str, int]:
     forward's cost depends on beyond its layers' class (part of a kept cost curve's key)."""
     return {"float32_mkl_rows": MKL_ROWS if mkl_takes_few_rows() else 0,
             "bfloat16_unpacked_rows": SKINNY_ROWS if few_bf16_rows_unpacked() else 0,
-            "bfloat16_padded_rows": PADDED_ROWS - 1 if few_bf16_rows_padded() else 0}
+            "padded_rows": PADDED_ROWS - 1 if few_rows_padded() else 0}
 
 
 def packed_linear_available() -> bool:

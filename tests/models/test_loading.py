@@ -152,13 +152,13 @@ def test_packed_linear_computes_what_nn_linear_does(bias, intel_routes, monkeypa
     """PackedLinear against nn.Linear on the same weights: every row count of a forward (1 to 64, a batch's
     ragged rows folded as [B, T, in], and long inputs), float32 and bf16 within their rounding; an input
     that needs a gradient, another dtype, a weight written in place or replaced, a copy and a pickle. Both
-    ways of a few float32 rows and of a few bf16 rows: the packed kernel (AMD; bf16's 1 to 3 rows padded to 4 with
+    ways of a few float32 rows and of a few bf16 rows: the packed kernel (AMD; 1 to 3 rows padded to 4 with
     zero rows, as on AVX-512 BF16 without AMX), and MKL's F.linear, bit for bit, and torch.mv or W @ xᵀ (Intel with AMX)."""
     from specresearch.models import kernels
 
     monkeypatch.setattr(kernels, "mkl_takes_few_rows", lambda: intel_routes)
     monkeypatch.setattr(kernels, "few_bf16_rows_unpacked", lambda: intel_routes)
-    monkeypatch.setattr(kernels, "few_bf16_rows_padded", lambda: not intel_routes)
+    monkeypatch.setattr(kernels, "few_rows_padded", lambda: not intel_routes)
     rows_seen, product = [], torch.ops.mkldnn._linear_pointwise  # the rows oneDNN's packed kernel is given
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: rows_seen.append(x.shape[0]) or product(x, *a))
     torch.manual_seed(0)
@@ -174,6 +174,8 @@ def test_packed_linear_computes_what_nn_linear_does(bias, intel_routes, monkeypa
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
             if intel_routes and math.prod(shape[:-1]) <= kernels.MKL_ROWS:  # a few rows: F.linear itself
                 assert torch.equal(got, want)
+            if not intel_routes and math.prod(shape[:-1]) < kernels.PADDED_ROWS:  # padded: the kernel took 4 rows
+                assert rows_seen[-1] == kernels.PADDED_ROWS
         half, plain_half = copy.deepcopy(packed).bfloat16(), copy.deepcopy(plain).bfloat16()
         for shape in [(1, 1, 256), (1, 256), (1, 2, 256), (3, 256), (1, 4, 256), (1, 9, 256), (13, 256), (1, 14, 256),
                       (2, 17, 256), (1, 65, 256)]:
