@@ -179,13 +179,13 @@ def test_packed_linear_computes_what_nn_linear_does(bias, intel_routes, monkeypa
         half, plain_half = copy.deepcopy(packed).bfloat16(), copy.deepcopy(plain).bfloat16()
         for shape in [(1, 1, 256), (1, 256), (1, 2, 256), (3, 256), (1, 4, 256), (1, 9, 256), (13, 256), (1, 14, 256),
                       (2, 17, 256), (1, 65, 256)]:
-            x = torch.randn(shape, dtype=torch.bfloat16)
+            x, rows = torch.randn(shape, dtype=torch.bfloat16), math.prod(shape[:-1])
             got = half(x)
             assert got.shape == x.shape[:-1] + (320,)
             torch.testing.assert_close(got, plain_half(x), atol=0.05, rtol=0.02)
-            if not intel_routes and math.prod(shape[:-1]) < kernels.PADDED_ROWS:  # padded: the rows as computed among 4
-                x4 = torch.cat([x.reshape(-1, 256), torch.randn(kernels.PADDED_ROWS - math.prod(shape[:-1]), 256, dtype=torch.bfloat16)])
-                assert torch.equal(got.reshape(-1, 320), half(x4)[: math.prod(shape[:-1])])
+            if not intel_routes and rows < kernels.PADDED_ROWS:  # padded: the rows as computed among 4
+                x4 = torch.cat([x.reshape(rows, 256), torch.randn(kernels.PADDED_ROWS - rows, 256, dtype=torch.bfloat16)])
+                assert torch.equal(got.reshape(rows, 320), half(x4)[:rows])
                 assert rows_seen[-2:] == [kernels.PADDED_ROWS] * 2  # the kernel took 4 rows both times
         assert "_pack" in packed.__dict__ and "_pack" in half.__dict__  # these took oneDNN's product
         x = torch.randn(1, 4, 256, dtype=torch.float64)  # other dtypes take F.linear
