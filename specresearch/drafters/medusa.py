@@ -5,8 +5,10 @@ trained on the target's own predictions (`python -m specresearch.train`)."""
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import math
+import operator
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +18,7 @@ from torch import Tensor, nn
 
 from specresearch.drafters.base import Context, Drafter, common_prefix
 from specresearch.drafters.checkpoints import checkpoint_record, find_checkpoint, load_checkpoint, save_checkpoint
-from specresearch.drafters.ngram import lookup_rows
+from specresearch.drafters.ngram import match_rows
 from specresearch.drafters.training import Cache, hits, optimise, rate_name
 from specresearch.drafters.tree import Sizer, check_fits
 from specresearch.errors import SpecResearchError
@@ -181,21 +183,33 @@ def shortlist_labels(labels: Tensor, rows_of: Tensor) -> Tensor:
 
 
 class BranchRate:
-    """The lookup branch's measured acceptance by depth: of the steps that offered its first i tokens,
-    the share whose accepted path went through all of them (Laplace's rule: 1/2 before any)."""
+    """The lookup branch's measured acceptance by depth, per length n of the n-gram it continues: of
+    the steps that offered its token at depth i and kept the i before it, the share that kept it too
+    (Laplace's rule: 1/2 before any); the chance of keeping its first i + 1 tokens is the product of
+    those up to i.
 
-    def __init__(self, most: int):
-        self.offered, self.kept = [0] * most, [0] * most  # [most] per depth i (0-based): steps offering / keeping tokens 0..i
+    Conditional rates, because a branch is cut where it stops paying: a step that offers only its first
+    tokens, or rejects the first, says nothing of the deeper ones' chances once those are reached (an
+    unconditional share would count it against them, and early misses would cut the branch for good).
+    Per n, because a continuation of a longer match is kept more often (HumanEval 100-103, the heads'
+    4 nodes with the whole branch: its first token kept 0.67 of the time after a 3-gram, 0.36 after a
+    1-gram)."""
 
-    def probs(self, n: int) -> list[float]:
-        """The first `n` depths' acceptance estimates."""
-        return [(k + 1) / (o + 2) for k, o in zip(self.kept[:n], self.offered[:n])]
+    def __init__(self, most: int, ngrams: int = 3):
+        # [n][i] per match length n (0..ngrams) and depth i (0-based): steps offering token i after keeping 0..i-1 / keeping it
+        self.offered = [[0] * most for _ in range(ngrams + 1)]
+        self.kept = [[0] * most for _ in range(ngrams + 1)]
 
-    def update(self, offered: int, kept: int) -> None:
-        """One step offered the branch's first `offered` tokens and accepted its first `kept`."""
-        for i in range(offered):
-            self.offered[i] += 1
-            self.kept[i] += i < kept
+    def probs(self, count: int, n: int) -> list[float]:
+        """The chances of keeping the first 1..`count` tokens of a branch that continues an n-gram."""
+        rates = [(k + 1) / (o + 2) for k, o in zip(self.kept[n][:count], self.offered[n][:count])]
+        return list(itertools.accumulate(rates, operator.mul))
+
+    def update(self, offered: int, kept: int, n: int) -> None:
+        """One step offered the first `offered` tokens of a branch after an n-gram and accepted its first `kept`."""
+        for i in range(min(offered, kept + 1)):
+            self.offered[n][i] += 1
+            self.kept[n][i] += i < kept
 
 
 class MedusaDrafter(Drafter):
@@ -212,12 +226,12 @@ class MedusaDrafter(Drafter):
     of the context's last n-gram) is a branch of the same tree: it follows the heads' nodes while they
     hold its tokens and goes on as new nodes, deeper than the heads reach, all verified in the one
     forward. It depends on the context alone (q = None), so each rule verifies it as it verifies the
-    heads' candidates. With shape=auto the branch is cut per step where it stops paying: its i-th new
-    node is kept while the predicted speedup (τ̂ / v(m), as Sequoia's) grows, τ̂ crediting each new node
-    with the branch's measured acceptance at its depth (`BranchRate`: the share of the steps that
-    offered the branch's first i tokens and kept them all, from a prior of 1/2) and v(m) this target's
-    measured cost of verifying the tree's m tokens. It depends on past verdicts only, as a chain's
-    heuristic k does, so it stays lossless.
+    heads' candidates. With shape=auto the branch is cut per step where it stops paying: the prefix with
+    the best predicted speedup (τ̂ / v(m), as Sequoia's) is kept, τ̂ crediting each new node with the
+    measured chance that the branch is kept down to it (`BranchRate`: per depth, the share of the steps
+    that reached it and kept it, from a prior of 1/2, multiplied down the branch; per length of the
+    n-gram the branch continues) and v(m) this target's measured cost of verifying the tree's m tokens.
+    It depends on past verdicts only, as a chain's heuristic k does, so it stays lossless.
     """
 
     name = "medusa"
@@ -295,7 +309,7 @@ class MedusaDrafter(Drafter):
         rank_acc = meta.get("rank_acc")
         self._tau = 1 + (sum(math.prod(rank_acc[d][r] for d, r in enumerate(c)) for c in self.choices) if rank_acc else 0.0)
         self.rate = BranchRate(self.lookup)
-        self._branches: list[list[int]] = []  # each row's lookup-branch nodes of the last step, root first
+        self._branches: list[tuple[list[int], int]] = []  # each row's lookup-branch nodes of the last step (root first), its n-gram's n
         self._width = [1 + max(c[d] for c in choices if len(c) > d) for d in range(depth)]  # top-k per head
 
     def check_sampling(self, sampling: SamplingParams) -> None:
@@ -310,26 +324,28 @@ class MedusaDrafter(Drafter):
         if any(ctx.hidden is None for ctx in ctxs):
             raise SpecResearchError("drafter=medusa needs the target's hidden state (Context.hidden); run it through the Engine")
         drafts = [Draft.empty(ctx.tokens.device) for ctx in ctxs]
-        self._branches = [[] for _ in ctxs]
+        self._branches = [([], 0) for _ in ctxs]
         live = [b for b, ctx in enumerate(ctxs) if ctx.max_draft >= 1]
         if live:
             logits = self.heads(torch.stack([ctxs[b].hidden[-1] for b in live]), self.lm_head).float()  # [K, B', V] or [K, B', N]
-            found = (lookup_rows([ctxs[b].tokens for b in live], [min(self.lookup, ctxs[b].max_draft) for b in live], match="last")
-                     if self.lookup else [ctxs[b].tokens[:0] for b in live])  # [G_b] each row's lookup branch
+            found, ngram = (match_rows([ctxs[b].tokens for b in live], [min(self.lookup, ctxs[b].max_draft) for b in live], match="last")
+                            if self.lookup else ([ctxs[b].tokens[:0] for b in live], [0] * len(live)))  # [G_b] each row's lookup branch
             for j, b in enumerate(live):
-                drafts[b], self._branches[b] = self._tree(ctxs[b], logits[:, j], found[j])
+                drafts[b], branch = self._tree(ctxs[b], logits[:, j], found[j], ngram[j])
+                self._branches[b] = (branch, ngram[j])
         return drafts
 
     def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
         """The lookup branch's acceptance (`BranchRate`): how far each row's accepted path followed it."""
-        for branch, verdict in zip(self._branches, verdicts):
+        for (branch, n), verdict in zip(self._branches, verdicts):
             if branch:
-                self.rate.update(len(branch), common_prefix(branch, verdict.path))
+                self.rate.update(len(branch), common_prefix(branch, verdict.path), n)
 
-    def _tree(self, ctx: Context, logits: Tensor, guess: Tensor) -> tuple[Draft, list[int]]:
+    def _tree(self, ctx: Context, logits: Tensor, guess: Tensor, n: int) -> tuple[Draft, list[int]]:
         """The tree of choices (those within ctx.max_draft) from one row's head logits ([K, V] or [K, N]),
-        with prompt lookup's `guess` ([G], G <= ctx.max_draft) as a branch from the root (as much of it
-        as `_branch_length` keeps). Returns the draft and the branch's nodes, root first."""
+        with prompt lookup's `guess` ([G], G <= ctx.max_draft; the continuation of an n-gram) as a branch
+        from the root (as much of it as `_branch_length` keeps). Returns the draft and the branch's nodes,
+        root first."""
         device = ctx.tokens.device
         choices = [c for c in self.choices if len(c) <= ctx.max_draft]
         widths = self._width[: max(map(len, choices))]  # the heads this step's tree reads (all but near the end)
@@ -350,7 +366,7 @@ class MedusaDrafter(Drafter):
             trie = Trie()
             for token, parent in zip(tokens, parents):
                 trie.add(parent, token)
-            for token in guess[: self._branch_length(trie, guess.tolist(), len(tokens))].tolist():
+            for token in guess[: self._branch_length(trie, guess.tolist(), len(tokens), n)].tolist():
                 branch.append(trie.add(branch[-1] if branch else -1, token))
             tokens, parents = trie.tokens, trie.parents
         if laws is not None:
@@ -359,14 +375,15 @@ class MedusaDrafter(Drafter):
                 q = self.shortlist.widen(q)
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device), q=q, parents=torch.tensor(parents)), branch
 
-    def _branch_length(self, trie: Trie, guess: list[int], heads: int) -> int:
-        """How much of the lookup `guess` joins a tree of `heads` nodes (`trie`): all of it without
-        shape=auto, else the prefix with the best predicted speedup (τ̂ + the new nodes' measured
-        acceptance) / v(heads + 1 + new nodes); the heads' own nodes along it cost nothing."""
+    def _branch_length(self, trie: Trie, guess: list[int], heads: int, n: int) -> int:
+        """How much of the lookup `guess` (the continuation of an n-gram) joins a tree of `heads` nodes
+        (`trie`): all of it without shape=auto, else the prefix with the best predicted speedup (τ̂ + the
+        new nodes' measured chances of being kept, `BranchRate`) / v(heads + 1 + new nodes); the heads'
+        own nodes along it cost nothing."""
         if self.sizer is None:
             return len(guess)
         tau, new, node, best = self._tau, 0, -1, (self._tau / self.sizer.v(heads + 1), 0)
-        for i, (token, rate) in enumerate(zip(guess, self.rate.probs(len(guess)))):
+        for i, (token, rate) in enumerate(zip(guess, self.rate.probs(len(guess), n))):
             node = trie.find(node, token) if node is not None else None
             if node is None:  # a new node (and so is every one below it)
                 new, tau = new + 1, tau + rate

@@ -62,11 +62,19 @@ def lookup_rows(contexts: list[Tensor], k: list[int], max_ngram: int = 3, min_ng
     Returns:
         B continuations, each what `lookup(contexts[b], k[b], ...)` returns.
     """
+    return match_rows(contexts, k, max_ngram, min_ngram, match)[0]
+
+
+def match_rows(contexts: list[Tensor], k: list[int], max_ngram: int = 3, min_ngram: int = 1,
+               match: str = "first") -> tuple[list[Tensor], list[int]]:
+    """`lookup_rows`, with the length n of the n-gram each row's continuation follows (0: none matched;
+    a longer match is a likelier continuation)."""
     lengths = torch.tensor([c.numel() for c in contexts])  # [B]
     rows = torch.nn.utils.rnn.pad_sequence(list(contexts), batch_first=True, padding_value=-1)  # [B, T] (-1 matches no token)
     width = rows.shape[1]
     at = torch.arange(width, device=rows.device)
     start = torch.full((len(contexts),), -1, dtype=torch.long, device=rows.device)  # [B] where each row's continuation begins
+    matched = torch.zeros(len(contexts), dtype=torch.long, device=rows.device)  # [B] the n of each row's match (0: none)
     for n in range(max_ngram, min_ngram - 1, -1):
         if width <= n:
             continue
@@ -78,6 +86,8 @@ def lookup_rows(contexts: list[Tensor], k: list[int], max_ngram: int = 3, min_ng
             found = torch.where(hits.any(1), hits.float().argmax(1) + n, -1)
         else:
             found = torch.where(hits.any(1), width - n - 1 - hits.flip(1).float().argmax(1) + n, -1)
+        matched = torch.where((start < 0) & (found >= 0), n, matched)
         start = torch.where(start < 0, found, start)
-    return [c[s : s + max(kb, 0)].clone() if s >= 0 and kb > 0 else c[:0].clone()
-            for c, s, kb in zip(contexts, start.tolist(), k)]
+    continuations = [c[s : s + max(kb, 0)].clone() if s >= 0 and kb > 0 else c[:0].clone()
+                     for c, s, kb in zip(contexts, start.tolist(), k)]
+    return continuations, [n if g.numel() else 0 for g, n in zip(continuations, matched.tolist())]

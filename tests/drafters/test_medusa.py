@@ -17,8 +17,8 @@ import torch
 
 from specresearch.data import load_prompts, prompt_record, stdlib_prompts
 from specresearch.drafters import Context, MedusaDrafter, NoDrafter, checkpoints
-from specresearch.drafters.medusa import DEFAULT_CHOICES, MedusaHeads, best_choices, checkpoint_path, sized_choices
-from specresearch.drafters.ngram import lookup
+from specresearch.drafters.medusa import DEFAULT_CHOICES, BranchRate, MedusaHeads, best_choices, checkpoint_path, sized_choices
+from specresearch.drafters.ngram import lookup, match_rows
 from specresearch.drafters.tree import Sizer
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
@@ -360,22 +360,50 @@ def test_lookup_is_a_branch_of_the_heads_tree_sharing_their_nodes(target):
 
 
 def test_shape_auto_keeps_the_lookup_branch_while_its_measured_acceptance_pays(target, monkeypatch):
-    """With shape=auto the branch's new nodes are kept while (τ̂ + their measured acceptance) / v(m)
-    grows: all of it at the prior (1/2 a node against 0.1 a node of cost here), none once the branch
-    was offered and never kept, its first tokens only once only they are kept."""
+    """With shape=auto the branch's new nodes are kept while (τ̂ + their chances of being kept) / v(m)
+    grows: its first three at the prior (kept 1/2, 1/4, 1/8, 1/16 ... against 0.1 a node of cost here),
+    its first tokens only once only they are kept, all of it once it is kept whole, none once branches
+    after the same n-gram were offered and never kept; what branches after another n-gram did leaves it
+    alone."""
     monkeypatch.setattr(Sizer, "measure", classmethod(lambda cls, target, most: Sizer(lambda m: 1 + 0.1 * (m - 1), 1.0)))
     heads = noisy_heads()
     drafter = MedusaDrafter(target, heads=heads, lookup=5)
     ctx = Context(torch.tensor(REPEATING), SamplingParams(), None, 100, hidden=torch.randn(1, 64, generator=torch.Generator().manual_seed(0)))
+    n = match_rows([ctx.tokens], [5], match="last")[1][0]
+    assert n == 3
     heads_only = MedusaDrafter(target, heads=heads, shape=None, lookup=0).propose(ctx)
-    assert len(drafter.propose(ctx)) == len(heads_only) + 5
+    assert len(drafter.propose(ctx)) == len(heads_only) + 3
     for _ in range(40):
-        drafter.rate.update(5, 2)  # the first two tokens always kept, the rest never
+        drafter.rate.update(5, 2, n)  # the first two tokens always kept, the third never
     assert len(drafter.propose(ctx)) == len(heads_only) + 2
     drafter = MedusaDrafter(target, heads=heads, lookup=5)
     for _ in range(40):
-        drafter.rate.update(5, 0)  # 1/42 a node: below the 0.56 x 0.1 its cost takes from the speedup
+        drafter.rate.update(5, 0, 1)  # after a 1-gram: never kept
+    assert len(drafter.propose(ctx)) == len(heads_only) + 3  # after this 3-gram: the prior still
+    for _ in range(40):
+        drafter.rate.update(5, 5, n)  # kept whole
+    assert len(drafter.propose(ctx)) == len(heads_only) + 5
+    drafter = MedusaDrafter(target, heads=heads, lookup=5)
+    for _ in range(40):
+        drafter.rate.update(5, 0, n)  # 1/42 a node: below the 0.56 x 0.1 its cost takes from the speedup
     assert torch.equal(drafter.propose(ctx).tokens, heads_only.tokens)
+
+
+def test_branch_rates_are_conditional_per_depth_and_per_match_length():
+    """A step that rejected the branch's first token (or offered only its first tokens) says nothing of
+    the deeper ones: each depth's rate counts only the steps that reached it, so early misses do not
+    cut the branch for good; the chance of keeping the first i is the product of the rates up to i."""
+    rate = BranchRate(4)
+    assert rate.probs(4, 3) == pytest.approx([1 / 2, 1 / 4, 1 / 8, 1 / 16])  # Laplace's prior
+    for _ in range(10):
+        rate.update(4, 0, 1)  # after a 1-gram, rejected at once
+    assert rate.probs(4, 1) == pytest.approx([1 / 12, 1 / 24, 1 / 48, 1 / 96])
+    assert rate.probs(4, 3) == pytest.approx([1 / 2, 1 / 4, 1 / 8, 1 / 16])  # other matches untouched
+    for _ in range(2):
+        rate.update(4, 4, 1)  # kept whole
+    rate.update(2, 2, 1)  # offered two, kept both: says nothing of depths 2, 3
+    first = 4 / 15
+    assert rate.probs(4, 1) == pytest.approx([first, first * 4 / 5, first * 4 / 5 * 3 / 4, first * 4 / 5 * 3 / 4 * 3 / 4])
 
 
 def test_lookup_in_the_tree_accepts_past_the_heads_and_stays_greedy_exact(monkeypatch):

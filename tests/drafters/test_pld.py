@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specresearch.drafters import Context, NoDrafter, PromptLookupDrafter
-from specresearch.drafters.ngram import continuation_start, lookup, lookup_rows
+from specresearch.drafters.ngram import continuation_start, lookup, lookup_rows, match_rows
 from specresearch.engine import DraftLength, Engine
 from specresearch.errors import SpecResearchError
 from specresearch.types import SamplingParams
@@ -55,8 +55,10 @@ def test_proposals_prefer_long_ngrams_and_respect_k():
 @pytest.mark.parametrize("match", ["first", "last"])
 def test_rows_are_looked_up_together_as_each_alone(match):
     """lookup_rows (a batch's rows at once) returns, row by row, what lookup returns: contexts of other
-    lengths (one shorter than the n-gram), small vocabularies (many matches, overlaps), k from 0 up."""
+    lengths (one shorter than the n-gram), small vocabularies (many matches, overlaps), k from 0 up; and
+    match_rows the n of the longest n-gram each row's continuation follows (0: none returned)."""
     gen = torch.Generator().manual_seed(0)
+    met = set()
     for vocab in (2, 3, 7):
         contexts = [torch.randint(0, vocab, (n,), generator=gen) for n in (1, 2, 5, 9, 17, 30)]
         k = [3, 0, 8, 1, 10, 4]
@@ -65,6 +67,13 @@ def test_rows_are_looked_up_together_as_each_alone(match):
             alone = [lookup(c, kb, max_ngram, min_ngram, match) for c, kb in zip(contexts, k)]
             assert [x.tolist() for x in together] == [x.tolist() for x in alone]
             assert any(len(x) for x in alone) and any(not len(x) for x in alone)  # matches and misses both met
+            found, ngram = match_rows(contexts, k, max_ngram, min_ngram, match)
+            assert [x.tolist() for x in found] == [x.tolist() for x in alone]
+            longest = [next((n for n in range(max_ngram, min_ngram - 1, -1) if continuation_start(c, n, match) is not None), 0)
+                       if kb > 0 else 0 for c, kb in zip(contexts, k)]
+            assert ngram == longest
+            met.update(ngram)
+    assert met == {0, 1, 2, 3, 4}  # every n met, and no match
 
 
 def test_bad_settings_name_the_valid_ones():
