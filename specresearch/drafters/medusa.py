@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 # ~2.2 one-token forwards (Medusa's GPU default has 64 nodes over 4 heads).
 DEFAULT_CHOICES = [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 1, 0], [0, 0, 1]]
 RANKS = 10  # ranks whose held-out hit rates the checkpoint keeps (drafter=medusa builds its tree from them)
+NGRAM = 3  # the lookup branch continues the context's last n-gram, n from NGRAM down to 1
 
 
 def best_choices(rank_acc: Sequence[Sequence[float]], nodes: int) -> list[tuple[int, ...]]:
@@ -308,7 +309,7 @@ class MedusaDrafter(Drafter):
         # τ̂ of the heads' tree: 1 + its paths' chances of being accepted whole (hit rates per rank; unknown: none)
         rank_acc = meta.get("rank_acc")
         self._tau = 1 + (sum(math.prod(rank_acc[d][r] for d, r in enumerate(c)) for c in self.choices) if rank_acc else 0.0)
-        self.rate = BranchRate(self.lookup)
+        self.rate = BranchRate(self.lookup, NGRAM)
         self._branches: list[tuple[list[int], int]] = []  # each row's lookup-branch nodes of the last step (root first), its n-gram's n
         self._width = [1 + max(c[d] for c in choices if len(c) > d) for d in range(depth)]  # top-k per head
 
@@ -328,8 +329,9 @@ class MedusaDrafter(Drafter):
         live = [b for b, ctx in enumerate(ctxs) if ctx.max_draft >= 1]
         if live:
             logits = self.heads(torch.stack([ctxs[b].hidden[-1] for b in live]), self.lm_head).float()  # [K, B', V] or [K, B', N]
-            found, ngram = (match_rows([ctxs[b].tokens for b in live], [min(self.lookup, ctxs[b].max_draft) for b in live], match="last")
-                            if self.lookup else ([ctxs[b].tokens[:0] for b in live], [0] * len(live)))  # [G_b] each row's lookup branch
+            room = [min(self.lookup, ctxs[b].max_draft) for b in live]
+            found, ngram = (match_rows([ctxs[b].tokens for b in live], room, NGRAM, match="last") if self.lookup
+                            else ([ctxs[b].tokens[:0] for b in live], [0] * len(live)))  # [G_b] each row's lookup branch, its n
             for j, b in enumerate(live):
                 drafts[b], branch = self._tree(ctxs[b], logits[:, j], found[j], ngram[j])
                 self._branches[b] = (branch, ngram[j])
