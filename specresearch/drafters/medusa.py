@@ -196,7 +196,7 @@ class BranchRate:
     4 nodes with the whole branch: its first token kept 0.67 of the time after a 3-gram, 0.36 after a
     1-gram)."""
 
-    def __init__(self, most: int, ngrams: int = 3):
+    def __init__(self, most: int, ngrams: int = NGRAM):
         # [n][i] per match length n (0..ngrams) and depth i (0-based): steps offering token i after keeping 0..i-1 / keeping it
         self.offered = [[0] * most for _ in range(ngrams + 1)]
         self.kept = [[0] * most for _ in range(ngrams + 1)]
@@ -309,7 +309,7 @@ class MedusaDrafter(Drafter):
         # τ̂ of the heads' tree: 1 + its paths' chances of being accepted whole (hit rates per rank; unknown: none)
         rank_acc = meta.get("rank_acc")
         self._tau = 1 + (sum(math.prod(rank_acc[d][r] for d, r in enumerate(c)) for c in self.choices) if rank_acc else 0.0)
-        self.rate = BranchRate(self.lookup, NGRAM)
+        self.rate = BranchRate(self.lookup)
         self._branches: list[tuple[list[int], int]] = []  # each row's lookup-branch nodes of the last step (root first), its n-gram's n
         self._width = [1 + max(c[d] for c in choices if len(c) > d) for d in range(depth)]  # top-k per head
 
