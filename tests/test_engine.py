@@ -2,6 +2,10 @@
 (and transformers' own generate), KV caches roll back exactly, stops match, and sampled outputs
 follow the target's law."""
 
+import itertools
+import math
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +13,8 @@ from scipy.stats import power_divergence
 
 from specresearch.drafters import Context, IndependentDrafter, NoDrafter, draft_model
 from specresearch.drafters.draft_model import cheapen
+from specresearch.drafters.independent import ChainRate
+from specresearch.drafters.tree import Sizer
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.metrics import SpecStats
@@ -427,6 +433,63 @@ def test_chain_confidence_stops_where_the_chains_probability_falls_below(target,
     assert stopped >= 2, "some chains stop before k"
     with pytest.raises(SpecResearchError, match="chain_confidence must lie in \\(0, 1\\)"):
         plain_chain(target, k=2, model=far_draft, chain_confidence=0)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
+def test_shape_auto_drafts_a_chain_token_only_while_it_pays_on_the_cost_curve(target, far_draft, sampling):
+    """drafter.shape=auto reads the cost curve it is given: with drafting at no cost, a flat curve drafts every
+    chain to k, a cliff after 5 verified tokens stops every chain at the 4 tokens before it, and a curve where
+    each token verified costs 100 forwards stops every chain at its first token."""
+    k, seen = 12, {}
+    drafter = plain_chain(target, k=k, model=far_draft, shape="auto")
+    assert drafter.sizer is not None and drafter.sizer.unit > 0, "shape=auto measures the target's cost curve"
+    curves = {"flat": lambda m: 1.0, "cliff": lambda m: 1.0 if m <= 5 else 100.0, "steep": lambda m: 1.0 + 100 * (m - 1)}
+    for name, v in curves.items():
+        drafter.sizer = Sizer(v, math.inf)  # drafting at no cost
+        lengths = []
+        for seed, prompt in enumerate(prompts(4, seed=41)):
+            ctx = Context(torch.tensor(prompt), sampling, torch.Generator().manual_seed(seed), max_draft=k)
+            with torch.inference_mode():
+                drafter.prefill(ctx)
+                lengths.append(len(drafter.propose(ctx)))
+        seen[name] = lengths
+        assert drafter.predicted_speedup is not None and drafter.predicted_speedup > 0
+    assert seen == {"flat": [k] * 4, "cliff": [4] * 4, "steep": [1] * 4}
+    assert plain_chain(target, k=k, model=far_draft).sizer is None, "shape=null: no curve measured"
+
+
+def test_chain_rate_calibrates_the_drafts_probabilities_by_the_verdicts_of_tokens_reached():
+    """shape=auto's acceptance estimate: before any verdict a token is as likely as the draft says (its tenth's
+    middle); a verdict counts the tokens it reached (those kept and the first rejected, none after), per tenth
+    of the draft's probability; τ̂ multiplies the rates down the chain and credits a sibling with the draft's
+    renormalized law where the chain's token is rejected."""
+    rate = ChainRate()
+    chain = SimpleNamespace(scores=[(0.87, 0.0), (0.81, 0.0), (0.55, 0.0)])
+    assert rate.rate(0.87) == pytest.approx(0.85) and rate.rate(0.55) == pytest.approx(0.55)
+    assert rate.tau(chain) == pytest.approx((1 + 0.85 + 0.85**2 + 0.85**2 * 0.55, 0.85**2 * 0.55))
+    rate.update(chain, kept=1)  # the first kept, the second rejected, the third never reached
+    assert rate.rate(0.85) == pytest.approx((1 + 2 * 0.85) / (2 + 2)) and rate.rate(0.55) == pytest.approx(0.55)
+    for _ in range(100):
+        rate.update(chain, kept=3)
+    assert rate.rate(0.85) > 0.98 and rate.rate(0.55) > 0.98, "a draft that underrates its tokens is corrected"
+    with_sibling = SimpleNamespace(scores=[(0.5, 0.25)])
+    fresh = ChainRate().rate(0.5)
+    assert ChainRate().tau(with_sibling)[0] == pytest.approx(1 + fresh + (1 - fresh) * 0.25 / 0.5)
+
+
+def test_shape_auto_with_lookup_charges_no_drafting_for_a_token_its_forward_scored():
+    """With prompt lookup, a token whose law the last draft forward already computed costs no drafting time:
+    where drafting dwarfs verification, a repeating text's chains run on through the guesses, longer than
+    without lookup, and stay greedy-exact."""
+    target, draft = cyclic_tiny(0), cyclic_tiny(0)
+    out = {}
+    for lookup in (0, 4):
+        drafter = plain_chain(target, k=8, model=draft, lookup=lookup, shape="auto")
+        drafter.sizer = Sizer(lambda m: 1.0, 1e-9)  # drafting dwarfs verification: only tokens already scored pay
+        drafter.clock = itertools.count().__next__
+        out[lookup] = Engine(target, drafter, GreedyVerifier(), GREEDY).generate(REPEATING, 40, eos_token_ids=[])
+    assert len(out[4].stats.drafted_at) > len(out[0].stats.drafted_at), "with lookup, chains run on through the guesses"
+    assert out[4].tokens == out[0].tokens == autoregressive(target).generate(REPEATING, 40, eos_token_ids=[]).tokens
 
 
 def test_int8_draft_sampled_step_is_exact(target, far_draft):

@@ -164,6 +164,7 @@ class Chain:
         self.scored = scored or siblings.n > 0
         self.confidence = 1.0  # the draft's probability of the last token: its q's when sampled, its softmax's (T = 1) when greedy
         self.path = 1.0  # the product of the chain's token probabilities so far (EAGLE-2's cumulative confidence)
+        self.scores: list[tuple[float, float]] = []  # each token's draft probability and its siblings' (their sum)
         self.tokens: list[Tensor] = []  # 0-d token ids
         self.qs: list[Tensor] = []  # [V] the law each token was drawn from
         self.others: list[Tensor] = []  # [S] each token's siblings (token ids), likeliest first
@@ -189,7 +190,13 @@ class Chain:
                 self.others.append(others if self.shortlist is None else self.shortlist.ids[others])
             self.confidence = float(law[x])
             self.path *= self.confidence
+            self.scores.append((self.confidence, float(law[others].sum()) if self.siblings.n else 0.0))
         return token
+
+    @property
+    def size(self) -> int:
+        """The draft's nodes: the chain's tokens and their siblings."""
+        return len(self.tokens) + sum(len(o) for o in self.others)
 
     def draft(self) -> Draft:
         """The chain: [K] tokens, [K, V] q (None when greedy).

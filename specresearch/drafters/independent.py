@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import torch
@@ -10,6 +11,7 @@ from torch import Tensor
 from specresearch.drafters.base import Chain, Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.drafters.ngram import lookup
+from specresearch.drafters.tree import Sizer
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel
 from specresearch.options import drafters as options
@@ -22,6 +24,44 @@ def plain_chain(**changes) -> tuple[str, ...]:
     node; `changes` turn one lever on."""
     given = {**options.PLAIN_CHAIN, "model.quantize": None, **changes}
     return tuple(f"{key}={'null' if value is None else value}" for key, value in given.items())
+
+
+class ChainRate:
+    """A chain's measured acceptance by the draft's confidence (shape=auto's τ̂): of the chain tokens offered
+    after the tokens before them were kept, in each tenth of the draft's probability of the token, the share
+    the target kept, from a prior of 2 tokens at the tenth's middle (the draft taken at its word until
+    verdicts say otherwise). Conditional rates, multiplied down the chain, as Medusa's BranchRate: the int8
+    0.5B draft underrates its tokens for the 1.5B target on code (HumanEval 100-103, bf16: 0.98 of the
+    chain tokens shape=auto drafted were kept)."""
+
+    BINS, PRIOR = 10, 2.0
+
+    def __init__(self):
+        self.offered = [0] * self.BINS
+        self.kept = [0] * self.BINS
+
+    def rate(self, confidence: float) -> float:
+        """The measured chance that a token the draft gives `confidence` is kept, once the ones before it are."""
+        j = min(int(confidence * self.BINS), self.BINS - 1)
+        return (self.kept[j] + self.PRIOR * (j + 0.5) / self.BINS) / (self.offered[j] + self.PRIOR)
+
+    def tau(self, chain: Chain) -> tuple[float, float]:
+        """(τ̂, the chance of keeping the whole chain) of a chain so far: 1 + each token's chance of being kept
+        with those before it + each sibling's (the token before kept, the chain's token rejected: the draft's
+        law on its siblings, renormalized without it)."""
+        tau, path = 1.0, 1.0
+        for confidence, siblings in chain.scores:
+            kept = self.rate(confidence)
+            tau += path * ((1 - kept) * min(siblings / max(1 - confidence, 1e-6), 1.0) + kept)
+            path *= kept
+        return tau, path
+
+    def update(self, chain: Chain, kept: int) -> None:
+        """A verdict kept the first `kept` of the chain's tokens."""
+        for i, (confidence, _) in enumerate(chain.scores[: kept + 1]):
+            j = min(int(confidence * self.BINS), self.BINS - 1)
+            self.offered[j] += 1
+            self.kept[j] += i < kept
 
 
 class IndependentDrafter(Drafter):
@@ -40,15 +80,28 @@ class IndependentDrafter(Drafter):
     chain before it, once per token from the same generator, and that q is the one reported: in
     exact arithmetic the chain drafted without lookup, in fewer forwards (an int8 draft quantizes a
     forward's rows together, so its q moves slightly with the guesses beside it).
+
+    With `shape=auto` the chain's length follows this machine's cost curve (Sequoia's sizing, made per
+    token): after each token it decides whether drafting on raises the predicted speedup
+    τ̂ / (d + v(m)) of the run, τ̂ = 1 + its nodes' chances of being kept (siblings included; the draft's
+    probabilities calibrated by past verdicts, `ChainRate`), d the measured drafting time and v(m) the
+    target's measured cost of verifying m tokens, both over one target token's. It drafts on while some
+    longer chain (up to k; each next token as likely as the last and costing the run's drafting seconds
+    per chain token, the next none where the lookup's forward already scored it) adds tokens faster than
+    the run's predicted speedup so far (Sizer.grows: the run's rate, not the step's, and a horizon, not
+    one token). The stop reads
+    the draft, the clock and past verdicts only, as the other stops and a heuristic k do, so it stays
+    lossless.
     """
 
     name = "independent"
-    # the defaults (a chain with stops, lookup, siblings and an int8 draft where the CPU has the kernels), a plain
-    # chain of 4, and each lever on the plain chain alone
+    # the defaults (a chain sized by the cost curve, lookup, siblings and an int8 draft where the CPU has the kernels), a
+    # plain chain of 4, each lever on the plain chain alone, and the defaults with the constant stop of before 2026-12-05
     modes = {"default": (), "plain chain": plain_chain(), "cheap draft": plain_chain(**{
                  "model.vocab": 200, "model.vocab_corpus": "mtbench", "model.quantize": "int8"}),
              "lookup": plain_chain(lookup=4), "chain confidence": plain_chain(k=8, chain_confidence=0.3),
-             "siblings": plain_chain(siblings=2), "siblings by confidence": plain_chain(siblings=3, sibling_confidence=0.05)}
+             "siblings": plain_chain(siblings=2), "siblings by confidence": plain_chain(siblings=3, sibling_confidence=0.05),
+             "constant stop": ("shape=null", "chain_confidence=0.4")}
 
     Settings = options.Independent
 
@@ -59,7 +112,7 @@ class IndependentDrafter(Drafter):
             model: the draft model: load_model() arguments (name, dtype, device, ...) plus the
                 cheaper-draft options `vocab`, `vocab_corpus`, `quantize` (drafters.draft_model), a
                 LoadedModel, or a DraftModel.
-            **given: the settings (`Settings`: k, k_policy, k_max, confidence, chain_confidence, siblings,
+            **given: the settings (`Settings`: k, k_policy, k_max, confidence, chain_confidence, shape, siblings,
                 sibling_confidence, lookup), the rest at their defaults. Each is lossless: the stops,
                 siblings and guesses depend on the draft alone (siblings are verified against the
                 target's residual), and k on past verdicts only.
@@ -71,6 +124,18 @@ class IndependentDrafter(Drafter):
         self.siblings = Siblings(s.siblings, s.sibling_confidence)
         self._chains: list[tuple[int, Chain]] = []  # each row's (context length, chain) of the last step
         self.draft = DraftModel.load(model, target)
+        most = (s.k_max or 4 * s.k if s.k_policy == "heuristic" else s.k) * (1 + s.siblings)  # the widest draft's nodes
+        sized = getattr(s, "shape", None) == "auto"  # a subclass's settings may have no shape (self_draft: the stops as given)
+        self.sizer = Sizer.measure(target, most) if sized else None
+        self.rate = ChainRate()
+        self.clock = time.perf_counter  # shape=auto's measure of drafting time (seconds)
+        self._drafted = [0.0, 0.0]  # shape=auto: drafting seconds and chain tokens (a row's mean) over the run
+        self._began = (0.0, [])  # the step's start: its clock and each row's draft forwards before it
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """shape=auto: the speedup over plain decoding its stops predicted, over the steps so far."""
+        return None if self.sizer is None else self.sizer.predicted_speedup
 
     def prefill_rows(self, ctxs: list[Context]) -> None:
         super().prefill_rows(ctxs)
@@ -81,30 +146,54 @@ class IndependentDrafter(Drafter):
         """Every row's chain: one draft forward per level feeds each row still drafting (rows done drafting
         feed nothing) its pending tokens and, with `lookup`, its own prompt-lookup guesses (ragged rows),
         each row in its own slots of the draft's cache (CachedLM's rows)."""
-        scored = self.confidence is not None or self.chain_confidence is not None
+        scored = self.confidence is not None or self.chain_confidence is not None or self.sizer is not None
         chains = [Chain(ctx, self.draft.shortlist, self.siblings, scored) for ctx in ctxs]
         self._chains = [(ctx.tokens.numel(), chain) for ctx, chain in zip(ctxs, chains)]
         # each row's tokens its draft has not seen: [1], or [2] after a fully accepted step; [0] where it drafts nothing
         pending = [ctx.tokens[n:] if ctx.max_draft > 0 else ctx.tokens[:0] for ctx, n in zip(ctxs, self.draft.lengths)]
+        self._began = (self.clock(), list(self.row_forwards))
         self.draft.draft_chains(pending, lambda b: self._guess(ctxs[b], chains[b]),
-                                lambda b, logits, guess: self._walk(ctxs[b], chains[b], logits, guess), self.count)
+                                lambda b, logits, guess: self._walk(b, ctxs[b], chains[b], logits, guess), self.count)
+        if self.sizer is not None:
+            drafting = self.clock() - self._began[0]
+            self._drafted[0] += drafting
+            self._drafted[1] += sum(len(chain.tokens) for chain in chains) / len(chains)
+            for chain in chains:
+                if chain.tokens:
+                    self.sizer.record(self.rate.tau(chain)[0], 1 + chain.size, drafting)
         return [chain.draft() for chain in chains]
 
-    def _walk(self, ctx: Context, chain: Chain, logits: Tensor, guess: Tensor) -> tuple[int, Tensor, bool]:
+    def _walk(self, b: int, ctx: Context, chain: Chain, logits: Tensor, guess: Tensor) -> tuple[int, Tensor, bool]:
         """Add the draft's token of each row of `logits` ([G + 1, V or N]; row i: the draft's law after the
-        pending tokens and guess[:i]) to the chain while it repeats the guess. Returns (i, [1] the last token
-        added, whether the chain is drafted): guess[:i] became the chain's."""
+        pending tokens and guess[:i]) to row b's chain while it repeats the guess. Returns (i, [1] the last
+        token added, whether the chain is drafted): guess[:i] became the chain's."""
         for i, row in enumerate(logits):
             x = chain.add(row)
-            done = self._done(ctx, chain)
-            if done or i == guess.numel() or x != guess[i]:
+            ahead = i < guess.numel() and bool(x == guess[i])  # the next token's law is in this forward already
+            done = self._done(b, ctx, chain, ahead)
+            if done or not ahead:
                 break
         return i, x[None], done
 
-    def _done(self, ctx: Context, chain: Chain) -> bool:
-        """Whether the chain is drafted: it reached the step's draft length, or a confidence stop fired."""
+    def _done(self, b: int, ctx: Context, chain: Chain, ahead: bool) -> bool:
+        """Whether row b's chain is drafted: it reached the step's draft length, a confidence stop fired, or
+        (shape=auto) one more token would not pay; `ahead`: the next token's law is computed already."""
         return (len(chain.tokens) == ctx.max_draft or chain.confidence < (self.confidence or 0.0)
-                or chain.path < (self.chain_confidence or 0.0))
+                or chain.path < (self.chain_confidence or 0.0) or (self.sizer is not None and not self._pays(b, ctx, chain, ahead)))
+
+    def _pays(self, b: int, ctx: Context, chain: Chain, ahead: bool) -> bool:
+        """shape=auto: whether drafting on raises row b's predicted speedup (Sizer.grows), each next token as
+        likely as the last and costing the run's drafting seconds per chain token so far (the step's mean draft
+        forward on the first step; the next token none where its law is computed already): with lookup many
+        tokens come with a forward drafted for another, and the run's mean counts them."""
+        start, forwards = self._began
+        drafting = self.clock() - start
+        seconds, tokens = self._drafted
+        step = seconds / tokens if tokens else drafting / max(self.row_forwards[b] - forwards[b], 1)
+        more = 1 + (len(chain.others[-1]) if chain.others else 0)  # it and as many siblings as the last token had
+        tau, path = self.rate.tau(chain)
+        return self.sizer.grows(tau, path, self.rate.rate(chain.confidence), 1 + chain.size, more, drafting,
+                                0.0 if ahead else step, step, ctx.max_draft - len(chain.tokens))
 
     def _guess(self, ctx: Context, chain: Chain) -> Tensor:
         """[G] prompt lookup's continuation of the context and the chain so far (G < what is left to draft)."""
@@ -115,6 +204,9 @@ class IndependentDrafter(Drafter):
         return lookup(tokens, want, match="last").to(ctx.tokens.device)
 
     def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        if self.sizer is not None:
+            for verdict, (_, chain) in zip(verdicts, self._chains):
+                self.rate.update(chain, chain.accepted(verdict))
         # Keep what each row's draft cache saw of its accepted sequence (everything but its last token),
         # and none of the chain after a sibling the target took in its place.
         self.draft.truncate_rows([min(n, ctx.tokens.numel() - 1, start + chain.accepted(verdict))

@@ -98,9 +98,45 @@ class Sizer:
             speedup = tau / (d + self.v(n + 1))
             if speedup > best[0]:
                 best = (speedup, n, tau)
-        self.tokens += best[2]
-        self.cost += d + self.v(best[1] + 1)
+        self.record(best[2], best[1] + 1, drafting)
         return best[1]
+
+    def grows(self, tau: float, path: float, rate: float, m: int, more: int, drafting: float, first: float, later: float,
+              left: int) -> bool:
+        """Whether drafting on pays for a chain (drafter=independent shape=auto): whether some j in 1..`left`
+        more tokens, each kept with chance `rate` once the one before it is, add tokens at a better rate than
+        the run's: their expected tokens over their cost (drafting, and what they add to the verification
+        forward) beat the predicted speedup of the steps so far (this step's own, on the first). The run's
+        rate, not the step's: the stop maximizes tokens per time over the whole run (renewal-reward), so a step
+        whose first tokens came free from prompt lookup drafts on as any other would. A horizon, not one
+        token: a curve with a step (a kernel's row blocks) would stop a myopic chain at the step's foot.
+
+        Args:
+            tau: τ̂ of the draft so far (1 + its nodes' chances of being kept).
+            path: the chance of keeping the whole chain so far.
+            rate: each next token's chance of being kept after the one before it.
+            m: tokens the verification forward carries now (the root and the draft's nodes).
+            more: tokens each next one adds to it (it and its siblings).
+            drafting: the step's drafting seconds so far.
+            first: the next token's drafting seconds (0 where its law is already computed).
+            later: each later token's drafting seconds.
+            left: the most tokens the chain may still take.
+        """
+        bar = self.predicted_speedup or tau / (drafting / self.unit + self.v(m))
+        gained, cost = 0.0, first / self.unit
+        for j in range(1, left + 1):
+            path *= rate
+            gained += path
+            if gained > bar * (cost + self.v(m + j * more) - self.v(m)):
+                return True
+            cost += later / self.unit
+        return False
+
+    def record(self, tau: float, m: int, drafting: float) -> None:
+        """One step's prediction for the running predicted speedup: τ̂ tokens for drafting seconds and
+        a verification forward of m tokens."""
+        self.tokens += tau
+        self.cost += drafting / self.unit + self.v(m)
 
     @property
     def predicted_speedup(self) -> float | None:

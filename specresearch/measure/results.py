@@ -168,7 +168,7 @@ def format_table(cfg: DictConfig, label: str, r: SpeedRecord, results: Results, 
          if math.isfinite(r.leviathan_speedup) else
          "Leviathan prediction            n/a     (its model is a chain of k draft tokens every step; this drafter's steps "
          "drafted trees or chains of other lengths)"),
-        *([f"Sequoia prediction              {r.predicted_speedup:.2f}x   (drafter.shape=auto: the tree sized for this machine, "
+        *([f"Sequoia prediction              {r.predicted_speedup:.2f}x   (drafter.shape=auto: the draft sized for this machine, "
            f"{m.nodes_per_step:.1f} nodes per verification; measured: the speedup above)"]
           if math.isfinite(r.predicted_speedup) else []),
         f"tau={m.tau:.2f}  alpha (accepted / drafted)={m.alpha:.3f}  acceptance by draft position: {by_pos}",

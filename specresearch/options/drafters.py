@@ -131,10 +131,16 @@ LEVERS = (f"{TUNED}, 2-core Intel Xeon with AMX, skinny kernels: docs/results/da
           "docs/results/data/2026-11-29-tune-levers-sharegpt.json")
 PACKED = (f"{TUNED}, 2-core AMD EPYC with AVX-512 BF16, packed kernels: "
           "docs/results/data/2026-12-02-tune-packed-humaneval-bf16.json, docs/results/data/2026-12-02-tune-packed-sharegpt-bf16.json")
+HELD_CURVE = ("HumanEval 120-127 x 128 and MT-bench questions 2-9 x 64, 2 repeats, the same machine: "
+              "docs/results/data/2026-12-05-heldout-avx512bf16-humaneval-curve-bf16.json, "
+              "docs/results/data/2026-12-05-heldout-avx512bf16-mtbench-curve-bf16.json")
+CURVE = (f"{TUNED}, 2-core AMD EPYC with AVX-512 BF16, packed kernels: "
+         "docs/results/data/2026-12-05-tune-chain-shape-per-token-avx512bf16-humaneval.json, "
+         "docs/results/data/2026-12-05-tune-chain-shape-per-token-avx512bf16-sharegpt.json")
 
 
 @dataclass
-class Independent(Chain, defaults={"k": 16, "chain_confidence": 0.4, "lookup": 4, "siblings": 3, "sibling_confidence": 0.02}):
+class Independent(Chain, defaults={"k": 16, "lookup": 4, "siblings": 3, "sibling_confidence": 0.02}):
     """A separate, smaller draft model with the target's tokenizer proposes k tokens per step (Leviathan et al. 2023).
     Its defaults are the fastest lossless chain measured on code and chat together: each reason below compares
     settings within one run on the tuning sets and names its results pages; the held-out speedups are the README's."""
@@ -142,9 +148,13 @@ class Independent(Chain, defaults={"k": 16, "chain_confidence": 0.4, "lookup": 4
     CHOSEN: ClassVar[dict[str, str]] = {
         "k": f"16 against 32, with the stops, lookup and siblings below: 2.22x / 1.80x against 2.36x / 1.63x over generate "
              f"on code / chat in one run, level on the two together ({PACKED})",
-        "chain_confidence": f"0.4 against 0.2: 2.22x / 1.80x against 1.95x / 1.65x over generate on code / chat in one run "
-                            f"({PACKED}); 0.4 was first chosen with 3 siblings at 0.02 on ShareGPT 0-7 "
-                            f"(docs/results/data/2026-11-26-sharegpt-siblings-choice.json)",
+        "shape": f"auto (the chain's length read from this machine's cost curve) against the constant stop chain_confidence=0.4 "
+                 f"that it replaces: 2.47x / 1.56x against 2.24x / 1.51x over generate on code / chat in one run, ahead on "
+                 f"both ({CURVE}). A first form, which charged each later token the step's mean draft forward (prompt "
+                 f"lookup's free tokens uncounted), ran level on the tuning sets and slower than the constant stop held out on "
+                 f"code ({HELD_CURVE})",
+        "chain_confidence": "null: shape=auto stops the chain (see shape); 0.4 was the default before it, chosen against 0.2 "
+                            f"at 2.22x / 1.80x against 1.95x / 1.65x over generate on code / chat in one run ({PACKED})",
         "siblings": f"3 at sibling_confidence 0.02 against 2 at 0.05: 2.22x / 1.80x against 2.21x / 1.82x over generate on "
                     f"code / chat in one run, level ({PACKED}); a 65,536-token FR-Spec shortlist with 2 siblings at 0.05 "
                     f"ran 2.99x / 1.94x against 2.75x / 2.02x without it, faster on code only, and a shortlist needs a "
@@ -156,13 +166,22 @@ class Independent(Chain, defaults={"k": 16, "chain_confidence": 0.4, "lookup": 4
                           f"2.89x / 1.98x over generate on code / chat against a bf16 draft's 2.00x / 1.53x in one run, on "
                           f"a CPU with AMX for bf16 ({LEVERS})",
     }
+    shape: Optional[str] = setting("auto", "auto: draft each next token only while it raises the predicted speedup (the "
+                                         "draft's probabilities calibrated by past verdicts, the run's measured drafting "
+                                         "time per token, this machine's measured cost of verifying n tokens: Sequoia's "
+                                         "sizing for a chain), within k and the stops above (e.g. with chain_confidence=null); "
+                                         "null = the stops as given")
     model: DraftModel = setting(doc="the draft model, as in the `model` group", factory=lambda: DraftModel(quantize="auto"))
+
+    def check_ranges(self, path: str) -> None:
+        Chain.check_ranges(self, path)
+        one_of(path, "shape", self.shape, SHAPES, null="the stops as given")
 
 
 # Leviathan's plain chain: k = 4 tokens a step, one draft forward each, none of the independent drafter's
 # levers (stops, lookup, siblings, int8). drafter=plain_chain, the independent drafter's "plain chain" mode (the
 # law tests' and the tests' of one mechanism) and the studies whose question is k read it here.
-PLAIN_CHAIN = {"k": 4, "chain_confidence": None, "lookup": 0, "siblings": 0, "sibling_confidence": 0.0}
+PLAIN_CHAIN = {"k": 4, "chain_confidence": None, "shape": None, "lookup": 0, "siblings": 0, "sibling_confidence": 0.0}
 # The drafter group's presets: option -> (title, the settings of the option it presets that differ)
 PRESETS = {"plain_chain": (
     "Leviathan's plain chain (Leviathan et al. 2023; Chen et al. 2023): drafter=independent with k = 4 and none of its "
