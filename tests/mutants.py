@@ -148,9 +148,9 @@ MUTANTS = [
            f"medusa and sample and {NOT_T1}"),
     Mutant("lookup-guess-kept", "the lookup cascade keeps the guess where the draft's argmax agrees, not the draft's sample",
            "specresearch/drafters/independent.py",
-           [("            x = chain.add(row)\n            done = self._done(ctx, chain)\n",
+           [("            x = chain.add(row)\n            ahead = ",
              "            x = chain.add(row)\n            if i < guess.numel() and x != guess[i] and int(row.argmax()) == int(guess[i]):\n"
-             "                chain.tokens[-1] = x = guess[i]\n            done = self._done(ctx, chain)\n")],
+             "                chain.tokens[-1] = x = guess[i]\n            ahead = ")],
            "independent and lookup"),
     # -- the target's p
     Mutant("p-untempered", "the verifier's p from the target's logits at T = 1 (q tempered, p not)", "specresearch/engine.py",

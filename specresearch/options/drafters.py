@@ -166,11 +166,10 @@ class Independent(Chain, defaults={"k": 16, "lookup": 4, "siblings": 3, "sibling
                           f"2.89x / 1.98x over generate on code / chat against a bf16 draft's 2.00x / 1.53x in one run, on "
                           f"a CPU with AMX for bf16 ({LEVERS})",
     }
-    shape: Optional[str] = setting("auto", "auto: draft each next token only while it raises the predicted speedup (the "
-                                         "draft's probabilities calibrated by past verdicts, the run's measured drafting "
-                                         "time per token, this machine's measured cost of verifying n tokens: Sequoia's "
-                                         "sizing for a chain), within k and the stops above (e.g. with chain_confidence=null); "
-                                         "null = the stops as given")
+    shape: Optional[str] = setting("auto", "auto: draft on while a longer chain adds tokens faster than the run's predicted "
+                                         "speedup (the draft's probabilities calibrated by past verdicts, the run's measured "
+                                         "drafting time per token, this machine's measured cost of verifying n tokens: "
+                                         "Sequoia's sizing for a chain), within k and any stop above; null = the stops as given")
     model: DraftModel = setting(doc="the draft model, as in the `model` group", factory=lambda: DraftModel(quantize="auto"))
 
     def check_ranges(self, path: str) -> None:
