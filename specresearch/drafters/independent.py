@@ -40,9 +40,13 @@ class ChainRate:
         self.offered = [0] * self.BINS
         self.kept = [0] * self.BINS
 
+    def bin(self, confidence: float) -> int:
+        """The tenth of the draft's probability that `confidence` falls in."""
+        return min(int(confidence * self.BINS), self.BINS - 1)
+
     def rate(self, confidence: float) -> float:
         """The measured chance that a token the draft gives `confidence` is kept, once the ones before it are."""
-        j = min(int(confidence * self.BINS), self.BINS - 1)
+        j = self.bin(confidence)
         return (self.kept[j] + self.PRIOR * (j + 0.5) / self.BINS) / (self.offered[j] + self.PRIOR)
 
     def tau(self, chain: Chain) -> tuple[float, float]:
@@ -59,7 +63,7 @@ class ChainRate:
     def update(self, chain: Chain, kept: int) -> None:
         """A verdict kept the first `kept` of the chain's tokens."""
         for i, (confidence, _) in enumerate(chain.scores[: kept + 1]):
-            j = min(int(confidence * self.BINS), self.BINS - 1)
+            j = self.bin(confidence)
             self.offered[j] += 1
             self.kept[j] += i < kept
 
@@ -89,9 +93,8 @@ class IndependentDrafter(Drafter):
     longer chain (up to k; each next token as likely as the last and costing the run's drafting seconds
     per chain token, the next none where the lookup's forward already scored it) adds tokens faster than
     the run's predicted speedup so far (Sizer.grows: the run's rate, not the step's, and a horizon, not
-    one token). The stop reads
-    the draft, the clock and past verdicts only, as the other stops and a heuristic k do, so it stays
-    lossless.
+    one token). The stop reads the draft, the clock and past verdicts only, as the other stops and a
+    heuristic k do, so it stays lossless.
     """
 
     name = "independent"
