@@ -183,6 +183,7 @@ CHAIN_K = "needs k >= 1, got k=0 (use drafter=none for plain decoding)"
     (["drafter.confidence=1.5"], "drafter.confidence must lie in (0, 1) or be null, got 1.5"),
     (["drafter.chain_confidence=0"], "drafter.chain_confidence must lie in (0, 1) or be null, got 0"),
     (["drafter.shape=tall"], "unknown drafter.shape 'tall': valid are null (the stops as given), auto"),
+    (["drafter=self_draft", "drafter.shape=tall"], "unknown drafter.shape 'tall': valid are null (the stops as given), auto"),
     (["drafter.k_policy=grow"], "unknown drafter.k_policy 'grow': valid are fixed, heuristic"),
     (["drafter.k=4", "drafter.k_max=2"], "drafter.k_max must be >= drafter.k, got 2 < 4"),
     # pld, lookahead

@@ -128,8 +128,7 @@ class IndependentDrafter(Drafter):
         self._chains: list[tuple[int, Chain]] = []  # each row's (context length, chain) of the last step
         self.draft = DraftModel.load(model, target)
         most = (s.k_max or 4 * s.k if s.k_policy == "heuristic" else s.k) * (1 + s.siblings)  # the widest draft's nodes
-        sized = getattr(s, "shape", None) == "auto"  # a subclass's settings may have no shape (self_draft: the stops as given)
-        self.sizer = Sizer.measure(target, most) if sized else None
+        self.sizer = Sizer.measure(target, most) if s.shape == "auto" else None
         self.rate = ChainRate()
         self.clock = time.perf_counter  # shape=auto's measure of drafting time (seconds)
         self._drafted = [0.0, 0.0]  # shape=auto: drafting seconds and chain tokens (a row's mean) over the run

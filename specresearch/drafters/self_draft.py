@@ -21,7 +21,8 @@ from specresearch.options import make
 class SelfDraftDrafter(IndependentDrafter):
     """The target without some of its decoder layers is the draft model: same weights (nothing is
     copied), its own KV cache for the layers it runs. Everything else is IndependentDrafter's (q,
-    confidence, k_policy), so greedy and rejection verification stay lossless.
+    confidence, k_policy, `shape=auto`: the chain's length read from the cost curve, drafting timed on the
+    skipped target), so greedy and rejection verification stay lossless.
 
     Which layers to skip: `skip` (explicit indices), or `exit_layer` (LayerSkip's early exit: run
     layers 0 .. exit_layer − 1 only), or `skip_ratio` (that fraction of the layers, evenly spaced
@@ -31,7 +32,7 @@ class SelfDraftDrafter(IndependentDrafter):
 
     name = "self_draft"
     modes = {"default": (), "cheap draft": ("vocab=200", "vocab_corpus=mtbench", "quantize=int8"), "lookup": ("lookup=4",),
-             "siblings": ("siblings=2",)}
+             "siblings": ("siblings=2",), "shape auto": ("shape=auto",)}
 
     Settings = options.SelfDraft
 
@@ -49,7 +50,7 @@ class SelfDraftDrafter(IndependentDrafter):
         n = len(decoder_layers(target.model))
         self.skipped = skipped_layers(n, s.skip, s.exit_layer, s.skip_ratio)
         draft = cheapen(without_layers(target, self.skipped), target, vocab=s.vocab, vocab_corpus=s.vocab_corpus, quantize=s.quantize)
-        chain = {f.name: getattr(s, f.name) for f in dataclasses.fields(options.Chain)}
+        chain = {f.name: getattr(s, f.name) for f in dataclasses.fields(options.Chain)} | {"shape": s.shape}
         super().__init__(target, model=draft, **chain)
         self.settings = s
 

@@ -199,6 +199,13 @@ class SelfDraft(FrequentVocab, Chain):
                                                "and last kept")
     quantize: Optional[str] = setting(None, "int8: an int8 copy of the layers the draft runs (CPU); auto: int8 on a CPU with torch's "
                                             "int8 kernels, else none")
+    shape: Optional[str] = setting(None, "auto: the chain's length read from this machine's cost curve, as drafter=independent's "
+                                         "default (its drafting time the skipped target's, measured in the run); null = the stops "
+                                         "as given")
+
+    def check_ranges(self, path: str) -> None:
+        Chain.check_ranges(self, path)
+        one_of(path, "shape", self.shape, SHAPES, null="the stops as given")
 
 
 @dataclass

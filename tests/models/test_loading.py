@@ -153,12 +153,14 @@ def test_packed_linear_computes_what_nn_linear_does(bias, intel_routes, monkeypa
     ragged rows folded as [B, T, in], and long inputs), float32 and bf16 within their rounding; an input
     that needs a gradient, another dtype, a weight written in place or replaced, a copy and a pickle. Both
     ways of a few float32 rows and of a few bf16 rows: the packed kernel (AMD; 1 to 3 rows padded to 4 with
-    zero rows, as on AVX-512 BF16 without AMX), and MKL's F.linear, bit for bit, and torch.mv or W @ xᵀ (Intel with AMX)."""
+    zero rows, as on AVX-512 BF16 without AMX), and MKL's F.linear, bit for bit, and torch.mv or W @ xᵀ (Intel with AMX;
+    bf16 products of 17 to 32 rows padded to 33)."""
     from specresearch.models import kernels
 
     monkeypatch.setattr(kernels, "mkl_takes_few_rows", lambda: intel_routes)
     monkeypatch.setattr(kernels, "few_bf16_rows_unpacked", lambda: intel_routes)
     monkeypatch.setattr(kernels, "few_rows_padded", lambda: not intel_routes)
+    monkeypatch.setattr(kernels, "middle_bf16_rows_padded", lambda: intel_routes)
     rows_seen, product = [], torch.ops.mkldnn._linear_pointwise  # the rows oneDNN's packed kernel is given
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: rows_seen.append(x.shape[0]) or product(x, *a))
     torch.manual_seed(0)
@@ -178,7 +180,7 @@ def test_packed_linear_computes_what_nn_linear_does(bias, intel_routes, monkeypa
                 assert rows_seen[-1] == kernels.PADDED_ROWS
         half, plain_half = copy.deepcopy(packed).bfloat16(), copy.deepcopy(plain).bfloat16()
         for shape in [(1, 1, 256), (1, 256), (1, 2, 256), (3, 256), (1, 4, 256), (1, 9, 256), (13, 256), (1, 14, 256),
-                      (2, 17, 256), (1, 65, 256)]:
+                      (1, 16, 256), (1, 17, 256), (20, 256), (4, 8, 256), (1, 33, 256), (2, 17, 256), (1, 65, 256)]:
             x, rows = torch.randn(shape, dtype=torch.bfloat16), math.prod(shape[:-1])
             got = half(x)
             assert got.shape == x.shape[:-1] + (320,)
@@ -187,6 +189,13 @@ def test_packed_linear_computes_what_nn_linear_does(bias, intel_routes, monkeypa
                 x4 = torch.cat([x.reshape(rows, 256), torch.randn(kernels.PADDED_ROWS - rows, 256, dtype=torch.bfloat16)])
                 assert torch.equal(got.reshape(rows, 320), half(x4)[:rows])
                 assert rows_seen[-2:] == [kernels.PADDED_ROWS] * 2  # the kernel took 4 rows both times
+            lo, to = kernels.AMX_PAD
+            if intel_routes and lo < rows < to:  # padded to 33 (AMX): the rows as computed among 33
+                x33 = torch.cat([x.reshape(rows, 256), torch.randn(to - rows, 256, dtype=torch.bfloat16)])
+                assert torch.equal(got.reshape(rows, 320), half(x33)[:rows])
+                assert rows_seen[-2:] == [to] * 2
+            elif rows > kernels.SKINNY_ROWS or not intel_routes:  # the packed kernel, given the rows as they are (or 4)
+                assert rows_seen[-1] == max(rows, 0 if intel_routes else kernels.PADDED_ROWS)
         assert "_pack" in packed.__dict__ and "_pack" in half.__dict__  # these took oneDNN's product
         x = torch.randn(1, 4, 256, dtype=torch.float64)  # other dtypes take F.linear
         assert torch.equal(copy.deepcopy(packed).double()(x), copy.deepcopy(plain).double()(x))
