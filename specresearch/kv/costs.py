@@ -21,7 +21,9 @@ from specresearch.models.kernels import routes
 
 log = logging.getLogger(__name__)
 
-COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65, 129)  # tokens per verification forward measured for a tree's sizing (shape=auto)
+# tokens per verification forward measured for a tree's sizing (shape=auto); 16 and 17 both, as kernels step there (on
+# AMX 17 to 32 bf16 rows are padded to 33: v(16) 1.23 against v(17) 1.5, which 9 and 17 alone would put at 1.45)
+COST_SIZES = (1, 2, 3, 5, 9, 16, 17, 33, 65, 129)
 KEPT_REPEATS = 5  # timings of each size in a kept cost curve (measured once per machine and model)
 KEPT_MEASURE = "interleaved"  # how kept curves are measured (part of their key: a file measured otherwise is measured again)
 

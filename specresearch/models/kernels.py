@@ -158,9 +158,11 @@ def middle_bf16_rows_padded() -> bool:
     """Whether bfloat16 products of 17 to 32 rows run faster here padded to 33 rows with zeros on oneDNN's packed kernel
     (AMX_PAD): on CPUs with AMX, where its kernel (brg_matmul:avx10_1_512_amx for every row count) computes 33 rows
     faster than 17 to 32. Measured on a 2-core Intel Xeon with AMX (Qwen2.5-Coder-1.5B, 2 threads, a forward of n
-    tokens after 129 through the engine's cache, the ways interleaved, fastest of 4 rounds): 17, 20, 24, 28 and 32
+    tokens after 129 through the engine's cache, the ways interleaved): fastest of 4 rounds, 17, 20, 24, 28 and 32
     tokens took 372, 382, 386, 399 and 393 ms unpadded against 327, 336, 332, 334 and 330 padded to 33 (33 tokens
-    336 and 328; 16 tokens 282 and 269, one token 229 and 218); padded to 40 rows 349-363 ms, to 48 356-377. A row's
+    336 and 328; 16 tokens 282 and 269, one token 229 and 218); padded to 40 rows 349-363 ms, to 48 356-377. Again,
+    8 rounds in shuffled order: 17, 24 and 32 tokens took 391, 411 and 413 ms unpadded (medians; fastest 339, 346,
+    357) against 357, 363 and 367 padded (322, 329, 349), and 366, 376 and 391 as W @ xᵀ. A row's
     result does not depend on the zero rows beside it; its sums may round as those of 33 rows do, within bfloat16's
     rounding of nn.Linear's."""
     return cpu_kind() == "AMX"
