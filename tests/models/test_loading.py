@@ -195,7 +195,7 @@ def test_packed_linear_computes_what_nn_linear_does(bias, intel_routes, monkeypa
                 assert torch.equal(got.reshape(rows, 320), half(x33)[:rows])
                 assert rows_seen[-2:] == [to] * 2
             elif rows > kernels.SKINNY_ROWS or not intel_routes:  # the packed kernel, given the rows as they are (or 4)
-                assert rows_seen[-1] == max(rows, 0 if intel_routes else kernels.PADDED_ROWS)
+                assert rows_seen[-1] == (rows if intel_routes else max(rows, kernels.PADDED_ROWS))
         assert "_pack" in packed.__dict__ and "_pack" in half.__dict__  # these took oneDNN's product
         x = torch.randn(1, 4, 256, dtype=torch.float64)  # other dtypes take F.linear
         assert torch.equal(copy.deepcopy(packed).double()(x), copy.deepcopy(plain).double()(x))
