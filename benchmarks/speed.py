@@ -491,7 +491,8 @@ def verify_costs(target: LoadedModel, ids: list[int], k_max: int, repeats: int =
 
 
 OP_GROUPS = {  # --profile: aten op names (fragments) -> where the time goes
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "quantized::linear"),
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::mv", "aten::addmv",
+               "mkldnn::_linear_pointwise", "quantized::linear"),  # PackedLinear's oneDNN product, AMX's one-row torch.mv
     "attention": ("scaled_dot_product", "flash_attention"),
     "cat (KV cache, RoPE)": ("aten::cat",),
     "sampling": ("softmax", "argmax", "multinomial", "topk", "sort", "cumsum"),

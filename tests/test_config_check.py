@@ -77,7 +77,7 @@ def test_subclass_settings_follow_its_parent():
     """drafter=self_draft passes **options to IndependentDrafter: those are settings, but not `model`,
     which it passes itself."""
     check_config(make_cfg("model=tiny", "drafter=self_draft", "+drafter.confidence=0.4"))
-    with pytest.raises(SpecResearchError, match="valid are k, k_policy, k_max, chain_confidence, confidence, siblings, sibling_confidence, lookup, vocab, vocab_corpus, skip") as err:
+    with pytest.raises(SpecResearchError, match="valid are k, k_policy, k_max, chain_confidence, confidence, siblings, sibling_confidence, lookup, shape, vocab, vocab_corpus, skip") as err:
         check_config(make_cfg("model=tiny", "drafter=self_draft", "+drafter.model={name: tiny}"))
     assert ", model," not in str(err.value)
 

@@ -50,7 +50,7 @@ class SelfDraftDrafter(IndependentDrafter):
         n = len(decoder_layers(target.model))
         self.skipped = skipped_layers(n, s.skip, s.exit_layer, s.skip_ratio)
         draft = cheapen(without_layers(target, self.skipped), target, vocab=s.vocab, vocab_corpus=s.vocab_corpus, quantize=s.quantize)
-        chain = {f.name: getattr(s, f.name) for f in dataclasses.fields(options.Chain)} | {"shape": s.shape}
+        chain = {f.name: getattr(s, f.name) for f in dataclasses.fields(options.ShapedChain)}
         super().__init__(target, model=draft, **chain)
         self.settings = s
 

@@ -78,6 +78,19 @@ class Chain(PathStop, DraftLength):
 
 
 @dataclass
+class ShapedChain(Chain):
+    """A draft model's chain whose length may follow this machine's cost curve (drafters.independent's Sizer)."""
+    shape: Optional[str] = setting(None, "auto: draft on while a longer chain adds tokens faster than the run's predicted "
+                                         "speedup (the draft's probabilities calibrated by past verdicts, the run's measured "
+                                         "drafting time per token, this machine's measured cost of verifying n tokens: "
+                                         "Sequoia's sizing for a chain), within k and any stop above; null = the stops as given")
+
+    def check_ranges(self, path: str) -> None:
+        Chain.check_ranges(self, path)
+        one_of(path, "shape", self.shape, SHAPES, null="the stops as given")
+
+
+@dataclass
 class TreeSize(Drafter):
     """A tree's size: its most nodes, how children are chosen, and Sequoia-style sizing."""
     nodes: int = setting(24, "the most nodes kept, by cumulative draft probability (the target verifies them in one "
@@ -140,7 +153,7 @@ CURVE = (f"{TUNED}, 2-core AMD EPYC with AVX-512 BF16, packed kernels: "
 
 
 @dataclass
-class Independent(Chain, defaults={"k": 16, "lookup": 4, "siblings": 3, "sibling_confidence": 0.02}):
+class Independent(ShapedChain, defaults={"k": 16, "lookup": 4, "siblings": 3, "sibling_confidence": 0.02, "shape": "auto"}):
     """A separate, smaller draft model with the target's tokenizer proposes k tokens per step (Leviathan et al. 2023).
     Its defaults are the fastest lossless chain measured on code and chat together: each reason below compares
     settings within one run on the tuning sets and names its results pages; the held-out speedups are the README's."""
@@ -166,15 +179,7 @@ class Independent(Chain, defaults={"k": 16, "lookup": 4, "siblings": 3, "sibling
                           f"2.89x / 1.98x over generate on code / chat against a bf16 draft's 2.00x / 1.53x in one run, on "
                           f"a CPU with AMX for bf16 ({LEVERS})",
     }
-    shape: Optional[str] = setting("auto", "auto: draft on while a longer chain adds tokens faster than the run's predicted "
-                                         "speedup (the draft's probabilities calibrated by past verdicts, the run's measured "
-                                         "drafting time per token, this machine's measured cost of verifying n tokens: "
-                                         "Sequoia's sizing for a chain), within k and any stop above; null = the stops as given")
     model: DraftModel = setting(doc="the draft model, as in the `model` group", factory=lambda: DraftModel(quantize="auto"))
-
-    def check_ranges(self, path: str) -> None:
-        Chain.check_ranges(self, path)
-        one_of(path, "shape", self.shape, SHAPES, null="the stops as given")
 
 
 # Leviathan's plain chain: k = 4 tokens a step, one draft forward each, none of the independent drafter's
@@ -190,7 +195,7 @@ PRESETS = {"plain_chain": (
 
 
 @dataclass
-class SelfDraft(FrequentVocab, Chain):
+class SelfDraft(FrequentVocab, ShapedChain):
     """Self-speculative decoding (Draft & Verify 2023; LayerSkip early exit 2024): the target drafts with layers skipped."""
     option: ClassVar[str] = "self_draft"
     skip: Optional[List[int]] = setting(None, "decoder layer indices to skip, e.g. [4, 6, 8, 10, 12]; layer 0 is always kept")
@@ -199,13 +204,6 @@ class SelfDraft(FrequentVocab, Chain):
                                                "and last kept")
     quantize: Optional[str] = setting(None, "int8: an int8 copy of the layers the draft runs (CPU); auto: int8 on a CPU with torch's "
                                             "int8 kernels, else none")
-    shape: Optional[str] = setting(None, "auto: the chain's length read from this machine's cost curve, as drafter=independent's "
-                                         "default (its drafting time the skipped target's, measured in the run); null = the stops "
-                                         "as given")
-
-    def check_ranges(self, path: str) -> None:
-        Chain.check_ranges(self, path)
-        one_of(path, "shape", self.shape, SHAPES, null="the stops as given")
 
 
 @dataclass

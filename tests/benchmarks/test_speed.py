@@ -219,6 +219,35 @@ def test_the_speedup_interval_is_bca_over_prompts_as_scipy_gives_it():
     assert speed_module().speedup_interval(reference, reference) == ([1.0, 1.0], None)  # the reference against itself
 
 
+def test_the_profile_counts_each_kernel_a_linear_layer_runs_as_matmul():
+    """--profile's matmul share holds the products our layers run on the CPU: oneDNN's packed one (PackedLinear),
+    torch.mv (one bf16 row on AMX) and the int8 draft's, not only aten's mm family (they were "other ops")."""
+    import torch
+
+    from specresearch.drafters.draft_model import quantize_int8_module
+    from specresearch.models.kernels import PackedLinear, packed_linear_available
+
+    speed = speed_module()
+    x = torch.randn(3, 256)  # [rows, in]
+    packed, plain = PackedLinear(256, 1024, bias=False), torch.nn.Linear(256, 1024, bias=False)  # 2**18 entries: packed
+    int8 = quantize_int8_module(torch.nn.Sequential(torch.nn.Linear(256, 1024)))
+    products = {"mv": lambda: torch.mv(plain.weight, x[0]), "int8": lambda: int8(x)}
+    if packed_linear_available():
+        products["packed"] = lambda: packed(x)
+
+    def method(name, product):
+        def decode(batch, n):
+            with torch.inference_mode():
+                for _ in range(50):
+                    product()
+            return speed.Run([[0] * n], 0.0)
+        return speed.Method(name, decode)
+
+    prof = speed.profile([method(name, product) for name, product in products.items()], [0], 1)
+    for name in products:
+        assert prof[name]["matmul"] > 2 * prof[name]["other ops"], (name, prof[name])
+
+
 def test_a_speedup_interval_of_too_few_prompts_is_not_computed_and_of_a_degenerate_sample_is_the_point():
     """Fewer than 3 prompts: no interval, and a note says so. The same speedup on every prompt (BCa's NaN): no crash, no
     warning, the point value as both ends, and a note says so; the table and the rows carry each note once."""
