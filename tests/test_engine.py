@@ -3,7 +3,6 @@
 follow the target's law."""
 
 import itertools
-import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,7 +21,7 @@ from specresearch.models import machine
 from specresearch.stats import first_token_law
 from specresearch.types import Draft, SamplingParams, Verdict
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
-from tests.tiny import PLAIN, REPEATING, cyclic_tiny, lookup_runs, plain_chain, rejected_cyclic_draft, tiny_model
+from tests.tiny import PLAIN, REPEATING, cyclic_tiny, lengths_on_curves, lookup_runs, plain_chain, rejected_cyclic_draft, tiny_model
 
 GREEDY = SamplingParams()
 VOCAB = 320
@@ -440,22 +439,12 @@ def test_shape_auto_drafts_a_chain_token_only_while_it_pays_on_the_cost_curve(ta
     """drafter.shape=auto reads the cost curve it is given: with drafting at no cost, a flat curve drafts every
     chain to k, a cliff after 5 verified tokens stops every chain at the 4 tokens before it, and a curve where
     each token verified costs 100 forwards stops every chain at its first token."""
-    k, seen = 12, {}
+    k = 12
     drafter = plain_chain(target, k=k, model=far_draft, shape="auto")
-    assert drafter.sizer is not None and drafter.sizer.unit > 0, "shape=auto measures the target's cost curve"
-    curves = {"flat": lambda m: 1.0, "cliff": lambda m: 1.0 if m <= 5 else 100.0, "steep": lambda m: 1.0 + 100 * (m - 1)}
-    for name, v in curves.items():
-        drafter.sizer = Sizer(v, math.inf)  # drafting at no cost
-        lengths = []
-        for seed, prompt in enumerate(prompts(4, seed=41)):
-            ctx = Context(torch.tensor(prompt), sampling, torch.Generator().manual_seed(seed), max_draft=k)
-            with torch.inference_mode():
-                drafter.prefill(ctx)
-                lengths.append(len(drafter.propose(ctx)))
-        seen[name] = lengths
-        assert drafter.predicted_speedup is not None and drafter.predicted_speedup > 0
+    assert drafter.sizing is not None and drafter.sizing.sizer.unit > 0, "shape=auto measures the target's cost curve"
+    seen = lengths_on_curves(drafter, prompts(4, seed=41), sampling, k)
     assert seen == {"flat": [k] * 4, "cliff": [4] * 4, "steep": [1] * 4}
-    assert plain_chain(target, k=k, model=far_draft).sizer is None, "shape=null: no curve measured"
+    assert plain_chain(target, k=k, model=far_draft).sizing is None, "shape=null: no curve measured"
 
 
 def test_chain_rate_calibrates_the_drafts_probabilities_by_the_verdicts_of_tokens_reached():
@@ -485,8 +474,8 @@ def test_shape_auto_with_lookup_charges_no_drafting_for_a_token_its_forward_scor
     out = {}
     for lookup in (0, 4):
         drafter = plain_chain(target, k=8, model=draft, lookup=lookup, shape="auto")
-        drafter.sizer = Sizer(lambda m: 1.0, 1e-9)  # drafting dwarfs verification: only tokens already scored pay
-        drafter.clock = itertools.count().__next__
+        drafter.sizing.sizer = Sizer(lambda m: 1.0, 1e-9)  # drafting dwarfs verification: only tokens already scored pay
+        drafter.sizing.clock = itertools.count().__next__
         out[lookup] = Engine(target, drafter, GreedyVerifier(), GREEDY).generate(REPEATING, 40, eos_token_ids=[])
     assert len(out[4].stats.drafted_at) > len(out[0].stats.drafted_at), "with lookup, chains run on through the guesses"
     assert out[4].tokens == out[0].tokens == autoregressive(target).generate(REPEATING, 40, eos_token_ids=[]).tokens

@@ -97,6 +97,29 @@ def lookup_runs(target, drafter_with, sampling) -> dict[int, tuple[list[list[int
     return runs
 
 
+def lengths_on_curves(drafter, prompts: list[list[int]], sampling, k: int) -> dict[str, list[int]]:
+    """A chain drafter with shape=auto (drafter.sizing), drafting at no cost on three cost curves: its draft's
+    length for each prompt (seed i for prompt i) on a flat curve, one with a cliff after 5 verified tokens and
+    one where each token verified costs 100 forwards; asserts that each curve predicts a speedup."""
+    import math
+
+    from specresearch.drafters import Context
+    from specresearch.drafters.tree import Sizer
+
+    curves = {"flat": lambda m: 1.0, "cliff": lambda m: 1.0 if m <= 5 else 100.0, "steep": lambda m: 1.0 + 100 * (m - 1)}
+    seen = {}
+    for name, v in curves.items():
+        drafter.sizing.sizer = Sizer(v, math.inf)  # drafting at no cost
+        seen[name] = []
+        for seed, prompt in enumerate(prompts):
+            ctx = Context(torch.tensor(prompt), sampling, torch.Generator().manual_seed(seed), max_draft=k)
+            with torch.inference_mode():
+                drafter.prefill(ctx)
+                seen[name].append(len(drafter.propose(ctx)))
+        assert drafter.predicted_speedup is not None and drafter.predicted_speedup > 0
+    return seen
+
+
 def equivalence_report(engine, prompt: list[int], n: int = 300, length: int = 5, seed: int = 50, alpha: float = 1e-3):
     """The battery on `n` samples of `length` tokens from a sampling engine against as many from its
     target alone (tiny models; fixed seeds)."""

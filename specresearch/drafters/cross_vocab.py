@@ -12,12 +12,13 @@ from torch import Tensor
 
 from specresearch.drafters.base import Chain, Context, Drafter, common_prefix
 from specresearch.drafters.draft_model import DraftModel, cheapen, split_spec
+from specresearch.drafters.independent import ChainSizing
 from specresearch.drafters.ngram import lookup
 from specresearch.errors import SpecResearchError
 from specresearch.models import LoadedModel, load_model, logit_width
 from specresearch.options import drafters as options
 from specresearch.options import make
-from specresearch.types import Draft, SamplingParams, Siblings
+from specresearch.types import Draft, SamplingParams, Siblings, Verdict
 from specresearch.vocab import Bridge, Shortlist
 
 GREEDY = SamplingParams()
@@ -40,14 +41,17 @@ class CrossVocabDrafter(Drafter):
     keeps its KV cache and rolls it back to the longest prefix this encoding shares with what it
     holds (its last draft included), so it re-reads only where the texts' tokens part, as the papers do.
     With `lookup`, each draft forward also feeds prompt lookup's guesses in the draft's own tokens
-    (drafter=independent's cascade): the same chain in fewer draft forwards.
+    (drafter=independent's cascade): the same chain in fewer draft forwards. With `shape=auto` (mode
+    "shared", whose chain is one of target tokens) the chain's length follows this machine's cost curve as
+    drafter=independent's does (`ChainSizing`).
     """
 
     name = "cross_vocab"
     modes = {"string": ("mode=string",), "shared": ("mode=shared",),
              "shared, cheap draft, confidence": ("mode=shared", "model.vocab=200", "model.vocab_corpus=mtbench", "model.quantize=int8",
                                                  "k=6", "chain_confidence=0.05"),
-             "shared, siblings, lookup": ("mode=shared", "siblings=2", "lookup=4", "k=6")}
+             "shared, siblings, lookup": ("mode=shared", "siblings=2", "lookup=4", "k=6"),
+             "shared, shape auto": ("mode=shared", "shape=auto", "siblings=1", "k=6")}
 
     Settings = options.CrossVocab
 
@@ -58,10 +62,10 @@ class CrossVocabDrafter(Drafter):
             model: the draft model: load_model() arguments (name, dtype, ...) plus `vocab`,
                 `vocab_corpus`, `quantize` (drafters.draft_model.cheapen), or a LoadedModel.
             **given: the settings (`Settings`: k, mode, k_policy, k_max, confidence, chain_confidence,
-                lookup, siblings, sibling_confidence), the rest at their defaults. "string": the target
+                lookup, siblings, sibling_confidence, shape), the rest at their defaults. "string": the target
                 tokens proposed are at most the step's draft length too; the confidence stops read the
-                draft's q when sampled, its softmax when greedy. Lossless: stops and guesses depend on the
-                draft alone.
+                draft's q when sampled, its softmax when greedy. Lossless: stops, sizing and guesses depend on
+                the draft, the clock and past verdicts alone.
         """
         s = self.settings = make(self.Settings, given)
         self.confidence, self.chain_confidence = s.confidence or 0.0, s.chain_confidence or 0.0
@@ -89,6 +93,16 @@ class CrossVocabDrafter(Drafter):
             self.draft_of = torch.full((self.bridge.target_vocab,), -1, dtype=torch.long, device=twins.device)
             self.draft_of.index_copy_(0, twins, own.ids)
         self.ids: list[list[int]] = []  # each row's draft tokens in the cache, in order
+        self.sizing = None
+        if s.shape == "auto":
+            k = s.k_max or 4 * s.k if s.k_policy == "heuristic" else s.k
+            self.sizing = ChainSizing.measure(target, k * (1 + s.siblings))  # up to the widest draft's nodes
+        self._chains: list[Chain | None] = []  # each row's chain of the last step (None: it drafted none)
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """shape=auto: the speedup over plain decoding its stops predicted, over the steps so far."""
+        return None if self.sizing is None else self.sizing.predicted_speedup
 
     def prefill_rows(self, ctxs: list[Context]) -> None:
         super().prefill_rows(ctxs)
@@ -120,20 +134,31 @@ class CrossVocabDrafter(Drafter):
             return self._tokens(self._guess(contexts[b] + drafted[b], ctxs[b].max_draft - len(drafted[b]) - 1))
 
         def walk(b: int, logits: Tensor, guessed: Tensor) -> tuple[int, Tensor, bool]:
-            i, done = self._walk(ctxs[b], chains[b], logits, guessed.tolist(), drafted[b])
+            i, done = self._walk(b, ctxs[b], chains[b], logits, guessed.tolist(), drafted[b])
             return i, self._tokens(drafted[b][-1:]), done
 
+        if self.sizing is not None:
+            self.sizing.begin(self.row_forwards)
         self.draft.draft_chains(pending, guess, walk, self.count)
+        self._chains = chains
+        if self.sizing is not None:
+            self.sizing.end([chain for chain in chains if chain is not None])
         for b, start in enumerate(begun):
             if start is not None:
                 self.ids[b] = contexts[b] + drafted[b][:-1]  # the last token was not fed
         return [Draft.empty(ctx.tokens.device) if start is None else self._draft(ctx, chain, tokens)
                 for ctx, start, chain, tokens in zip(ctxs, begun, chains, drafted)]
 
+    def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
+        if self.sizing is not None:  # (each step re-reads the context: nothing else to roll back)
+            drafted = [(chain, verdict) for chain, verdict in zip(self._chains, verdicts) if chain is not None]
+            self.sizing.commit([chain for chain, _ in drafted], [verdict for _, verdict in drafted])
+
     def select_rows(self, index: list[int]) -> None:
         super().select_rows(index)
         self.draft.select_rows(index)
         self.ids = [self.ids[i] for i in index]
+        self._chains = [self._chains[i] for i in index] if self._chains else []
 
     def _begin(self, ctx: Context, ids: list[int]) -> tuple[list[int], int] | None:
         """The context in the draft's tokens, and how many of `ids` (the draft tokens its cache holds)
@@ -148,19 +173,22 @@ class CrossVocabDrafter(Drafter):
     def _chain(self, ctx: Context) -> Chain:
         """A new step's chain: the draft's law ("shared"), or its argmax at any T ("string")."""
         steered = ctx if self.mode == "shared" else replace(ctx, sampling=GREEDY)
-        return Chain(steered, self.rows, self.siblings, scored=bool(self.confidence or self.chain_confidence))
+        return Chain(steered, self.rows, self.siblings, scored=bool(self.confidence or self.chain_confidence or self.sizing))
 
-    def _walk(self, ctx: Context, chain: Chain, logits: Tensor, guess: list[int], drafted: list[int]) -> tuple[int, bool]:
+    def _walk(self, b: int, ctx: Context, chain: Chain, logits: Tensor, guess: list[int], drafted: list[int]) -> tuple[int, bool]:
         """Add the draft's token of each row of `logits` ([G + 1, V_d or S]; row i: its law after the
-        pending tokens and guess[:i]) to the chain, and to `drafted` in the draft's tokens, while it
+        pending tokens and guess[:i]) to row b's chain, and to `drafted` in the draft's tokens, while it
         repeats the guess. Returns (i, whether the chain is drafted): guess[:i] became the chain's."""
         for i, row in enumerate(logits):
             token = chain.add(row)
             x = int(token) if self.mode == "string" else int(self.draft_of[token])
             drafted.append(x)
-            done = (len(drafted) == ctx.max_draft or x == self.bridge.draft_eos or chain.confidence < self.confidence
-                    or chain.path < self.chain_confidence)
-            if done or i == len(guess) or x != guess[i]:
+            ahead = i < len(guess) and x == guess[i]  # the next token's law is in this forward already
+            left = ctx.max_draft - len(drafted)
+            done = (left == 0 or x == self.bridge.draft_eos or chain.confidence < self.confidence
+                    or chain.path < self.chain_confidence
+                    or (self.sizing is not None and not self.sizing.pays(b, chain, ahead, self.row_forwards[b], left)))
+            if done or not ahead:
                 break
         return i, done
 

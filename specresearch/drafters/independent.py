@@ -68,6 +68,63 @@ class ChainRate:
             self.kept[j] += i < kept
 
 
+class ChainSizing:
+    """`shape=auto` for a chain drafted token by token (drafters independent, self_draft and cross_vocab's
+    mode=shared): after each token, whether drafting on pays (`Sizer.grows`), from the chain's acceptance
+    calibrated by past verdicts (`ChainRate`) and the run's measured drafting time, each next token costing the
+    run's drafting seconds per chain token so far (the step's mean draft forward on the first step; none where
+    its law is computed already: with lookup many tokens come with a forward drafted for another, and the run's
+    mean counts them). It reads the draft, the clock and past verdicts only, so it stays lossless."""
+
+    def __init__(self, sizer: Sizer):
+        self.sizer, self.rate = sizer, ChainRate()
+        self.clock = time.perf_counter  # the measure of drafting time (seconds)
+        self.drafted = [0.0, 0.0]  # drafting seconds and chain tokens (a row's mean) over the run
+        self.began: tuple[float, list[int]] = (0.0, [])  # the step's start: its clock and each row's draft forwards before it
+
+    @classmethod
+    def measure(cls, target: LoadedModel, most: int) -> ChainSizing:
+        """Sizing on the target's measured cost curve, for drafts of up to `most` nodes."""
+        return cls(Sizer.measure(target, most))
+
+    def begin(self, forwards: list[int]) -> None:
+        """A step's drafting starts; `forwards`: each row's draft forwards so far (Drafter.row_forwards)."""
+        self.began = (self.clock(), list(forwards))
+
+    def pays(self, b: int, chain: Chain, ahead: bool, forwards: int, left: int) -> bool:
+        """Whether row b's chain should draft on: `ahead`, the next token's law is computed already; `forwards`,
+        the row's draft forwards so far; `left`, the most tokens it may still take."""
+        start, before = self.began
+        drafting = self.clock() - start
+        seconds, tokens = self.drafted
+        step = seconds / tokens if tokens else drafting / max(forwards - before[b], 1)
+        more = 1 + (len(chain.others[-1]) if chain.others else 0)  # it and as many siblings as the last token had
+        tau, path = self.rate.tau(chain)
+        return self.sizer.grows(tau, path, self.rate.rate(chain.confidence), 1 + chain.size, more, drafting,
+                                0.0 if ahead else step, step, left)
+
+    def end(self, chains: list[Chain]) -> None:
+        """The step's chains are drafted (one per row that drafted): their predictions join the run's."""
+        if not chains:
+            return
+        drafting = self.clock() - self.began[0]
+        self.drafted[0] += drafting
+        self.drafted[1] += sum(len(chain.tokens) for chain in chains) / len(chains)
+        for chain in chains:
+            if chain.tokens:
+                self.sizer.record(self.rate.tau(chain)[0], 1 + chain.size, drafting)
+
+    def commit(self, chains: list[Chain], verdicts: list[Verdict]) -> None:
+        """Each chain's verdict calibrates the acceptance rates."""
+        for chain, verdict in zip(chains, verdicts):
+            self.rate.update(chain, chain.accepted(verdict))
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """The speedup over plain decoding the stops predicted, over the steps so far."""
+        return self.sizer.predicted_speedup
+
+
 class IndependentDrafter(Drafter):
     """A smaller model with the target's tokenizer proposes k tokens autoregressively: its argmax
     when decoding greedily (q = None), else samples from its own q after the same processing as p.
@@ -128,16 +185,12 @@ class IndependentDrafter(Drafter):
         self._chains: list[tuple[int, Chain]] = []  # each row's (context length, chain) of the last step
         self.draft = DraftModel.load(model, target)
         most = (s.k_max or 4 * s.k if s.k_policy == "heuristic" else s.k) * (1 + s.siblings)  # the widest draft's nodes
-        self.sizer = Sizer.measure(target, most) if s.shape == "auto" else None
-        self.rate = ChainRate()
-        self.clock = time.perf_counter  # shape=auto's measure of drafting time (seconds)
-        self._drafted = [0.0, 0.0]  # shape=auto: drafting seconds and chain tokens (a row's mean) over the run
-        self._began = (0.0, [])  # the step's start: its clock and each row's draft forwards before it
+        self.sizing = ChainSizing.measure(target, most) if s.shape == "auto" else None
 
     @property
     def predicted_speedup(self) -> float | None:
         """shape=auto: the speedup over plain decoding its stops predicted, over the steps so far."""
-        return None if self.sizer is None else self.sizer.predicted_speedup
+        return None if self.sizing is None else self.sizing.predicted_speedup
 
     def prefill_rows(self, ctxs: list[Context]) -> None:
         super().prefill_rows(ctxs)
@@ -148,21 +201,17 @@ class IndependentDrafter(Drafter):
         """Every row's chain: one draft forward per level feeds each row still drafting (rows done drafting
         feed nothing) its pending tokens and, with `lookup`, its own prompt-lookup guesses (ragged rows),
         each row in its own slots of the draft's cache (CachedLM's rows)."""
-        scored = self.confidence is not None or self.chain_confidence is not None or self.sizer is not None
+        scored = self.confidence is not None or self.chain_confidence is not None or self.sizing is not None
         chains = [Chain(ctx, self.draft.shortlist, self.siblings, scored) for ctx in ctxs]
         self._chains = [(ctx.tokens.numel(), chain) for ctx, chain in zip(ctxs, chains)]
         # each row's tokens its draft has not seen: [1], or [2] after a fully accepted step; [0] where it drafts nothing
         pending = [ctx.tokens[n:] if ctx.max_draft > 0 else ctx.tokens[:0] for ctx, n in zip(ctxs, self.draft.lengths)]
-        self._began = (self.clock(), list(self.row_forwards))
+        if self.sizing is not None:
+            self.sizing.begin(self.row_forwards)
         self.draft.draft_chains(pending, lambda b: self._guess(ctxs[b], chains[b]),
                                 lambda b, logits, guess: self._walk(b, ctxs[b], chains[b], logits, guess), self.count)
-        if self.sizer is not None:
-            drafting = self.clock() - self._began[0]
-            self._drafted[0] += drafting
-            self._drafted[1] += sum(len(chain.tokens) for chain in chains) / len(chains)
-            for chain in chains:
-                if chain.tokens:
-                    self.sizer.record(self.rate.tau(chain)[0], 1 + chain.size, drafting)
+        if self.sizing is not None:
+            self.sizing.end(chains)
         return [chain.draft() for chain in chains]
 
     def _walk(self, b: int, ctx: Context, chain: Chain, logits: Tensor, guess: Tensor) -> tuple[int, Tensor, bool]:
@@ -180,22 +229,9 @@ class IndependentDrafter(Drafter):
     def _done(self, b: int, ctx: Context, chain: Chain, ahead: bool) -> bool:
         """Whether row b's chain is drafted: it reached the step's draft length, a confidence stop fired, or
         (shape=auto) one more token would not pay; `ahead`: the next token's law is computed already."""
-        return (len(chain.tokens) == ctx.max_draft or chain.confidence < (self.confidence or 0.0)
-                or chain.path < (self.chain_confidence or 0.0) or (self.sizer is not None and not self._pays(b, ctx, chain, ahead)))
-
-    def _pays(self, b: int, ctx: Context, chain: Chain, ahead: bool) -> bool:
-        """shape=auto: whether drafting on raises row b's predicted speedup (Sizer.grows), each next token as
-        likely as the last and costing the run's drafting seconds per chain token so far (the step's mean draft
-        forward on the first step; the next token none where its law is computed already): with lookup many
-        tokens come with a forward drafted for another, and the run's mean counts them."""
-        start, forwards = self._began
-        drafting = self.clock() - start
-        seconds, tokens = self._drafted
-        step = seconds / tokens if tokens else drafting / max(self.row_forwards[b] - forwards[b], 1)
-        more = 1 + (len(chain.others[-1]) if chain.others else 0)  # it and as many siblings as the last token had
-        tau, path = self.rate.tau(chain)
-        return self.sizer.grows(tau, path, self.rate.rate(chain.confidence), 1 + chain.size, more, drafting,
-                                0.0 if ahead else step, step, ctx.max_draft - len(chain.tokens))
+        left = ctx.max_draft - len(chain.tokens)
+        return (left == 0 or chain.confidence < (self.confidence or 0.0) or chain.path < (self.chain_confidence or 0.0)
+                or (self.sizing is not None and not self.sizing.pays(b, chain, ahead, self.row_forwards[b], left)))
 
     def _guess(self, ctx: Context, chain: Chain) -> Tensor:
         """[G] prompt lookup's continuation of the context and the chain so far (G < what is left to draft)."""
@@ -206,9 +242,8 @@ class IndependentDrafter(Drafter):
         return lookup(tokens, want, match="last").to(ctx.tokens.device)
 
     def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
-        if self.sizer is not None:
-            for verdict, (_, chain) in zip(verdicts, self._chains):
-                self.rate.update(chain, chain.accepted(verdict))
+        if self.sizing is not None:
+            self.sizing.commit([chain for _, chain in self._chains], verdicts)
         # Keep what each row's draft cache saw of its accepted sequence (everything but its last token),
         # and none of the chain after a sibling the target took in its place.
         self.draft.truncate_rows([min(n, ctx.tokens.numel() - 1, start + chain.accepted(verdict))

@@ -207,7 +207,7 @@ class SelfDraft(FrequentVocab, ShapedChain):
 
 
 @dataclass
-class CrossVocab(Chain):
+class CrossVocab(ShapedChain):
     """A draft model from another family, whose tokenizer differs from the target's (Timor et al. 2025; transformers' UAG)."""
     option: ClassVar[str] = "cross_vocab"
     mode: str = setting("string", "string: the draft's argmax text, re-tokenized for the target (lossless at any T: a "
@@ -217,11 +217,15 @@ class CrossVocab(Chain):
                                 factory=lambda: DraftModel(name="smollm2-135m"))
 
     def check_ranges(self, path: str) -> None:
-        Chain.check_ranges(self, path)
+        ShapedChain.check_ranges(self, path)
         one_of(path, "mode", self.mode, CROSS_VOCAB_MODES)
-        if given(self.siblings) and self.siblings and given(self.mode) and self.mode == "string":
-            raise SpecResearchError(f"{path}.siblings needs {path}.mode=shared (a sibling is one target token; mode=string "
-                                    f"drafts text), or set {path}.siblings=0")
+        if given(self.mode) and self.mode == "string":
+            if given(self.siblings) and self.siblings:
+                raise SpecResearchError(f"{path}.siblings needs {path}.mode=shared (a sibling is one target token; mode=string "
+                                        f"drafts text), or set {path}.siblings=0")
+            if given(self.shape) and self.shape is not None:
+                raise SpecResearchError(f"{path}.shape=auto sizes a chain of target tokens, which needs {path}.mode=shared "
+                                        f"(mode=string drafts text), or set {path}.shape=null")
 
 
 @dataclass

@@ -13,11 +13,11 @@ from specresearch.drafters.cross_vocab import CrossVocabDrafter
 from specresearch.engine import Engine
 from specresearch.errors import SpecResearchError
 from specresearch.models import ByteTokenizer, PairTokenizer, load_model
-from specresearch.types import SamplingParams
+from specresearch.types import SamplingParams, Verdict
 from specresearch.verifiers import GreedyVerifier, RejectionVerifier
 from specresearch.vocab import Bridge, complete_utf8, token_pieces
 from tests.helpers import HAS_SMOLLM2
-from tests.tiny import PLAIN, REPEATING, cyclic_tiny, lookup_runs, rejected_cyclic_draft, tiny_model
+from tests.tiny import PLAIN, REPEATING, cyclic_tiny, lengths_on_curves, lookup_runs, rejected_cyclic_draft, tiny_model
 
 TEXT = "def héllo(x):\n    return x * 2  # ✓ 🚀\n\n\tprint('done')"
 GREEDY = SamplingParams(temperature=0.0)
@@ -166,12 +166,31 @@ def test_siblings_are_the_drafts_next_likeliest_shared_tokens():
         CrossVocabDrafter(target, model=draft, mode="string", siblings=2)
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
+def test_shape_auto_sizes_the_shared_chain_on_the_cost_curve(sampling):
+    """mode=shared with shape=auto reads the cost curve it is given, as drafter=independent's chain does: with drafting
+    at no cost, a flat curve drafts every chain to k, a cliff after 5 verified tokens stops it at the 4 tokens before
+    it, a curve where each token verified costs 100 forwards at its first token; it predicts a speedup, and a verdict
+    calibrates its rates."""
+    target, draft = tiny_model(), tiny_model(noise=0.03, tokenizer="pairs")
+    k, prompts = 10, [PLAIN, PLAIN[:3], REPEATING[:9]]
+    drafter = CrossVocabDrafter(target, k=k, model=draft, mode="shared", shape="auto")
+    assert drafter.sizing is not None and drafter.sizing.sizer.unit > 0, "shape=auto measures the target's cost curve"
+    assert lengths_on_curves(drafter, prompts, sampling, k) == {"flat": [k] * 3, "cliff": [4] * 3, "steep": [1] * 3}
+    offered = sum(drafter.sizing.rate.offered)
+    drafter.commit(None, Verdict(tokens=torch.tensor(prompts[-1][:1]), num_accepted=0))
+    assert sum(drafter.sizing.rate.offered) == offered + 1, "the verdict's first rejected token counts"
+    assert CrossVocabDrafter(target, k=k, model=draft, mode="shared").sizing is None, "shape=null: no curve measured"
+
+
 def test_refusals():
     target = tiny_model()
     with pytest.raises(SpecResearchError, match="unknown drafter.mode 'tli': valid are string, shared"):
         CrossVocabDrafter(target, model=tiny_model(noise=0.01), mode="tli")
     with pytest.raises(SpecResearchError, match="needs a draft model"):
         CrossVocabDrafter(target)
+    with pytest.raises(SpecResearchError, match="drafter.shape=auto sizes a chain of target tokens, which needs drafter.mode=shared"):
+        CrossVocabDrafter(target, model=tiny_model(noise=0.01), mode="string", shape="auto")
     with pytest.raises(SpecResearchError, match="model.tiny.tokenizer 'words': valid are bytes, pairs"):
         tiny_model(tokenizer="words")
     textless = dataclasses.replace(tiny_model(noise=0.01), tokenizer=_Textless())
