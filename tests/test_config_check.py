@@ -184,6 +184,9 @@ CHAIN_K = "needs k >= 1, got k=0 (use drafter=none for plain decoding)"
     (["drafter.chain_confidence=0"], "drafter.chain_confidence must lie in (0, 1) or be null, got 0"),
     (["drafter.shape=tall"], "unknown drafter.shape 'tall': valid are null (the stops as given), auto"),
     (["drafter=self_draft", "drafter.shape=tall"], "unknown drafter.shape 'tall': valid are null (the stops as given), auto"),
+    (["drafter=cross_vocab", "drafter.shape=auto"],
+     "drafter.shape=auto sizes a chain of target tokens, which needs drafter.mode=shared (mode=string drafts text), or set "
+     "drafter.shape=null"),
     (["drafter.k_policy=grow"], "unknown drafter.k_policy 'grow': valid are fixed, heuristic"),
     (["drafter.k=4", "drafter.k_max=2"], "drafter.k_max must be >= drafter.k, got 2 < 4"),
     # pld, lookahead
