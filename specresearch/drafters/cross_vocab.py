@@ -93,10 +93,7 @@ class CrossVocabDrafter(Drafter):
             self.draft_of = torch.full((self.bridge.target_vocab,), -1, dtype=torch.long, device=twins.device)
             self.draft_of.index_copy_(0, twins, own.ids)
         self.ids: list[list[int]] = []  # each row's draft tokens in the cache, in order
-        self.sizing = None
-        if s.shape == "auto":
-            k = s.k_max or 4 * s.k if s.k_policy == "heuristic" else s.k
-            self.sizing = ChainSizing.measure(target, k * (1 + s.siblings))  # up to the widest draft's nodes
+        self.sizing = ChainSizing.of(target, s)
         self._chains: list[Chain | None] = []  # each row's chain of the last step (None: it drafted none)
 
     @property

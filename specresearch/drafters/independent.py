@@ -83,9 +83,13 @@ class ChainSizing:
         self.began: tuple[float, list[int]] = (0.0, [])  # the step's start: its clock and each row's draft forwards before it
 
     @classmethod
-    def measure(cls, target: LoadedModel, most: int) -> ChainSizing:
-        """Sizing on the target's measured cost curve, for drafts of up to `most` nodes."""
-        return cls(Sizer.measure(target, most))
+    def of(cls, target: LoadedModel, s: options.ShapedChain) -> ChainSizing | None:
+        """What a chain's settings ask for: sizing on the target's measured cost curve up to the widest draft they
+        allow (k, or k_max under the heuristic; each token with its siblings) where s.shape is auto, else None."""
+        if s.shape != "auto":
+            return None
+        k = s.k_max or 4 * s.k if s.k_policy == "heuristic" else s.k
+        return cls(Sizer.measure(target, k * (1 + s.siblings)))
 
     def begin(self, forwards: list[int]) -> None:
         """A step's drafting starts; `forwards`: each row's draft forwards so far (Drafter.row_forwards)."""
@@ -184,8 +188,7 @@ class IndependentDrafter(Drafter):
         self.siblings = Siblings(s.siblings, s.sibling_confidence)
         self._chains: list[tuple[int, Chain]] = []  # each row's (context length, chain) of the last step
         self.draft = DraftModel.load(model, target)
-        most = (s.k_max or 4 * s.k if s.k_policy == "heuristic" else s.k) * (1 + s.siblings)  # the widest draft's nodes
-        self.sizing = ChainSizing.measure(target, most) if s.shape == "auto" else None
+        self.sizing = ChainSizing.of(target, s)
 
     @property
     def predicted_speedup(self) -> float | None:
