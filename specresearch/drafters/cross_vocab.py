@@ -139,7 +139,7 @@ class CrossVocabDrafter(Drafter):
         self.draft.draft_chains(pending, guess, walk, self.count)
         self._chains = chains
         if self.sizing is not None:
-            self.sizing.end([chain for chain in chains if chain is not None])
+            self.sizing.end(chains)
         for b, start in enumerate(begun):
             if start is not None:
                 self.ids[b] = contexts[b] + drafted[b][:-1]  # the last token was not fed
@@ -148,8 +148,7 @@ class CrossVocabDrafter(Drafter):
 
     def commit_rows(self, ctxs: list[Context], verdicts: list[Verdict]) -> None:
         if self.sizing is not None:  # (each step re-reads the context: nothing else to roll back)
-            drafted = [(chain, verdict) for chain, verdict in zip(self._chains, verdicts) if chain is not None]
-            self.sizing.commit([chain for chain, _ in drafted], [verdict for _, verdict in drafted])
+            self.sizing.commit(self._chains, verdicts)
 
     def select_rows(self, index: list[int]) -> None:
         super().select_rows(index)

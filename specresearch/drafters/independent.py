@@ -107,8 +107,9 @@ class ChainSizing:
         return self.sizer.grows(tau, path, self.rate.rate(chain.confidence), 1 + chain.size, more, drafting,
                                 0.0 if ahead else step, step, left)
 
-    def end(self, chains: list[Chain]) -> None:
-        """The step's chains are drafted (one per row that drafted): their predictions join the run's."""
+    def end(self, chains: list[Chain | None]) -> None:
+        """The step's chains are drafted (None: a row that drafted none): their predictions join the run's."""
+        chains = [chain for chain in chains if chain is not None]
         if not chains:
             return
         drafting = self.clock() - self.began[0]
@@ -118,10 +119,11 @@ class ChainSizing:
             if chain.tokens:
                 self.sizer.record(self.rate.tau(chain)[0], 1 + chain.size, drafting)
 
-    def commit(self, chains: list[Chain], verdicts: list[Verdict]) -> None:
-        """Each chain's verdict calibrates the acceptance rates."""
+    def commit(self, chains: list[Chain | None], verdicts: list[Verdict]) -> None:
+        """Each chain's verdict calibrates the acceptance rates (None: a row that drafted none)."""
         for chain, verdict in zip(chains, verdicts):
-            self.rate.update(chain, chain.accepted(verdict))
+            if chain is not None:
+                self.rate.update(chain, chain.accepted(verdict))
 
     @property
     def predicted_speedup(self) -> float | None:

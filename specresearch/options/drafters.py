@@ -79,7 +79,7 @@ class Chain(PathStop, DraftLength):
 
 @dataclass
 class ShapedChain(Chain):
-    """A draft model's chain whose length may follow this machine's cost curve (drafters.independent's Sizer)."""
+    """A draft model's chain whose length may follow this machine's cost curve (drafters.independent.ChainSizing)."""
     shape: Optional[str] = setting(None, "auto: draft on while a longer chain adds tokens faster than the run's predicted "
                                          "speedup (the draft's probabilities calibrated by past verdicts, the run's measured "
                                          "drafting time per token, this machine's measured cost of verifying n tokens: "
