@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -52,7 +53,8 @@ class SharedPrefix:
 def prefix_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                      scaling: float | None = None, dropout: float = 0.0, prefix: SharedPrefix | None = None,
                      **kwargs) -> tuple[Tensor, None]:
-    """transformers' SDPA attention; with `prefix`, each row's queries attend over the prefix's keys
+    """transformers' SDPA attention (on the CPU, grouped key/value heads read in place under a mask, where
+    transformers copies them: the same result); with `prefix`, each row's queries attend over the prefix's keys
     and over the row's own (`key`, `value`: what the row cached after the prefix, this step's included)
     as under one softmax: each part's output and log-sum-exp, merged.
 
@@ -69,6 +71,14 @@ def prefix_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
         ([B, W, H, D] attention output, None), as transformers' attention functions return.
     """
     if prefix is None:
+        if query.device.type == "cpu" and attention_mask is not None and query.shape[2] > 1 and key.shape[1] < query.shape[1] \
+                and not kwargs.keys() & {"position_bias", "softcap"}:
+            # transformers repeats each key/value head for its query heads here (a masked forward of several queries:
+            # a batch's verification, a tree), a copy of every row's cache per layer (at 8 rows of 2 tokens, a sixth
+            # of the 1.5B's forward); torch's CPU kernel reads grouped heads in place, to the same bits
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+                                                 enable_gqa=True)  # [B, H, W, D]
+            return out.transpose(1, 2).contiguous(), None  # [B, W, H, D]
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     if kwargs.get("sliding_window") is not None:
         raise NotImplementedError("prefix_attention: sliding-window attention layers are not supported")
@@ -82,7 +92,8 @@ def prefix_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
     out_p = out_p.view(kv, b, g, w, d).permute(1, 0, 2, 3, 4)  # [B, Hkv, G, W, D]
     lse_p = lse_p.view(kv, b, g, w).permute(1, 0, 2, 3)  # [B, Hkv, G, W]
     high = torch.promote_types(query.dtype, torch.float32)  # scores and weights in float32 at least (transformers' eager too)
-    scores = (q @ key[:, :, None].transpose(3, 4)).to(high) * scale  # [B, Hkv, G, W, S] over the rows' own slots
+    # over the rows' own slots, each key/value head's G x W queries in one product (a broadcast product copies the keys G times)
+    scores = (q.reshape(b, kv, g * w, d) @ key.transpose(2, 3)).view(b, kv, g, w, s).to(high) * scale  # [B, Hkv, G, W, S]
     if attention_mask is None:
         if w > 1:
             scores.masked_fill_(torch.ones(w, s, dtype=torch.bool, device=query.device).triu(s - w + 1), float("-inf"))
@@ -91,7 +102,8 @@ def prefix_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
     else:
         scores.add_(attention_mask[:, :, None].to(high))
     lse_r = scores.logsumexp(-1)  # [B, Hkv, G, W]
-    out_r = (scores - lse_r[..., None]).exp().to(value.dtype) @ value[:, :, None]  # [B, Hkv, G, W, D]
+    weights = (scores - lse_r[..., None]).exp().to(value.dtype).view(b, kv, g * w, s)  # [B, Hkv, G*W, S]
+    out_r = (weights @ value).view(b, kv, g, w, d)  # [B, Hkv, G, W, D]
     share = torch.sigmoid(lse_p.to(high) - lse_r)[..., None]  # [B, Hkv, G, W, 1] the prefix's share of the softmax's mass
     out = share * out_p.to(high) + (1 - share) * out_r.to(high)  # [B, Hkv, G, W, D]
     return out.to(query.dtype).reshape(b, h, w, d).transpose(1, 2).contiguous(), None  # [B, W, H, D]

@@ -67,6 +67,28 @@ def test_without_a_prefix_the_attention_is_sdpa_itself():
     assert not shares_prefix(use_prefix_attention(eager))  # another implementation is left alone (rows then copy the prompt)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@torch.inference_mode()
+def test_a_masked_forward_of_grouped_heads_is_sdpa_to_the_bit(dtype):
+    """Rows of several queries under a mask (a batch's verification, a tree), where transformers' SDPA copies each
+    key/value head for its query heads and ours reads them in place: the same bits, in every dtype."""
+    shared, plain = _model(2).to(dtype), _model(2).to(dtype)
+    plain.set_attn_implementation("sdpa")
+    gen = torch.Generator().manual_seed(3)
+    prompt, fed = torch.randint(0, 97, (3, 11), generator=gen), torch.randint(0, 97, (3, 5), generator=gen)
+    seen = torch.ones(3, 5, 16, dtype=torch.bool).tril(11)  # [B, W, slots] a chain after the prompt ...
+    seen[1, :, :4] = False  # ... row 1 left-padded, row 2 a tree whose second branch hides the first
+    seen[2, 3:, 12:14] = False
+    additive = torch.zeros(3, 1, 5, 16, dtype=dtype).masked_fill_(~seen[:, None], torch.finfo(dtype).min)
+    for mask in (additive, seen[:, None]):
+        logits = []
+        for model in (shared, plain):
+            cache = DynamicCache(config=model.config)
+            model(input_ids=prompt, cache=cache, use_cache=True)
+            logits.append(model(input_ids=fed, cache=cache, use_cache=True, attention_mask=mask).logits)
+        assert torch.equal(*logits)
+
+
 @torch.inference_mode()
 def test_batched_draws_over_a_shared_prompt_are_the_draws_from_copies():
     """decode_batch (the battery's baseline draws) with the prompt held once draws, greedy and sampled with
