@@ -3,6 +3,7 @@
 follow the target's law."""
 
 import itertools
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -445,6 +446,29 @@ def test_shape_auto_drafts_a_chain_token_only_while_it_pays_on_the_cost_curve(ta
     seen = lengths_on_curves(drafter, prompts(4, seed=41), sampling, k)
     assert seen == {"flat": [k] * 4, "cliff": [4] * 4, "steep": [1] * 4}
     assert plain_chain(target, k=k, model=far_draft).sizing is None, "shape=null: no curve measured"
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
+def test_shape_auto_sizes_a_batchs_chains_on_the_batchs_cost(target, far_draft, sampling):
+    """In a batch, shape=auto reads the target's cost of verifying every row padded to the widest: on a curve flat
+    for one row, two rows whose every verified token costs 10 forwards draft one token each, two rows with a cliff
+    after 5 verified tokens stop at the 4 before it, and one row drafts to k; the first batch measures the curve."""
+    k = 12
+
+    def ctxs(rows: int) -> list[Context]:
+        return [Context(torch.tensor(p), sampling, torch.Generator().manual_seed(i), max_draft=k)
+                for i, p in enumerate(prompts(rows, seed=43))]
+
+    drafter = plain_chain(target, k=k, model=far_draft, shape="auto")
+    assert drafter.sizing.sizer.batch is None
+    with torch.inference_mode():
+        drafter.prefill_rows(ctxs(2))
+        assert drafter.sizing.sizer.batch is not None and drafter.sizing.sizer.batch(2, 3) > 0, "the batch's cost is measured"
+        for batch, want in [(lambda rows, m: 1.0 + 10 * (m - 1), [1, 1]), (lambda rows, m: 1.0 if m <= 5 else 100.0, [4, 4])]:
+            drafter.sizing.sizer = Sizer(lambda m: 1.0, math.inf, batch)  # drafting at no cost
+            for rows, lengths in [(ctxs(2), want), (ctxs(1), [k])]:
+                drafter.prefill_rows(rows)
+                assert [len(draft) for draft in drafter.propose_rows(rows)] == lengths
 
 
 def test_chain_rate_calibrates_the_drafts_probabilities_by_the_verdicts_of_tokens_reached():

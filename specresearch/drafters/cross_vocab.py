@@ -103,6 +103,8 @@ class CrossVocabDrafter(Drafter):
 
     def prefill_rows(self, ctxs: list[Context]) -> None:
         super().prefill_rows(ctxs)
+        if self.sizing is not None:
+            self.sizing.prefill(len(ctxs))
         encoded: dict[tuple[int, ...], list[int]] = {}  # a prompt repeated (many samples of one prompt) is encoded once
         self.ids = []
         for ctx in ctxs:
@@ -135,7 +137,7 @@ class CrossVocabDrafter(Drafter):
             return i, self._tokens(drafted[b][-1:]), done
 
         if self.sizing is not None:
-            self.sizing.begin(self.row_forwards)
+            self.sizing.begin(self.row_forwards, chains)
         self.draft.draft_chains(pending, guess, walk, self.count)
         self._chains = chains
         if self.sizing is not None:
@@ -183,7 +185,7 @@ class CrossVocabDrafter(Drafter):
             left = ctx.max_draft - len(drafted)
             done = (left == 0 or x == self.bridge.draft_eos or chain.confidence < self.confidence
                     or chain.path < self.chain_confidence
-                    or (self.sizing is not None and not self.sizing.pays(b, chain, ahead, self.row_forwards[b], left)))
+                    or (self.sizing is not None and not self.sizing.pays(b, chain, ahead, self.row_forwards, left)))
             if done or not ahead:
                 break
         return i, done

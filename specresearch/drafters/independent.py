@@ -74,13 +74,21 @@ class ChainSizing:
     calibrated by past verdicts (`ChainRate`) and the run's measured drafting time, each next token costing the
     run's drafting seconds per chain token so far (the step's mean draft forward on the first step; none where
     its law is computed already: with lookup many tokens come with a forward drafted for another, and the run's
-    mean counts them). It reads the draft, the clock and past verdicts only, so it stays lossless."""
+    mean counts them). It reads the draft, the clock and past verdicts only, so it stays lossless.
 
-    def __init__(self, sizer: Sizer):
+    In a batch the rows size together: a draft forward is shared by the rows drafting at its level, and the
+    verification forward pads every row to the widest, so a row below the widest drafts on for its drafting
+    alone and the row that widens it pays for every row's padding (`Sizer.grows`); the target's cost of a
+    batch's verification is measured for the batch sizes a run decodes (`prefill`)."""
+
+    def __init__(self, sizer: Sizer, target: LoadedModel | None = None, most: int = 0):
         self.sizer, self.rate = sizer, ChainRate()
+        self.target, self.most, self.rows = target, most, 1  # what the cost curve is measured for: its batches up to `rows` rows
         self.clock = time.perf_counter  # the measure of drafting time (seconds)
         self.drafted = [0.0, 0.0]  # drafting seconds and chain tokens (a row's mean) over the run
         self.began: tuple[float, list[int]] = (0.0, [])  # the step's start: its clock and each row's draft forwards before it
+        self.chains: list[Chain | None] = []  # the step's chains (None: a row that drafts none)
+        self.width = 1  # the widest row's verification so far this step (its root and nodes), with the tokens rows go on to
 
     @classmethod
     def of(cls, target: LoadedModel, s: options.ShapedChain) -> ChainSizing | None:
@@ -89,35 +97,51 @@ class ChainSizing:
         if s.shape != "auto":
             return None
         k = s.k_max or 4 * s.k if s.k_policy == "heuristic" else s.k
-        return cls(Sizer.measure(target, k * (1 + s.siblings)))
+        most = k * (1 + s.siblings)
+        return cls(Sizer.measure(target, most), target, most)
 
-    def begin(self, forwards: list[int]) -> None:
-        """A step's drafting starts; `forwards`: each row's draft forwards so far (Drafter.row_forwards)."""
-        self.began = (self.clock(), list(forwards))
+    def prefill(self, rows: int) -> None:
+        """A run decodes `rows` rows together: the target's cost of verifying batches of that many is measured
+        (once per machine: kept in the model cache), unless it is already."""
+        if rows > self.rows and self.target is not None:
+            self.sizer.batch = Sizer.measure(self.target, self.most, rows).batch
+            self.rows = rows
 
-    def pays(self, b: int, chain: Chain, ahead: bool, forwards: int, left: int) -> bool:
+    def begin(self, forwards: list[int], chains: list[Chain | None]) -> None:
+        """A step's drafting starts; `forwards`: each row's draft forwards so far (Drafter.row_forwards); `chains`:
+        the rows' chains, drafted in place."""
+        self.began, self.chains, self.width = (self.clock(), list(forwards)), chains, 1
+
+    def pays(self, b: int, chain: Chain, ahead: bool, forwards: list[int], left: int) -> bool:
         """Whether row b's chain should draft on: `ahead`, the next token's law is computed already; `forwards`,
-        the row's draft forwards so far; `left`, the most tokens it may still take."""
+        each row's draft forwards so far; `left`, the most tokens it may still take."""
         start, before = self.began
         drafting = self.clock() - start
         seconds, tokens = self.drafted
-        step = seconds / tokens if tokens else drafting / max(forwards - before[b], 1)
+        levels = forwards[b] - before[b]  # the draft forwards of this step so far (every row drafting now has had as many)
+        step = seconds / tokens if tokens else drafting / max(levels, 1)
+        step /= max(1, sum(f - f0 == levels for f, f0 in zip(forwards, before)))  # shared by the rows drafting at this level
         more = 1 + (len(chain.others[-1]) if chain.others else 0)  # it and as many siblings as the last token had
         tau, path = self.rate.tau(chain)
-        return self.sizer.grows(tau, path, self.rate.rate(chain.confidence), 1 + chain.size, more, drafting,
-                                0.0 if ahead else step, step, left)
+        m = 1 + chain.size
+        self.width = max(self.width, *(1 + c.size for c in self.chains if c is not None))
+        on = self.sizer.grows(tau, path, self.rate.rate(chain.confidence), m, more, drafting, 0.0 if ahead else step, step, left,
+                              rows=len(before), width=self.width)
+        if on:
+            self.width = max(self.width, m + more)
+        return on
 
     def end(self, chains: list[Chain | None]) -> None:
         """The step's chains are drafted (None: a row that drafted none): their predictions join the run's."""
-        chains = [chain for chain in chains if chain is not None]
-        if not chains:
+        drafted = [chain for chain in chains if chain is not None]
+        if not drafted:
             return
         drafting = self.clock() - self.began[0]
         self.drafted[0] += drafting
-        self.drafted[1] += sum(len(chain.tokens) for chain in chains) / len(chains)
-        for chain in chains:
-            if chain.tokens:
-                self.sizer.record(self.rate.tau(chain)[0], 1 + chain.size, drafting)
+        self.drafted[1] += sum(len(chain.tokens) for chain in drafted) / len(drafted)
+        if any(chain.tokens for chain in drafted):  # every row's tokens (1 where it drafted none) for the batch's forward
+            tau = sum(self.rate.tau(chain)[0] if chain is not None and chain.tokens else 1.0 for chain in chains)
+            self.sizer.record(tau, max(1 + chain.size for chain in drafted), drafting, rows=len(chains))
 
     def commit(self, chains: list[Chain | None], verdicts: list[Verdict]) -> None:
         """Each chain's verdict calibrates the acceptance rates (None: a row that drafted none)."""
@@ -199,6 +223,8 @@ class IndependentDrafter(Drafter):
 
     def prefill_rows(self, ctxs: list[Context]) -> None:
         super().prefill_rows(ctxs)
+        if self.sizing is not None:
+            self.sizing.prefill(len(ctxs))
         self.draft.reset()
         self.draft.prefill_rows([ctx.tokens[:-1] for ctx in ctxs], reuse=ctxs[0].reuse_prefill)
 
@@ -212,7 +238,7 @@ class IndependentDrafter(Drafter):
         # each row's tokens its draft has not seen: [1], or [2] after a fully accepted step; [0] where it drafts nothing
         pending = [ctx.tokens[n:] if ctx.max_draft > 0 else ctx.tokens[:0] for ctx, n in zip(ctxs, self.draft.lengths)]
         if self.sizing is not None:
-            self.sizing.begin(self.row_forwards)
+            self.sizing.begin(self.row_forwards, chains)
         self.draft.draft_chains(pending, lambda b: self._guess(ctxs[b], chains[b]),
                                 lambda b, logits, guess: self._walk(b, ctxs[b], chains[b], logits, guess), self.count)
         if self.sizing is not None:
@@ -236,7 +262,7 @@ class IndependentDrafter(Drafter):
         (shape=auto) one more token would not pay; `ahead`: the next token's law is computed already."""
         left = ctx.max_draft - len(chain.tokens)
         return (left == 0 or chain.confidence < (self.confidence or 0.0) or chain.path < (self.chain_confidence or 0.0)
-                or (self.sizing is not None and not self.sizing.pays(b, chain, ahead, self.row_forwards[b], left)))
+                or (self.sizing is not None and not self.sizing.pays(b, chain, ahead, self.row_forwards, left)))
 
     def _guess(self, ctx: Context, chain: Chain) -> Tensor:
         """[G] prompt lookup's continuation of the context and the chain so far (G < what is left to draft)."""

@@ -15,7 +15,7 @@ from torch import Tensor
 from specresearch.drafters.base import Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.errors import SpecResearchError
-from specresearch.kv import COST_SIZES, interpolated, kept_cost_curve
+from specresearch.kv import COST_SIZES, interpolated, kept_cost_curve, rows_interpolated
 from specresearch.models import LoadedModel
 from specresearch.options import drafters as options
 from specresearch.options import make
@@ -67,22 +67,39 @@ class Sizer:
     measured time to verify m tokens, both over the target's time for one token.
     """
 
-    def __init__(self, v: Callable[[int], float], unit: float):
+    def __init__(self, v: Callable[[int], float], unit: float, batch: Callable[[int, int], float] | None = None):
         """
         Args:
             v: the target's time to verify m tokens over its time for one.
             unit: the target's seconds for one token.
+            batch: batch(rows, m), the target's time to verify m tokens in each of `rows` rows (a batch's forward,
+                every row padded to the widest) over its time for one token of one row; None: not measured yet
+                (a batch counts as one row of rows x m tokens).
         """
-        self.v, self.unit = v, unit
-        self.tokens = self.cost = 0.0  # predicted tokens and target-forward costs, summed over steps
+        self.v, self.unit, self.batch = v, unit, batch
+        # predicted tokens, target-forward costs, and what plain decoding of as many rows would pay for the tokens, over steps
+        self.tokens = self.cost = self.plain = 0.0
 
     @classmethod
-    def measure(cls, target: LoadedModel, most: int) -> Sizer:
-        """A Sizer with the target's v(m) measured for m up to `most` + 1 (the root and `most` nodes), once
-        per machine and target (target.kept_cost_curve: a second run sizes at no cost)."""
+    def measure(cls, target: LoadedModel, most: int, rows: int = 1) -> Sizer:
+        """A Sizer with the target's v(m) measured for m up to `most` + 1 (the root and `most` nodes), with
+        batches of up to `rows` rows (1, 2, 4, ... and `rows` measured; between them, interpolated), once per
+        machine and target (target.kept_cost_curve: a second run sizes at no cost)."""
         sizes = sorted({*(m for m in COST_SIZES if m <= most + 1), most + 1})
-        v, one = kept_cost_curve(target, sizes)
-        return cls(interpolated(sizes, v), one)
+        counts = sorted({*(2**i for i in range(1, rows.bit_length()) if 2**i < rows), *([rows] if rows > 1 else [])})
+        v, one = kept_cost_curve(target, [*sizes, *((r, m) for r in counts for m in sizes)])
+        curves = {r: interpolated(sizes, v[i * len(sizes) : (i + 1) * len(sizes)]) for i, r in enumerate([1, *counts])}
+        return cls(curves[1], one, rows_interpolated(curves) if counts else None)
+
+    def verify(self, rows: int, m: int) -> float:
+        """The target's time to verify m tokens in each of `rows` rows, over its time for one token of one row."""
+        if rows == 1:
+            return self.v(m)
+        return self.batch(rows, m) if self.batch is not None else self.v(rows * m)
+
+    def per_token(self, rows: int) -> float:
+        """Plain decoding's cost of a token at `rows` rows (one forward of a token per row, shared)."""
+        return 1.0 if rows == 1 else self.verify(rows, 1) / rows
 
     def size(self, probs: Sequence[float], drafting: float) -> int:
         """How many of the nodes to keep (>= 1; the smallest of equally good sizes).
@@ -102,7 +119,7 @@ class Sizer:
         return best[1]
 
     def grows(self, tau: float, path: float, rate: float, m: int, more: int, drafting: float, first: float, later: float,
-              left: int) -> bool:
+              left: int, rows: int = 1, width: int = 1) -> bool:
         """Whether drafting on pays for a chain (drafter=independent shape=auto): whether some j in 1..`left`
         more tokens, each kept with chance `rate` once the one before it is, add tokens at a better rate than
         the run's: their expected tokens over their cost (drafting, and what they add to the verification
@@ -111,37 +128,47 @@ class Sizer:
         whose first tokens came free from prompt lookup drafts on as any other would. A horizon, not one
         token: a curve with a step (a kernel's row blocks) would stop a myopic chain at the step's foot.
 
+        In a batch of `rows` rows the verification forward carries every row padded to the widest (`width`):
+        a chain below it verifies its next tokens for nothing, a chain that widens it pays the widening for
+        every row, and the rate to beat is the batch's tokens per time (plain decoding's `rows` tokens a
+        forward, times the predicted speedup).
+
         Args:
             tau: τ̂ of the draft so far (1 + its nodes' chances of being kept).
             path: the chance of keeping the whole chain so far.
             rate: each next token's chance of being kept after the one before it.
-            m: tokens the verification forward carries now (the root and the draft's nodes).
+            m: tokens the verification forward carries now for this row (the root and the draft's nodes).
             more: tokens each next one adds to it (it and its siblings).
             drafting: the step's drafting seconds so far.
             first: the next token's drafting seconds (0 where its law is already computed).
             later: each later token's drafting seconds.
             left: the most tokens the chain may still take.
+            rows: the rows verified together (the batch).
+            width: the widest row's tokens in the verification so far (at least `m`).
         """
-        bar = self.predicted_speedup or tau / (drafting / self.unit + self.v(m))
+        width = max(width, m)
+        bar = (self.predicted_speedup / self.per_token(rows) if self.cost
+               else tau * rows / (drafting / self.unit + self.verify(rows, width)))
         gained, cost = 0.0, first / self.unit
         for j in range(1, left + 1):
             path *= rate
             gained += path
-            if gained > bar * (cost + self.v(m + j * more) - self.v(m)):
+            if gained > bar * (cost + self.verify(rows, max(width, m + j * more)) - self.verify(rows, width)):
                 return True
             cost += later / self.unit
         return False
 
-    def record(self, tau: float, m: int, drafting: float) -> None:
-        """One step's prediction for the running predicted speedup: τ̂ tokens for drafting seconds and
-        a verification forward of m tokens."""
+    def record(self, tau: float, m: int, drafting: float, rows: int = 1) -> None:
+        """One step's prediction for the running predicted speedup: τ̂ tokens (summed over the rows) for drafting
+        seconds and a verification forward of m tokens (in each of `rows` rows)."""
         self.tokens += tau
-        self.cost += drafting / self.unit + self.v(m)
+        self.cost += drafting / self.unit + self.verify(rows, m)
+        self.plain += tau * self.per_token(rows)
 
     @property
     def predicted_speedup(self) -> float | None:
-        """Predicted tokens per time over plain decoding's, over the steps sized so far."""
-        return self.tokens / self.cost if self.cost else None
+        """Predicted tokens per time over plain decoding's (of as many rows), over the steps sized so far."""
+        return self.plain / self.cost if self.cost else None
 
 
 def sizer(shape: str | None, target: LoadedModel, tree: TreeShape) -> Sizer | None:

@@ -10,9 +10,9 @@ it back exactly after a rejection; the target model runs in one, draft models in
 
 from specresearch.kv.batch import decode_batch
 from specresearch.kv.cached import CachedLM
-from specresearch.kv.costs import COST_SIZES, cost_curve, forward_seconds, interpolated, kept_cost_curve, timed_forwards
+from specresearch.kv.costs import COST_SIZES, cost_curve, forward_seconds, interpolated, kept_cost_curve, rows_interpolated, timed_forwards
 from specresearch.kv.static import StaticSlots
 from specresearch.kv.trees import tree_ancestry, tree_attention
 
 __all__ = ["COST_SIZES", "StaticSlots", "CachedLM", "cost_curve", "decode_batch", "forward_seconds", "interpolated",
-           "kept_cost_curve", "timed_forwards", "tree_ancestry", "tree_attention"]
+           "kept_cost_curve", "rows_interpolated", "timed_forwards", "tree_ancestry", "tree_attention"]

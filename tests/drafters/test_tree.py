@@ -2,6 +2,8 @@
 with the baseline (static, dynamic, ensemble), the target's law under multi-step speculative
 sampling at T = 1 (top and sampled children), typical acceptance on trees, and errors."""
 
+import functools
+
 import pytest
 import torch
 
@@ -215,6 +217,21 @@ def test_auto_size_keeps_the_nodes_with_the_best_predicted_speedup():
     assert sizer.size(probs, drafting=0.0) == best(0.0) == 4
     assert sizer.size(probs, drafting=50.0) == best(100.0) == 8  # 50 s = 100 target forwards
     assert sizer.predicted_speedup == pytest.approx((4.0 + 5.4) / (1.0 + 100.0 + 3.0))
+
+
+def test_a_batch_chain_pays_for_widening_the_batchs_verification_only():
+    """shape=auto in a batch: the verification pads every row to the widest, so a row below it drafts on to it
+    for its drafting alone, while the row that widens it pays the widening of every row (batch(rows, m)); one
+    row reads the one-row curve, and a batch whose curve is not measured counts as one row of rows x m."""
+    flat, steep = (lambda m: 1.0), (lambda rows, m: 1.0 + 10 * (m - 1))
+    sizer = Sizer(flat, unit=1.0, batch=steep)
+    grows = functools.partial(sizer.grows, 1.9, 0.9, 0.9, 2, 1, 0.0, 0.0, 0.0, 3)  # τ̂ 1.9 after one token at 0.9, 3 more allowed
+    assert grows() and grows(rows=1, width=5), "one row: the flat curve"
+    assert not grows(rows=2, width=2), "the widest row of two would widen the batch's forward: 10 forwards a token"
+    assert grows(rows=2, width=4), "below the widest: its next tokens are verified in the padding"
+    assert Sizer(lambda m: 1.0 if m <= 4 else 9.0, unit=1.0).verify(2, 2) == 1.0 < Sizer(lambda m: 1.0 if m <= 4 else 9.0, 1.0).verify(2, 3)
+    sizer.record(4.0, 3, drafting=1.0, rows=2)  # 4 tokens from 2 rows, where plain decoding makes 2 a forward (batch(2, 1) = 1)
+    assert sizer.predicted_speedup == pytest.approx((4.0 * 1.0 / 2) / (1.0 + 21.0))
 
 
 @torch.inference_mode()

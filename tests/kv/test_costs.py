@@ -108,6 +108,8 @@ def test_a_file_over_a_mebibyte_is_not_read(tmp_path, monkeypatch, target, caplo
     '{"v": {"2": 1.1}}',  # no one_token_s
     '{"v": [1.1], "one_token_s": 0.01}',  # v a list
     '{"v": {"two": 1.1}, "one_token_s": 0.01}',  # a size that is no number
+    '{"v": {"0x2": 1.1}, "one_token_s": 0.01}',  # a batch of no rows
+    '{"v": {"x2": 1.1}, "one_token_s": 0.01}',  # a batch without its rows
     '{"v": {"2": "x"}, "one_token_s": 0.01}',  # a cost that is no number
     '{"v": {"2": "1.1"}, "one_token_s": 0.01}',  # a number as a string
     '{"v": {"2": true}, "one_token_s": 0.01}',  # a bool
@@ -125,6 +127,22 @@ def test_a_file_of_the_wrong_shape_is_measured_again(content, tmp_path, monkeypa
     path = kept_file(tmp_path, monkeypatch, target, caplog)
     path.write_text(content)
     measured_again(path, target, caplog)
+
+
+def test_a_batchs_costs_are_kept_beside_one_rows(tmp_path, monkeypatch, target, caplog):
+    """A batch's verification, (rows, n), is measured on that many rows and kept as "RxN" beside one row's sizes,
+    over one row's one token; a later call reads it back without measuring."""
+    from specresearch.kv import CachedLM, costs
+
+    path = kept_file(tmp_path, monkeypatch, target, caplog)
+    rows = []
+    forward_rows = CachedLM.forward_rows
+    monkeypatch.setattr(CachedLM, "forward_rows", lambda self, chains, *a, **k: rows.append(len(chains)) or forward_rows(self, chains, *a, **k))
+    v, one = kept_cost_curve(target, [2, (3, 2), (1, 3)])
+    assert set(rows) == {1, 3} and all(math.isfinite(x) and x > 0 for x in v)
+    assert json.loads(path.read_text())["v"].keys() == {"2", "3x2", "3"}
+    monkeypatch.setattr(costs, "forward_seconds", lambda *args: pytest.fail("measured again"))
+    assert kept_cost_curve(target, [(3, 2), 3]) == ([v[1], v[2]], one)
 
 
 def test_a_model_loaded_with_a_cache_of_its_own_keeps_its_costs_there(tmp_path, monkeypatch, caplog):
