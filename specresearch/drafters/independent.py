@@ -181,7 +181,10 @@ class IndependentDrafter(Drafter):
     per chain token, the next none where the lookup's forward already scored it) adds tokens faster than
     the run's predicted speedup so far (Sizer.grows: the run's rate, not the step's, and a horizon, not
     one token). The stop reads the draft, the clock and past verdicts only, as the other stops and a
-    heuristic k do, so it stays lossless.
+    heuristic k do, so it stays lossless. In a batch the rows size together (`ChainSizing`): the verification
+    pads every row to the widest, so a row drafts on below the widest for its drafting alone and the widest
+    pays every row's padding, on the target's measured cost of a batch's forward (other rows' drafts are
+    independent of a row's verification, so this too stays lossless).
     """
 
     name = "independent"

@@ -16,6 +16,7 @@ from specresearch.drafters.base import Context, Drafter
 from specresearch.drafters.draft_model import DraftModel
 from specresearch.errors import SpecResearchError
 from specresearch.kv import COST_SIZES, interpolated, kept_cost_curve, rows_interpolated
+from specresearch.kv.costs import BATCH_ROWS, BATCH_TOKENS
 from specresearch.models import LoadedModel
 from specresearch.options import drafters as options
 from specresearch.options import make
@@ -82,14 +83,17 @@ class Sizer:
 
     @classmethod
     def measure(cls, target: LoadedModel, most: int, rows: int = 1) -> Sizer:
-        """A Sizer with the target's v(m) measured for m up to `most` + 1 (the root and `most` nodes), with
-        batches of up to `rows` rows (1, 2, 4, ... and `rows` measured; between them, interpolated), once per
-        machine and target (target.kept_cost_curve: a second run sizes at no cost)."""
+        """A Sizer with the target's v(m) measured for m up to `most` + 1 (the root and `most` nodes), and with
+        `rows` > 1 a batch's verification (kv.costs.BATCH_ROWS and `rows` rows measured, up to BATCH_TOKENS tokens a
+        forward; interpolated between), once per machine and target (target.kept_cost_curve: a second run sizes at
+        no cost)."""
         sizes = sorted({*(m for m in COST_SIZES if m <= most + 1), most + 1})
-        counts = sorted({*(2**i for i in range(1, rows.bit_length()) if 2**i < rows), *([rows] if rows > 1 else [])})
-        v, one = kept_cost_curve(target, [*sizes, *((r, m) for r in counts for m in sizes)])
-        curves = {r: interpolated(sizes, v[i * len(sizes) : (i + 1) * len(sizes)]) for i, r in enumerate([1, *counts])}
-        return cls(curves[1], one, rows_interpolated(curves) if counts else None)
+        batches = {r: [m for m in sizes if r * m <= max(BATCH_TOKENS, r)] for r in {*(r for r in BATCH_ROWS if r < rows), rows} if r > 1}
+        v, one = kept_cost_curve(target, [*sizes, *((r, m) for r, ms in sorted(batches.items()) for m in ms)])
+        curves, at = {1: interpolated(sizes, v[: len(sizes)])}, len(sizes)
+        for r, ms in sorted(batches.items()):
+            curves[r], at = interpolated(ms, v[at : at + len(ms)], proportional=True), at + len(ms)
+        return cls(curves[1], one, rows_interpolated(curves) if batches else None)
 
     def verify(self, rows: int, m: int) -> float:
         """The target's time to verify m tokens in each of `rows` rows, over its time for one token of one row."""

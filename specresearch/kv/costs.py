@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 # tokens per verification forward measured for a tree's sizing (shape=auto); 16 and 17 both, as kernels step there (on
 # AMX 17 to 32 bf16 rows are padded to 33: v(16) 1.23 against v(17) 1.5, which 9 and 17 alone would put at 1.45)
 COST_SIZES = (1, 2, 3, 5, 9, 16, 17, 33, 65, 129)
+# a batch's verification is measured at 2, 4, 8 rows and the batch's own (between them interpolated), each up to this
+# many tokens a forward (beyond, in proportion to its tokens): a run of 110 rows measures a few forwards, not minutes
+BATCH_ROWS, BATCH_TOKENS = (2, 4, 8), 256
 KEPT_REPEATS = 5  # timings of each size in a kept cost curve (measured once per machine and model)
 KEPT_MEASURE = "interleaved"  # how kept curves are measured (part of their key: a file measured otherwise is measured again)
 
@@ -169,13 +172,16 @@ def _unusable(path: Path, err: BaseException) -> tuple[dict, dict[str, float]]:
     return {}, {}
 
 
-def interpolated(sizes: Sequence[int], values: Sequence[float]) -> Callable[[int], float]:
-    """A function of m from its values at `sizes` (increasing): linear in between, constant beyond."""
+def interpolated(sizes: Sequence[int], values: Sequence[float], proportional: bool = False) -> Callable[[int], float]:
+    """A function of m from its values at `sizes` (increasing): linear in between, constant beyond (`proportional`:
+    beyond the last size, in proportion to m, as a forward of many tokens costs)."""
     def at(m: int) -> float:
         for (a, va), (b, vb) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
             if a <= m <= b:
                 return va + (vb - va) * (m - a) / (b - a)
-        return values[0] if m < sizes[0] else values[-1]
+        if m < sizes[0]:
+            return values[0]
+        return values[-1] * m / sizes[-1] if proportional else values[-1]
 
     return at
 
