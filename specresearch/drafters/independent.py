@@ -81,7 +81,7 @@ class ChainSizing:
     alone and the row that widens it pays for every row's padding (`Sizer.grows`); the target's cost of a
     batch's verification is measured for the batch sizes a run decodes (`prefill`)."""
 
-    def __init__(self, sizer: Sizer, target: LoadedModel | None = None, most: int = 0):
+    def __init__(self, sizer: Sizer, target: LoadedModel, most: int):
         self.sizer, self.rate = sizer, ChainRate()
         self.target, self.most, self.rows = target, most, 1  # what the cost curve is measured for: its batches up to `rows` rows
         self.clock = time.perf_counter  # the measure of drafting time (seconds)
@@ -103,7 +103,7 @@ class ChainSizing:
     def prefill(self, rows: int) -> None:
         """A run decodes `rows` rows together: the target's cost of verifying batches of that many is measured
         (once per machine: kept in the model cache), unless it is already."""
-        if rows > self.rows and self.target is not None:
+        if rows > self.rows:
             self.sizer.batch = Sizer.measure(self.target, self.most, rows).batch
             self.rows = rows
 

@@ -78,8 +78,8 @@ class Sizer:
                 (a batch counts as one row of rows x m tokens).
         """
         self.v, self.unit, self.batch = v, unit, batch
-        # predicted tokens, target-forward costs, and what plain decoding of as many rows would pay for the tokens, over steps
-        self.tokens = self.cost = self.plain = 0.0
+        # target-forward costs, and what plain decoding of as many rows would pay for the predicted tokens, over steps
+        self.cost = self.plain = 0.0
 
     @classmethod
     def measure(cls, target: LoadedModel, most: int, rows: int = 1) -> Sizer:
@@ -89,10 +89,10 @@ class Sizer:
         no cost)."""
         sizes = sorted({*(m for m in COST_SIZES if m <= most + 1), most + 1})
         batches = {r: [m for m in sizes if r * m <= max(BATCH_TOKENS, r)] for r in {*(r for r in BATCH_ROWS if r < rows), rows} if r > 1}
-        v, one = kept_cost_curve(target, [*sizes, *((r, m) for r, ms in sorted(batches.items()) for m in ms)])
-        curves, at = {1: interpolated(sizes, v[: len(sizes)])}, len(sizes)
-        for r, ms in sorted(batches.items()):
-            curves[r], at = interpolated(ms, v[at : at + len(ms)], proportional=True), at + len(ms)
+        shapes = [(r, m) for r, ms in {1: sizes, **batches}.items() for m in ms]
+        v, one = kept_cost_curve(target, shapes)
+        measured = dict(zip(shapes, v))
+        curves = {r: interpolated(ms, [measured[r, m] for m in ms], proportional=r > 1) for r, ms in {1: sizes, **batches}.items()}
         return cls(curves[1], one, rows_interpolated(curves) if batches else None)
 
     def verify(self, rows: int, m: int) -> float:
@@ -165,7 +165,6 @@ class Sizer:
     def record(self, tau: float, m: int, drafting: float, rows: int = 1) -> None:
         """One step's prediction for the running predicted speedup: τ̂ tokens (summed over the rows) for drafting
         seconds and a verification forward of m tokens (in each of `rows` rows)."""
-        self.tokens += tau
         self.cost += drafting / self.unit + self.verify(rows, m)
         self.plain += tau * self.per_token(rows)
 

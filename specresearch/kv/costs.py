@@ -187,16 +187,7 @@ def interpolated(sizes: Sequence[int], values: Sequence[float], proportional: bo
 
 
 def rows_interpolated(curves: Mapping[int, Callable[[int], float]]) -> Callable[[int, int], float]:
-    """A function of (rows, m) from curves of m measured at some numbers of rows: linear in rows between the
-    nearest two, constant beyond."""
+    """A function of (rows, m) from curves of m measured at some numbers of rows: `interpolated` in rows between
+    the nearest two, constant beyond."""
     counts = sorted(curves)
-
-    def at(rows: int, m: int) -> float:
-        below = [r for r in counts if r <= rows] or counts[:1]
-        above = [r for r in counts if r >= rows] or counts[-1:]
-        lo, hi = below[-1], above[0]
-        if lo == hi:
-            return curves[lo](m)
-        return curves[lo](m) + (curves[hi](m) - curves[lo](m)) * (rows - lo) / (hi - lo)
-
-    return at
+    return lambda rows, m: interpolated(counts, [curves[r](m) for r in counts])(rows)
