@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specresearch.metrics import SpecStats, cost_ratios, leviathan_optimal_k, leviathan_speedup, per_token, predict
-from specresearch.sampling import logits_to_probs, sample
+from specresearch.sampling import invert_cdf, logits_to_probs, sample
 from specresearch.types import SamplingParams
 
 
@@ -63,6 +63,33 @@ def test_sample_is_reproducible_and_follows_support():
     a = sample(probs, torch.Generator().manual_seed(7))
     b = sample(probs, torch.Generator().manual_seed(7))
     assert a.tolist() == b.tolist() and a[0] != 0 and a[1] == 0
+
+
+@pytest.mark.parametrize("vocab", [3, 127, 128, 300, 151936])
+def test_the_two_level_inversion_picks_the_token_whose_interval_holds_u(vocab):
+    """invert_cdf sums blocks, then inside one block: a u inside token i's interval of the CDF (at its middle, well
+    clear of rounding) picks token i, in sparse, one-hot and tiny-mass rows, with the last blocks empty, a vocabulary
+    below, at and off a multiple of the block and Qwen's; at u = 1 - 2^-53 (and 1) it picks a row's last token of mass, and
+    a token of probability 0 is never picked."""
+    g = torch.Generator().manual_seed(vocab)
+    probs = torch.rand(8, vocab, generator=g) ** 8
+    probs[probs < 0.2] = 0.0
+    probs[:, 0] = 1e-3  # every row has mass
+    probs[1] = 0.0
+    probs[1, vocab // 2] = 1.0  # one-hot
+    probs[2, vocab // 3 + 1:] = 0.0  # the last blocks empty
+    probs[3, :] = 1e-9  # tiny masses
+    cdf = probs.double().cumsum(-1)  # [8, V]
+    for row in range(8):
+        tokens = probs[row].nonzero()[:, 0]
+        tokens = tokens[torch.randperm(len(tokens), generator=g)[:64]]  # [T] tokens of mass in this row
+        middle = (cdf[row, tokens] - probs[row, tokens].double() / 2) / cdf[row, -1]  # [T] each one's interval's middle
+        assert torch.equal(invert_cdf(probs[row].expand(len(tokens), -1), middle[:, None]), tokens)
+    last = vocab - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [8]
+    for top in (1 - 2**-53, 1.0):  # (1: where u * total rounds up to the total)
+        assert torch.equal(invert_cdf(probs, torch.full((8, 1), top, dtype=torch.float64)), last)
+    u = torch.rand(8, 1, generator=g, dtype=torch.float64)
+    assert torch.equal(invert_cdf(probs.reshape(2, 4, vocab), u), invert_cdf(probs, u).reshape(2, 4))
 
 
 def test_leviathan_optimal_k():

@@ -131,11 +131,12 @@ class Baseline:
 def baseline_cache(cfg: DictConfig, target, prompts: list[list[int]], sampling: SamplingParams) -> Path:
     """Where the battery's baseline side of run `cfg` is kept for reuse: keyed by everything it depends on
     (the target and its resolved dtype and device, the prompts' tokens, sampling, seed, N or auto's sizing,
-    L, rows per call (stats.batch), the sampling and scoring code, library versions), never by the method."""
+    L, rows per call (stats.batch), the sampling and scoring code and the sampler's, library versions), never by the method."""
     import torch
     import transformers
 
     from specresearch import __version__
+    from specresearch import sampling as sampler
     from specresearch.stats import samples
 
     sc = cfg.stats
@@ -143,7 +144,7 @@ def baseline_cache(cfg: DictConfig, target, prompts: list[list[int]], sampling: 
         "model": OmegaConf.to_container(cfg.model, resolve=True), "dtype": str(target.dtype), "device": str(target.device),
         "prompts": prompts[: sc.prompts], "sampling": repr(sampling), "seed": cfg.seed, "samples": sc.samples, "length": sc.length,
         **({"tv": sc.tv, "alpha": sc.alpha, "power": sc.power} if sc.samples == "auto" else {}),
-        "batch": sc.batch, "code": [Path(samples.__file__).read_text(), Path(__file__).read_text()],
+        "batch": sc.batch, "code": [Path(m.__file__).read_text() for m in (samples, sampler)] + [Path(__file__).read_text()],
         "versions": [__version__, torch.__version__, transformers.__version__],
     }, sort_keys=True)
     root = Path(cfg.model.cache_dir).expanduser() if cfg.model.cache_dir else default_cache_dir()

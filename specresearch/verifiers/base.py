@@ -144,11 +144,13 @@ class Verifier(ABC):
         n = torch.zeros(rows, dtype=torch.long, device=device)  # [B] accepted per row
         if width:
             real = torch.arange(width) < k[:, None]  # [B, K] a row's own draft positions
-            q = torch.nn.functional.one_hot(x, vocab).to(p.dtype)  # [B, K, V] one-hot: a deterministic drafter's law
             drawn = torch.tensor([draft.q is not None for draft in drafts])  # [B] rows whose q is a law
-            if bool(drawn.any()):
-                q[(real & drawn[:, None]).to(device)] = torch.cat(
-                    [draft.q[: len(draft)] for draft in drafts if draft.q is not None]).to(device=device, dtype=p.dtype)
+            q = p.new_zeros(rows, width, vocab)  # [B, K, V]: each row's q, one-hot at the token where it has none
+            one_hot = (~(real & drawn[:, None])).reshape(-1).nonzero().squeeze(1).to(device)  # [M] (padding included)
+            q.view(-1, vocab)[one_hot, x.reshape(-1)[one_hot]] = 1.0
+            for b, draft in enumerate(drafts):  # (row by row: no [ΣK, V] copy of the laws on the way)
+                if draft.q is not None:
+                    q[b, : len(draft)] = draft.q[: len(draft)]
             accept = self.acceptance(p[:, :width].reshape(-1, vocab), q.reshape(-1, vocab), x.reshape(-1)).view(rows, width)
             n = ((u[:, :width] < accept) & real.to(device)).int().cumprod(1).sum(1)  # [B] (nothing kept past a row's K_b)
         at = n.tolist()
