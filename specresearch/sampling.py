@@ -99,7 +99,7 @@ def invert_cdf(probs: Tensor, u: Tensor) -> Tensor:
     flat = probs.reshape(-1, probs.shape[-1])  # [N, V]
     rows, vocab = flat.shape
     pad = -vocab % CDF_BLOCK
-    blocks = torch.nn.functional.pad(flat, (0, pad)).view(rows, -1, CDF_BLOCK) if pad else flat.view(rows, -1, CDF_BLOCK)  # [N, nb, C]
+    blocks = (torch.nn.functional.pad(flat, (0, pad)) if pad else flat).reshape(rows, -1, CDF_BLOCK)  # [N, nb, C]
     sums = blocks.sum(-1, dtype=torch.promote_types(flat.dtype, torch.float32)).double()  # [N, nb] (not in float64: a float64
     # copy of [N, V] costs more than a cumsum)
     cum = sums.cumsum(-1)  # [N, nb] the mass up to the end of each block
