@@ -102,14 +102,14 @@ def invert_cdf(probs: Tensor, u: Tensor) -> Tensor:
     blocks = (torch.nn.functional.pad(flat, (0, pad)) if pad else flat).reshape(rows, -1, CDF_BLOCK)  # [N, nb, C]
     sums = blocks.sum(-1, dtype=torch.promote_types(flat.dtype, torch.float32)).double()  # [N, nb] (not in float64: a float64
     # copy of [N, V] costs more than a cumsum)
-    cum = sums.cumsum(-1)  # [N, nb] the mass up to the end of each block
+    cum = torch.nn.functional.pad(sums.cumsum(-1), (1, 0))  # [N, nb + 1] the mass before each block, then the total
     total = cum[:, -1:]  # [N, 1]
     if flat.device.type == "cpu" and not bool((total > 0).all()):  # (no device sync on a GPU)
         raise ValueError("sample: every row needs a positive, finite total probability")
     mass = u * total  # [N, 1]
-    j = torch.minimum(torch.searchsorted(cum, mass, right=True), last_of(sums))  # [N, 1] the block holding the token (u * total
-    # rounded up to the total: the last block of mass > 0)
-    before = torch.where(j > 0, cum.gather(1, (j - 1).clamp_min(0)), torch.zeros_like(mass))  # [N, 1] the mass of the blocks before
+    j = torch.minimum(torch.searchsorted(cum, mass, right=True) - 1, last_of(sums))  # [N, 1] the block holding the token
+    # (u * total rounded up to the total: the last block of mass > 0)
+    before = cum.gather(1, j)  # [N, 1] the mass of the blocks before it
     block = blocks[torch.arange(rows, device=flat.device), j[:, 0]]  # [N, C]
     inner = torch.searchsorted(before + block.double().cumsum(-1), mass, right=True)  # [N, 1] (C: its sum rounded above)
     return (j * CDF_BLOCK + torch.minimum(inner, last_of(block))).reshape(probs.shape[:-1])
