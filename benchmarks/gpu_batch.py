@@ -9,7 +9,7 @@ greedy, best of 2 timed runs after a warm-up. Writes $OUT/batch_gpu.json after e
     SHAPES=<folder with 1.5b/ and 0.5b/ config.json + tokenizer files> OUT=<folder> python benchmarks/gpu_batch.py
     python benchmarks/gpu_batch.py --dry     # the same code paths on the CPU with tiny shapes
 
-SHAPES defaults to .gpu (tok15/, tok05/: ../shared/gpu/prepare.sh), else the model cache's folders.
+SHAPES defaults to .gpu (tok15/, tok05/: benchmarks/gpu_prepare.sh), else the model cache's folders.
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def gpu_check_to_table(data: dict) -> dict:
                      "baseline's one-token forward; draft / step: the draft's seconds per step over that forward "
                      "(v x draft / verify of the time split; Medusa's heads have no draft-model forward, so c is 0).")
     if sp.get("v_curve"):
-        notes.append("Eager target forward of k + 1 tokens over one token, k = 0..8: " + " ".join(f"{v:.2f}" for v in sp["v_curve"])
+        notes.append("Eager target forward of k + 1 tokens over one token, k = 0..16: " + " ".join(f"{v:.2f}" for v in sp["v_curve"])
                      + (f"; the 0.5B draft's forward over the target's: {sp['c_draft']:.3f}" if "c_draft" in sp else "")
                      + (f"; one target forward {sp['target_forward_ms']:.1f} ms" if "target_forward_ms" in sp else "") + ".")
     for method, f in sp.get("failed", {}).items():
@@ -664,7 +664,7 @@ def speed(device: torch.device, dry: bool, n: int, repeats: int, k: int, prompt_
                      "alpha": m.stats.alpha if m.stats is not None and m.stats.drafted else None,
                      **costs.get(m.name, {})})
     res["rows"] = rows
-    res["v_curve"] = [1.0, *cost_curve(target, ids, list(range(2, 10)))]  # v(k): a forward of k + 1 tokens / one token's, k = 0..8
+    res["v_curve"] = [1.0, *cost_curve(target, ids, list(range(2, 18)))]  # v(k): a forward of k + 1 tokens / one token's, k = 0..16
     one = forward_seconds(target, ids, [1], repeats=5)[0]
     res["c_draft"] = forward_seconds(draft, ids, [1], repeats=5)[0] / one  # the 0.5B draft's forward / the target's
     res["target_forward_ms"] = one * 1e3
@@ -687,7 +687,7 @@ def speed_table(res: dict) -> str:
         lines.append(f"{r['method']:<36}{r['tokens_per_s']:>9.1f}"
                      f"{f('speedup_vs_generate', '.2f'):>12}x{f('speedup_vs_baseline', '.2f'):>12}x"
                      f"{f('tau', '.2f'):>7}{f('c', '.3f'):>8}{f('v', '.2f'):>7}  {r['identical_to_generate']}")
-    lines.append("v(k), k = 0..8: " + " ".join(f"{v:.2f}" for v in res["v_curve"]) + f"; c of the 0.5B draft: {res['c_draft']:.3f}")
+    lines.append("v(k), k = 0..16: " + " ".join(f"{v:.2f}" for v in res["v_curve"]) + f"; c of the 0.5B draft: {res['c_draft']:.3f}")
     return "\n".join(lines)
 
 

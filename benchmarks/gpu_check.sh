@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # benchmarks/gpu_check.py on a GPU machine without network, as the device tool lends one:
-#   here (the venv active, the model cache built):  bash ../shared/gpu/prepare.sh        # .gpu/: wheels, transformers >= 5.24
+#   here (the venv active, the model cache built):  bash benchmarks/gpu_prepare.sh       # .gpu/: wheels, transformers 5.24
 #   there, from the project's root:                 OUT=<results folder> bash benchmarks/gpu_check.sh [gpu_check.py options]
 #   (with the device tool: run("OUT=$OUT bash benchmarks/gpu_check.sh ...", carry=[".gpu"]))
 # Installs .gpu/'s wheels into /tmp (the image's transformers 5.17 ignores the engine's KV cache), then runs the
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 export OUT=${OUT:-/tmp/gpu_out}
 SITE=/tmp/site; SITE_TF=/tmp/site_tf
-[ -d .gpu/whl ] || { echo "error: no .gpu/whl here: run bash ../shared/gpu/prepare.sh on the CPU machine first (docs/benchmarks.md)"; exit 2; }
+[ -d .gpu/whl ] || { echo "error: no .gpu/whl here: run bash benchmarks/gpu_prepare.sh on the CPU machine first (docs/benchmarks.md)"; exit 2; }
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TQDM_DISABLE=1 TOKENIZERS_PARALLELISM=false PYTHONDONTWRITEBYTECODE=1
 rm -rf "$SITE" "$SITE_TF"
