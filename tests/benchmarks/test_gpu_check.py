@@ -119,6 +119,7 @@ def test_the_report_becomes_a_results_page(report, tmp_path):
     matrix = [note for note in page["notes"] if note.startswith("Matrix on cpu")]
     assert len(matrix) == 1 and f"T = 0 {summary['t0_identical']}/{summary['t0_cells']}" in matrix[0]
     assert "| method | tok/s |" in hook.render(page, path.name)
+    assert str(ROOT) not in path.read_text() and report["versions"]["specresearch_from"] == "specresearch"  # no host folder
 
 
 @pytest.mark.parametrize("group", ["drafter", "verifier"])
