@@ -75,7 +75,8 @@ DRY_SHAPES = {"1.5b": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_
               "0.5b": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                        "num_key_value_heads": 1}}
 SPEED_DRAFTERS = ("pld", "medusa", "independent")  # our speculative methods timed on the real shapes
-COMPILED_DRAFTERS = ("pld", "medusa")  # ... and timed again with the target compiled (model.cache=static model.compile=true)
+COMPILED_DRAFTERS = ("pld", "medusa", "independent")  # ... and timed again compiled (model.cache=static model.compile=true:
+# the target, and a draft model too)
 ONLY = ("generate", "generate_compiled", "baseline", "baseline_compiled", *SPEED_DRAFTERS,  # what --only takes (`short` names)
         *(f"{name}_compiled" for name in COMPILED_DRAFTERS))
 DRY_COMPILED_DRAFTERS = ("pld",)  # --dry's: inductor takes ~30 s on the CPU for Medusa's tree graph (tests/kv/test_static.py
@@ -527,8 +528,9 @@ def our_method(name: str, engine, ids: list[int], cache_len: int) -> Method:
 def speed_methods(target, draft, ids: list[int], n: int, k: int, folder: Path,
                   compiled_drafters: Sequence[str] = COMPILED_DRAFTERS) -> tuple[list[Method], dict]:
     """generate, generate_compiled, baseline, baseline_compiled, our SPEED_DRAFTERS (greedy verifier, k draft
-    tokens) and the `compiled_drafters` again on the compiled target, all sharing the target's weights (the
-    compiled methods one compiled decoder); a method that cannot be built is reported, not timed."""
+    tokens) and the `compiled_drafters` again on the compiled target (with the draft model compiled as well), all
+    sharing the target's weights (the compiled methods one compiled decoder); a method that cannot be built is
+    reported, not timed."""
     from specresearch.drafters.none import NoDrafter
     from specresearch.engine import Engine
     from specresearch.types import SamplingParams
@@ -542,11 +544,12 @@ def speed_methods(target, draft, ids: list[int], n: int, k: int, folder: Path,
     methods.append(our_method("baseline", Engine(target, NoDrafter(), GreedyVerifier(), greedy), ids, cache_len))
     compiled = dataclasses.replace(target, cache="static", compile=True, compiled=None)
     methods.append(our_method("baseline_compiled", Engine(compiled, NoDrafter(), GreedyVerifier(), greedy), ids, cache_len))
-    for lm, names, suffix in ((target, SPEED_DRAFTERS, ""), (compiled, compiled_drafters, "_compiled")):
+    compiled_draft = dataclasses.replace(draft, cache="static", compile=True, compiled=None)
+    for lm, names, suffix, small in ((target, SPEED_DRAFTERS, "", draft), (compiled, compiled_drafters, "_compiled", compiled_draft)):
         for name in names:
             k_option = [f"k={k}"] if "k" in node("drafter", name, model) else []
             try:
-                drafter = make_drafter(name, lm, model, folder, k_option, draft=draft)
+                drafter = make_drafter(name, lm, model, folder, k_option, draft=small)
                 label = f"{name}({drafter.size_label})" + (" untrained" if "checkpoint" in node("drafter", name, model) else "")
                 methods.append(our_method(label + suffix, Engine(lm, drafter, GreedyVerifier(), greedy), ids, cache_len))
             except Exception as err:  # noqa: BLE001 - the other methods still run
