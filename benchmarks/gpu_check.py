@@ -182,11 +182,6 @@ def make_drafter(name: str, target, model: dict, folder: Path, overrides: Sequen
 # --- plumbing --------------------------------------------------------------------------------------
 
 
-def where(path: Path) -> str:
-    """`path` relative to the repository when it lies inside it: a report names no folder of the machine that wrote it."""
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
 def one_line(err: BaseException) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
@@ -303,7 +298,7 @@ def versions() -> dict:
 
     found = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
              "transformers": transformers.__version__, "specresearch": specresearch.__version__,
-             "specresearch_from": where(Path(specresearch.__file__).resolve().parent)}
+             "specresearch_from": reports.shown_path(Path(specresearch.__file__).parent, ROOT)}
     for dist in ("numpy", "safetensors", "tokenizers", "PyYAML", "omegaconf", "hydra-core"):
         try:
             found[dist] = importlib.metadata.version(dist)
