@@ -55,7 +55,9 @@ def checkout(tmp_path, capsys):
 def test_the_table_is_written_from_the_report_into_both_pages(checkout, capsys):
     readme, index = ((checkout / name).read_text(encoding="utf-8") for name in ("README.md", "index.md"))
     assert f"{ROW} [r](docs/results/data/r.json) |" in readme and f"{ROW} [r](results/r.md) |" in index
-    assert "Measured by `benchmarks/speed.py` (cpu, 1 thread)" in readme
+    # the tiny run's header names no CPU kind (as speed.py's before 2026-12-03): the line says so and where it was filed
+    assert ("Measured by `benchmarks/speed.py` (cpu, 1 thread in r, whose header names no CPU kind (speed.py names it since "
+            "2026-12-03): filed as AVX2 by headline.json).") in readme
     for kind, dtype in headline.CPU_KINDS.items():  # a table for the kind measured, the others said to be not measured
         said = f"**CPUs with {kind}** (`dtype=auto` runs {dtype} there)"
         assert said + ("\n\n| setting" if kind == "AVX2" else ": not measured on held-out prompts") in readme, kind
@@ -64,6 +66,12 @@ def test_the_table_is_written_from_the_report_into_both_pages(checkout, capsys):
     outside = headline.BLOCK.sub("", (ROOT / "README.md").read_text(encoding="utf-8"))
     assert headline.BLOCK.sub("", readme) == outside  # only the block changed
     assert run(checkout) == 0 and capsys.readouterr().out == "wrote nothing (current)\n"
+
+
+def test_a_report_that_names_its_cpu_kind_is_shown_as_its_header_says(checkout):
+    edit(checkout / "data" / "r.json", lambda r: r.update(header=RECORD["header"].replace("1 thread)", "1 thread, x86_64 AVX2)")))
+    assert run(checkout) == 0
+    assert "Measured by `benchmarks/speed.py` (cpu, 1 thread, x86_64 AVX2).\n" in (checkout / "README.md").read_text(encoding="utf-8")
 
 
 def _source(value):
