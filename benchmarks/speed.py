@@ -20,7 +20,8 @@ untimed warm-up each, so machine noise hits all alike. Tokens/s are total new to
 the spread is over repeats (each repeat decodes every prompt once); a speedup's 95% interval is BCa's over
 prompts (3 or more of them; fewer: none). One progress bar on stderr counts the decodes as they finish.
 For our drafters the table also
-has α, τ, the measured c and v and the Leviathan prediction. `vs_fastest` is each method's speedup
+has α, τ, the measured c and v and the Leviathan prediction, and a note each with its time split and the draft tokens
+it verified a step (a tree's size). `vs_fastest` is each method's speedup
 over the fastest plain decoding it ran beside (generate, generate_torch, generate_compiled, baseline or baseline_compiled): the honest
 ratio when one of them beats the reference.
 
@@ -615,7 +616,7 @@ def summarize(methods: list[Method], v_curve: list[float] | None = None, sampled
             k = len(m.stats.drafted_at)
             pred = predict(baseline.stats if baseline is not None else None, m.stats, k, v_curve=v_curve)
             row.update(
-                alpha=m.stats.alpha, tau=m.stats.tau, k=k, c=pred.c, v=pred.v,
+                alpha=m.stats.alpha, tau=m.stats.tau, k=k, c=pred.c, v=pred.v, nodes_per_step=m.stats.nodes_per_step,
                 leviathan=pred.speedup,
                 leviathan_optimal_k=pred.best_k,
                 leviathan_optimal=pred.best_speedup,
@@ -657,6 +658,7 @@ def table(rows: list[dict], header: str) -> str:
             split = ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items())
             lines.append(
                 f"{r['method']}: time split {split}"
+                + (f"; {r['nodes_per_step']:.1f} draft tokens verified a step" if "nodes_per_step" in r else "")
                 + (f"; Leviathan-optimal k {r['leviathan_optimal_k']} (predicted {r['leviathan_optimal']:.2f}x over our baseline)"
                    if r["leviathan_optimal_k"] else "")
             )

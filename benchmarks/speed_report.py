@@ -113,7 +113,8 @@ def speed_to_table(data: dict, name: str) -> dict:
         notes.append(f"vs fastest plain: over the fastest plain decoding measured ({rows[0]['fastest_plain']}).")
     for r in rows:
         if "time_split" in r:
-            notes.append(f"{r['method']}: time split " + ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items()))
+            notes.append(f"{r['method']}: time split " + ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items())
+                         + (f"; {r['nodes_per_step']:.1f} draft tokens verified a step" if "nodes_per_step" in r else ""))
     out = _page(data, name, f"{args.get('prompts', '?')} prompts x {args.get('tokens', '?')} tokens", "", columns, table_rows, notes)
     if data.get("profile"):
         prof = data["profile"]

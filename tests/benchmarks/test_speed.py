@@ -75,6 +75,9 @@ def test_speed_quick_runs_every_method_and_records_them(tmp_path, new_store):
     spec = rows[chain]  # Leviathan's chain
     assert 0 < spec["alpha"] < 1 and 1 < spec["tau"] <= 5 and spec["leviathan"] > 0
     assert abs(sum(spec["time_split"].values()) - 1) < 1e-6
+    for row in (spec, default):  # the tokens fed to verification a step: at least the accepted ones, at most a chain of 4 for the chain
+        assert row["tau"] - 1 <= row["nodes_per_step"] <= (4 if row is spec else 17 * 3), row
+        assert f"{row['method']}: time split" in result.stdout and f"; {row['nodes_per_step']:.1f} draft tokens verified a step" in result.stdout
     assert chain in result.stdout and "vs_generate" in result.stdout
     assert set(report["profile"]) == set(rows)  # --profile: each method's time by op group, adding up to its wall time
     for name, prof in report["profile"].items():

@@ -45,3 +45,18 @@ def test_a_record_of_bca_intervals_names_them_and_says_where_there_is_only_the_p
     before["rows"] = [{k: v for k, v in r.items() if k != "interval_notes"} for r in record["rows"]]
     page = speed_report().report(before, "speed")
     assert page["columns"][4] == "95% interval" and degenerate not in page["notes"]
+
+
+def test_a_drafters_note_gives_its_time_split_and_the_draft_tokens_it_verified_a_step():
+    """speed.py's rows since 2026-12-06 hold `nodes_per_step` (a Medusa tree's size shows here); a record from before has
+    the time split alone."""
+    split = {"prefill": 0.1, "draft": 0.2, "verify": 0.7}
+    record = {"header": "tiny <- tiny (cpu)", "date": "2026-12-06 10:00",
+              "args": {"dataset": "humaneval", "prompts": 2, "offset": 0, "tokens": 8, "repeats": 1, "methods": "generate,pld,tree"},
+              "rows": [{"method": "generate", "tokens_per_s": 10.0, "speedup_vs_generate": 1.0},
+                       {"method": "pld(k=4)", "tokens_per_s": 12.0, "speedup_vs_generate": 1.2, "time_split": split},
+                       {"method": "tree(depth=4)", "tokens_per_s": 11.0, "speedup_vs_generate": 1.1, "time_split": split,
+                        "nodes_per_step": 7.25}]}
+    notes = speed_report().report(record, "speed")["notes"]
+    assert "pld(k=4): time split prefill 10%, draft 20%, verify 70%" in notes
+    assert "tree(depth=4): time split prefill 10%, draft 20%, verify 70%; 7.2 draft tokens verified a step" in notes
