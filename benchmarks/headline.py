@@ -209,7 +209,7 @@ def block(items: list[dict], link: str) -> str:
         mine = [h for h in items if h["kind"] == kind]
         lines.append(f"**CPUs with {kind}** (`dtype=auto` runs {dtype} there)" + ("" if mine else
                      ": not measured on held-out prompts at today's settings yet; `python benchmarks/speed.py` measures "
-                     "every method on yours."))
+                     "every method on yours, and `python benchmarks/new_kind.py` on such a CPU measures its rows for this headline."))
         if not mine:
             lines.append("")
             continue
