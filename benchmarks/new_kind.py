@@ -155,6 +155,21 @@ def add_headlines(kind: str, source: Path = headline.SOURCE, data: Path = headli
     return new
 
 
+def summary(step: Step, path: Path) -> str:
+    """The numbers of `step`'s report at `path` a reader looks for first: v(9) and v(17) per kernel of the cost curve,
+    each method's speedup over generate with its interval, the battery's draws per second per kernel."""
+    page = json.loads(path.read_text(encoding="utf-8"))
+    if step.script == "speed.py":
+        return ", ".join(f"{r['method']} {r['speedup_vs_generate']:.2f}x"
+                         + (f" [{r['speedup_interval'][0]:.2f}-{r['speedup_interval'][1]:.2f}]" if r.get("speedup_interval") else "")
+                         for r in record(path)["rows"] if "speedup_vs_generate" in r)
+    columns, rows = page.get("columns", []), {row[0]: row for row in page.get("rows", [])}
+    if step.script == "kernel_costs.py":
+        return ", ".join(f"{c.removeprefix('v ')} v(9) {rows['1x9'][i]} v(17) {rows['1x17'][i]}"
+                         for i, c in enumerate(columns) if c.startswith("v ") and {"1x9", "1x17"} <= rows.keys())
+    return "; ".join(", ".join(f"{c} {v}" for c, v in zip(columns, row)) for row in rows.values())
+
+
 def tree_size(kind: str, data: Path) -> str | None:
     """What the held-out code run says of Medusa's tree (its draft tokens verified a step), if it ran it."""
     path = done(HELD_OUT_STEPS["HumanEval"].format(K=slug(kind)), data)
@@ -211,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
                   "Run this again to go on from it.", file=sys.stderr)
             return 1
         print(f"  wrote {headline.shown(out)} in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    ran = [(step, found) for step in steps if (found := done(step.report(kind), args.data))]
+    if ran:
+        print(f"\n{kind}'s reports:")
+        for step, found in ran:
+            print(f"  {found.stem}: {summary(step, found)}")
     if said := tree_size(kind, args.data):
         print(f"\nMedusa's tree (shape=auto) on {kind}: {said}")
     if args.dry:

@@ -27,13 +27,15 @@ def test_dry_lists_each_step_with_its_command_and_report_and_runs_nothing(tmp_pa
 
 
 def test_a_step_whose_report_reads_is_done_and_one_cut_short_is_not(tmp_path, capsys):
-    (tmp_path / "2026-01-02-kernel-costs-avx2-fp32.json").write_text("{}")
+    shutil.copy(DATA / "2026-12-05-kernel-costs-amx-bf16.json", tmp_path / "2026-01-02-kernel-costs-avx2-fp32.json")
     (tmp_path / "2026-01-02-heldout-avx2-fp32-mtbench.json").write_text('{"rows": [')  # a write cut short
     assert new_kind.main(["--dry", "--kind", "AVX2", "--data", str(tmp_path), "--only", "kernel-costs,heldout-mtbench"]) == 0
     out = capsys.readouterr().out
     assert f"  done: {tmp_path}/2026-01-02-kernel-costs-avx2-fp32.json" in out
     assert "heldout-avx2-fp32-mtbench: held out, chat\n  python benchmarks/speed.py --dataset mtbench" in out
     assert "2 step(s)" in out and "tune-chain-shape" not in out
+    # a done step's first numbers: v(9) and v(17) of each kernel (those of the page copied)
+    assert "\nAVX2's reports:\n  2026-01-02-kernel-costs-avx2-fp32: torch v(9) 0.91 v(17) 1.23, skinny v(9) 1.00 v(17) 1.44, " in out
 
 
 @pytest.mark.parametrize("args, line", [
@@ -132,6 +134,7 @@ def test_the_main_run_adds_the_headlines_and_writes_the_pages(tmp_path, capsys, 
     pages = ["--readme", str(tmp_path / "README.md"), "--index", str(tmp_path / "index.md"), "--expect", str(tmp_path / "held_out.json")]
     assert new_kind.main(["--data", str(data), "--source", str(source), *pages]) == 0
     out = capsys.readouterr().out
+    assert "  2026-12-07-heldout-avx2-fp32-humaneval: generate 1.00x [1.00-1.00], baseline 0.97x [0.91-1.00], " in out
     assert "added 5 headline(s) of AVX2" in out and "Medusa's tree (shape=auto) on AVX2: " not in out  # (before nodes_per_step)
     readme = (tmp_path / "README.md").read_text()
     assert "**CPUs with AVX2** (`dtype=auto` runs float32 there)\n\n| setting" in readme
