@@ -88,19 +88,21 @@ def slug(kind: str) -> str:
 
 
 def done(name: str, data: Path) -> Path | None:
-    """The newest report named DATE-`name` in `data` that reads as JSON (a file cut short is not done), else None."""
+    """The newest report named DATE-`name` in `data` that reads as a JSON object (a file cut short is not done), else
+    None."""
     for path in sorted(data.glob(f"????-??-??-{name}.json"), reverse=True):
         try:
-            json.loads(path.read_text(encoding="utf-8"))
-            return path
+            if isinstance(json.loads(path.read_text(encoding="utf-8")), dict):
+                return path
         except (OSError, UnicodeDecodeError, ValueError):
             continue
     return None
 
 
 def record(path: Path) -> dict:
-    """The numbers a report at `path` holds (speed.py's record: the results page's `data`)."""
-    return headline.reports.raw(json.loads(path.read_text(encoding="utf-8")))
+    """The numbers a report at `path` holds (speed.py's record: the results page's `data`; {} where that is no object)."""
+    numbers = headline.reports.raw(json.loads(path.read_text(encoding="utf-8")))
+    return numbers if isinstance(numbers, dict) else {}
 
 
 def steps_of(only: str | None) -> list[Step]:
@@ -130,8 +132,8 @@ def new_headlines(kind: str, source: Path, data: Path) -> list[dict]:
             continue
         try:
             headline.row_of(record(path), h["method"], path.name)
-        except headline.HeadlineError:  # a setting this kind's run did not measure (the 11-29 fastest setting)
-            continue
+        except (headline.HeadlineError, KeyError, TypeError, AttributeError):  # a setting this kind's run did not measure
+            continue  # (the 11-29 fastest setting), or not a speed record at all: headline.py says which when it is added
         seen.add(key)
         new.append({"kind": kind, **({"expect": True} if h.get("expect") else {}), "what": h["what"], "report": path.stem,
                     "method": h["method"]})
@@ -174,7 +176,7 @@ def tree_size(kind: str, data: Path) -> str | None:
     """What the held-out code run says of Medusa's tree (its draft tokens verified a step), if it ran it."""
     path = done(HELD_OUT_STEPS["HumanEval"].format(K=slug(kind)), data)
     rows = record(path).get("rows", []) if path else []
-    medusa = [r for r in rows if r.get("method", "").startswith("medusa") and "nodes_per_step" in r]
+    medusa = [r for r in rows if isinstance(r, dict) and str(r.get("method")).startswith("medusa") and "nodes_per_step" in r]
     return f"{medusa[0]['method']}: {medusa[0]['nodes_per_step']:.1f} draft tokens verified a step" if medusa else None
 
 
@@ -230,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     if ran:
         print(f"\n{kind}'s reports:")
         for step, found in ran:
-            print(f"  {found.stem}: {summary(step, found)}")
+            try:
+                said = summary(step, found)
+            except (KeyError, TypeError, AttributeError, IndexError, ValueError) as err:
+                said = f"its numbers could not be read ({type(err).__name__}: {err}): is it this step's report?"
+            print(f"  {found.stem}: {said}")
     if said := tree_size(kind, args.data):
         print(f"\nMedusa's tree (shape=auto) on {kind}: {said}")
     if args.dry:

@@ -38,6 +38,17 @@ def test_a_step_whose_report_reads_is_done_and_one_cut_short_is_not(tmp_path, ca
     assert "\nAVX2's reports:\n  2026-01-02-kernel-costs-avx2-fp32: torch v(9) 0.91 v(17) 1.23, skinny v(9) 1.00 v(17) 1.44, " in out
 
 
+def test_a_done_report_whose_numbers_do_not_read_is_said_so_and_a_json_list_is_not_done(tmp_path, capsys):
+    (tmp_path / "2026-01-02-heldout-avx2-fp32-humaneval.json").write_text('{"data": 5}')
+    (tmp_path / "2026-01-02-kernel-costs-avx2-fp32.json").write_text('{"rows": [["1x9"]], "columns": ["v torch"]}')
+    (tmp_path / "2026-01-02-battery-rates-avx2-fp32.json").write_text("[1]")
+    assert new_kind.main(["--dry", "--kind", "AVX2", "--data", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "  2026-01-02-heldout-avx2-fp32-humaneval: its numbers could not be read (KeyError: 'rows'): is it this step's report?" in out
+    assert "  2026-01-02-kernel-costs-avx2-fp32: \n" in out  # no 1x17 row: no v(17) to give
+    assert "battery-rates-avx2-fp32: the battery's draws per second on the real pair, on W @ x^T and the default kernels\n  python " in out
+
+
 @pytest.mark.parametrize("args, line", [
     (["--only", "kernel-costs,nope"], "error: unknown step(s) nope in --only: valid are kernel-costs, tune-chain-shape-humaneval, "
                                       "tune-chain-shape-sharegpt, heldout-humaneval, heldout-mtbench, battery-rates"),
