@@ -33,6 +33,7 @@ if str(ROOT / "benchmarks") not in sys.path:  # loaded from its file (the tests)
     sys.path.insert(1, str(ROOT / "benchmarks"))
 import headline  # noqa: E402  (benchmarks/headline.py: the headline tables, from the reports)
 
+from specresearch import reports  # noqa: E402
 from specresearch.models.machine import CPU_KINDS, cpu_kind  # noqa: E402
 
 SLUGS = {"AMX": "amx", "AVX-512 BF16": "avx512bf16", "AVX2": "avx2"}  # a kind in report names
@@ -51,6 +52,11 @@ class Step:
     script: str
     args: tuple[str, ...]
     what: str
+
+    @property
+    def key(self) -> str:
+        """Its name in --only: the report's without the kind ("kernel-costs", "tune-chain-shape-humaneval", ...)."""
+        return self.name.replace("-{K}", "")
 
     def report(self, kind: str) -> str:
         return self.name.format(K=slug(kind))
@@ -101,7 +107,12 @@ def done(name: str, data: Path) -> Path | None:
 
 def record(path: Path) -> dict:
     """The numbers a report at `path` holds (speed.py's record: the results page's `data`; {} where that is no object)."""
-    numbers = headline.reports.raw(json.loads(path.read_text(encoding="utf-8")))
+    return numbers_of(json.loads(path.read_text(encoding="utf-8")))
+
+
+def numbers_of(page: dict) -> dict:
+    """A report's record (reports.raw), {} where that is no object."""
+    numbers = reports.raw(page)
     return numbers if isinstance(numbers, dict) else {}
 
 
@@ -109,11 +120,11 @@ def steps_of(only: str | None) -> list[Step]:
     """The steps --only names (all when None), in the runbook's order."""
     if only is None:
         return list(STEPS)
-    names = {s.name.replace("-{K}", ""): s for s in STEPS}  # "kernel-costs", "tune-chain-shape-humaneval", ...
+    names = [s.key for s in STEPS]
     wanted = [n.strip() for n in only.split(",")]
     if unknown := [n for n in wanted if n not in names]:
         raise NewKindError(f"unknown step(s) {', '.join(unknown)} in --only: valid are {', '.join(names)}")
-    return [s for s in STEPS if s.name.replace("-{K}", "") in wanted]
+    return [s for s in STEPS if s.key in wanted]
 
 
 def new_headlines(kind: str, source: Path, data: Path) -> list[dict]:
@@ -164,7 +175,7 @@ def summary(step: Step, path: Path) -> str:
     if step.script == "speed.py":
         return ", ".join(f"{r['method']} {r['speedup_vs_generate']:.2f}x"
                          + (f" [{r['speedup_interval'][0]:.2f}-{r['speedup_interval'][1]:.2f}]" if r.get("speedup_interval") else "")
-                         for r in record(path)["rows"] if "speedup_vs_generate" in r)
+                         for r in numbers_of(page)["rows"] if "speedup_vs_generate" in r)
     columns, rows = page.get("columns", []), {row[0]: row for row in page.get("rows", [])}
     if step.script == "kernel_costs.py":
         return ", ".join(f"{c.removeprefix('v ')} v(9) {rows['1x9'][i]} v(17) {rows['1x17'][i]}"

@@ -655,10 +655,8 @@ def table(rows: list[dict], header: str) -> str:
         lines.append(f"vs_fastest: over the fastest plain decoding measured ({rows[0]['fastest_plain']}; plain: {', '.join(PLAIN)})")
     for r in rows:
         if "time_split" in r:
-            split = ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items())
             lines.append(
-                f"{r['method']}: time split {split}"
-                + (f"; {r['nodes_per_step']:.1f} draft tokens verified a step" if "nodes_per_step" in r else "")
+                speed_report.time_split_note(r)
                 + (f"; Leviathan-optimal k {r['leviathan_optimal_k']} (predicted {r['leviathan_optimal']:.2f}x over our baseline)"
                    if r["leviathan_optimal_k"] else "")
             )

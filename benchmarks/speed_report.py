@@ -63,6 +63,13 @@ def reference_key(row: dict) -> str | None:
     return other[0] if other else "speedup_vs_baseline" if "speedup_vs_baseline" in row else None
 
 
+def time_split_note(row: dict) -> str:
+    """A drafter's row as one line: its time split and, where recorded (since 2026-12-06), the draft tokens it verified
+    a step (speed.py's console and its results page alike)."""
+    return (f"{row['method']}: time split " + ", ".join(f"{k} {v:.0%}" for k, v in row["time_split"].items())
+            + (f"; {row['nodes_per_step']:.1f} draft tokens verified a step" if "nodes_per_step" in row else ""))
+
+
 def speed_to_table(data: dict, name: str) -> dict:
     """A speed.py report in the curated format: rows -> table, args -> command, header -> machine. The reference
     column is the speedup over transformers' generate, else over the run's first method (our baseline, when it
@@ -111,10 +118,7 @@ def speed_to_table(data: dict, name: str) -> dict:
                      + " ".join(f"{v:.2f}" for v in data["v_curve"]))
     if rows and "fastest_plain" in rows[0]:
         notes.append(f"vs fastest plain: over the fastest plain decoding measured ({rows[0]['fastest_plain']}).")
-    for r in rows:
-        if "time_split" in r:
-            notes.append(f"{r['method']}: time split " + ", ".join(f"{k} {v:.0%}" for k, v in r["time_split"].items())
-                         + (f"; {r['nodes_per_step']:.1f} draft tokens verified a step" if "nodes_per_step" in r else ""))
+    notes += [time_split_note(r) for r in rows if "time_split" in r]
     out = _page(data, name, f"{args.get('prompts', '?')} prompts x {args.get('tokens', '?')} tokens", "", columns, table_rows, notes)
     if data.get("profile"):
         prof = data["profile"]
